@@ -1,0 +1,34 @@
+# loom_library(NAME SOURCES a.cc b.cc DEPS loom_core ...)
+#   One static library per folder. The repository root is the include root, so headers are
+#   included as "core/result.h", "graph/graph.h", ...
+function(loom_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                                            $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  loom_warnings(${name})
+endfunction()
+
+# loom_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s])
+#   A GoogleTest executable whose tests are each registered with ctest.
+function(loom_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE LOOM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                             LOOM_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  loom_warnings(${name})
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+                       PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+endfunction()
+
+function(loom_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  if(LOOM_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()

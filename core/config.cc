@@ -1,0 +1,415 @@
+#include "core/config.h"
+
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/strings.h"
+
+namespace loom {
+namespace {
+
+// A check returns "" when the value is acceptable, else what is wrong with it.
+template <class T>
+using Check = std::function<std::string(const T&)>;
+
+Check<int64_t> positive() {
+  return [](const int64_t& v) { return v > 0 ? "" : "must be positive, got " + std::to_string(v); };
+}
+Check<int64_t> non_negative() {
+  return [](const int64_t& v) {
+    return v >= 0 ? "" : "must be zero or positive, got " + std::to_string(v);
+  };
+}
+Check<double> positive_real() {
+  return [](const double& v) {
+    std::ostringstream os;
+    os << "must be positive, got " << v;
+    return v > 0 ? std::string() : os.str();
+  };
+}
+Check<double> non_negative_real() {
+  return [](const double& v) {
+    std::ostringstream os;
+    os << "must be zero or positive, got " << v;
+    return v >= 0 ? std::string() : os.str();
+  };
+}
+Check<std::string> one_of(std::vector<std::string> choices) {
+  return [choices](const std::string& v) -> std::string {
+    for (const auto& c : choices)
+      if (c == v) return "";
+    std::string msg = "must be one of " + join(choices, ", ") + "; got '" + v + "'";
+    std::string close = closest_match(v, choices);
+    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+    return msg;
+  };
+}
+Check<std::string> non_empty() {
+  return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
+}
+
+// The one table of config fields. Reading, writing and the list of known keys all walk it.
+template <class V>
+void visit_fields(Config& c, V& v) {
+  v("run", "name", c.run.name, non_empty());
+  v("run", "output_dir", c.run.output_dir, non_empty());
+  v("run", "seed", c.run.seed, non_negative());
+  v("run", "steps", c.run.steps, positive());
+
+  v("model", "type", c.model.type, non_empty());
+  v("model", "preset", c.model.preset, Check<std::string>());
+
+  v("parallel", "dp", c.parallel.dp, positive());
+  v("parallel", "tp", c.parallel.tp, positive());
+  v("parallel", "pp", c.parallel.pp, positive());
+  v("parallel", "sp", c.parallel.sp, Check<bool>());
+  v("parallel", "schedule", c.parallel.schedule,
+    one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search"}));
+  v("parallel", "chunks", c.parallel.chunks, positive());
+  v("parallel", "policy", c.parallel.policy, non_empty());
+  v("parallel", "stages", c.parallel.stages, Check<std::vector<std::vector<int64_t>>>());
+
+  v("batch", "global", c.batch.global, positive());
+  v("batch", "micro", c.batch.micro, positive());
+
+  v("optimizer", "type", c.optimizer.type, one_of({"adamw", "sgd"}));
+  v("optimizer", "lr", c.optimizer.lr, positive_real());
+  v("optimizer", "betas", c.optimizer.betas, Check<std::vector<double>>([](const auto& b) {
+      if (b.size() != 2) return std::string("must be a list of two numbers, e.g. [0.9, 0.999]");
+      for (double x : b)
+        if (!(x >= 0 && x < 1)) return std::string("each beta must be in [0, 1)");
+      return std::string();
+    }));
+  v("optimizer", "eps", c.optimizer.eps, positive_real());
+  v("optimizer", "weight_decay", c.optimizer.weight_decay, non_negative_real());
+  v("optimizer", "momentum", c.optimizer.momentum, non_negative_real());
+  v("optimizer", "clip_grad_norm", c.optimizer.clip_grad_norm, non_negative_real());
+  v("optimizer", "warmup_steps", c.optimizer.warmup_steps, non_negative());
+  v("optimizer", "schedule", c.optimizer.schedule, one_of({"constant", "cosine", "linear"}));
+  v("optimizer", "min_lr", c.optimizer.min_lr, non_negative_real());
+
+  v("data", "type", c.data.type, one_of({"synthetic", "tokens"}));
+  v("data", "path", c.data.path, Check<std::string>());
+
+  v("logging", "every", c.logging.every, positive());
+  v("logging", "level", c.logging.level, one_of({"debug", "info", "warn", "error"}));
+
+  v("comm", "backend", c.comm.backend, one_of({"auto", "gloo", "mpi", "nccl", "local"}));
+  v("comm", "timeout_s", c.comm.timeout_s, positive_real());
+
+  v("checkpoint", "dir", c.checkpoint.dir, Check<std::string>());
+  v("checkpoint", "every", c.checkpoint.every, non_negative());
+  v("checkpoint", "keep", c.checkpoint.keep, positive());
+  v("checkpoint", "resume", c.checkpoint.resume, non_empty());
+}
+
+std::string type_name(const int64_t*) { return "an integer"; }
+std::string type_name(const double*) { return "a number"; }
+std::string type_name(const bool*) { return "true or false"; }
+std::string type_name(const std::string*) { return "a string"; }
+std::string type_name(const std::vector<double>*) { return "a list of numbers"; }
+std::string type_name(const std::vector<std::vector<int64_t>>*) {
+  return "a list of [first, last] layer pairs";
+}
+
+template <class T>
+bool decode(const YAML::Node& node, T& out) {
+  try {
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!node.IsScalar()) return false;
+      out = node.Scalar();
+    } else if constexpr (std::is_same_v<T, std::vector<double>> ||
+                         std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
+      if (!node.IsSequence()) return false;
+      out = node.as<T>();
+    } else {
+      if (!node.IsScalar()) return false;
+      out = node.as<T>();
+    }
+    return true;
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
+
+std::string describe(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+std::string line_of(const std::string& source, const YAML::Node& node) {
+  return source + ":" + std::to_string(node.Mark().line + 1);
+}
+
+struct Reader {
+  const YAML::Node& root;
+  Config& config;
+  const std::map<std::string, std::string>& override_where;
+  std::optional<Error> error;
+
+  template <class T>
+  void operator()(const char* section, const char* key, T& field, const Check<T>& check) {
+    if (error) return;
+    std::string full = std::string(section) + "." + key;
+    YAML::Node sec = root[section];
+    YAML::Node node = sec ? sec[key] : YAML::Node();
+    if (!node || node.IsNull()) {
+      config.where_[full] = "default";
+    } else {
+      auto o = override_where.find(full);
+      config.where_[full] = o != override_where.end() ? o->second : line_of(config.source, node);
+      T value{};
+      if (!decode(node, value)) {
+        error = config.error(full, "expected " + type_name(&field) + ", got " + describe(node));
+        return;
+      }
+      field = std::move(value);
+    }
+    if (check) {
+      std::string problem = check(field);
+      if (!problem.empty()) error = config.error(full, problem);
+    }
+  }
+};
+
+struct Writer {
+  YAML::Node root;
+  template <class T>
+  void operator()(const char* section, const char* key, T& field, const Check<T>&) {
+    root[section][key] = field;
+  }
+};
+
+struct KeyLister {
+  std::vector<std::string> keys;
+  template <class T>
+  void operator()(const char* section, const char* key, T&, const Check<T>&) {
+    keys.push_back(std::string(section) + "." + key);
+  }
+};
+
+std::vector<std::string> sections() {
+  return {"run", "model", "parallel", "batch", "optimizer", "data", "logging", "comm", "checkpoint"};
+}
+
+// Rejects keys the loader does not know, suggesting the closest known one.
+Status check_unknown_keys(const YAML::Node& root, const Config& config,
+                          const std::vector<std::string>& known) {
+  std::set<std::string> known_set(known.begin(), known.end());
+  for (const auto& kv : root) {
+    std::string sec = kv.first.as<std::string>();
+    auto secs = sections();
+    if (std::find(secs.begin(), secs.end(), sec) == secs.end()) {
+      std::string msg = line_of(config.source, kv.first) + ": unknown section '" + sec + "'";
+      std::string close = closest_match(sec, secs);
+      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      return Error::at(sec, msg);
+    }
+    if (kv.second.IsNull()) continue;
+    if (!kv.second.IsMap())
+      return Error::at(sec, line_of(config.source, kv.second) + ": " + sec +
+                                ": expected a mapping of keys, got " + describe(kv.second));
+    for (const auto& field : kv.second) {
+      std::string full = sec + "." + field.first.as<std::string>();
+      if (full == "model.args") {
+        if (!field.second.IsNull() && !field.second.IsMap())
+          return Error::at(full, line_of(config.source, field.second) +
+                                     ": model.args: expected a mapping, got " + describe(field.second));
+        continue;
+      }
+      if (known_set.count(full)) continue;
+      std::vector<std::string> candidates = known;
+      candidates.push_back("model.args");
+      std::string msg = line_of(config.source, field.first) + ": unknown key '" + full + "'";
+      std::string close = closest_match(full, candidates);
+      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      return Error::at(full, msg);
+    }
+  }
+  return Status::success();
+}
+
+// Applies "a.b=c" overrides to the YAML tree; records each key's origin.
+Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides,
+                       const std::vector<std::string>& known,
+                       std::map<std::string, std::string>& where) {
+  for (const auto& text : overrides) {
+    auto eq = text.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Error::at(text, "override '" + text + "' is not of the form key=value");
+    std::string key(trim(text.substr(0, eq)));
+    std::string value(trim(text.substr(eq + 1)));
+    auto parts = split(key, '.');
+    bool is_arg = parts.size() == 3 && parts[0] == "model" && parts[1] == "args" && !parts[2].empty();
+    if (!is_arg && std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string msg = "command line override '" + text + "': unknown key '" + key + "'";
+      std::string close = closest_match(key, known);
+      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      return Error::at(key, msg);
+    }
+    YAML::Node parsed;
+    try {
+      parsed = YAML::Load(value);
+    } catch (const YAML::Exception&) {
+      parsed = YAML::Node(value);
+    }
+    if (!root[parts[0]] || !root[parts[0]].IsMap()) root[parts[0]] = YAML::Node(YAML::NodeType::Map);
+    if (is_arg) {
+      YAML::Node sec = root[parts[0]];
+      if (!sec["args"] || !sec["args"].IsMap()) sec["args"] = YAML::Node(YAML::NodeType::Map);
+      YAML::Node args = sec["args"];
+      args[parts[2]] = parsed;
+    } else {
+      YAML::Node sec = root[parts[0]];
+      sec[parts[1]] = parsed;
+    }
+    where[key] = "command line (" + text + ")";
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+std::string Config::where(const std::string& key) const {
+  auto it = where_.find(key);
+  if (it != where_.end()) return it->second;
+  return source.empty() ? "config" : source;
+}
+
+Error Config::error(const std::string& key, const std::string& message) const {
+  return Error{where(key) + ": " + key + ": " + message, key};
+}
+
+std::vector<std::string> known_config_keys() {
+  Config c;
+  KeyLister lister;
+  visit_fields(c, lister);
+  return lister.keys;
+}
+
+Result<Config> parse_config(const std::string& yaml, const std::string& source,
+                            const std::vector<std::string>& overrides) {
+  Config config;
+  config.source = source;
+  config.overrides = overrides;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) +
+                                 ": malformed YAML: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    return Error::at(source, source + ": malformed YAML: " + e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap())
+    return Error::at(source, source + ": expected a mapping of sections (run, model, parallel, ...)");
+
+  const std::vector<std::string> known = known_config_keys();
+  LOOM_TRY(check_unknown_keys(root, config, known));
+  std::map<std::string, std::string> override_where;
+  LOOM_TRY(apply_overrides(root, overrides, known, override_where));
+
+  Reader reader{root, config, override_where, std::nullopt};
+  visit_fields(config, reader);
+  if (reader.error) return *reader.error;
+
+  if (YAML::Node args = root["model"] ? root["model"]["args"] : YAML::Node(); args && args.IsMap()) {
+    for (const auto& kv : args) {
+      std::string name = kv.first.as<std::string>();
+      std::string full = "model.args." + name;
+      auto o = override_where.find(full);
+      config.where_[full] = o != override_where.end() ? o->second : line_of(source, kv.second);
+      if (!kv.second.IsScalar())
+        return config.error(full, "expected a single value, got " + describe(kv.second));
+      config.model.args[name] = kv.second.Scalar();
+    }
+  }
+
+  // Relations between keys.
+  const auto& b = config.batch;
+  if (b.global % (b.micro * config.parallel.dp) != 0)
+    return config.error("batch.global", "batch.global (" + std::to_string(b.global) +
+                                            ") must be divisible by batch.micro (" +
+                                            std::to_string(b.micro) + ") x parallel.dp (" +
+                                            std::to_string(config.parallel.dp) + ")");
+  if (config.data.type == "tokens" && config.data.path.empty())
+    return config.error("data.path", "data.type is 'tokens' but no data.path is given");
+  for (size_t i = 0; i < config.parallel.stages.size(); ++i)
+    if (config.parallel.stages[i].size() != 2)
+      return config.error("parallel.stages", "entry " + std::to_string(i) +
+                                                 " must be [first_layer, last_layer]");
+  return config;
+}
+
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) return Error::at(path, "cannot read config file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;
+  Writer writer;
+  visit_fields(copy, writer);
+  if (!config.model.args.empty()) {
+    YAML::Node model = writer.root["model"];
+    for (const auto& [k, v] : config.model.args) model["args"][k] = YAML::Load(v);
+  }
+  YAML::Emitter out;
+  out << writer.root;
+  return std::string(out.c_str()) + "\n";
+}
+
+// ---- ModelArgs ----
+
+namespace {
+template <class T>
+Result<T> get_arg(const Config& config, const std::string& name, T fallback, const char* what) {
+  auto it = config.model.args.find(name);
+  if (it == config.model.args.end()) return fallback;
+  try {
+    return YAML::Load(it->second).as<T>();
+  } catch (const YAML::Exception&) {
+    return config.error("model.args." + name,
+                        std::string("expected ") + what + ", got '" + it->second + "'");
+  }
+}
+}  // namespace
+
+Result<int64_t> ModelArgs::get_int(const std::string& name, int64_t fallback) const {
+  return get_arg<int64_t>(config_, name, fallback, "an integer");
+}
+Result<double> ModelArgs::get_double(const std::string& name, double fallback) const {
+  return get_arg<double>(config_, name, fallback, "a number");
+}
+Result<bool> ModelArgs::get_bool(const std::string& name, bool fallback) const {
+  return get_arg<bool>(config_, name, fallback, "true or false");
+}
+Result<std::string> ModelArgs::get_string(const std::string& name,
+                                          const std::string& fallback) const {
+  auto it = config_.model.args.find(name);
+  return it == config_.model.args.end() ? fallback : it->second;
+}
+
+Status ModelArgs::check_known(const std::vector<std::string>& known) const {
+  for (const auto& [name, value] : config_.model.args) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string msg = "unknown argument for model '" + config_.model.type + "'";
+    std::string close = closest_match(name, known);
+    if (!close.empty()) msg += " (did you mean 'model.args." + close + "'?)";
+    msg += "; known: " + join(known, ", ");
+    return config_.error("model.args." + name, msg);
+  }
+  return Status::success();
+}
+
+}  // namespace loom

@@ -1,0 +1,134 @@
+// The run configuration: one YAML file per run, typed and validated, with `a.b=c` overrides.
+// Every error names the key and where it came from (file:line, or the command-line override).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+
+namespace loom {
+
+struct RunConfig {
+  std::string name = "loom";
+  std::string output_dir = "runs/loom";
+  int64_t seed = 1234;
+  int64_t steps = 100;
+};
+
+// Model-specific hyperparameters (model.args) stay text until the model reads them, so a
+// model can name its own keys; see ModelArgs.
+struct ModelConfig {
+  std::string type = "gpt";
+  std::string preset = "tiny";
+  std::map<std::string, std::string> args;
+};
+
+struct ParallelConfig {
+  int64_t dp = 1;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  bool sp = false;
+  std::string schedule = "1f1b";
+  int64_t chunks = 1;
+  std::string policy = "hybrid";
+  // Explicit pipeline stage boundaries: each entry is [first_layer, last_layer] (inclusive).
+  std::vector<std::vector<int64_t>> stages;
+
+  int64_t world_size() const { return dp * tp * pp; }
+};
+
+struct BatchConfig {
+  int64_t global = 8;  // samples per optimizer step
+  int64_t micro = 8;   // samples per micro-batch on one data-parallel replica
+};
+
+struct OptimizerConfig {
+  std::string type = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;         // sgd only
+  double clip_grad_norm = 0.0;   // 0 disables clipping
+  int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // constant | cosine | linear (after warm-up)
+  double min_lr = 0.0;
+};
+
+struct DataConfig {
+  std::string type = "synthetic";  // synthetic | tokens
+  std::string path;                 // tokens: flat file of uint16 token ids
+};
+
+struct LoggingConfig {
+  int64_t every = 1;
+  std::string level = "info";
+};
+
+struct CommConfig {
+  std::string backend = "auto";  // auto | gloo | mpi | nccl | local
+  double timeout_s = 300;
+};
+
+struct CheckpointConfig {
+  std::string dir;              // empty: <run.output_dir>/checkpoints
+  int64_t every = 0;            // 0: never
+  int64_t keep = 2;
+  std::string resume = "none";  // none | latest | a path
+};
+
+class Config {
+ public:
+  RunConfig run;
+  ModelConfig model;
+  ParallelConfig parallel;
+  BatchConfig batch;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  LoggingConfig logging;
+  CommConfig comm;
+  CheckpointConfig checkpoint;
+
+  // Where a key's value came from: "file.yaml:12", "command line (key=value)" or "default".
+  std::string where(const std::string& key) const;
+  // An error for `key` whose message starts with where it came from.
+  Error error(const std::string& key, const std::string& message) const;
+
+  // Micro-batches per optimizer step on each data-parallel replica.
+  int64_t micro_batches() const { return batch.global / (batch.micro * parallel.dp); }
+
+  std::string source;                        // the file it was read from
+  std::vector<std::string> overrides;        // as given, in order
+  std::map<std::string, std::string> where_; // key -> origin; filled by the loader
+};
+
+// Reads and validates a config file, then applies `overrides` ("a.b=c", YAML values).
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from text already in memory; `source` names it in messages.
+Result<Config> parse_config(const std::string& yaml, const std::string& source,
+                            const std::vector<std::string>& overrides = {});
+// The fully resolved config as YAML (every key, defaults included); parse_config reads it back.
+std::string to_yaml(const Config& config);
+// Every key the loader knows, "section.key" (model.args.* is free-form).
+std::vector<std::string> known_config_keys();
+
+// Typed access to model.args with errors that name the key and its line.
+class ModelArgs {
+ public:
+  explicit ModelArgs(const Config& config) : config_(config) {}
+  Result<int64_t> get_int(const std::string& name, int64_t fallback) const;
+  Result<double> get_double(const std::string& name, double fallback) const;
+  Result<bool> get_bool(const std::string& name, bool fallback) const;
+  Result<std::string> get_string(const std::string& name, const std::string& fallback) const;
+  // Fails on any arg not in `known`, suggesting the closest known name.
+  Status check_known(const std::vector<std::string>& known) const;
+
+ private:
+  const Config& config_;
+};
+
+}  // namespace loom

@@ -1,0 +1,16 @@
+// Logging through spdlog's default logger, with the rank in every line so interleaved output
+// from several workers stays readable: "[12:00:01.123] [rank 3] [info] ...".
+#pragma once
+
+#include <string_view>
+
+#include <spdlog/spdlog.h>
+
+#include "core/result.h"
+
+namespace loom {
+
+// Sets the line prefix and level ("debug", "info", "warn", "error"). rank < 0 omits the rank.
+Status init_logging(int rank, std::string_view level);
+
+}  // namespace loom

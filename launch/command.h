@@ -1,0 +1,20 @@
+// The `loom` tool's sub-commands. Each takes the arguments after its name and returns the
+// process exit code: 0 success, 1 a failure while running, 2 bad input (config, flags, files).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+using Args = std::vector<std::string>;
+
+int train_main(const Args& args);     // loom train CONFIG [key=value ...]
+int schedule_main(const Args& args);  // loom schedule --kind ... (scheduler/)
+int config_main(const Args& args);    // loom config CONFIG [key=value ...]: print the resolved config
+
+}  // namespace loom::cli

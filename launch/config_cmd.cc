@@ -1,0 +1,24 @@
+#include <cstdio>
+
+#include "core/config.h"
+#include "launch/command.h"
+
+namespace loom::cli {
+
+int config_main(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fprintf(args.empty() ? stderr : stdout,
+                 "usage: loom config CONFIG [key=value ...]\n"
+                 "Validates a config and prints it fully resolved (defaults included).\n");
+    return args.empty() ? kExitBadInput : kExitOk;
+  }
+  auto config = load_config(args[0], Args(args.begin() + 1, args.end()));
+  if (!config.ok()) {
+    std::fprintf(stderr, "loom config: error: %s\n", config.error().message.c_str());
+    return kExitBadInput;
+  }
+  std::fputs(to_yaml(*config).c_str(), stdout);
+  return kExitOk;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,152 @@
+#include "core/config.h"
+
+#include <gtest/gtest.h>
+
+namespace loom {
+namespace {
+
+const char* kGood = R"(run:
+  name: t
+  steps: 5
+model:
+  type: gpt
+  preset: tiny
+  args:
+    layers: 3
+parallel:
+  tp: 2
+batch:
+  global: 16
+  micro: 4
+optimizer:
+  lr: 0.01
+)";
+
+Config must_parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  auto c = parse_config(text, "t.yaml", overrides);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return c.ok() ? *c : Config{};
+}
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  auto c = parse_config(text, "t.yaml", overrides);
+  EXPECT_FALSE(c.ok()) << "accepted:\n" << text;
+  return c.ok() ? std::string() : c.error().message;
+}
+
+TEST(Config, ReadsValuesAndDefaults) {
+  Config c = must_parse(kGood);
+  EXPECT_EQ(c.run.name, "t");
+  EXPECT_EQ(c.run.steps, 5);
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
+  EXPECT_EQ(c.model.args.at("layers"), "3");
+  EXPECT_EQ(c.micro_batches(), 4);
+  EXPECT_EQ(c.where("parallel.tp"), "t.yaml:10");
+  EXPECT_EQ(c.where("parallel.dp"), "default");
+  EXPECT_EQ(c.where("model.args.layers"), "t.yaml:8");
+}
+
+TEST(Config, EmptyFileIsAllDefaults) {
+  Config c = must_parse("");
+  EXPECT_EQ(c.optimizer.type, "adamw");
+}
+
+TEST(Config, OverridesWin) {
+  Config c = must_parse(kGood, {"parallel.tp=4", "run.steps=7", "model.args.hidden=32",
+                                "optimizer.betas=[0.8, 0.9]"});
+  EXPECT_EQ(c.parallel.tp, 4);
+  EXPECT_EQ(c.run.steps, 7);
+  EXPECT_EQ(c.model.args.at("hidden"), "32");
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.8);
+  EXPECT_EQ(c.where("parallel.tp"), "command line (parallel.tp=4)");
+}
+
+TEST(Config, ResolvedYamlRoundTrips) {
+  Config c = must_parse(kGood, {"parallel.stages=[[0,1],[2,2]]"});
+  Config back = must_parse(to_yaml(c));
+  EXPECT_EQ(to_yaml(back), to_yaml(c));
+  EXPECT_EQ(back.parallel.stages.size(), 2u);
+  EXPECT_EQ(back.model.args.at("layers"), "3");
+}
+
+TEST(ConfigErrors, MalformedYamlNamesTheLine) {
+  std::string e = error_of("run:\n  name: [unclosed\n  steps: 3\n");
+  EXPECT_NE(e.find("t.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("malformed YAML"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, UnknownKeySuggestsClosest) {
+  std::string e = error_of("batch:\n  mciro: 4\n");
+  EXPECT_NE(e.find("t.yaml:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'batch.mciro'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'batch.micro'"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, UnknownSectionSuggestsClosest) {
+  std::string e = error_of("paralel:\n  tp: 2\n");
+  EXPECT_NE(e.find("did you mean 'parallel'"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, UnknownOverrideKey) {
+  std::string e = error_of(kGood, {"parallel.tpp=2"});
+  EXPECT_NE(e.find("did you mean 'parallel.tp'"), std::string::npos) << e;
+  EXPECT_NE(error_of(kGood, {"novalue"}).find("key=value"), std::string::npos);
+}
+
+TEST(ConfigErrors, WrongType) {
+  std::string e = error_of("run:\n  steps: many\n");
+  EXPECT_NE(e.find("t.yaml:2: run.steps: expected an integer, got 'many'"), std::string::npos) << e;
+  e = error_of("parallel:\n  sp: maybe\n");
+  EXPECT_NE(e.find("parallel.sp: expected true or false"), std::string::npos) << e;
+  e = error_of("optimizer:\n  betas: 0.9\n");
+  EXPECT_NE(e.find("optimizer.betas: expected a list of numbers"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, NegativeOrZeroSizes) {
+  std::string e = error_of("parallel:\n  tp: -1\n");
+  EXPECT_NE(e.find("t.yaml:2: parallel.tp: must be positive, got -1"), std::string::npos) << e;
+  e = error_of("batch:\n  micro: 0\n");
+  EXPECT_NE(e.find("batch.micro: must be positive, got 0"), std::string::npos) << e;
+  e = error_of(kGood, {"run.steps=0"});
+  EXPECT_NE(e.find("command line (run.steps=0): run.steps: must be positive"), std::string::npos)
+      << e;
+  e = error_of("optimizer:\n  lr: -0.1\n");
+  EXPECT_NE(e.find("optimizer.lr: must be positive"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, ChoicesSuggestClosest) {
+  std::string e = error_of("optimizer:\n  type: adamww\n");
+  EXPECT_NE(e.find("did you mean 'adamw'"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, BatchDivisibility) {
+  std::string e = error_of("batch:\n  global: 10\n  micro: 4\n");
+  EXPECT_NE(e.find("batch.global (10) must be divisible by batch.micro (4) x parallel.dp (1)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(ConfigErrors, TokensNeedAPath) {
+  std::string e = error_of("data:\n  type: tokens\n");
+  EXPECT_NE(e.find("data.path"), std::string::npos) << e;
+}
+
+TEST(ModelArgs, TypedAccessNamesTheLine) {
+  Config c = must_parse(kGood, {"model.args.tied=yes", "model.args.heads=four"});
+  ModelArgs args(c);
+  EXPECT_EQ(*args.get_int("layers", 2), 3);
+  EXPECT_EQ(*args.get_int("hidden", 64), 64);
+  EXPECT_TRUE(*args.get_bool("tied", false));
+  auto bad = args.get_int("heads", 4);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("model.args.heads: expected an integer, got 'four'"),
+            std::string::npos);
+  Status unknown = args.check_known({"layers", "hidden", "tied", "head"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("did you mean 'model.args.head'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
