@@ -1,12 +1,138 @@
-#include <cstdio>
+// loom train CONFIG [key=value ...]: validates everything, then creates the run directory,
+// writes the resolved config, trains, and appends one JSON line per step to metrics.jsonl.
+#include <unistd.h>
 
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "core/log.h"
 #include "launch/command.h"
+#include "launch/files.h"
+
+#if LOOM_HAVE_RUNTIME
+#include "exec/runtime/trainer.h"
+#endif
 
 namespace loom::cli {
+namespace {
 
-int train_main(const Args&) {
+int bad_input(const std::string& message) {
+  std::fprintf(stderr, "loom train: error: %s\n", message.c_str());
+  return kExitBadInput;
+}
+
+std::string format_duration(double seconds) {
+  long s = std::lround(std::max(0.0, seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  return buf;
+}
+
+std::string format_rate(double per_s) {
+  char buf[32];
+  if (per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", per_s / 1e6);
+  else if (per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", per_s);
+  return buf;
+}
+
+}  // namespace
+
+int train_main(const Args& args) {
+  CLI::App app{"Train a model from a YAML config. Trailing key=value arguments override keys.",
+               "loom train"};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  app.add_option("config", config_path, "the run's YAML config")->required();
+  app.add_option("overrides", overrides, "key=value overrides, e.g. run.steps=5 parallel.tp=2");
+  try {
+    std::vector<std::string> rev(args.rbegin(), args.rend());
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    return bad_input(e.what());
+  }
+
+  auto loaded = load_config(config_path, overrides);
+  if (!loaded.ok()) return bad_input(loaded.error().message);
+  const Config& config = *loaded;
+  if (config.parallel.world_size() != 1)
+    return bad_input(config.where("parallel.dp") + ": parallel: dp x tp x pp = " +
+                     std::to_string(config.parallel.world_size()) +
+                     " ranks, but loom train was started as a single process (world size 1)");
+  if (Status s = init_logging(-1, config.logging.level); !s.ok()) return bad_input(s.error().message);
+
+#if LOOM_HAVE_RUNTIME
+  auto created = runtime::Trainer::create(config);
+  if (!created.ok()) return bad_input(created.error().message);
+  runtime::Trainer& trainer = **created;
+
+  // Only now, with every input validated, does anything get written.
+  namespace fs = std::filesystem;
+  const fs::path run_dir = config.run.output_dir;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) return bad_input("run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
+  if (Status s = write_file_atomically(run_dir / "config.yaml", to_yaml(config)); !s.ok())
+    return bad_input(s.error().message);
+  std::ofstream metrics(run_dir / "metrics.jsonl", std::ios::trunc);
+  if (!metrics) return bad_input("cannot write " + (run_dir / "metrics.jsonl").string());
+
+  const bool tty = isatty(STDOUT_FILENO);
+  const int64_t total = config.run.steps;
+  std::printf("loom: training %s (%s) for %lld steps, %lld micro-batches of %lld per step -> %s\n",
+              config.model.type.c_str(), config.model.preset.c_str(), static_cast<long long>(total),
+              static_cast<long long>(config.micro_batches()),
+              static_cast<long long>(config.batch.micro), run_dir.string().c_str());
+  std::fflush(stdout);
+  double elapsed = 0, first_loss = 0, last_loss = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    auto st = trainer.step();
+    if (!st.ok()) {
+      if (tty) std::printf("\n");
+      return bad_input(st.error().message);
+    }
+    elapsed += st->step_time_s;
+    if (i == 0) first_loss = st->loss;
+    last_loss = st->loss;
+    nlohmann::json line = {{"step", st->step},           {"loss", st->loss},
+                           {"lr", st->lr},               {"grad_norm", st->grad_norm},
+                           {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s}};
+    metrics << line.dump() << "\n" << std::flush;
+    const double eta = elapsed / static_cast<double>(i + 1) * static_cast<double>(total - i - 1);
+    if (tty) {
+      const int width = 24;
+      int filled = static_cast<int>(width * (i + 1) / total);
+      std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+      std::printf("\r  step %lld/%lld [%s] loss %.4f  %s tok/s  ETA %s  ",
+                  static_cast<long long>(st->step), static_cast<long long>(total), bar.c_str(),
+                  st->loss, format_rate(st->tokens_per_s).c_str(), format_duration(eta).c_str());
+      std::fflush(stdout);
+    } else if (st->step % config.logging.every == 0 || st->step == total) {
+      std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s tok/s step_time %.3fs ETA %s\n",
+                  static_cast<long long>(st->step), static_cast<long long>(total), st->loss, st->lr,
+                  st->grad_norm, format_rate(st->tokens_per_s).c_str(), st->step_time_s,
+                  format_duration(eta).c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (tty) std::printf("\n");
+  std::printf("loom: done: loss %.4f -> %.4f in %s; metrics in %s\n", first_loss, last_loss,
+              format_duration(elapsed).c_str(), (run_dir / "metrics.jsonl").string().c_str());
+  return kExitOk;
+#else
   std::fprintf(stderr, "loom train: this build has no runtime (configured with LOOM_WITH_RUNTIME=OFF)\n");
   return kExitFailure;
+#endif
 }
 
 }  // namespace loom::cli

@@ -1,0 +1,74 @@
+#include "exec/runtime/data.h"
+
+#include <fstream>
+#include <random>
+
+namespace loom::runtime {
+namespace {
+
+class SyntheticSource : public TokenSource {
+ public:
+  SyntheticSource(uint64_t seed, int64_t vocab) : seed_(seed), vocab_(vocab) {}
+  Status sample(int64_t index, int64_t seq, int64_t* out) const override {
+    std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index));
+    int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab_));
+    int64_t stride = 1 + static_cast<int64_t>(rng() % 7);
+    for (int64_t t = 0; t <= seq; ++t) out[t] = (start + stride * t) % vocab_;
+    return Status::success();
+  }
+
+ private:
+  uint64_t seed_;
+  int64_t vocab_;
+};
+
+class TokenFileSource : public TokenSource {
+ public:
+  TokenFileSource(std::string path, std::vector<uint16_t> tokens, int64_t vocab)
+      : path_(std::move(path)), tokens_(std::move(tokens)), vocab_(vocab) {}
+  Status sample(int64_t index, int64_t seq, int64_t* out) const override {
+    const int64_t windows = (static_cast<int64_t>(tokens_.size()) - 1) / seq;
+    const int64_t offset = (index % windows) * seq;
+    for (int64_t t = 0; t <= seq; ++t) {
+      int64_t id = tokens_[offset + t];
+      if (id >= vocab_)
+        return Error::at(path_, path_ + ": token " + std::to_string(id) + " at position " +
+                                    std::to_string(offset + t) + " is outside the vocabulary (" +
+                                    std::to_string(vocab_) + ")");
+      out[t] = id;
+    }
+    return Status::success();
+  }
+
+ private:
+  std::string path_;
+  std::vector<uint16_t> tokens_;
+  int64_t vocab_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TokenSource>> make_token_source(const Config& config, int64_t vocab,
+                                                       int64_t seq) {
+  if (config.data.type == "synthetic")
+    return std::unique_ptr<TokenSource>(
+        std::make_unique<SyntheticSource>(static_cast<uint64_t>(config.run.seed), vocab));
+  const std::string& path = config.data.path;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return config.error("data.path", "cannot read token file '" + path + "'");
+  std::streamsize bytes = in.tellg();
+  if (bytes % 2 != 0)
+    return config.error("data.path", "token file '" + path + "' has an odd size (" +
+                                         std::to_string(bytes) + " bytes); expected uint16 ids");
+  if (bytes / 2 < seq + 1)
+    return config.error("data.path", "token file '" + path + "' holds " +
+                                         std::to_string(bytes / 2) + " tokens; one sample needs " +
+                                         std::to_string(seq + 1));
+  std::vector<uint16_t> tokens(static_cast<size_t>(bytes / 2));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(tokens.data()), bytes);
+  if (!in) return config.error("data.path", "failed to read token file '" + path + "'");
+  return std::unique_ptr<TokenSource>(std::make_unique<TokenFileSource>(path, std::move(tokens), vocab));
+}
+
+}  // namespace loom::runtime

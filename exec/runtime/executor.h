@@ -1,0 +1,38 @@
+// Runs a graph's ops on this process with LibTorch kernels under autograd.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "exec/runtime/kernels.h"
+#include "graph/graph.h"
+
+namespace loom::runtime {
+
+class Executor {
+ public:
+  // Materialises every parameter piece the graph's ops read (seeded per FullTensor).
+  Executor(const graph::Graph& graph, const KernelRegistry& kernels, uint64_t seed);
+
+  // Runs the forward pass of one micro-batch; `inputs` holds one tensor per graph input, by id.
+  // Returns the loss (with its autograd graph). Fails naming the op whose kernel is missing.
+  at::Tensor forward(const std::unordered_map<int64_t, at::Tensor>& inputs) const;
+
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+  const std::vector<TensorId>& parameter_ids() const { return param_ids_; }
+  // The parameter piece of FullTensor `name`; undefined when this rank holds none.
+  at::Tensor parameter(const std::string& name) const;
+  void zero_grad();
+
+ private:
+  const graph::Graph& graph_;
+  std::vector<const Kernel*> kernels_;      // per op
+  std::vector<at::Tensor> params_;          // leaves, requires_grad
+  std::vector<TensorId> param_ids_;
+  std::vector<int64_t> param_slot_;         // tensor id -> index in params_, or -1
+};
+
+}  // namespace loom::runtime

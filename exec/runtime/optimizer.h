@@ -1,0 +1,37 @@
+// Optimizers over local parameter pieces: AdamW and SGD (momentum), global-norm clipping.
+// Weight decay applies to matrices only (not to biases and norm gains), as in GPT training.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/config.h"
+
+namespace loom::runtime {
+
+class Optimizer {
+ public:
+  // `params` must have gradients when step() runs; `decay[i]` says whether params[i] decays.
+  Optimizer(OptimizerConfig config, std::vector<at::Tensor> params, std::vector<bool> decay);
+
+  // One update with learning rate `lr`.
+  void step(double lr);
+  int64_t steps_taken() const { return t_; }
+
+ private:
+  OptimizerConfig config_;
+  std::vector<at::Tensor> params_;
+  std::vector<bool> decay_;
+  std::vector<at::Tensor> exp_avg_;     // AdamW first moment / SGD momentum buffer
+  std::vector<at::Tensor> exp_avg_sq_;  // AdamW second moment
+  int64_t t_ = 0;
+};
+
+// The L2 norm of all gradients together (sum of squares of local pieces, as given).
+double grad_norm_squared(const std::vector<at::Tensor>& params);
+// Scales every gradient so the global norm is at most max_norm (as torch's clip_grad_norm_).
+void clip_gradients(const std::vector<at::Tensor>& params, double total_norm, double max_norm);
+
+}  // namespace loom::runtime

@@ -1,0 +1,46 @@
+// The single-process training loop: model graph, executor, data, optimizer and LR schedule.
+// The header is LibTorch-free so command-line code compiles fast.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "graph/graph.h"
+
+namespace loom::runtime {
+
+class Executor;
+
+struct StepStats {
+  int64_t step = 0;        // 1-based index of the step just taken
+  double loss = 0;         // mean token loss over the global batch
+  double lr = 0;
+  double grad_norm = 0;    // before clipping
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+};
+
+class Trainer {
+ public:
+  // Builds the model and data and materialises the parameters. Every user mistake (config,
+  // model arguments, data file) is returned as an error naming the key or file.
+  static Result<std::unique_ptr<Trainer>> create(const Config& config);
+  ~Trainer();
+
+  // Runs one optimizer step over batch.global samples.
+  Result<StepStats> step();
+
+  int64_t steps_done() const;
+  const Config& config() const;
+  const graph::Graph& graph() const;
+  Executor& executor();
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom::runtime

@@ -1,0 +1,61 @@
+// loom's built-in op types and their annotations. The kernels live in exec/runtime.
+#include "graph/op_registry.h"
+
+#include "core/strings.h"
+
+namespace loom::graph {
+namespace {
+
+// Leading ("batch-like") dimension labels for ops that accept any rank.
+std::string leading(int64_t n) {
+  static const char* kNames[] = {"b", "s", "x", "y", "z", "u", "w"};
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < n && i < 7; ++i) out.push_back(kNames[i]);
+  return join(out, " ");
+}
+
+int64_t ndim(const Attrs& attrs) { return attrs.get_or<int64_t>("ndim", 3); }
+
+OpSchema ranked(std::string type, std::function<std::string(const std::string&)> make) {
+  OpSchema s;
+  s.type = std::move(type);
+  s.annotation = [make](const Attrs& attrs) { return make(leading(ndim(attrs) - 1)); };
+  return s;
+}
+
+}  // namespace
+
+OpRegistry OpRegistry::with_builtin_ops() {
+  OpRegistry r;
+  auto must = [&](OpSchema s) {
+    Status st = r.add(std::move(s));
+    LOOM_CHECK(st.ok()) << st.error().message;
+  };
+  // Token embedding: splitting the vocabulary makes each piece's output a partial sum.
+  must(OpSchema::simple("embedding", "b s, v+ h -> b s h"));
+  // Adds a [seq, hidden] table (learned positions) to every sample.
+  must(OpSchema::simple("add_position", "b s h, s h -> b s h"));
+  // Elementwise ops over any rank (attribute ndim, default 3).
+  must(ranked("add", [](const std::string& l) { return l + " h, " + l + " h -> " + l + " h"; }));
+  must(ranked("gelu", [](const std::string& l) { return l + " h -> " + l + " h"; }));
+  must(ranked("layer_norm",
+              [](const std::string& l) { return l + " h^, h^, h^ -> " + l + " h^"; }));
+  // y = x W^T with W of shape [out, in], as torch.nn.Linear stores it; the bias is its own op
+  // so that a split of `k` (row-parallel) stays a plain partial sum.
+  must(ranked("linear", [](const std::string& l) { return l + " k+, n k+ -> " + l + " n"; }));
+  must(ranked("bias_add", [](const std::string& l) { return l + " n, n -> " + l + " n"; }));
+  // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
+  // head size, so splitting heads keeps whole heads together.
+  must(OpSchema::simple("attention",
+                        "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)"));
+  // Sum of token losses divided by attribute `normalizer` (the token count of the full
+  // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
+  OpSchema ce = OpSchema::simple("cross_entropy", "b+ s+ v^, b+ s+ -> ");
+  ce.infer_dtypes = [](const std::vector<DType>& in, const Attrs&) {
+    return std::vector<DType>{in[0]};
+  };
+  must(std::move(ce));
+  return r;
+}
+
+}  // namespace loom::graph

@@ -1,0 +1,60 @@
+// The op registry: for each op type, its annotation and shape rule. No kernels here: the
+// runtime maps op types to LibTorch functions, so the planner never needs LibTorch.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "core/shape.h"
+#include "graph/annotation.h"
+#include "graph/attrs.h"
+
+namespace loom::graph {
+
+struct OpSchema {
+  std::string type;
+  // The annotation text; most ops have a fixed one, some depend on attributes.
+  std::function<std::string(const Attrs&)> annotation;
+  // Output shapes from input shapes. When unset, sizes follow from the annotation: every
+  // label is bound by the inputs or by an integer attribute of the same name.
+  std::function<Result<std::vector<Shape>>(const Annotation&, const std::vector<Shape>&,
+                                           const Attrs&)>
+      infer_shapes;
+  // Output dtypes; when unset, every output takes the first floating-point input's dtype.
+  std::function<std::vector<DType>(const std::vector<DType>&, const Attrs&)> infer_dtypes;
+
+  // A schema with a constant annotation and the default rules.
+  static OpSchema simple(std::string type, std::string annotation);
+};
+
+class OpRegistry {
+ public:
+  // The registry with loom's built-in ops (graph/builtin_ops.cc).
+  static OpRegistry with_builtin_ops();
+
+  // Fails if the type exists or the annotation does not parse.
+  Status add(OpSchema schema);
+  const OpSchema* find(const std::string& type) const;
+  std::vector<std::string> types() const;
+
+  // Parses the op's annotation and infers its output shapes and dtypes.
+  Result<Annotation> annotation_of(const std::string& type, const Attrs& attrs) const;
+  Result<std::vector<Shape>> infer_shapes(const std::string& type, const std::vector<Shape>& inputs,
+                                          const Attrs& attrs) const;
+  std::vector<DType> infer_dtypes(const std::string& type, const std::vector<DType>& inputs,
+                                  const Attrs& attrs) const;
+
+ private:
+  std::map<std::string, OpSchema> schemas_;
+};
+
+// The default shape rule: binds label sizes from the inputs (and integer attributes named like
+// a label) and builds the output shapes. Errors name the label and the sizes that disagree.
+Result<std::vector<Shape>> shapes_from_annotation(const Annotation& annotation,
+                                                  const std::vector<Shape>& inputs,
+                                                  const Attrs& attrs);
+
+}  // namespace loom::graph

@@ -1,0 +1,20 @@
+// The model zoo: builds the graph named by model.type from a config.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "graph/graph.h"
+#include "graph/op_registry.h"
+
+namespace loom::models {
+
+std::vector<std::string> model_types();
+// The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
+Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
+// Sequence length (tokens per sample) of the configured model, for throughput figures.
+Result<int64_t> tokens_per_sample(const Config& config);
+
+}  // namespace loom::models

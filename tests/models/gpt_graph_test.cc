@@ -1,0 +1,79 @@
+#include <chrono>
+
+#include <gtest/gtest.h>
+
+#include "graph/verify.h"
+#include "models/gpt.h"
+#include "models/model.h"
+
+namespace loom::models {
+namespace {
+
+Config config_with(const std::vector<std::string>& overrides) {
+  auto c = parse_config("model:\n  type: gpt\n  preset: tiny\n", "gpt.yaml", overrides);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return *c;
+}
+
+TEST(GptGraph, TinyHasTheExpectedStructure) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  Config c = config_with({"batch.micro=2", "batch.global=2"});
+  auto g = build_model(c, r);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_TRUE(graph::verify(*g, r).ok());
+  int attention = 0, params = 0;
+  for (const auto& op : g->ops()) attention += op.type == "attention";
+  for (const auto& t : g->tensors()) params += t.role == graph::TensorRole::kParameter;
+  EXPECT_EQ(attention, 2);
+  // wte, wpe, 2 x (2 norms x 2 + 6 linears x 2), final norm x 2; the head is tied.
+  EXPECT_EQ(params, 2 + 2 * 16 + 2);
+  EXPECT_EQ(g->tensor(*g->find_tensor("tokens")).shape, (Shape{2, 32}));
+  int64_t total = 0;
+  for (const auto& t : g->tensors())
+    if (t.role == graph::TensorRole::kParameter) total += numel(t.shape);
+  EXPECT_EQ(total, gpt_spec(c)->parameter_count());
+}
+
+TEST(GptGraph, PresetsHaveTheirPublishedSizes) {
+  auto count = [](const std::string& preset) {
+    return gpt_spec(config_with({"model.preset=" + preset}))->parameter_count();
+  };
+  EXPECT_NEAR(count("gpt2-124m") / 1e6, 124.5, 1.0);  // 50304-token vocabulary
+  EXPECT_NEAR(count("gpt3-1.3b") / 1e9, 1.3, 0.1);
+  EXPECT_NEAR(count("gpt3-175b") / 1e9, 175, 2.0);
+}
+
+TEST(GptGraph, LargestPresetBuildsWellUnderASecond) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  Config c = config_with({"model.preset=gpt3-175b", "batch.micro=1", "batch.global=1"});
+  auto start = std::chrono::steady_clock::now();
+  auto g = build_model(c, r);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_GT(g->ops().size(), 96u * 15);
+  EXPECT_LT(seconds, 0.5);
+}
+
+TEST(GptGraph, BadArgumentsNameTheKey) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  auto heads = build_model(config_with({"model.args.hidden=64", "model.args.heads=5"}), r);
+  ASSERT_FALSE(heads.ok());
+  EXPECT_NE(heads.error().message.find("model.args.heads: hidden (64) is not divisible by heads (5)"),
+            std::string::npos)
+      << heads.error().message;
+  auto zero = build_model(config_with({"model.args.layers=0"}), r);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.error().message.find("model.args.layers: layers must be positive"), std::string::npos);
+  auto preset = build_model(config_with({"model.preset=gpt3-175"}), r);
+  ASSERT_FALSE(preset.ok());
+  EXPECT_NE(preset.error().message.find("did you mean 'gpt3-175b'"), std::string::npos);
+  auto type = build_model(config_with({"model.type=gtp"}), r);
+  ASSERT_FALSE(type.ok());
+  EXPECT_NE(type.error().message.find("did you mean 'gpt'"), std::string::npos);
+  auto arg = build_model(config_with({"model.args.hiden=64"}), r);
+  ASSERT_FALSE(arg.ok());
+  EXPECT_NE(arg.error().message.find("did you mean 'model.args.hidden'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom::models
