@@ -1,0 +1,147 @@
+// Parameter init, data sources, the LR schedule and SGD, each against closed forms.
+#include <cstdio>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "exec/runtime/data.h"
+#include "exec/runtime/init.h"
+#include "exec/runtime/lr_schedule.h"
+#include "exec/runtime/optimizer.h"
+
+namespace loom::runtime {
+namespace {
+
+graph::FullTensor param(const std::string& name, Shape shape) {
+  graph::FullTensor t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.role = graph::TensorRole::kParameter;
+  t.init = graph::ParamInit::normal(0.02);
+  return t;
+}
+
+TEST(Init, PiecesAreSlicesOfTheSameFullValues) {
+  graph::FullTensor w = param("w", {8, 6});
+  at::Tensor full = init_full_parameter(w, 3);
+  EXPECT_NEAR(full.std().item<double>(), 0.02, 0.01);
+  graph::SubTensor piece = graph::SubTensor::full(w);
+  piece.ranges[0] = {4, 8};
+  piece.ranges[1] = {2, 5};
+  at::Tensor p = init_parameter_piece(w, piece, 3);
+  EXPECT_TRUE(p.equal(full.slice(0, 4, 8).slice(1, 2, 5)));
+  piece.value_chunk = 1;
+  piece.value_chunks = 2;
+  EXPECT_EQ(init_parameter_piece(w, piece, 3).abs().sum().item<double>(), 0.0);
+  EXPECT_FALSE(init_full_parameter(param("v", {8, 6}), 3).equal(full));
+  EXPECT_FALSE(init_full_parameter(w, 4).equal(full));
+}
+
+Config config(const std::vector<std::string>& overrides) {
+  auto c = parse_config("", "t.yaml", overrides);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return *c;
+}
+
+TEST(Data, SyntheticIsDeterministicPerSample) {
+  auto a = make_token_source(config({"run.seed=5"}), 100, 8);
+  auto b = make_token_source(config({"run.seed=5"}), 100, 8);
+  std::vector<int64_t> x(9), y(9), z(9);
+  ASSERT_TRUE((*a)->sample(17, 8, x.data()).ok());
+  ASSERT_TRUE((*b)->sample(17, 8, y.data()).ok());
+  ASSERT_TRUE((*a)->sample(18, 8, z.data()).ok());
+  EXPECT_EQ(x, y);
+  EXPECT_NE(x, z);
+  for (int64_t t : x) EXPECT_LT(t, 100);
+}
+
+std::string write_tokens(const std::string& name, const std::vector<uint16_t>& ids, bool odd = false) {
+  std::string path = testing::TempDir() + name;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+  if (odd) out.put('x');
+  return path;
+}
+
+TEST(Data, TokenFileWindows) {
+  std::vector<uint16_t> ids(50);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i);
+  std::string path = write_tokens("ok.bin", ids);
+  auto src = make_token_source(config({"data.type=tokens", "data.path=" + path}), 64, 8);
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  std::vector<int64_t> x(9);
+  ASSERT_TRUE((*src)->sample(1, 8, x.data()).ok());
+  EXPECT_EQ(x[0], 8);
+  EXPECT_EQ(x[8], 16);
+}
+
+TEST(Data, TokenFileErrorsNameTheFile) {
+  auto missing = make_token_source(config({"data.type=tokens", "data.path=/nonexistent/t.bin"}), 64, 8);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("data.path: cannot read token file '/nonexistent/t.bin'"),
+            std::string::npos)
+      << missing.error().message;
+  std::string odd = write_tokens("odd.bin", {1, 2, 3}, true);
+  auto o = make_token_source(config({"data.type=tokens", "data.path=" + odd}), 64, 2);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.error().message.find("odd size"), std::string::npos);
+  std::string shortf = write_tokens("short.bin", {1, 2, 3});
+  auto s = make_token_source(config({"data.type=tokens", "data.path=" + shortf}), 64, 8);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("holds 3 tokens"), std::string::npos);
+  std::string big = write_tokens("big.bin", {1, 2, 300, 4, 5});
+  auto b = make_token_source(config({"data.type=tokens", "data.path=" + big}), 64, 4);
+  ASSERT_TRUE(b.ok());
+  std::vector<int64_t> x(5);
+  Status st = (*b)->sample(0, 4, x.data());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("token 300 at position 2"), std::string::npos);
+}
+
+TEST(LrSchedule, WarmupThenDecay) {
+  OptimizerConfig o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_steps = 4;
+  o.schedule = "linear";
+  EXPECT_DOUBLE_EQ(lr_at(o, 0, 14), 0.25);
+  EXPECT_DOUBLE_EQ(lr_at(o, 3, 14), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(o, 9, 14), 0.55);
+  EXPECT_DOUBLE_EQ(lr_at(o, 14, 14), 0.1);
+  o.schedule = "cosine";
+  EXPECT_NEAR(lr_at(o, 9, 14), 0.55, 1e-12);
+  EXPECT_NEAR(lr_at(o, 4, 14), 1.0, 1e-12);
+  o.schedule = "constant";
+  EXPECT_DOUBLE_EQ(lr_at(o, 12, 14), 1.0);
+}
+
+TEST(Optimizer, SgdWithMomentumAndDecay) {
+  OptimizerConfig o;
+  o.type = "sgd";
+  o.momentum = 0.5;
+  o.weight_decay = 0.1;
+  at::Tensor p = at::ones({2});
+  p.set_requires_grad(true);
+  Optimizer opt(o, {p}, {true});
+  p.mutable_grad() = at::full({2}, 2.0);
+  opt.step(0.1);  // g = 2 + 0.1 = 2.1; p = 1 - 0.21
+  EXPECT_NEAR(p[0].item<double>(), 0.79, 1e-6);
+  p.mutable_grad() = at::full({2}, 2.0);
+  opt.step(0.1);  // g = 2 + 0.079 = 2.079; buf = 1.05 + 2.079 = 3.129; p = 0.79 - 0.3129
+  EXPECT_NEAR(p[0].item<double>(), 0.4771, 1e-6);
+}
+
+TEST(Optimizer, ClippingUsesTheGlobalNorm) {
+  at::Tensor a = at::zeros({1}), b = at::zeros({1});
+  a.mutable_grad() = at::full({1}, 3.0);
+  b.mutable_grad() = at::full({1}, 4.0);
+  double norm = std::sqrt(grad_norm_squared({a, b}));
+  EXPECT_NEAR(norm, 5.0, 1e-9);
+  clip_gradients({a, b}, norm, 1.0);
+  EXPECT_NEAR(a.grad().item<double>(), 0.6, 1e-6);
+  EXPECT_NEAR(b.grad().item<double>(), 0.8, 1e-6);
+}
+
+}  // namespace
+}  // namespace loom::runtime
