@@ -1,0 +1,131 @@
+// The `loom` binary as a user meets it: a real run, and every bad input ending in exit code 2
+// with one message naming the key (and its line), and nothing written.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code;
+  std::string output;
+};
+
+Outcome run(const std::string& args) {
+  std::string cmd = std::string(LOOM_BINARY_DIR) + "/bin/loom " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  int status = pclose(pipe);
+  return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+class Cli : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) /
+           ("loom_cli_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::string base_config() {
+    return "run:\n  steps: 12\n  output_dir: " + (dir_ / "run").string() +
+           "\nmodel:\n  type: gpt\n  preset: tiny\nbatch:\n  global: 8\n  micro: 4\n"
+           "optimizer:\n  lr: 0.003\nlogging:\n  every: 4\n";
+  }
+  // A bad input: exit code 2, the message contains `expect`, no crash text, nothing written.
+  void expect_rejected(const std::string& args, const std::string& expect) {
+    Outcome r = run(args);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(expect), std::string::npos) << "missing '" << expect << "' in:\n" << r.output;
+    for (const char* crash : {"terminate called", "Segmentation", "internal error", "Aborted"})
+      EXPECT_EQ(r.output.find(crash), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "run")) << "run directory written for a bad input";
+  }
+  fs::path dir_;
+};
+
+TEST_F(Cli, TrainWritesConfigAndMetricsAndTheLossFalls) {
+  std::string config = write("c.yaml", base_config());
+  Outcome r = run("train " + config + " run.steps=30");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 4/30 loss"), std::string::npos) << r.output;
+  ASSERT_TRUE(fs::exists(dir_ / "run" / "config.yaml"));
+  std::ifstream resolved(dir_ / "run" / "config.yaml");
+  std::stringstream text;
+  text << resolved.rdbuf();
+  EXPECT_NE(text.str().find("steps: 30"), std::string::npos) << text.str();
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  std::string line;
+  std::vector<nlohmann::json> rows;
+  while (std::getline(metrics, line)) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 30u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["step"].get<int>(), static_cast<int>(i + 1));
+    for (const char* key : {"loss", "step_time_s", "tokens_per_s", "lr", "grad_norm"})
+      EXPECT_TRUE(rows[i].contains(key)) << key;
+  }
+  EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>() - 0.5);
+}
+
+TEST_F(Cli, MalformedYaml) {
+  expect_rejected("train " + write("c.yaml", "run:\n  steps: [1, 2\nmodel: {}\n"), "c.yaml:");
+  expect_rejected("train " + write("d.yaml", "run:\n  steps: [1, 2\nmodel: {}\n"), "malformed YAML");
+}
+
+TEST_F(Cli, UnknownKeySuggestsTheClosest) {
+  expect_rejected("train " + write("c.yaml", base_config() + "parallel:\n  tpp: 2\n"),
+                  "c.yaml:15: unknown key 'parallel.tpp' (did you mean 'parallel.tp'?)");
+}
+
+TEST_F(Cli, WrongType) {
+  expect_rejected("train " + write("c.yaml", base_config()) + " run.steps=ten",
+                  "run.steps: expected an integer, got 'ten'");
+}
+
+TEST_F(Cli, NegativeOrZeroSize) {
+  std::string c = write("c.yaml", base_config());
+  expect_rejected("train " + c + " batch.micro=-4", "batch.micro: must be positive, got -4");
+  expect_rejected("train " + c + " model.args.hidden=0", "model.args.hidden: hidden must be positive");
+}
+
+TEST_F(Cli, HiddenNotDivisibleByHeads) {
+  std::string cfg = "run:\n  output_dir: " + (dir_ / "run").string() +
+                    "\nmodel:\n  type: gpt\n  args:\n    hidden: 64\n    heads: 5\n";
+  expect_rejected("train " + write("h.yaml", cfg),
+                  "h.yaml:7: model.args.heads: hidden (64) is not divisible by heads (5)");
+}
+
+TEST_F(Cli, MissingTokenFile) {
+  expect_rejected("train " + write("c.yaml", base_config() + "data:\n  type: tokens\n  path: " +
+                                                 (dir_ / "nope.bin").string() + "\n"),
+                  "data.path: cannot read token file");
+}
+
+TEST_F(Cli, MissingConfigAndBadFlags) {
+  expect_rejected("train " + (dir_ / "absent.yaml").string(), "cannot read config file");
+  expect_rejected("train", "config is required");
+  expect_rejected("train " + write("c.yaml", base_config()) + " --bogus", "bogus");
+  expect_rejected("trian", "unknown command 'trian'");
+}
+
+TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
+  expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
+                  "dp x tp x pp = 2 ranks");
+}
+
+}  // namespace
