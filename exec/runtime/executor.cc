@@ -22,6 +22,20 @@ Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uin
       param_ids_.push_back(t.id);
     }
   }
+  std::vector<int> readers(graph.tensors().size(), 0);
+  for (const auto& op : graph.ops())
+    for (const auto& in : op.inputs) ++readers[in.tensor.value()];
+  const auto& ops = graph.ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Step step{i};
+    if (ops[i].type == "linear" && i + 1 < ops.size() && ops[i + 1].type == "bias_add" &&
+        ops[i + 1].inputs[0] == ops[i].outputs[0] && readers[ops[i].outputs[0].tensor.value()] == 1 &&
+        ops[i].outputs[0].tensor != graph.loss() && !ops[i].outputs[0].is_partial()) {
+      step.fused_bias = static_cast<int64_t>(i + 1);
+      ++i;
+    }
+    steps_.push_back(step);
+  }
 }
 
 at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inputs) const {
@@ -30,16 +44,23 @@ at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inpu
   for (size_t i = 0; i < param_ids_.size(); ++i) env[param_ids_[i].value()] = params_[i];
   std::vector<at::Tensor> args;
   const auto& ops = graph_.ops();
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const graph::Op& op = ops[i];
-    args.clear();
-    for (const auto& in : op.inputs) {
-      const at::Tensor& t = env[in.tensor.value()];
-      LOOM_CHECK(t.defined()) << "op " << op.name << " reads '" << graph_.tensor(in.tensor).name
-                              << "' which has no value";
-      args.push_back(t);
+  auto value = [&](const graph::Op& op, const graph::SubTensor& in) -> const at::Tensor& {
+    const at::Tensor& t = env[in.tensor.value()];
+    LOOM_CHECK(t.defined()) << "op " << op.name << " reads '" << graph_.tensor(in.tensor).name
+                            << "' which has no value";
+    return t;
+  };
+  for (const Step& step : steps_) {
+    const graph::Op& op = ops[step.op];
+    if (step.fused_bias >= 0) {
+      const graph::Op& bias = ops[step.fused_bias];
+      env[bias.outputs[0].tensor.value()] =
+          at::linear(value(op, op.inputs[0]), value(op, op.inputs[1]), value(bias, bias.inputs[1]));
+      continue;
     }
-    std::vector<at::Tensor> outs = (*kernels_[i])(op, args);
+    args.clear();
+    for (const auto& in : op.inputs) args.push_back(value(op, in));
+    std::vector<at::Tensor> outs = (*kernels_[step.op])(op, args);
     LOOM_CHECK(outs.size() == op.outputs.size())
         << "kernel of " << op.type << " returned " << outs.size() << " outputs";
     for (size_t o = 0; o < outs.size(); ++o) env[op.outputs[o].tensor.value()] = std::move(outs[o]);

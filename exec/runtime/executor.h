@@ -28,8 +28,16 @@ class Executor {
   void zero_grad();
 
  private:
+  // One unit of work: an op, or a linear whose only reader is the bias_add that follows it,
+  // run as one at::linear (the IR keeps them apart so row-parallel splits stay partial sums).
+  struct Step {
+    size_t op;
+    int64_t fused_bias = -1;  // index of the fused bias_add op
+  };
+
   const graph::Graph& graph_;
   std::vector<const Kernel*> kernels_;      // per op
+  std::vector<Step> steps_;
   std::vector<at::Tensor> params_;          // leaves, requires_grad
   std::vector<TensorId> param_ids_;
   std::vector<int64_t> param_slot_;         // tensor id -> index in params_, or -1

@@ -37,7 +37,10 @@ Tensors attention(const Op& op, const Tensors& in) {
   auto heads = [&](const at::Tensor& x, int64_t len) { return x.view({b, len, h, d}).transpose(1, 2); };
   at::Tensor qh = heads(q, s), kh = heads(in[1], t), vh = heads(in[2], t);
   at::Tensor scores = at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  at::Tensor mask = at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1);
+  // The causal mask depends only on (s, t): keep one per shape and thread.
+  thread_local std::map<std::pair<int64_t, int64_t>, at::Tensor> masks;
+  at::Tensor& mask = masks[{s, t}];
+  if (!mask.defined()) mask = at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1);
   scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
   at::Tensor out = at::matmul(at::softmax(scores, -1), vh);
   return {out.transpose(1, 2).reshape({b, s, hd})};

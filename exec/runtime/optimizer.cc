@@ -49,13 +49,12 @@ void Optimizer::step(double lr) {
 }
 
 double grad_norm_squared(const std::vector<at::Tensor>& params) {
-  double total = 0;
+  std::vector<at::Tensor> norms;
   for (const auto& p : params)
-    if (p.grad().defined()) {
-      double n = p.grad().norm().item<double>();
-      total += n * n;
-    }
-  return total;
+    if (p.grad().defined()) norms.push_back(p.grad().norm());
+  if (norms.empty()) return 0.0;
+  double n = at::stack(norms).norm().item<double>();
+  return n * n;
 }
 
 void clip_gradients(const std::vector<at::Tensor>& params, double total_norm, double max_norm) {
