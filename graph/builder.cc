@@ -85,11 +85,13 @@ std::vector<TensorId> GraphBuilder::op(const std::string& type, const std::strin
     outs.push_back(id);
     op.outputs.push_back(SubTensor::full(graph_.tensor(id)));
   }
-  op.type = type;
-  op.name = name;
-  op.attrs = std::move(attrs);
-  op.annotation = std::move(annotation).value();
-  op.layer = layer_;
+  auto def = std::make_shared<OpDef>();
+  def->type = type;
+  def->name = name;
+  def->attrs = std::move(attrs);
+  def->annotation = std::move(annotation).value();
+  def->layer = layer_;
+  op.def = std::move(def);
   graph_.add_op(std::move(op));
   return outs;
 }

@@ -44,3 +44,13 @@ OpId Graph::add_op(Op op) {
 }
 
 }  // namespace loom::graph
+
+namespace loom::graph {
+
+std::string Op::name() const {
+  std::string n = def->name;
+  for (const Part& p : parts) n += "[" + std::to_string(p.index) + "/" + std::to_string(p.count) + "]";
+  return n;
+}
+
+}  // namespace loom::graph

@@ -13,14 +13,14 @@ Status verify(const Graph& g, const OpRegistry& registry) {
 
   for (const auto& op : g.ops()) {
     auto where = [&](const std::string& why) {
-      return Error::at(op.name, "op '" + op.name + "' (" + op.type + "): " + why);
+      return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() + "): " + why);
     };
-    if (!registry.find(op.type)) return where("unknown op type");
-    if (op.inputs.size() != op.annotation.inputs().size() ||
-        op.outputs.size() != op.annotation.outputs().size())
+    if (!registry.find(op.type())) return where("unknown op type");
+    if (op.inputs.size() != op.annotation().inputs().size() ||
+        op.outputs.size() != op.annotation().outputs().size())
       return where("has " + std::to_string(op.inputs.size()) + " inputs and " +
                    std::to_string(op.outputs.size()) + " outputs but its annotation is '" +
-                   op.annotation.to_string() + "'");
+                   op.annotation().to_string() + "'");
     std::vector<Shape> in_shapes;
     for (const auto& s : op.inputs) {
       const FullTensor& t = g.tensor(s.tensor);
@@ -36,7 +36,7 @@ Status verify(const Graph& g, const OpRegistry& registry) {
                        to_string(t.shape));
       in_shapes.push_back(s.shape());
     }
-    auto out_shapes = shapes_from_annotation(op.annotation, in_shapes, op.attrs);
+    auto out_shapes = shapes_from_annotation(op.annotation(), in_shapes, op.attrs());
     if (!out_shapes.ok()) return where(out_shapes.error().message);
     for (size_t i = 0; i < op.outputs.size(); ++i) {
       const SubTensor& s = op.outputs[i];

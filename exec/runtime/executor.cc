@@ -9,8 +9,8 @@ namespace loom::runtime {
 Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uint64_t seed)
     : graph_(graph), param_slot_(graph.tensors().size(), -1) {
   for (const auto& op : graph.ops()) {
-    const Kernel* k = kernels.find(op.type);
-    LOOM_CHECK(k) << "no kernel registered for op type '" << op.type << "' (op " << op.name << ")";
+    const Kernel* k = kernels.find(op.type());
+    LOOM_CHECK(k) << "no kernel registered for op type '" << op.type() << "' (op " << op.name() << ")";
     kernels_.push_back(k);
     for (const auto& in : op.inputs) {
       const graph::FullTensor& t = graph.tensor(in.tensor);
@@ -28,7 +28,7 @@ Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uin
   const auto& ops = graph.ops();
   for (size_t i = 0; i < ops.size(); ++i) {
     Step step{i};
-    if (ops[i].type == "linear" && i + 1 < ops.size() && ops[i + 1].type == "bias_add" &&
+    if (ops[i].type() == "linear" && i + 1 < ops.size() && ops[i + 1].type() == "bias_add" &&
         ops[i + 1].inputs[0] == ops[i].outputs[0] && readers[ops[i].outputs[0].tensor.value()] == 1 &&
         ops[i].outputs[0].tensor != graph.loss() && !ops[i].outputs[0].is_partial()) {
       step.fused_bias = static_cast<int64_t>(i + 1);
@@ -46,7 +46,7 @@ at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inpu
   const auto& ops = graph_.ops();
   auto value = [&](const graph::Op& op, const graph::SubTensor& in) -> const at::Tensor& {
     const at::Tensor& t = env[in.tensor.value()];
-    LOOM_CHECK(t.defined()) << "op " << op.name << " reads '" << graph_.tensor(in.tensor).name
+    LOOM_CHECK(t.defined()) << "op " << op.name() << " reads '" << graph_.tensor(in.tensor).name
                             << "' which has no value";
     return t;
   };
@@ -62,7 +62,7 @@ at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inpu
     for (const auto& in : op.inputs) args.push_back(value(op, in));
     std::vector<at::Tensor> outs = (*kernels_[step.op])(op, args);
     LOOM_CHECK(outs.size() == op.outputs.size())
-        << "kernel of " << op.type << " returned " << outs.size() << " outputs";
+        << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
     for (size_t o = 0; o < outs.size(); ++o) env[op.outputs[o].tensor.value()] = std::move(outs[o]);
   }
   return env[graph_.loss().value()];

@@ -20,7 +20,7 @@ Tensors add_tensors(const Op&, const Tensors& in) { return {in[0] + in[1]}; }
 Tensors gelu(const Op&, const Tensors& in) { return {at::gelu(in[0])}; }
 
 Tensors layer_norm(const Op& op, const Tensors& in) {
-  double eps = op.attrs.get_or<double>("eps", 1e-5);
+  double eps = op.attrs().get_or<double>("eps", 1e-5);
   return {at::layer_norm(in[0], {in[0].size(-1)}, in[1], in[2], eps)};
 }
 
@@ -30,7 +30,7 @@ Tensors bias_add(const Op&, const Tensors& in) { return {in[0] + in[1]}; }
 
 // Causal attention over [b, s, h*d] pieces; the head count is local (hidden piece / d).
 Tensors attention(const Op& op, const Tensors& in) {
-  const int64_t d = op.attrs.get<int64_t>("d");
+  const int64_t d = op.attrs().get<int64_t>("d");
   const at::Tensor& q = in[0];
   const int64_t b = q.size(0), s = q.size(1), t = in[1].size(1), hd = q.size(2);
   const int64_t h = hd / d;
@@ -48,7 +48,7 @@ Tensors attention(const Op& op, const Tensors& in) {
 
 // Sum of the token losses of this piece over the full micro-batch's token count.
 Tensors cross_entropy(const Op& op, const Tensors& in) {
-  const int64_t normalizer = op.attrs.get<int64_t>("normalizer");
+  const int64_t normalizer = op.attrs().get<int64_t>("normalizer");
   const at::Tensor& logits = in[0];
   at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                            in[1].reshape({-1}), {}, at::Reduction::Sum);

@@ -47,7 +47,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config) {
   impl->seq = shape[1];
   const graph::FullTensor* vocab_owner = nullptr;
   for (const auto& op : impl->graph.ops())
-    if (op.type == "embedding") vocab_owner = &impl->graph.tensor(op.inputs[1].tensor);
+    if (op.type() == "embedding") vocab_owner = &impl->graph.tensor(op.inputs[1].tensor);
   LOOM_CHECK(vocab_owner) << "model graph has no embedding";
   LOOM_ASSIGN_OR_RETURN(impl->data, make_token_source(config, vocab_owner->shape[0], impl->seq));
 

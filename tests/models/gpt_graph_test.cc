@@ -22,7 +22,7 @@ TEST(GptGraph, TinyHasTheExpectedStructure) {
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_TRUE(graph::verify(*g, r).ok());
   int attention = 0, params = 0;
-  for (const auto& op : g->ops()) attention += op.type == "attention";
+  for (const auto& op : g->ops()) attention += op.type() == "attention";
   for (const auto& t : g->tensors()) params += t.role == graph::TensorRole::kParameter;
   EXPECT_EQ(attention, 2);
   // wte, wpe, 2 x (2 norms x 2 + 6 linears x 2), final norm x 2; the head is tied.
