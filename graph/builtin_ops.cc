@@ -50,11 +50,19 @@ OpRegistry OpRegistry::with_builtin_ops() {
                         "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)"));
   // Sum of token losses divided by attribute `normalizer` (the token count of the full
   // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
-  OpSchema ce = OpSchema::simple("cross_entropy", "b+ s+ v^, b+ s+ -> ");
-  ce.infer_dtypes = [](const std::vector<DType>& in, const Attrs&) {
-    return std::vector<DType>{in[0]};
-  };
-  must(std::move(ce));
+  must(OpSchema::simple("cross_entropy", "b+ s+ v^, b+ s+ -> "));
+
+  // Cross-entropy in pieces that split over the vocabulary (Megatron's vocab-parallel loss)
+  // with sum-only partials: the vocabulary is cut into g groups of v (attribute v);
+  //   group_logsumexp: log-sum-exp of each group's logits    [b s (g v)] -> [b s g]
+  //   logsumexp:       log-sum-exp over the groups           [b s g] -> [b s]
+  //   pick:            the target's logit; a piece of the vocabulary gives 0 for targets it
+  //                    does not hold, so pieces are partial sums
+  //   nll:             sum over tokens of (lse - target logit) / normalizer
+  must(OpSchema::simple("group_logsumexp", "b s (g v^) -> b s g"));
+  must(OpSchema::simple("logsumexp", "b s g^ -> b s"));
+  must(OpSchema::simple("pick", "b s (g+ v^), b s -> b s"));
+  must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
   return r;
 }
 

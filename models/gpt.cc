@@ -66,7 +66,8 @@ Result<GptSpec> gpt_spec(const Config& config) {
   GptSpec s = it->second;
   ModelArgs args(config);
   LOOM_TRY(args.check_known(
-      {"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied", "init_std", "ln_eps"}));
+      {"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied", "init_std", "ln_eps",
+       "vocab_groups"}));
   bool ffn_given = config.model.args.count("ffn_hidden") > 0;
   LOOM_ASSIGN_OR_RETURN(s.layers, args.get_int("layers", s.layers));
   LOOM_ASSIGN_OR_RETURN(s.hidden, args.get_int("hidden", s.hidden));
@@ -77,6 +78,9 @@ Result<GptSpec> gpt_spec(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(s.tied, args.get_bool("tied", s.tied));
   LOOM_ASSIGN_OR_RETURN(s.init_std, args.get_double("init_std", s.init_std));
   LOOM_ASSIGN_OR_RETURN(s.ln_eps, args.get_double("ln_eps", s.ln_eps));
+  int64_t groups = 64;  // the largest power of two up to 64 that divides the vocabulary
+  while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
+  LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
   (void)ffn_given;
 
   auto key = [&](const std::string& name) {
@@ -84,11 +88,16 @@ Result<GptSpec> gpt_spec(const Config& config) {
   };
   for (auto [name, value] : std::vector<std::pair<std::string, int64_t>>{
            {"layers", s.layers}, {"hidden", s.hidden}, {"heads", s.heads},
-           {"vocab", s.vocab}, {"seq", s.seq}, {"ffn_hidden", s.ffn_hidden}})
+           {"vocab", s.vocab}, {"seq", s.seq}, {"ffn_hidden", s.ffn_hidden},
+           {"vocab_groups", s.vocab_groups}})
     if (value <= 0)
       return config.error(key(name), name + " must be positive, got " + std::to_string(value));
   if (s.init_std <= 0) return config.error(key("init_std"), "init_std must be positive");
   if (s.ln_eps <= 0) return config.error(key("ln_eps"), "ln_eps must be positive");
+  if (s.vocab % s.vocab_groups != 0)
+    return config.error(key("vocab_groups"), "vocab (" + std::to_string(s.vocab) +
+                                                 ") is not divisible by vocab_groups (" +
+                                                 std::to_string(s.vocab_groups) + ")");
   if (s.hidden % s.heads != 0)
     return config.error(config.model.args.count("heads") ? key("heads") : key("hidden"),
                         "hidden (" + std::to_string(s.hidden) + ") is not divisible by heads (" +
@@ -112,11 +121,15 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
   TensorId x = b.op1("embedding", "embed.tok", {tokens, wte});
   x = b.op1("add_position", "embed.pos", {x, wpe});
 
-  auto linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f, double w_std) {
+  // `tp` tells tensor-parallel policies how Megatron splits the layer: "column" splits the
+  // output features, "row" the input features (its output is a partial sum).
+  auto linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f, double w_std,
+                    const char* tp) {
     TensorId w = b.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(w_std));
     TensorId bias = b.parameter(name + ".b", {out_f}, ParamInit::zeros());
-    TensorId y = b.op1("linear", name, {in, w});
-    return b.op1("bias_add", name + ".bias", {y, bias});
+    const Attrs hint{{"tp", std::string(tp)}};
+    TensorId y = b.op1("linear", name, {in, w}, hint);
+    return b.op1("bias_add", name + ".bias", {y, bias}, hint);
   };
   auto layer_norm = [&](const std::string& name, TensorId in) {
     TensorId g = b.parameter(name + ".w", {s.hidden}, ParamInit::ones());
@@ -128,25 +141,29 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
     b.set_layer(l);
     std::string p = "h" + std::to_string(l) + ".";
     TensorId h = layer_norm(p + "ln1", x);
-    TensorId q = linear(p + "attn.q", h, s.hidden, s.hidden, std);
-    TensorId k = linear(p + "attn.k", h, s.hidden, s.hidden, std);
-    TensorId v = linear(p + "attn.v", h, s.hidden, s.hidden, std);
+    TensorId q = linear(p + "attn.q", h, s.hidden, s.hidden, std, "column");
+    TensorId k = linear(p + "attn.k", h, s.hidden, s.hidden, std, "column");
+    TensorId v = linear(p + "attn.v", h, s.hidden, s.hidden, std, "column");
     TensorId a = b.op1("attention", p + "attn.core", {q, k, v}, Attrs{{"d", s.head_dim()}});
-    TensorId o = linear(p + "attn.proj", a, s.hidden, s.hidden, resid_std);
+    TensorId o = linear(p + "attn.proj", a, s.hidden, s.hidden, resid_std, "row");
     x = b.op1("add", p + "attn.residual", {x, o});
     h = layer_norm(p + "ln2", x);
-    TensorId f = linear(p + "mlp.fc1", h, s.ffn_hidden, s.hidden, std);
-    f = b.op1("gelu", p + "mlp.gelu", {f});
-    f = linear(p + "mlp.fc2", f, s.hidden, s.ffn_hidden, resid_std);
+    TensorId f = linear(p + "mlp.fc1", h, s.ffn_hidden, s.hidden, std, "column");
+    f = b.op1("gelu", p + "mlp.gelu", {f}, Attrs{{"tp", std::string("column")}});
+    f = linear(p + "mlp.fc2", f, s.hidden, s.ffn_hidden, resid_std, "row");
     x = b.op1("add", p + "mlp.residual", {x, f});
   }
 
   b.set_layer(graph::kPostLayers);
   x = layer_norm("lnf", x);
   TensorId head = s.tied ? wte : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
-  TensorId logits = b.op1("linear", "lm_head", {x, head});
-  TensorId loss = b.op1("cross_entropy", "loss", {logits, targets},
-                        Attrs{{"normalizer", batch * s.seq}});
+  TensorId logits = b.op1("linear", "lm_head", {x, head}, Attrs{{"tp", std::string("column")}});
+  // The loss in vocabulary groups, so tensor parallelism splits it like the LM head.
+  const Attrs groups{{"v", s.vocab / s.vocab_groups}};
+  TensorId group_lse = b.op1("group_logsumexp", "loss.group_lse", {logits}, groups);
+  TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});
+  TensorId target_logit = b.op1("pick", "loss.target", {logits, targets}, groups);
+  TensorId loss = b.op1("nll", "loss", {lse, target_logit}, Attrs{{"normalizer", batch * s.seq}});
   b.set_loss(loss);
   return b.finish();
 }

@@ -23,6 +23,9 @@ struct GptSpec {
   bool tied = true;          // LM head shares the token embedding
   double init_std = 0.02;
   double ln_eps = 1e-5;
+  // The loss's log-sum-exp runs in this many vocabulary groups; tensor parallelism over the
+  // vocabulary needs tp to divide it.
+  int64_t vocab_groups = 16;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t parameter_count() const;

@@ -60,7 +60,7 @@ at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inpu
     }
     args.clear();
     for (const auto& in : op.inputs) args.push_back(value(op, in));
-    std::vector<at::Tensor> outs = (*kernels_[step.op])(op, args);
+    std::vector<at::Tensor> outs = (*kernels_[step.op])(KernelContext{graph_, op}, args);
     LOOM_CHECK(outs.size() == op.outputs.size())
         << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
     for (size_t o = 0; o < outs.size(); ++o) env[op.outputs[o].tensor.value()] = std::move(outs[o]);

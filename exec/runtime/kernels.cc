@@ -8,29 +8,40 @@
 namespace loom::runtime {
 namespace {
 
-using graph::Op;
+using Ctx = KernelContext;
 using Tensors = std::vector<at::Tensor>;
 
-Tensors embedding(const Op&, const Tensors& in) { return {at::embedding(in[1], in[0])}; }
+// A piece of the vocabulary [v0, v0 + rows) looks up the tokens it holds and gives zero rows
+// for the others (Megatron's vocab-parallel embedding): the pieces are partial sums.
+Tensors embedding(const Ctx& ctx, const Tensors& in) {
+  const at::Tensor& tokens = in[0];
+  const at::Tensor& table = in[1];
+  const int64_t v0 = ctx.op.inputs[1].ranges[0].start;
+  if (v0 == 0 && table.size(0) == ctx.full_size(1, 0)) return {at::embedding(table, tokens)};
+  at::Tensor local = tokens - v0;
+  at::Tensor outside = (local < 0).logical_or_(local >= table.size(0));
+  at::Tensor rows = at::embedding(table, local.masked_fill(outside, 0));
+  return {rows.masked_fill(outside.unsqueeze(-1), 0.0)};
+}
 
-Tensors add_position(const Op&, const Tensors& in) { return {in[0] + in[1]}; }
+Tensors add_position(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
-Tensors add_tensors(const Op&, const Tensors& in) { return {in[0] + in[1]}; }
+Tensors add_tensors(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
-Tensors gelu(const Op&, const Tensors& in) { return {at::gelu(in[0])}; }
+Tensors gelu(const Ctx&, const Tensors& in) { return {at::gelu(in[0])}; }
 
-Tensors layer_norm(const Op& op, const Tensors& in) {
-  double eps = op.attrs().get_or<double>("eps", 1e-5);
+Tensors layer_norm(const Ctx& ctx, const Tensors& in) {
+  double eps = ctx.op.attrs().get_or<double>("eps", 1e-5);
   return {at::layer_norm(in[0], {in[0].size(-1)}, in[1], in[2], eps)};
 }
 
-Tensors linear(const Op&, const Tensors& in) { return {at::linear(in[0], in[1])}; }
+Tensors linear(const Ctx&, const Tensors& in) { return {at::linear(in[0], in[1])}; }
 
-Tensors bias_add(const Op&, const Tensors& in) { return {in[0] + in[1]}; }
+Tensors bias_add(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
 // Causal attention over [b, s, h*d] pieces; the head count is local (hidden piece / d).
-Tensors attention(const Op& op, const Tensors& in) {
-  const int64_t d = op.attrs().get<int64_t>("d");
+Tensors attention(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
   const at::Tensor& q = in[0];
   const int64_t b = q.size(0), s = q.size(1), t = in[1].size(1), hd = q.size(2);
   const int64_t h = hd / d;
@@ -47,12 +58,38 @@ Tensors attention(const Op& op, const Tensors& in) {
 }
 
 // Sum of the token losses of this piece over the full micro-batch's token count.
-Tensors cross_entropy(const Op& op, const Tensors& in) {
-  const int64_t normalizer = op.attrs().get<int64_t>("normalizer");
+Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
+  const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
   const at::Tensor& logits = in[0];
   at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                            in[1].reshape({-1}), {}, at::Reduction::Sum);
   return {loss / static_cast<double>(normalizer)};
+}
+
+Tensors group_logsumexp(const Ctx& ctx, const Tensors& in) {
+  const int64_t v = ctx.op.attrs().get<int64_t>("v");
+  const at::Tensor& x = in[0];
+  return {at::logsumexp(x.view({x.size(0), x.size(1), x.size(2) / v, v}), -1)};
+}
+
+Tensors logsumexp(const Ctx&, const Tensors& in) { return {at::logsumexp(in[0], -1)}; }
+
+// The logit of each token's target, where this piece of the vocabulary holds it; else 0.
+Tensors pick(const Ctx& ctx, const Tensors& in) {
+  const at::Tensor& logits = in[0];
+  const int64_t v0 = ctx.op.inputs[0].ranges[2].start;
+  const int64_t width = logits.size(2);
+  at::Tensor local = in[1] - v0;
+  if (v0 == 0 && width == ctx.full_size(0, 2))
+    return {logits.gather(-1, local.unsqueeze(-1)).squeeze(-1)};
+  at::Tensor inside = (local >= 0).logical_and_(local < width);
+  at::Tensor picked = logits.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1);
+  return {at::where(inside, picked, at::zeros_like(picked))};
+}
+
+Tensors nll(const Ctx& ctx, const Tensors& in) {
+  const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
+  return {(in[0] - in[1]).sum() / static_cast<double>(normalizer)};
 }
 
 }  // namespace
@@ -63,6 +100,8 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
       {"embedding", embedding}, {"add_position", add_position}, {"add", add_tensors},
       {"gelu", gelu},           {"layer_norm", layer_norm},     {"linear", linear},
       {"bias_add", bias_add},   {"attention", attention},       {"cross_entropy", cross_entropy},
+      {"group_logsumexp", group_logsumexp}, {"logsumexp", logsumexp}, {"pick", pick},
+      {"nll", nll},
   };
   for (const auto& [type, kernel] : builtin) {
     Status s = r.add(type, kernel);

@@ -10,11 +10,22 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/result.h"
-#include "graph/op.h"
+#include "graph/graph.h"
 
 namespace loom::runtime {
 
-using Kernel = std::function<std::vector<at::Tensor>(const graph::Op& op,
+// What a kernel may know besides its input pieces: the op (attributes, SubTensor ranges) and
+// the full tensors' shapes.
+struct KernelContext {
+  const graph::Graph& graph;
+  const graph::Op& op;
+  // Size of dimension `dim` of the FullTensor behind input `input`.
+  int64_t full_size(size_t input, size_t dim) const {
+    return graph.tensor(op.inputs[input].tensor).shape[dim];
+  }
+};
+
+using Kernel = std::function<std::vector<at::Tensor>(const KernelContext& ctx,
                                                      const std::vector<at::Tensor>& inputs)>;
 
 class KernelRegistry {
