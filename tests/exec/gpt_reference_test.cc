@@ -143,8 +143,9 @@ TEST(GptReference, TwentyStepsGiveTheSameLossCurve) {
   // Adam divides by the gradient's running magnitude, so last-bit differences grow over the
   // steps; the parameters still agree to 1e-3 of their scale (the key bias only follows noise).
   for (auto& [name, view] : ref->loom_view(false))
-    if (!key_bias(name))
+    if (!key_bias(name)) {
       EXPECT_LE(max_rel_error((*trainer)->executor().parameter(name), view), 1e-3) << name;
+    }
 }
 
 }  // namespace
