@@ -80,9 +80,9 @@ std::vector<DType> OpRegistry::infer_dtypes(const std::string& type,
   return std::vector<DType>(a->outputs().size(), out);
 }
 
-Result<std::vector<Shape>> shapes_from_annotation(const Annotation& a,
-                                                  const std::vector<Shape>& inputs,
-                                                  const Attrs& attrs) {
+Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
+                                                   const std::vector<Shape>& inputs,
+                                                   const Attrs& attrs) {
   auto fail = [&](const std::string& why) {
     return Error::at(a.to_string(), "annotation '" + a.to_string() + "': " + why);
   };
@@ -148,13 +148,25 @@ Result<std::vector<Shape>> shapes_from_annotation(const Annotation& a,
                     std::to_string(i) + " is " + std::to_string(inputs[i][d]));
     }
   }
+  for (const auto& spec : a.outputs())
+    for (const auto& dim : spec.dims) {
+      std::string missing;
+      if (dim_size(dim, missing) < 0)
+        return fail("output label '" + missing + "' is not bound by any input or attribute");
+    }
+  return size;
+}
+
+Result<std::vector<Shape>> shapes_from_annotation(const Annotation& a,
+                                                  const std::vector<Shape>& inputs,
+                                                  const Attrs& attrs) {
+  LOOM_ASSIGN_OR_RETURN(auto size, bind_labels(a, inputs, attrs));
   std::vector<Shape> out;
   for (const auto& spec : a.outputs()) {
     Shape s;
     for (const auto& dim : spec.dims) {
-      std::string missing;
-      int64_t n = dim_size(dim, missing);
-      if (n < 0) return fail("output label '" + missing + "' is not bound by any input or attribute");
+      int64_t n = 1;
+      for (const auto& l : dim.labels) n *= l.kind == LabelKind::kFixed ? l.size : size.at(l.name);
       s.push_back(n);
     }
     out.push_back(std::move(s));

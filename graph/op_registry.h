@@ -51,6 +51,12 @@ class OpRegistry {
   std::map<std::string, OpSchema> schemas_;
 };
 
+// The size of every label of `annotation` given the input shapes (and integer attributes named
+// like a label). Errors name the label and the sizes that disagree.
+Result<std::map<std::string, int64_t>> bind_labels(const Annotation& annotation,
+                                                   const std::vector<Shape>& inputs,
+                                                   const Attrs& attrs);
+
 // The default shape rule: binds label sizes from the inputs (and integer attributes named like
 // a label) and builds the output shapes. Errors name the label and the sizes that disagree.
 Result<std::vector<Shape>> shapes_from_annotation(const Annotation& annotation,

@@ -1,11 +1,65 @@
 #include "graph/verify.h"
 
+#include <algorithm>
+#include <numeric>
 #include <vector>
 
 namespace loom::graph {
+namespace {
+
+// Whether the pieces `have` of one FullTensor hold enough to make `want`: on every cell of the
+// grid their ranges cut, either the value chunks present add up to the whole value, or `want`'s
+// own chunk is present. Chunk c of m is the interval [c/m, (c+1)/m) of the value.
+bool coverable(const SubTensor& want, const std::vector<const SubTensor*>& have) {
+  int64_t denom = want.value_chunks;
+  for (const SubTensor* h : have) denom = std::lcm(denom, h->value_chunks);
+  const size_t dims = want.ranges.size();
+  std::vector<std::vector<int64_t>> cuts(dims);
+  for (size_t d = 0; d < dims; ++d) {
+    const Range& w = want.ranges[d];
+    cuts[d] = {w.start, w.end};
+    for (const SubTensor* h : have)
+      for (int64_t x : {h->ranges[d].start, h->ranges[d].end})
+        if (x > w.start && x < w.end) cuts[d].push_back(x);
+    std::sort(cuts[d].begin(), cuts[d].end());
+    cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+  }
+  std::vector<size_t> cell(dims, 0);
+  while (true) {
+    // Value intervals (in units of 1/denom) held on this cell.
+    std::vector<std::pair<int64_t, int64_t>> held;
+    for (const SubTensor* h : have) {
+      bool inside = true;
+      for (size_t d = 0; d < dims && inside; ++d)
+        inside = h->ranges[d].start <= cuts[d][cell[d]] && h->ranges[d].end >= cuts[d][cell[d] + 1];
+      if (!inside) continue;
+      const int64_t unit = denom / h->value_chunks;
+      held.push_back({h->value_chunk * unit, (h->value_chunk + 1) * unit});
+    }
+    std::sort(held.begin(), held.end());
+    auto covers = [&](int64_t lo, int64_t hi) {
+      int64_t reach = lo;
+      for (const auto& [a, b] : held)
+        if (a <= reach) reach = std::max(reach, b);
+      return reach >= hi;
+    };
+    const int64_t unit = denom / want.value_chunks;
+    if (!covers(0, denom) && !covers(want.value_chunk * unit, (want.value_chunk + 1) * unit))
+      return false;
+    size_t d = 0;
+    for (; d < dims; ++d) {
+      if (++cell[d] + 1 < cuts[d].size()) break;
+      cell[d] = 0;
+    }
+    if (d == dims) return true;
+  }
+}
+
+}  // namespace
 
 Status verify(const Graph& g, const OpRegistry& registry) {
   std::vector<bool> written(g.tensors().size(), false);
+  std::vector<std::vector<const SubTensor*>> pieces(g.tensors().size());
   for (const auto& t : g.tensors())
     if (t.role == TensorRole::kInput || t.role == TensorRole::kParameter ||
         t.role == TensorRole::kBuffer)
@@ -45,8 +99,19 @@ Status verify(const Graph& g, const OpRegistry& registry) {
                      " does not have the shape " + to_string((*out_shapes)[i]) +
                      " its inputs imply");
       written[s.tensor.value()] = true;
+      pieces[s.tensor.value()].push_back(&s);
     }
   }
+  // Every piece an op reads of an activation must be makeable from the pieces ops write.
+  for (const auto& op : g.ops())
+    for (const auto& s : op.inputs) {
+      const FullTensor& t = g.tensor(s.tensor);
+      if (t.role != TensorRole::kActivation) continue;
+      if (!coverable(s, pieces[s.tensor.value()]))
+        return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() + "): no ops write "
+                                    "enough of '" + t.name + "' to make its piece " +
+                                    s.ranges_string());
+    }
   if (!g.loss().valid()) return Error::at(g.name(), "graph '" + g.name() + "' has no loss");
   if (!written[g.loss().value()])
     return Error::at(g.name(), "no op writes the loss '" + g.tensor(g.loss()).name + "'");

@@ -26,6 +26,7 @@ Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uin
   for (const auto& op : graph.ops())
     for (const auto& in : op.inputs) ++readers[in.tensor.value()];
   const auto& ops = graph.ops();
+  for (size_t i = 0; i < ops.size(); ++i) unfused_steps_.push_back(Step{i});
   for (size_t i = 0; i < ops.size(); ++i) {
     Step step{i};
     if (ops[i].type() == "linear" && i + 1 < ops.size() && ops[i + 1].type() == "bias_add" &&
@@ -39,6 +40,11 @@ Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uin
 }
 
 at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inputs) const {
+  return forward_all(inputs, false)[graph_.loss().value()];
+}
+
+std::vector<at::Tensor> Executor::forward_all(const std::unordered_map<int64_t, at::Tensor>& inputs,
+                                              bool every_value) const {
   std::vector<at::Tensor> env(graph_.tensors().size());
   for (const auto& [id, t] : inputs) env[id] = t;
   for (size_t i = 0; i < param_ids_.size(); ++i) env[param_ids_[i].value()] = params_[i];
@@ -50,7 +56,7 @@ at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inpu
                             << "' which has no value";
     return t;
   };
-  for (const Step& step : steps_) {
+  for (const Step& step : every_value ? unfused_steps_ : steps_) {
     const graph::Op& op = ops[step.op];
     if (step.fused_bias >= 0) {
       const graph::Op& bias = ops[step.fused_bias];
@@ -65,7 +71,7 @@ at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inpu
         << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
     for (size_t o = 0; o < outs.size(); ++o) env[op.outputs[o].tensor.value()] = std::move(outs[o]);
   }
-  return env[graph_.loss().value()];
+  return env;
 }
 
 at::Tensor Executor::parameter(const std::string& name) const {

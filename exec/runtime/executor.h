@@ -20,6 +20,10 @@ class Executor {
   // Runs the forward pass of one micro-batch; `inputs` holds one tensor per graph input, by id.
   // Returns the loss (with its autograd graph). Fails naming the op whose kernel is missing.
   at::Tensor forward(const std::unordered_map<int64_t, at::Tensor>& inputs) const;
+  // The same, returning the value of every tensor by id (inputs, parameters, activations).
+  // Fusion skips intermediate values; `every_value` runs op by op so all of them are kept.
+  std::vector<at::Tensor> forward_all(const std::unordered_map<int64_t, at::Tensor>& inputs,
+                                      bool every_value = true) const;
 
   const std::vector<at::Tensor>& parameters() const { return params_; }
   const std::vector<TensorId>& parameter_ids() const { return param_ids_; }
@@ -38,6 +42,7 @@ class Executor {
   const graph::Graph& graph_;
   std::vector<const Kernel*> kernels_;      // per op
   std::vector<Step> steps_;
+  std::vector<Step> unfused_steps_;
   std::vector<at::Tensor> params_;          // leaves, requires_grad
   std::vector<TensorId> param_ids_;
   std::vector<int64_t> param_slot_;         // tensor id -> index in params_, or -1

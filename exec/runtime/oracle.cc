@@ -1,0 +1,99 @@
+#include "exec/runtime/oracle.h"
+
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+namespace loom::runtime {
+
+at::Tensor cut_piece(const at::Tensor& full, const graph::SubTensor& piece) {
+  at::Tensor t = full;
+  for (size_t d = 0; d < piece.ranges.size(); ++d)
+    t = t.slice(static_cast<int64_t>(d), piece.ranges[d].start, piece.ranges[d].end);
+  if (piece.value_chunks > 1) t = t / static_cast<double>(piece.value_chunks);
+  return t;
+}
+
+namespace {
+
+std::string key_of(const graph::SubTensor& s) {
+  return s.tensor.to_string() + s.ranges_string();
+}
+
+double rel_error(const at::Tensor& got, const at::Tensor& want) {
+  if (got.sizes() != want.sizes()) return 1e30;
+  double scale = std::max(want.abs().max().item<double>(), 1e-6);
+  return (got - want).abs().max().item<double>() / scale;
+}
+
+}  // namespace
+
+OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::Tensor>& full,
+                            const KernelRegistry& kernels, double tolerance) {
+  at::NoGradGuard no_grad;
+  OracleReport report;
+  // Value chunks of one piece: chunk index -> (its value, the sub-op that made it).
+  struct Chunks {
+    const graph::SubTensor* piece = nullptr;
+    std::map<int64_t, std::pair<at::Tensor, std::string>> parts;
+  };
+  std::map<std::string, Chunks> partial;
+  auto mismatch = [&](const graph::Op& op, const graph::SubTensor& s, const std::string& what) {
+    std::ostringstream os;
+    os << "op " << op.name() << " (" << op.type() << ", device " << op.device << "): output '"
+       << planned.tensor(s.tensor).name << "' piece " << s.ranges_string() << " " << what;
+    report.mismatches.push_back(os.str());
+  };
+
+  for (const auto& op : planned.ops()) {
+    const Kernel* kernel = kernels.find(op.type());
+    if (!kernel) {
+      report.mismatches.push_back("op " + op.name() + ": no kernel for type '" + op.type() + "'");
+      continue;
+    }
+    std::vector<at::Tensor> args;
+    for (const auto& in : op.inputs) args.push_back(cut_piece(full[in.tensor.value()], in));
+    std::vector<at::Tensor> outs = (*kernel)(KernelContext{planned, op}, args);
+    ++report.ops_checked;
+    for (size_t o = 0; o < op.outputs.size(); ++o) {
+      const graph::SubTensor& s = op.outputs[o];
+      if (!s.is_partial()) {
+        double err = rel_error(outs[o], cut_piece(full[s.tensor.value()], s));
+        ++report.pieces_checked;
+        if (err > tolerance) mismatch(op, s, "differs from the single-device run by " + std::to_string(err));
+        continue;
+      }
+      // Partial pieces are checked once all chunks are in; a chunk made twice (a replica) must
+      // be made identically.
+      graph::SubTensor whole = s;
+      whole.value_chunk = 0;
+      std::string key = key_of(whole) + "/" + std::to_string(s.value_chunks);
+      Chunks& c = partial[key];
+      c.piece = &s;
+      auto [it, fresh] = c.parts.emplace(s.value_chunk, std::make_pair(outs[o], op.name()));
+      if (!fresh && rel_error(outs[o], it->second.first) > tolerance)
+        mismatch(op, s, "differs from its replica made by " + it->second.second);
+    }
+  }
+  for (const auto& [key, c] : partial) {
+    graph::SubTensor whole = *c.piece;
+    whole.value_chunk = 0;
+    whole.value_chunks = 1;
+    if (static_cast<int64_t>(c.parts.size()) != c.piece->value_chunks) {
+      report.mismatches.push_back("piece " + key + ": " + std::to_string(c.parts.size()) + " of " +
+                                  std::to_string(c.piece->value_chunks) + " value chunks are made");
+      continue;
+    }
+    at::Tensor sum;
+    for (const auto& [i, part] : c.parts) sum = sum.defined() ? sum + part.first : part.first;
+    ++report.pieces_checked;
+    double err = rel_error(sum, cut_piece(full[whole.tensor.value()], whole));
+    if (err > tolerance)
+      report.mismatches.push_back("piece " + key + ": its value chunks add up to values that differ "
+                                  "from the single-device run by " + std::to_string(err));
+  }
+  return report;
+}
+
+}  // namespace loom::runtime

@@ -1,0 +1,33 @@
+// The per-op oracle: proves a plan's sub-operators correct before any communication exists.
+// Every sub-op runs on its input pieces cut from the single-device run's tensors (a value chunk
+// i of n gets 1/n of the values), and its outputs must equal the pieces they claim: the slice,
+// or for value chunks, parts that add up to the slice.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "exec/runtime/kernels.h"
+#include "graph/graph.h"
+
+namespace loom::runtime {
+
+struct OracleReport {
+  int64_t ops_checked = 0;
+  int64_t pieces_checked = 0;
+  std::vector<std::string> mismatches;  // each names the sub-op and the tensor piece
+  bool ok() const { return mismatches.empty() && ops_checked > 0; }
+};
+
+// `full` holds the single-device value of every FullTensor of `planned` (by tensor id), e.g.
+// from Executor::forward_all. Relative tolerance against the largest magnitude of each piece.
+OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::Tensor>& full,
+                            const KernelRegistry& kernels, double tolerance = 1e-5);
+
+// The slice of `full` that `piece` covers, divided by its value chunk count.
+at::Tensor cut_piece(const at::Tensor& full, const graph::SubTensor& piece);
+
+}  // namespace loom::runtime

@@ -1,0 +1,32 @@
+#include "planner/cost.h"
+
+#include "graph/transform.h"
+
+namespace loom::planner {
+
+double op_flops(const graph::Op& op) {
+  auto sizes = graph::label_sizes(op);
+  if (!sizes.ok()) return 0;
+  auto size = [&](const char* l) {
+    auto it = sizes->find(l);
+    return it == sizes->end() ? 1.0 : static_cast<double>(it->second);
+  };
+  const std::string& t = op.type();
+  if (t == "linear") return 2.0 * size("b") * size("s") * size("k") * size("n");
+  if (t == "attention") return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
+  if (t == "embedding") return size("b") * size("s") * size("h");
+  // Otherwise: a few operations per element of the largest operand.
+  double largest = 0;
+  for (const auto& io : {&op.inputs, &op.outputs})
+    for (const auto& s : *io) largest = std::max(largest, static_cast<double>(numel(s.shape())));
+  return 4.0 * largest;
+}
+
+double op_output_bytes(const graph::Graph& graph, const graph::Op& op) {
+  double bytes = 0;
+  for (const auto& o : op.outputs)
+    bytes += static_cast<double>(numel(o.shape()) * size_bytes(graph.tensor(o.tensor).dtype));
+  return bytes;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,122 @@
+// The hybrid policy: pipeline stages by layer, data parallelism over the batch label,
+// Megatron-style tensor (and sequence) parallelism from the ops' annotations and `tp` hints.
+#include <algorithm>
+
+#include "graph/transform.h"
+#include "planner/mesh.h"
+#include "planner/policy.h"
+#include "planner/stages.h"
+
+namespace loom::planner {
+namespace {
+
+using graph::Graph;
+using graph::LabelKind;
+using graph::Op;
+
+// For every op, the label that carries the batch: graph inputs hold the batch in dimension 0,
+// and each op passes it from its inputs to the outputs that have the same label.
+std::vector<std::string> batch_labels(const Graph& g) {
+  std::vector<int64_t> batch_dim(g.tensors().size(), -1);
+  for (const auto& t : g.tensors())
+    if (t.role == graph::TensorRole::kInput && !t.shape.empty()) batch_dim[t.id.value()] = 0;
+  std::vector<std::string> out;
+  for (const auto& op : g.ops()) {
+    std::string label;
+    const auto& a = op.annotation();
+    for (size_t i = 0; i < op.inputs.size() && label.empty(); ++i) {
+      int64_t d = batch_dim[op.inputs[i].tensor.value()];
+      if (d >= 0) label = a.inputs()[i].dims[static_cast<size_t>(d)].labels[0].name;
+    }
+    if (!label.empty())
+      for (size_t o = 0; o < op.outputs.size(); ++o) {
+        const auto& dims = a.outputs()[o].dims;
+        for (size_t d = 0; d < dims.size(); ++d)
+          if (dims[d].labels[0].name == label) batch_dim[op.outputs[o].tensor.value()] = static_cast<int64_t>(d);
+      }
+    out.push_back(label);
+  }
+  return out;
+}
+
+bool has_label(const Op& op, const std::string& label) {
+  const auto& ls = op.annotation().labels();
+  return std::find(ls.begin(), ls.end(), label) != ls.end();
+}
+
+// Megatron's split of a transformer op over tensor-parallel ranks: "" replicates it.
+std::string tp_label(const Op& op, bool sp) {
+  const std::string& t = op.type();
+  const std::string hint = op.attrs().get_or<std::string>("tp", "");
+  if (t == "embedding") return "v";                       // vocab-parallel embedding
+  if (t == "attention") return "h";                       // heads
+  if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
+  if (t == "linear") return hint == "column" ? "n" : hint == "row" ? "k" : "";
+  if (t == "bias_add" && hint == "column") return "n";
+  if (t == "gelu" && hint == "column") return "h";
+  // Outside attention and the MLP, sequence parallelism splits the sequence instead of
+  // replicating (norms, residual adds, the bias after a row-parallel layer).
+  if (sp && (t == "layer_norm" || t == "add" || t == "add_position" || t == "bias_add") &&
+      has_label(op, "s") && op.annotation().kind_of("s") == LabelKind::kSplit)
+    return "s";
+  return "";
+}
+
+}  // namespace
+
+Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
+  const Config& c = request.config;
+  const auto& p = c.parallel;
+  LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp));
+  const int64_t stages = p.pp * p.chunks;
+  LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
+  const std::vector<std::string> batch = batch_labels(g);
+
+  Graph out = g;
+  std::vector<Op>& ops = out.mutable_ops();
+  ops.clear();
+  ops.reserve(g.ops().size() * static_cast<size_t>(mesh.size()));
+  for (size_t i = 0; i < g.ops().size(); ++i) {
+    const Op& op = g.ops()[i];
+    const int64_t s = stage_plan.stage_of_layer(op.layer());
+    const int64_t pp_rank = s % p.pp;  // looping placement when a device holds several stages
+
+    std::vector<Op> dp_parts{op};
+    if (p.dp > 1) {
+      if (batch[i].empty()) {
+        dp_parts = graph::replicate_op(op, p.dp);
+      } else {
+        auto split = graph::split_op(op, batch[i], p.dp);
+        if (!split.ok())
+          return c.error("parallel.dp", "data parallelism " + std::to_string(p.dp) + ": " +
+                                            split.error().message);
+        dp_parts = std::move(split).value();
+      }
+    }
+    const std::string label = p.tp > 1 ? tp_label(op, p.sp) : "";
+    for (int64_t d = 0; d < static_cast<int64_t>(dp_parts.size()); ++d) {
+      std::vector<Op> tp_parts{dp_parts[static_cast<size_t>(d)]};
+      if (p.tp > 1) {
+        if (label.empty()) {
+          tp_parts = graph::replicate_op(tp_parts[0], p.tp);
+        } else {
+          auto split = graph::split_op(tp_parts[0], label, p.tp);
+          if (!split.ok())
+            return c.error("parallel.tp", "tensor parallelism " + std::to_string(p.tp) + ": " +
+                                              split.error().message);
+          tp_parts = std::move(split).value();
+        }
+      }
+      for (int64_t t = 0; t < static_cast<int64_t>(tp_parts.size()); ++t) {
+        Op& sub = tp_parts[static_cast<size_t>(t)];
+        sub.device = DeviceId(mesh.rank({d, pp_rank, t}).value());
+        sub.stage = StageId(s);
+        sub.id = OpId(static_cast<int64_t>(ops.size()));
+        ops.push_back(std::move(sub));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace loom::planner

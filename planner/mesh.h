@@ -1,0 +1,44 @@
+// The device mesh: ranks laid out over named axes dp × pp × tp, tensor-parallel ranks
+// neighbours (rank = tp + tp_size * (dp + dp_size * pp)), as Megatron orders them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/ids.h"
+#include "core/result.h"
+
+namespace loom::planner {
+
+class DeviceMesh {
+ public:
+  struct Coord {
+    int64_t dp = 0, pp = 0, tp = 0;
+    bool operator==(const Coord& o) const { return dp == o.dp && pp == o.pp && tp == o.tp; }
+  };
+
+  // Fails unless every degree is positive.
+  static Result<DeviceMesh> make(int64_t dp, int64_t pp, int64_t tp);
+
+  int64_t dp() const { return dp_; }
+  int64_t pp() const { return pp_; }
+  int64_t tp() const { return tp_; }
+  int64_t size() const { return dp_ * pp_ * tp_; }
+
+  Rank rank(const Coord& c) const { return Rank(c.tp + tp_ * (c.dp + dp_ * c.pp)); }
+  Coord coord(Rank r) const;
+  // The ranks that share every coordinate of `c` but the named axis, in axis order.
+  std::vector<Rank> tp_group(const Coord& c) const;
+  std::vector<Rank> dp_group(const Coord& c) const;
+  std::vector<Rank> pp_group(const Coord& c) const;
+
+  std::string to_string() const;  // "dp2 x pp2 x tp2 (8 ranks)"
+  bool operator==(const DeviceMesh& o) const { return dp_ == o.dp_ && pp_ == o.pp_ && tp_ == o.tp_; }
+
+ private:
+  DeviceMesh(int64_t dp, int64_t pp, int64_t tp) : dp_(dp), pp_(pp), tp_(tp) {}
+  int64_t dp_, pp_, tp_;
+};
+
+}  // namespace loom::planner

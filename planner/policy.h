@@ -1,0 +1,46 @@
+// Parallel policies: functions from the single-device graph and the config to a transformed,
+// placed, staged graph. Registered by name; user code registers its own.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "graph/graph.h"
+
+namespace loom::planner {
+
+struct PlanRequest {
+  const Config& config;
+  int64_t world_size;  // the ranks the plan is for
+};
+
+using Policy = std::function<Result<graph::Graph>(const graph::Graph&, const PlanRequest&)>;
+
+class PolicyRegistry {
+ public:
+  // hybrid (any dp x tp x pp, with sp and chunks), and dp, tp, sp, pp: hybrid restricted to
+  // their own axis.
+  static PolicyRegistry with_builtin_policies();
+  Status add(const std::string& name, Policy policy);
+  const Policy* find(const std::string& name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, Policy> policies_;
+};
+
+// Checks the world size against parallel.dp x tp x pp and runs the policy named by
+// parallel.policy. Errors name the config keys and the numbers involved.
+Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& request,
+                                const PolicyRegistry& policies);
+
+// The hybrid engine itself: stages by layer (balanced by FLOPs, or parallel.stages), the batch
+// split over dp, Megatron-style tensor parallelism (with sequence parallelism when parallel.sp)
+// over tp, each sub-operator placed on the mesh dp x pp x tp.
+Result<graph::Graph> hybrid_policy(const graph::Graph& graph, const PlanRequest& request);
+
+}  // namespace loom::planner
