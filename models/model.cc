@@ -25,6 +25,37 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
   return unknown_type(config);
 }
 
+Status check_parallel(const Config& config) {
+  if (config.model.type != "gpt") return unknown_type(config);
+  LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
+  const int64_t tp = config.parallel.tp;
+  auto key = [&](const std::string& name) {
+    return config.model.args.count(name) ? "model.args." + name : "model.preset (" + config.model.preset + ") " + name;
+  };
+  const std::pair<std::string, int64_t> dims[] = {
+      {"heads", spec.heads}, {"ffn_hidden", spec.ffn_hidden}, {"vocab_groups", spec.vocab_groups}};
+  for (const auto& [name, value] : dims)
+    if (value % tp != 0)
+      return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
+                                             key(name) + " (" + std::to_string(value) +
+                                             ") to be divisible by " + std::to_string(tp));
+  const int64_t stages = config.parallel.pp * config.parallel.chunks;
+  if (stages > spec.layers)
+    return config.error("parallel.pp", "parallel.pp (" + std::to_string(config.parallel.pp) +
+                                           ") x parallel.chunks (" +
+                                           std::to_string(config.parallel.chunks) + ") = " +
+                                           std::to_string(stages) + " stages, but the model has " +
+                                           std::to_string(spec.layers) + " layers");
+  return Status::success();
+}
+
+Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
+                                const planner::PolicyRegistry& policies, int64_t world_size) {
+  LOOM_ASSIGN_OR_RETURN(graph::Graph single, build_model(config, registry));
+  LOOM_TRY(check_parallel(config));
+  return planner::plan_graph(single, {config, world_size}, policies);
+}
+
 Result<int64_t> tokens_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));

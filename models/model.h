@@ -8,12 +8,21 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "planner/policy.h"
 
 namespace loom::models {
 
 std::vector<std::string> model_types();
 // The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
+// Checks that the configured parallel degrees fit the model (e.g. tensor parallelism divides
+// the heads, the MLP width and the vocabulary groups), naming the keys and numbers.
+Status check_parallel(const Config& config);
+// Builds the model, checks the parallel config against it and runs the configured policy for
+// `world_size` ranks.
+Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
+                                const planner::PolicyRegistry& policies, int64_t world_size);
+
 // Sequence length (tokens per sample) of the configured model, for throughput figures.
 Result<int64_t> tokens_per_sample(const Config& config);
 
