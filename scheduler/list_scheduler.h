@@ -23,4 +23,16 @@ struct ListPolicy {
 // Per-device orders (workload indices). Fails when the memory limit leaves no block startable.
 Result<std::vector<std::vector<int>>> list_schedule(const Workload& workload, const ListPolicy& policy);
 
+// The same blocks with every dependency reversed and every memory change negated: scheduling
+// it forward schedules the original backward in time (right justification). A device's memory
+// levels are the same in either direction.
+Workload reversed(const Workload& workload);
+
+// Double justification: right-justify `order` (latest end first, scheduled backward in time),
+// then left-justify the result (earliest start first), keeping each device within the memory
+// limit; repeated while the makespan shrinks. Returns the best order found (`order` if none
+// is better).
+std::vector<std::vector<int>> justify(const Workload& workload, std::vector<std::vector<int>> order,
+                                      const ListPolicy& limits, int rounds = 4);
+
 }  // namespace loom::sched
