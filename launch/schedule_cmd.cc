@@ -1,16 +1,15 @@
 // `loom schedule`: build a predefined pipeline schedule or search one for a placement, simulate
 // it, print makespan, bubble ratio and per-device peak memory, and optionally write the CSV,
 // an SVG Gantt chart and a chrome trace.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "core/strings.h"
 #include "launch/command.h"
@@ -56,8 +55,10 @@ struct Flags {
 int schedule_main(const Args& args) {
   Flags f;
   CLI::App app{"Build or search a pipeline schedule, simulate it and draw it.", "loom schedule"};
-  app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search")->required();
-  app.add_option("--stages", f.stages, "P: pipeline devices (for search without --placement: the V-shape's)");
+  app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search")
+      ->required();
+  app.add_option("--stages", f.stages,
+                 "P: pipeline devices (for search without --placement: the V-shape's)");
   app.add_option("--micro-batches", f.micro_batches, "M: micro-batches")->required();
   app.add_option("--chunks", f.chunks, "V: stages per device (interleaved, looped-bfs)");
   app.add_option("--fwd", f.fwd, "forward time of one device's share for one micro-batch");
@@ -65,7 +66,8 @@ int schedule_main(const Args& args) {
   app.add_option("--wgrad", f.wgrad, "zb-h1: weight-gradient time W");
   app.add_option("--comm", f.comm, "delay between blocks on different devices");
   app.add_option("--placement", f.placement, "search: placement YAML (configs/placements/)");
-  app.add_option("--mem-limit", f.mem_limit, "per-device memory limit, in micro-batches of activations");
+  app.add_option("--mem-limit", f.mem_limit,
+                 "per-device memory limit, in micro-batches of activations");
   app.add_option("--csv", f.csv, "write the schedule as torch.distributed.pipelining CSV");
   app.add_option("--svg", f.svg, "write an SVG Gantt chart");
   app.add_option("--trace", f.trace, "write a chrome trace (chrome://tracing, Perfetto)");
@@ -96,25 +98,32 @@ int schedule_main(const Args& args) {
   }
   if (f.micro_batches < 1) return fail(kExitBadInput, "--micro-batches must be at least 1");
   if (f.comm < 0) return fail(kExitBadInput, "--comm must not be negative");
-  if (f.mem_limit && !(*f.mem_limit > 0)) return fail(kExitBadInput, "--mem-limit must be positive");
+  if (f.mem_limit && !(*f.mem_limit > 0))
+    return fail(kExitBadInput, "--mem-limit must be positive");
 
   const auto t0 = std::chrono::steady_clock::now();
   Schedule schedule;
   Timeline timeline;
   std::optional<SearchResult> found;
   if (search) {
-    if (f.chunks != 1) return fail(kExitBadInput, "--chunks does not apply to --kind search (the placement says where blocks run)");
+    if (f.chunks != 1)
+      return fail(kExitBadInput,
+                  "--chunks does not apply to --kind search (the placement says where blocks run)");
     Placement pl;
     if (!f.placement.empty()) {
       auto loaded = Placement::load(f.placement);
       if (!loaded.ok()) return fail(kExitBadInput, loaded.error().message);
       pl = std::move(loaded).value();
       if (f.stages && f.stages != pl.num_devices())
-        return fail(kExitBadInput, "--stages " + std::to_string(f.stages) + " disagrees with " + f.placement +
-                                       ", which has " + std::to_string(pl.num_devices()) + " devices");
+        return fail(kExitBadInput, "--stages " + std::to_string(f.stages) + " disagrees with " +
+                                       f.placement + ", which has " +
+                                       std::to_string(pl.num_devices()) + " devices");
     } else {
-      if (f.stages < 1) return fail(kExitBadInput, "--kind search needs --placement FILE or --stages P (the V-shape)");
-      if (!(f.fwd > 0) || !(f.bwd > 0)) return fail(kExitBadInput, "--fwd and --bwd must be positive");
+      if (f.stages < 1)
+        return fail(kExitBadInput,
+                    "--kind search needs --placement FILE or --stages P (the V-shape)");
+      if (!(f.fwd > 0) || !(f.bwd > 0))
+        return fail(kExitBadInput, "--fwd and --bwd must be positive");
       pl = Placement::v_shape(f.stages, f.fwd, f.bwd);
     }
     SearchOptions opt;
@@ -142,7 +151,8 @@ int schedule_main(const Args& args) {
     if (!t.ok()) return fail(kExitFailure, t.error().message);
     timeline = std::move(t).value();
   }
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!f.csv.empty()) {
     auto csv = to_csv(schedule);
@@ -179,14 +189,16 @@ int schedule_main(const Args& args) {
     if (over >= 0) j["over_memory_limit"] = true;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("schedule       %s (%d devices, %d micro-batches)\n", f.kind.c_str(), schedule.num_devices(),
-                f.micro_batches);
+    std::printf("schedule       %s (%d devices, %d micro-batches)\n", f.kind.c_str(),
+                schedule.num_devices(), f.micro_batches);
     std::printf("makespan       %g\n", timeline.makespan);
     std::printf("bubble ratio   %.4f\n", timeline.bubble_ratio);
     if (found) {
       const Repetend& r = found->repetend;
-      std::printf("period         %g (lower bound %g%s), %d repetend instance(s)\n", r.period, r.period_lower_bound,
-                  r.period_optimal ? ", optimal" : ", node limit hit: not proved optimal", found->repetend_instances);
+      std::printf("period         %g (lower bound %g%s), %d repetend instance(s)\n", r.period,
+                  r.period_lower_bound,
+                  r.period_optimal ? ", optimal" : ", node limit hit: not proved optimal",
+                  found->repetend_instances);
       std::printf("warm-up        %g\ncool-down      %g\n", found->warmup, found->cooldown);
       std::printf("search time    %.4f s (%lld nodes, completion: %s)\n", found->search_time_s,
                   static_cast<long long>(r.nodes), found->completion.c_str());
@@ -197,8 +209,8 @@ int schedule_main(const Args& args) {
   }
   if (over >= 0)
     return fail(kExitFailure, "device " + std::to_string(over) + " peaks at " +
-                                  std::to_string(timeline.peak_memory[over]) + ", over --mem-limit " +
-                                  std::to_string(*f.mem_limit));
+                                  std::to_string(timeline.peak_memory[over]) +
+                                  ", over --mem-limit " + std::to_string(*f.mem_limit));
   return kExitOk;
 }
 

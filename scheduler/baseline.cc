@@ -43,7 +43,7 @@ std::vector<Baseline> baselines(const Placement& pl, int m, double limit, const 
   add("chimera", list_schedule(*w, pol));  // backward first, no memory cap
   if (limit != Placement::kNoLimit) {
     pol.memory_limit.assign(p, limit);
-    add("1f1b", list_schedule(*w, pol));   // backward first, forwards within the memory limit
+    add("1f1b", list_schedule(*w, pol));  // backward first, forwards within the memory limit
   }
   return out;
 }

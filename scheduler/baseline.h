@@ -25,6 +25,7 @@ struct Baseline {
 std::vector<Baseline> baselines(const Placement& placement, int micro_batches, double memory_limit,
                                 const SimOptions& options = {});
 // The fastest of baselines(); an error when none fits.
-Result<Baseline> best_baseline(const Placement& placement, int micro_batches, const SimOptions& options = {});
+Result<Baseline> best_baseline(const Placement& placement, int micro_batches,
+                               const SimOptions& options = {});
 
 }  // namespace loom::sched

@@ -8,21 +8,30 @@ namespace loom::sched {
 
 char to_char(BlockKind kind) {
   switch (kind) {
-    case BlockKind::kF: return 'F';
-    case BlockKind::kB: return 'B';
-    case BlockKind::kI: return 'I';
-    case BlockKind::kW: return 'W';
+    case BlockKind::kF:
+      return 'F';
+    case BlockKind::kB:
+      return 'B';
+    case BlockKind::kI:
+      return 'I';
+    case BlockKind::kW:
+      return 'W';
   }
   return '?';
 }
 
 std::optional<BlockKind> parse_block_kind(char c) {
   switch (std::toupper(static_cast<unsigned char>(c))) {
-    case 'F': return BlockKind::kF;
-    case 'B': return BlockKind::kB;
-    case 'I': return BlockKind::kI;
-    case 'W': return BlockKind::kW;
-    default: return std::nullopt;
+    case 'F':
+      return BlockKind::kF;
+    case 'B':
+      return BlockKind::kB;
+    case 'I':
+      return BlockKind::kI;
+    case 'W':
+      return BlockKind::kW;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -37,10 +46,12 @@ Result<BlockId> BlockId::parse(std::string_view text) {
   auto kind = parse_block_kind(text[i]);
   if (!kind) return bad();
   std::string_view mb = text.substr(i + 1);
-  if (!std::all_of(mb.begin(), mb.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+  if (!std::all_of(mb.begin(), mb.end(),
+                   [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
     return bad();
   if (i > 9 || mb.size() > 9) return bad();
-  return BlockId::of(std::stoll(std::string(text.substr(0, i))), *kind, std::stoll(std::string(mb)));
+  return BlockId::of(std::stoll(std::string(text.substr(0, i))), *kind,
+                     std::stoll(std::string(mb)));
 }
 
 std::string BlockId::to_string() const {

@@ -16,14 +16,16 @@ Result<std::string> to_csv(const Schedule& s) {
   std::vector<std::vector<int>> deps;
   for (int i = 0; i < s.workload().size(); ++i) deps.push_back(s.workload().deps(i));
   for (auto& b : blocks) b.duration = 1;
-  LOOM_ASSIGN_OR_RETURN(Workload unit, Workload::create(s.num_devices(), std::move(blocks), std::move(deps)));
+  LOOM_ASSIGN_OR_RETURN(Workload unit,
+                        Workload::create(s.num_devices(), std::move(blocks), std::move(deps)));
   LOOM_ASSIGN_OR_RETURN(Schedule steps, Schedule::from_indices(std::move(unit), s.order()));
   LOOM_ASSIGN_OR_RETURN(Timeline t, simulate(steps));
   const int columns = static_cast<int>(std::lround(t.makespan));
   std::ostringstream os;
   for (int d = 0; d < s.num_devices(); ++d) {
     std::vector<std::string> cells(columns);
-    for (int i : s.order()[d]) cells[static_cast<int>(std::lround(t.start[i]))] = s.workload().block(i).id().to_string();
+    for (int i : s.order()[d])
+      cells[static_cast<int>(std::lround(t.start[i]))] = s.workload().block(i).id().to_string();
     os << join(cells, ",") << "\n";
   }
   return os.str();
@@ -48,8 +50,8 @@ Result<Schedule> from_csv(const std::string& text, const CsvImportOptions& opt) 
       if (cell.empty()) continue;
       auto id = BlockId::parse(cell);
       if (!id.ok())
-        return Error::at("csv", "row " + std::to_string(row) + ", column " + std::to_string(c + 1) + ": " +
-                                    id.error().message);
+        return Error::at("csv", "row " + std::to_string(row) + ", column " + std::to_string(c + 1) +
+                                    ": " + id.error().message);
       order.back().push_back(*id);
       auto& devs = devices[*id];
       if (std::find(devs.begin(), devs.end(), dev) == devs.end()) devs.push_back(dev);
@@ -61,16 +63,19 @@ Result<Schedule> from_csv(const std::string& text, const CsvImportOptions& opt) 
   }
   if (order.empty()) return Error::at("csv", "the schedule has no rows");
   if (has_b && has_split)
-    return Error::at("csv", "the schedule mixes full backward (B) with split backward (I, W) blocks");
+    return Error::at("csv",
+                     "the schedule mixes full backward (B) with split backward (I, W) blocks");
   const int p = static_cast<int>(order.size());
   const double v = stages % p == 0 ? static_cast<double>(stages / p) : 1.0;
   // Every block of the chain must be run somewhere.
   for (int64_t k = 0; k < mbs; ++k)
     for (int64_t st = 0; st < stages; ++st)
-      for (BlockKind kind : has_split ? std::vector<BlockKind>{BlockKind::kF, BlockKind::kI, BlockKind::kW}
-                                      : std::vector<BlockKind>{BlockKind::kF, BlockKind::kB}) {
+      for (BlockKind kind :
+           has_split ? std::vector<BlockKind>{BlockKind::kF, BlockKind::kI, BlockKind::kW}
+                     : std::vector<BlockKind>{BlockKind::kF, BlockKind::kB}) {
         BlockId id = BlockId::of(st, kind, k);
-        if (!devices.count(id)) return Error::at("csv", "block " + id.describe() + " is missing: no rank runs it");
+        if (!devices.count(id))
+          return Error::at("csv", "block " + id.describe() + " is missing: no rank runs it");
       }
   ChainLayout l;
   l.num_devices = p;
@@ -91,9 +96,13 @@ Result<Schedule> from_csv(const std::string& text, const CsvImportOptions& opt) 
   };
   l.duration = [&opt, v](BlockKind k, StageId) {
     switch (k) {
-      case BlockKind::kF: return opt.fwd / v;
-      case BlockKind::kB: case BlockKind::kI: return opt.bwd / v;
-      case BlockKind::kW: return opt.wgrad / v;
+      case BlockKind::kF:
+        return opt.fwd / v;
+      case BlockKind::kB:
+      case BlockKind::kI:
+        return opt.bwd / v;
+      case BlockKind::kW:
+        return opt.wgrad / v;
     }
     return 0.0;
   };

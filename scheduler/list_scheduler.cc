@@ -44,7 +44,8 @@ Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const Lis
       }
       if (!fits) continue;
       if (best < 0 || st < best_start - kEps ||
-          (st < best_start + kEps && (prio[i] < prio[best] || (prio[i] == prio[best] && i < best)))) {
+          (st < best_start + kEps &&
+           (prio[i] < prio[best] || (prio[i] == prio[best] && i < best)))) {
         best = i;
         best_start = st;
       }

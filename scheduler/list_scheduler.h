@@ -21,7 +21,8 @@ struct ListPolicy {
 };
 
 // Per-device orders (workload indices). Fails when the memory limit leaves no block startable.
-Result<std::vector<std::vector<int>>> list_schedule(const Workload& workload, const ListPolicy& policy);
+Result<std::vector<std::vector<int>>> list_schedule(const Workload& workload,
+                                                    const ListPolicy& policy);
 
 // The same blocks with every dependency reversed and every memory change negated: scheduling
 // it forward schedules the original backward in time (right justification). A device's memory

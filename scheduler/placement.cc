@@ -1,12 +1,13 @@
 #include "scheduler/placement.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
-
-#include <yaml-cpp/yaml.h>
 
 #include "core/strings.h"
 
@@ -77,7 +78,8 @@ std::string fmt(double x) {
 
 }  // namespace
 
-Result<Placement> Placement::create(int devices, double memory_limit, std::vector<PlacedBlock> blocks) {
+Result<Placement> Placement::create(int devices, double memory_limit,
+                                    std::vector<PlacedBlock> blocks) {
   Placement p;
   p.devices_ = devices;
   p.memory_limit_ = memory_limit;
@@ -116,7 +118,8 @@ Placement Placement::m_shape(int p, double fwd, double bwd) {
   b.push_back(make("head_b", BlockKind::kB, p + 1, all, bwd, -1, {head_f}));
   for (int s = p - 1; s >= 0; --s) {
     int idx = static_cast<int>(b.size());
-    b.push_back(make("b" + std::to_string(s), BlockKind::kB, s + 1, {DeviceId(s)}, bwd, -1, {prev, f[s]}));
+    b.push_back(
+        make("b" + std::to_string(s), BlockKind::kB, s + 1, {DeviceId(s)}, bwd, -1, {prev, f[s]}));
     prev = idx;
   }
   b.push_back(make("embed_b", BlockKind::kB, 0, all, bwd, 0, {prev}));
@@ -128,9 +131,12 @@ Placement Placement::k_shape(int p, double fwd, double bwd) {
   const int h = p / 2 - 1;
   std::vector<std::vector<DeviceId>> devs;
   for (int s = 0; s < p - 1; ++s) {
-    if (s < h) devs.push_back({DeviceId(s)});
-    else if (s == h) devs.push_back({DeviceId(h), DeviceId(h + 1)});
-    else devs.push_back({DeviceId(s + 1)});
+    if (s < h)
+      devs.push_back({DeviceId(s)});
+    else if (s == h)
+      devs.push_back({DeviceId(h), DeviceId(h + 1)});
+    else
+      devs.push_back({DeviceId(s + 1)});
   }
   std::vector<PlacedBlock> b;
   add_chain(b, devs, 0, 0, "", fwd, bwd, {});
@@ -152,7 +158,8 @@ double Placement::load(DeviceId d) const {
 }
 
 Status Placement::validate() const {
-  if (devices_ < 1) return Error::at("devices", "must be at least 1, got " + std::to_string(devices_));
+  if (devices_ < 1)
+    return Error::at("devices", "must be at least 1, got " + std::to_string(devices_));
   if (!(memory_limit_ > 0)) return Error::at("memory_limit", "must be positive");
   if (blocks_.empty()) return Error::at("blocks", "a placement needs at least one block");
   std::map<std::string, int> names;
@@ -167,7 +174,8 @@ Status Placement::validate() const {
       if (d.value() < 0 || d.value() >= devices_)
         return Error::at("blocks", who + " runs on device " + d.to_string() + ", outside 0.." +
                                        std::to_string(devices_ - 1));
-    if (!(b.span > 0)) return Error::at("blocks", who + " needs a positive span, got " + fmt(b.span));
+    if (!(b.span > 0))
+      return Error::at("blocks", who + " needs a positive span, got " + fmt(b.span));
     if (b.micro_batch < 0) return Error::at("blocks", who + " has a negative micro_batch");
     for (int a : b.after)
       if (a < 0 || a >= static_cast<int>(blocks_.size()) || a == static_cast<int>(i))
@@ -180,8 +188,9 @@ Status Placement::validate() const {
       for (DeviceId x : b.devices)
         if (x.value() == d) sum += b.memory;
     if (std::abs(sum) > 1e-9)
-      return Error::at("blocks", "the memory of device " + std::to_string(d) + " changes by " + fmt(sum) +
-                                     " per micro-batch; the blocks on it must free what they allocate");
+      return Error::at("blocks",
+                       "the memory of device " + std::to_string(d) + " changes by " + fmt(sum) +
+                           " per micro-batch; the blocks on it must free what they allocate");
   }
   LOOM_ASSIGN_OR_RETURN(Workload w, unroll(1));
   (void)w;
@@ -189,7 +198,8 @@ Status Placement::validate() const {
 }
 
 Result<Workload> Placement::unroll(int instances) const {
-  if (instances < 1) return error("need at least one placement instance, got " + std::to_string(instances));
+  if (instances < 1)
+    return error("need at least one placement instance, got " + std::to_string(instances));
   const int per = micro_batches_per_instance();
   std::vector<Block> blocks;
   std::vector<std::vector<int>> deps;
@@ -215,10 +225,13 @@ Result<Workload> Placement::unroll(int instances) const {
 }
 
 Result<Placement> Placement::parse(const std::string& yaml, const std::string& source) {
-  auto where = [&](const YAML::Node& n) { return source + ":" + std::to_string(n.Mark().line + 1); };
+  auto where = [&](const YAML::Node& n) {
+    return source + ":" + std::to_string(n.Mark().line + 1);
+  };
   try {
     YAML::Node root = YAML::Load(yaml);
-    if (!root.IsMap()) return Error::at(source, source + ": expected a map with devices, memory_limit and blocks");
+    if (!root.IsMap())
+      return Error::at(source, source + ": expected a map with devices, memory_limit and blocks");
     static const std::vector<std::string> top = {"devices", "memory_limit", "blocks"};
     for (const auto& kv : root) {
       std::string key = kv.first.as<std::string>();
@@ -233,15 +246,17 @@ Result<Placement> Placement::parse(const std::string& yaml, const std::string& s
       return Error::at("blocks", source + ": missing 'blocks' (a list)");
     int devices = root["devices"].as<int>();
     double limit = root["memory_limit"] ? root["memory_limit"].as<double>() : kNoLimit;
-    static const std::vector<std::string> keys = {"name",  "kind",  "devices", "span",
-                                                  "memory", "after", "stage",  "micro_batch"};
+    static const std::vector<std::string> keys = {"name",   "kind",  "devices", "span",
+                                                  "memory", "after", "stage",   "micro_batch"};
     std::vector<PlacedBlock> blocks;
     std::map<std::string, int> index;
     std::vector<std::vector<std::pair<std::string, YAML::Node>>> after_names;
     std::vector<bool> has_stage;
     for (const auto& node : root["blocks"]) {
       const std::string at = where(node);
-      if (!node.IsMap()) return Error::at("blocks", at + ": each block is a map such as {name: f0, kind: F, devices: [0], span: 1, memory: 1}");
+      if (!node.IsMap())
+        return Error::at("blocks", at + ": each block is a map such as {name: f0, kind: F, "
+                                        "devices: [0], span: 1, memory: 1}");
       PlacedBlock b;
       for (const auto& kv : node) {
         std::string key = kv.first.as<std::string>();
@@ -252,7 +267,8 @@ Result<Placement> Placement::parse(const std::string& yaml, const std::string& s
                                     (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
         }
       }
-      if (!node["name"]) return Error::at("name", at + ": block " + std::to_string(blocks.size()) + " has no name");
+      if (!node["name"])
+        return Error::at("name", at + ": block " + std::to_string(blocks.size()) + " has no name");
       b.name = node["name"].as<std::string>();
       const std::string who = at + ": block '" + b.name + "'";
       if (!node["kind"]) return Error::at("kind", who + ": missing 'kind' (F, B, I or W)");
@@ -270,7 +286,8 @@ Result<Placement> Placement::parse(const std::string& yaml, const std::string& s
       if (node["stage"]) b.stage = StageId(node["stage"].as<int>());
       std::vector<std::pair<std::string, YAML::Node>> deps;
       if (node["after"]) {
-        if (!node["after"].IsSequence()) return Error::at("after", who + ": 'after' must be a list of block names");
+        if (!node["after"].IsSequence())
+          return Error::at("after", who + ": 'after' must be a list of block names");
         for (const auto& a : node["after"]) deps.emplace_back(a.as<std::string>(), a);
       }
       after_names.push_back(std::move(deps));
@@ -285,8 +302,8 @@ Result<Placement> Placement::parse(const std::string& yaml, const std::string& s
         auto it = index.find(name);
         if (it == index.end()) {
           std::string hint = closest_match(name, all_names);
-          return Error::at("after", where(node) + ": block '" + blocks[i].name + "': 'after' names '" +
-                                        name + "', which is not a block" +
+          return Error::at("after", where(node) + ": block '" + blocks[i].name +
+                                        "': 'after' names '" + name + "', which is not a block" +
                                         (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
         }
         blocks[i].after.push_back(it->second);

@@ -21,8 +21,8 @@ struct PlacedBlock {
   // the placement runs micro-batch k * micro_batches_per_instance() + micro_batch.
   int micro_batch = 0;
   std::vector<DeviceId> devices;
-  double span = 1;    // time units
-  double memory = 0;  // per device, micro-batches of activations
+  double span = 1;         // time units
+  double memory = 0;       // per device, micro-batches of activations
   std::vector<int> after;  // indices of the blocks it waits for
 
   friend bool operator==(const PlacedBlock& a, const PlacedBlock& b) {
@@ -39,7 +39,8 @@ class Placement {
   Placement() = default;
   // Validates: unique names, devices in range, acyclic dependencies, positive spans, and the
   // memory of every device returning to zero after one instance.
-  static Result<Placement> create(int devices, double memory_limit, std::vector<PlacedBlock> blocks);
+  static Result<Placement> create(int devices, double memory_limit,
+                                  std::vector<PlacedBlock> blocks);
   // YAML (format in README.md); errors name the file, the line and the block or key.
   static Result<Placement> parse(const std::string& yaml, const std::string& source);
   static Result<Placement> load(const std::string& path);

@@ -12,9 +12,12 @@ namespace {
 
 const std::vector<std::pair<ScheduleKind, std::string>>& kind_table() {
   static const std::vector<std::pair<ScheduleKind, std::string>> table = {
-      {ScheduleKind::kGPipe, "gpipe"},         {ScheduleKind::k1F1B, "1f1b"},
-      {ScheduleKind::kInterleaved, "interleaved"}, {ScheduleKind::kChimera, "chimera"},
-      {ScheduleKind::kLoopedBfs, "looped-bfs"}, {ScheduleKind::kZbH1, "zb-h1"}};
+      {ScheduleKind::kGPipe, "gpipe"},
+      {ScheduleKind::k1F1B, "1f1b"},
+      {ScheduleKind::kInterleaved, "interleaved"},
+      {ScheduleKind::kChimera, "chimera"},
+      {ScheduleKind::kLoopedBfs, "looped-bfs"},
+      {ScheduleKind::kZbH1, "zb-h1"}};
   return table;
 }
 
@@ -31,10 +34,14 @@ Result<Workload> chain(const PipelineSpec& spec, int stages, bool split,
   l.devices = std::move(devices);
   l.duration = [&spec, v](BlockKind k, StageId) {
     switch (k) {
-      case BlockKind::kF: return spec.fwd / v;
-      case BlockKind::kB: return spec.bwd / v;
-      case BlockKind::kI: return spec.bwd / v;
-      case BlockKind::kW: return spec.wgrad / v;
+      case BlockKind::kF:
+        return spec.fwd / v;
+      case BlockKind::kB:
+        return spec.bwd / v;
+      case BlockKind::kI:
+        return spec.bwd / v;
+      case BlockKind::kW:
+        return spec.wgrad / v;
     }
     return 0.0;
   };
@@ -55,8 +62,10 @@ BlockId B(int64_t s, int64_t k) { return BlockId::of(s, BlockKind::kB, k); }
 
 Status need_one_chunk(const PipelineSpec& spec, const char* kind) {
   if (spec.chunks != 1)
-    return error(std::string(kind) + " runs one stage per device; --chunks applies to interleaved "
-                 "and looped-bfs only (got " + std::to_string(spec.chunks) + ")");
+    return error(std::string(kind) +
+                 " runs one stage per device; --chunks applies to interleaved "
+                 "and looped-bfs only (got " +
+                 std::to_string(spec.chunks) + ")");
   return Status::success();
 }
 
@@ -87,10 +96,13 @@ Result<ScheduleKind> parse_schedule_kind(const std::string& name) {
 }
 
 Status PipelineSpec::validate() const {
-  if (devices < 1) return Error::at("stages", "needs at least 1 device, got " + std::to_string(devices));
+  if (devices < 1)
+    return Error::at("stages", "needs at least 1 device, got " + std::to_string(devices));
   if (micro_batches < 1)
-    return Error::at("micro-batches", "needs at least 1 micro-batch, got " + std::to_string(micro_batches));
-  if (chunks < 1) return Error::at("chunks", "needs at least 1 chunk, got " + std::to_string(chunks));
+    return Error::at("micro-batches",
+                     "needs at least 1 micro-batch, got " + std::to_string(micro_batches));
+  if (chunks < 1)
+    return Error::at("chunks", "needs at least 1 chunk, got " + std::to_string(chunks));
   if (!(fwd > 0)) return Error::at("fwd", "the forward time must be positive");
   if (!(bwd > 0)) return Error::at("bwd", "the backward time must be positive");
   if (!(wgrad >= 0)) return Error::at("wgrad", "the weight-gradient time must not be negative");
@@ -154,8 +166,14 @@ Result<Schedule> interleaved_1f1b(const PipelineSpec& spec) {
   std::vector<std::vector<BlockId>> order(p);
   for (int d = 0; d < p; ++d) {
     int warmup = m == p ? total : std::min(2 * (p - d - 1) + (v - 1) * p, total);
-    auto fwd = [&](int i) { auto [c, k] = chunk_mb(i, true); order[d].push_back(F(c * p + d, k)); };
-    auto bwd = [&](int i) { auto [c, k] = chunk_mb(i, false); order[d].push_back(B(c * p + d, k)); };
+    auto fwd = [&](int i) {
+      auto [c, k] = chunk_mb(i, true);
+      order[d].push_back(F(c * p + d, k));
+    };
+    auto bwd = [&](int i) {
+      auto [c, k] = chunk_mb(i, false);
+      order[d].push_back(B(c * p + d, k));
+    };
     for (int i = 0; i < warmup; ++i) fwd(i);
     for (int i = 0; i < total - warmup; ++i) fwd(warmup + i), bwd(i);
     for (int i = total - warmup; i < total; ++i) bwd(i);
@@ -184,8 +202,10 @@ Result<Schedule> chimera(const PipelineSpec& spec) {
   if (p % 2 != 0)
     return Error::at("stages", "chimera needs an even number of stages, got " + std::to_string(p));
   if (m % 2 != 0)
-    return Error::at("micro-batches", "chimera needs an even number of micro-batches (half go down, "
-                                      "half up), got " + std::to_string(m));
+    return Error::at("micro-batches",
+                     "chimera needs an even number of micro-batches (half go down, "
+                     "half up), got " +
+                         std::to_string(m));
   auto place = [p](StageId s, MicroBatch k) {
     bool down = k.value() % 2 == 0;
     return std::vector<DeviceId>{DeviceId(down ? s.value() : p - 1 - s.value())};
@@ -228,12 +248,18 @@ Result<Schedule> zb_h1(const PipelineSpec& spec) {
 
 Result<Schedule> build_predefined(ScheduleKind kind, const PipelineSpec& spec) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return gpipe(spec);
-    case ScheduleKind::k1F1B: return one_f_one_b(spec);
-    case ScheduleKind::kInterleaved: return interleaved_1f1b(spec);
-    case ScheduleKind::kChimera: return chimera(spec);
-    case ScheduleKind::kLoopedBfs: return looped_bfs(spec);
-    case ScheduleKind::kZbH1: return zb_h1(spec);
+    case ScheduleKind::kGPipe:
+      return gpipe(spec);
+    case ScheduleKind::k1F1B:
+      return one_f_one_b(spec);
+    case ScheduleKind::kInterleaved:
+      return interleaved_1f1b(spec);
+    case ScheduleKind::kChimera:
+      return chimera(spec);
+    case ScheduleKind::kLoopedBfs:
+      return looped_bfs(spec);
+    case ScheduleKind::kZbH1:
+      return zb_h1(spec);
   }
   return error("unknown schedule kind");
 }

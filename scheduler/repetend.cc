@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -38,7 +36,9 @@ int64_t time_scale(const Placement& pl, double comm) {
 class ModuloSearch {
  public:
   ModuloSearch(const Placement& pl, int64_t scale, double comm, double limit, int64_t node_limit)
-      : n_(static_cast<int>(pl.blocks().size())), p_(pl.num_devices()), limit_(limit),
+      : n_(static_cast<int>(pl.blocks().size())),
+        p_(pl.num_devices()),
+        limit_(limit),
         node_limit_(node_limit) {
     const auto& bl = pl.blocks();
     dur_.resize(n_);
@@ -50,7 +50,8 @@ class ModuloSearch {
     for (int j = 0; j < n_; ++j) {
       dur_[j] = std::max<int64_t>(1, std::llround(bl[j].span * scale));
       mem_[j] = bl[j].memory;
-      for (DeviceId d : bl[j].devices) devs_[j].push_back(static_cast<int>(d.value())), on_dev_[d.value()].push_back(j);
+      for (DeviceId d : bl[j].devices)
+        devs_[j].push_back(static_cast<int>(d.value())), on_dev_[d.value()].push_back(j);
     }
     std::vector<std::vector<int>> succ(n_);
     for (int j = 0; j < n_; ++j)
@@ -88,9 +89,7 @@ class ModuloSearch {
     for (int j = 0; j < n_; ++j) critical_path_ = std::max(critical_path_, asap_[j] + tail_[j]);
     ord_ = topo;
     std::stable_sort(ord_.begin(), ord_.end(), [&](int a, int b) { return asap_[a] < asap_[b]; });
-    pos_.assign(n_, 0);
-    for (int k = 0; k < n_; ++k) pos_[ord_[k]] = k;
-    match_ = match_allocations(succ);
+    match_ = match_allocations();
     fully_matched_.assign(p_, 1);
     {
       std::vector<char> matched(n_, 0);
@@ -176,7 +175,10 @@ class ModuloSearch {
     std::vector<int64_t> segs;
     int64_t first_busy = -1;
     for (int64_t t = 0; t < T_; ++t)
-      if (b[t]) { first_busy = t; break; }
+      if (b[t]) {
+        first_busy = t;
+        break;
+      }
     if (first_busy < 0) {
       segs.push_back(T_);
     } else {
@@ -253,12 +255,17 @@ class ModuloSearch {
   bool lower_bounds(std::vector<int64_t>& lb) const {
     lb.assign(n_, 0);
     for (int j : ord_) {
-      if (sigma_[j] != kUnset) { lb[j] = sigma_[j]; continue; }
+      if (sigma_[j] != kUnset) {
+        lb[j] = sigma_[j];
+        continue;
+      }
       int64_t e = preds_[j].empty() ? min_start_ - T_ * (1 + extra_) + 1 : min_start_;
       for (auto [u, lag] : preds_[j]) e = std::max(e, lb[u] + lag);
       int64_t t = e;
-      if (phase_[j] >= 0) t = e + (((phase_[j] - e) % T_) + T_) % T_;
-      else while (t < e + T_ && !fits(j, t)) ++t;
+      if (phase_[j] >= 0)
+        t = e + (((phase_[j] - e) % T_) + T_) % T_;
+      else
+        while (t < e + T_ && !fits(j, t)) ++t;
       if (t == e + T_) return false;
       lb[j] = t;
     }
@@ -267,7 +274,7 @@ class ModuloSearch {
 
   // Pairs every freeing block with an allocating ancestor on the same device of equal size;
   // match[k] = j (for a free k) or -1. A placed pair's memory lives from e_j to e_k.
-  std::vector<int> match_allocations(const std::vector<std::vector<int>>& succ) const {
+  std::vector<int> match_allocations() const {
     std::vector<int> match(n_, -1);
     std::vector<char> used(n_, 0);
     for (int k : ord_) {
@@ -288,7 +295,6 @@ class ModuloSearch {
         }
       }
     }
-    (void)succ;
     return match;
   }
 
@@ -321,12 +327,12 @@ class ModuloSearch {
     if (stop_) return;
     if (depth == n_) {
       int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-      for (int j = 0; j < n_; ++j) lo = std::min(lo, sigma_[j]), hi = std::max(hi, sigma_[j] + dur_[j]);
+      for (int j = 0; j < n_; ++j)
+        lo = std::min(lo, sigma_[j]), hi = std::max(hi, sigma_[j] + dur_[j]);
       if (hi - lo < best_span_) {
         best_span_ = hi - lo;
         if (!out_.found) span_budget_end_ = out_.nodes + kSpanBudget;
-        if (std::getenv("LOOM_SEARCH_DEBUG"))
-          std::fprintf(stderr, "  T=%lld span %lld at node %lld\n", (long long)T_, (long long)best_span_, (long long)out_.nodes);
+
         out_.found = true;
         out_.span = best_span_;
         out_.start = sigma_;
@@ -412,7 +418,7 @@ class ModuloSearch {
   std::vector<std::vector<std::pair<int, int64_t>>> preds_;
   std::vector<std::vector<int>> on_dev_;
   std::vector<int64_t> asap_, tail_;
-  std::vector<int> ord_, pos_, match_;
+  std::vector<int> ord_, match_;
   std::vector<char> fully_matched_;
   int64_t critical_path_ = 0, load_bound_ = 0;
   // Search state.
@@ -431,7 +437,9 @@ double steady_memory(const Placement& pl, const std::vector<double>& start, doub
   std::vector<std::pair<double, double>> ev;
   for (size_t j = 0; j < pl.blocks().size(); ++j) {
     const auto& b = pl.blocks()[j];
-    if (b.memory == 0 || std::find(b.devices.begin(), b.devices.end(), DeviceId(d)) == b.devices.end()) continue;
+    if (b.memory == 0 ||
+        std::find(b.devices.begin(), b.devices.end(), DeviceId(d)) == b.devices.end())
+      continue;
     ev.push_back({b.memory > 0 ? start[j] : start[j] + b.span, b.memory});
   }
   double peak = 0;
@@ -477,9 +485,7 @@ Result<Repetend> find_repetend(const Placement& pl, const SearchOptions& opt) {
   r.period_lower_bound = static_cast<double>(lb) / scale;
   for (int64_t T = lb; T <= hi; ++T) {
     auto out = search.run(T, 0);
-    if (std::getenv("LOOM_SEARCH_DEBUG"))
-      std::fprintf(stderr, "T=%lld found=%d nodes=%lld mem_pruned=%d\n", (long long)T, out.found,
-                   (long long)out.nodes, out.memory_pruned);
+
     r.nodes += out.nodes;
     if (!out.found && opt.extra_delay_periods > 0 && (out.memory_pruned || !out.exhausted)) {
       bool exhausted = out.exhausted;
@@ -501,7 +507,8 @@ Result<Repetend> find_repetend(const Placement& pl, const SearchOptions& opt) {
       r.offset[j] = static_cast<int>(floor_div(out.start[j], T));
       r.instances_spanned = std::max(r.instances_spanned, r.offset[j] + 1);
     }
-    for (int d = 0; d < pl.num_devices(); ++d) r.steady_memory.push_back(steady_memory(pl, r.start, r.period, d));
+    for (int d = 0; d < pl.num_devices(); ++d)
+      r.steady_memory.push_back(steady_memory(pl, r.start, r.period, d));
     return r;
   }
   std::ostringstream os;
@@ -543,7 +550,8 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   // The baseline rules' schedules (baseline.h) compete as well: for few micro-batches per
   // device a repetend's steady state matters less than a tight warm-up, and the search promises
   // never to return something worse than a predefined schedule that fits.
-  for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit, SimOptions{opt.comm_delay}))
+  for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit,
+                           SimOptions{opt.comm_delay}))
     candidates.push_back({"baseline-" + b.name, b.schedule.order()});
   {  // Double justification of all, which shortens warm-up and cool-down further.
     ListPolicy limits;
@@ -551,16 +559,26 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
     limits.comm_delay = opt.comm_delay;
     const size_t base = candidates.size();
     for (size_t c = 0; c < base; ++c)
-      candidates.push_back({candidates[c].first + "+justified", justify(w, candidates[c].second, limits)});
+      candidates.push_back(
+          {candidates[c].first + "+justified", justify(w, candidates[c].second, limits)});
   }
   std::optional<SearchResult> best;
   std::string last_error;
   for (auto& [name, order] : candidates) {
     auto s = Schedule::from_indices(w, std::move(order), "search");
-    if (!s.ok()) { last_error = s.error().message; continue; }
+    if (!s.ok()) {
+      last_error = s.error().message;
+      continue;
+    }
     auto t = simulate(*s, SimOptions{opt.comm_delay});
-    if (!t.ok()) { last_error = t.error().message; continue; }
-    if (t->max_peak_memory() > limit + kEps) { last_error = "over the memory limit"; continue; }
+    if (!t.ok()) {
+      last_error = t.error().message;
+      continue;
+    }
+    if (t->max_peak_memory() > limit + kEps) {
+      last_error = "over the memory limit";
+      continue;
+    }
     if (best && t->makespan >= best->timeline.makespan - kEps) continue;
     SearchResult res;
     res.repetend = r;
@@ -569,7 +587,8 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
     res.completion = name;
     best = std::move(res);
   }
-  LOOM_CHECK(best.has_value()) << "the modulo schedule of a feasible repetend must be valid: " << last_error;
+  LOOM_CHECK(best.has_value()) << "the modulo schedule of a feasible repetend must be valid: "
+                               << last_error;
   // Warm-up: until the first complete repetend window starts; cool-down: after the last ends.
   SearchResult& res = *best;
   const int S = r.instances_spanned;
@@ -589,15 +608,19 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   return std::move(*best);
 }
 
-Result<SearchResult> search_schedule(const Placement& pl, int micro_batches, const SearchOptions& opt) {
+Result<SearchResult> search_schedule(const Placement& pl, int micro_batches,
+                                     const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const int per = pl.micro_batches_per_instance();
   if (micro_batches < 1 || micro_batches % per != 0)
-    return Error::at("micro-batches", "this placement runs " + std::to_string(per) +
-                                          " micro-batches per instance; m must be a positive multiple of " +
-                                          std::to_string(per) + ", got " + std::to_string(micro_batches));
+    return Error::at("micro-batches",
+                     "this placement runs " + std::to_string(per) +
+                         " micro-batches per instance; m must be a positive multiple of " +
+                         std::to_string(per) + ", got " + std::to_string(micro_batches));
   LOOM_ASSIGN_OR_RETURN(Repetend r, find_repetend(pl, opt));
+  const auto t1 = std::chrono::steady_clock::now();
   LOOM_ASSIGN_OR_RETURN(SearchResult res, complete_repetend(pl, r, micro_batches / per, opt));
+  res.repetend_time_s = std::chrono::duration<double>(t1 - t0).count();
   res.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

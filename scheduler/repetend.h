@@ -43,9 +43,9 @@ struct Repetend {
   int instances_spanned = 1;      // 1 + the largest offset
   double span = 0;                // one instance, first start to last end
   std::vector<double> steady_memory;  // per device: peak in the steady state
-  bool period_optimal = true;     // false only when a node limit cut a shorter period short
+  bool period_optimal = true;         // false only when a node limit cut a shorter period short
   bool span_optimal = true;
-  int64_t nodes = 0;              // branch-and-bound nodes over all periods tried
+  int64_t nodes = 0;  // branch-and-bound nodes over all periods tried
 
   double bubble_ratio(const Placement& placement) const;  // idle share inside the repetend
   std::string to_string(const Placement& placement) const;
@@ -57,9 +57,10 @@ struct SearchResult {
   Repetend repetend;
   Schedule schedule;
   Timeline timeline;
-  double search_time_s = 0;  // repetend search + completion + verification
-  double warmup = 0;         // time before the first complete repetend instance starts
-  double cooldown = 0;       // time after the last complete repetend instance ends
+  double search_time_s = 0;    // repetend search + completion + verification
+  double repetend_time_s = 0;  // the repetend search alone
+  double warmup = 0;           // time before the first complete repetend instance starts
+  double cooldown = 0;         // time after the last complete repetend instance ends
   int repetend_instances = 0;
   // Which completion won: "modulo" (the repetend unrolled as is), "list" (list scheduling by
   // the repetend's start times), "baseline-<rule>", each possibly "+justified".

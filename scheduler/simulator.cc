@@ -65,8 +65,10 @@ Result<Timeline> simulate(const Schedule& s, const SimOptions& opt) {
     auto& trace = t.memory_trace[d];
     trace.push_back({0, 0});
     auto record = [&](double time) {
-      if (!trace.empty() && trace.back().time == time) trace.back().memory = mem;
-      else if (trace.back().memory != mem) trace.push_back({time, mem});
+      if (!trace.empty() && trace.back().time == time)
+        trace.back().memory = mem;
+      else if (trace.back().memory != mem)
+        trace.push_back({time, mem});
       t.peak_memory[d] = std::max(t.peak_memory[d], mem);
     };
     for (int i : s.order()[d]) {

@@ -30,8 +30,8 @@ struct Timeline {
   double makespan = 0;
   // Idle device-time / (devices x makespan).
   double bubble_ratio = 0;
-  std::vector<double> busy;         // per device: time spent running blocks
-  std::vector<double> peak_memory;  // per device
+  std::vector<double> busy;                            // per device: time spent running blocks
+  std::vector<double> peak_memory;                     // per device
   std::vector<std::vector<MemoryPoint>> memory_trace;  // per device, a step function
 
   double max_peak_memory() const;

@@ -4,17 +4,18 @@
 
 namespace loom::sched {
 
-Result<std::vector<std::vector<int>>> resolve_order(const Workload& w,
-                                                    const std::vector<std::vector<BlockId>>& order) {
+Result<std::vector<std::vector<int>>> resolve_order(
+    const Workload& w, const std::vector<std::vector<BlockId>>& order) {
   if (static_cast<int>(order.size()) != w.num_devices())
-    return error("the schedule orders " + std::to_string(order.size()) + " devices, the workload has " +
-                 std::to_string(w.num_devices()));
+    return error("the schedule orders " + std::to_string(order.size()) +
+                 " devices, the workload has " + std::to_string(w.num_devices()));
   std::vector<std::vector<int>> out(order.size());
   for (size_t d = 0; d < order.size(); ++d) {
     for (const BlockId& id : order[d]) {
       auto i = w.find(id);
-      if (!i) return error("device " + std::to_string(d) + " runs " + id.describe() +
-                           ", which is not a block of this pipeline");
+      if (!i)
+        return error("device " + std::to_string(d) + " runs " + id.describe() +
+                     ", which is not a block of this pipeline");
       out[d].push_back(*i);
     }
   }
@@ -24,20 +25,22 @@ Result<std::vector<std::vector<int>>> resolve_order(const Workload& w,
 
 Status validate_order(const Workload& w, const std::vector<std::vector<int>>& order) {
   if (static_cast<int>(order.size()) != w.num_devices())
-    return error("the schedule orders " + std::to_string(order.size()) + " devices, the workload has " +
-                 std::to_string(w.num_devices()));
+    return error("the schedule orders " + std::to_string(order.size()) +
+                 " devices, the workload has " + std::to_string(w.num_devices()));
   for (size_t d = 0; d < order.size(); ++d) {
     const DeviceId dev(static_cast<int64_t>(d));
     std::vector<int> pos(w.size(), -1);
     for (size_t k = 0; k < order[d].size(); ++k) {
       int i = order[d][k];
-      if (i < 0 || i >= w.size()) return error("device " + std::to_string(d) + " runs an unknown block");
+      if (i < 0 || i >= w.size())
+        return error("device " + std::to_string(d) + " runs an unknown block");
       const Block& b = w.block(i);
       if (!b.runs_on(dev))
         return error("block " + b.id().describe() + " is ordered on device " + std::to_string(d) +
                      " but runs on other devices");
       if (pos[i] >= 0)
-        return error("block " + b.id().describe() + " appears twice on device " + std::to_string(d));
+        return error("block " + b.id().describe() + " appears twice on device " +
+                     std::to_string(d));
       pos[i] = static_cast<int>(k);
     }
     for (int i : w.blocks_on(dev)) {
@@ -55,7 +58,8 @@ Status validate_order(const Workload& w, const std::vector<std::vector<int>>& or
   return Status::success();
 }
 
-Result<std::vector<int>> execution_order(const Workload& w, const std::vector<std::vector<int>>& order) {
+Result<std::vector<int>> execution_order(const Workload& w,
+                                         const std::vector<std::vector<int>>& order) {
   const int n = w.size();
   std::vector<std::vector<int>> out(n);
   std::vector<int> indeg(n, 0);
@@ -86,7 +90,10 @@ Result<std::vector<int>> execution_order(const Workload& w, const std::vector<st
     seen_at[cur] = static_cast<int>(path.size());
     path.push_back(cur);
     for (int p : in[cur])
-      if (indeg[p]) { cur = p; break; }
+      if (indeg[p]) {
+        cur = p;
+        break;
+      }
   }
   std::vector<std::string> cycle;
   for (size_t k = seen_at[cur]; k < path.size(); ++k) {
@@ -95,8 +102,10 @@ Result<std::vector<int>> execution_order(const Workload& w, const std::vector<st
     for (size_t j = 0; j < b.devices.size(); ++j) devs += (j ? "," : "") + b.devices[j].to_string();
     cycle.push_back(b.id().to_string() + " (device " + devs + ")");
   }
-  return error("the schedule deadlocks: each block waits for the next one, on a dependency or on "
-               "its device's order: " + join(cycle, " -> ") + " -> " + cycle.front());
+  return error(
+      "the schedule deadlocks: each block waits for the next one, on a dependency or on "
+      "its device's order: " +
+      join(cycle, " -> ") + " -> " + cycle.front());
 }
 
 }  // namespace loom::sched

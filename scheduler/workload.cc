@@ -23,7 +23,8 @@ Result<Workload> Workload::chain(const ChainLayout& l) {
   if (l.num_devices < 1) return error("a pipeline needs at least one device");
   if (l.num_stages < 1) return error("a pipeline needs at least one stage");
   if (l.micro_batches < 1)
-    return error("a pipeline needs at least one micro-batch, got " + std::to_string(l.micro_batches));
+    return error("a pipeline needs at least one micro-batch, got " +
+                 std::to_string(l.micro_batches));
   std::vector<Block> blocks;
   std::vector<std::vector<int>> deps;
   const int S = l.num_stages;
@@ -33,7 +34,7 @@ Result<Workload> Workload::chain(const ChainLayout& l) {
   for (int k = 0; k < l.micro_batches; ++k) {
     for (int s = 0; s < S; ++s) {
       for (int slot = 0; slot < kinds; ++slot) {
-        BlockKind kind = slot == 0 ? BlockKind::kF
+        BlockKind kind = slot == 0   ? BlockKind::kF
                          : slot == 1 ? (l.split_backward ? BlockKind::kI : BlockKind::kB)
                                      : BlockKind::kW;
         Block b;
@@ -82,8 +83,8 @@ Status Workload::validate() const {
                      ", outside 0.." + std::to_string(num_devices_ - 1));
       for (size_t c = 0; c < a; ++c)
         if (b.devices[a] == b.devices[c])
-          return error("block " + b.id().describe() + " lists device " +
-                       b.devices[a].to_string() + " twice");
+          return error("block " + b.id().describe() + " lists device " + b.devices[a].to_string() +
+                       " twice");
     }
     if (!(b.duration >= 0)) return error("block " + b.id().describe() + " has a negative duration");
     for (int d : deps_[i])
@@ -108,7 +109,8 @@ Status Workload::validate() const {
   }
   if (seen != size()) {
     for (int i = 0; i < size(); ++i)
-      if (indeg[i]) return error("the dependencies of block " + blocks_[i].id().describe() + " form a cycle");
+      if (indeg[i])
+        return error("the dependencies of block " + blocks_[i].id().describe() + " form a cycle");
   }
   return Status::success();
 }

@@ -1,5 +1,6 @@
 // `loom schedule` end to end: exit codes, the JSON object, the files it writes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
@@ -8,7 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 #include "scheduler/csv.h"
 
@@ -48,8 +48,9 @@ TEST(ScheduleCommand, JsonForPredefined) {
 
 TEST(ScheduleCommand, SearchWritesCsvSvgTrace) {
   const std::string dir = std::string(LOOM_BINARY_DIR) + "/";
-  CommandRun r = loom_schedule("--kind search --stages 4 --micro-batches 8 --mem-limit 4 --json --csv " + dir +
-                        "s.csv --svg " + dir + "s.svg --trace " + dir + "s.json");
+  CommandRun r =
+      loom_schedule("--kind search --stages 4 --micro-batches 8 --mem-limit 4 --json --csv " + dir +
+                    "s.csv --svg " + dir + "s.svg --trace " + dir + "s.json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["makespan"].get<double>(), 33);  // 1F1B's: (m + p - 1)(t_f + t_b)
@@ -58,7 +59,7 @@ TEST(ScheduleCommand, SearchWritesCsvSvgTrace) {
   EXPECT_NE(read(dir + "s.svg").find("<svg"), std::string::npos);
   EXPECT_NO_THROW(nlohmann::json::parse(read(dir + "s.json")));
   CommandRun placed = loom_schedule("--kind search --placement " + std::string(LOOM_SOURCE_DIR) +
-                             "/configs/placements/x_shape.yaml --micro-batches 8");
+                                    "/configs/placements/x_shape.yaml --micro-batches 8");
   EXPECT_EQ(placed.code, 0) << placed.out;
   EXPECT_NE(placed.out.find("period"), std::string::npos);
 }
@@ -68,14 +69,15 @@ TEST(ScheduleCommand, BadInputIsOneClearMessageAndExit2) {
     const char* flags;
     const char* says;
   };
-  for (const auto& c : {Case{"--kind 1f1b --stages 4 --micro-batches 8 --bogus", "--bogus"},
-                        Case{"--kind 1fb1 --stages 4 --micro-batches 8", "did you mean '1f1b'"},
-                        Case{"--kind 1f1b --stages four --micro-batches 8", "--stages"},
-                        Case{"--kind chimera --stages 3 --micro-batches 4", "even number of stages, got 3"},
-                        Case{"--kind interleaved --stages 4 --micro-batches 6 --chunks 2", "multiple of p"},
-                        Case{"--kind search --placement /nonexistent.yaml --micro-batches 4", "/nonexistent.yaml"},
-                        Case{"--kind search --stages 4 --micro-batches 4 --mem-limit 0.5", "memory limit"},
-                        Case{"--stages 4 --micro-batches 4", "--kind"}}) {
+  for (const auto& c :
+       {Case{"--kind 1f1b --stages 4 --micro-batches 8 --bogus", "--bogus"},
+        Case{"--kind 1fb1 --stages 4 --micro-batches 8", "did you mean '1f1b'"},
+        Case{"--kind 1f1b --stages four --micro-batches 8", "--stages"},
+        Case{"--kind chimera --stages 3 --micro-batches 4", "even number of stages, got 3"},
+        Case{"--kind interleaved --stages 4 --micro-batches 6 --chunks 2", "multiple of p"},
+        Case{"--kind search --placement /nonexistent.yaml --micro-batches 4", "/nonexistent.yaml"},
+        Case{"--kind search --stages 4 --micro-batches 4 --mem-limit 0.5", "memory limit"},
+        Case{"--stages 4 --micro-batches 4", "--kind"}}) {
     CommandRun r = loom_schedule(c.flags);
     EXPECT_EQ(r.code, 2) << c.flags << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;

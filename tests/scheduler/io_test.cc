@@ -16,7 +16,8 @@ namespace {
 TEST(Csv, RoundTripEveryPredefinedSchedule) {
   for (const auto& name : schedule_kind_names()) {
     ScheduleKind kind = *parse_schedule_kind(name);
-    PipelineSpec spec = PipelineSpec::of(4, 8, kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kLoopedBfs ? 2 : 1);
+    PipelineSpec spec = PipelineSpec::of(
+        4, 8, kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kLoopedBfs ? 2 : 1);
     auto s = build_predefined(kind, spec);
     ASSERT_TRUE(s.ok()) << name;
     auto csv = to_csv(*s);
@@ -44,10 +45,12 @@ TEST(Csv, ImportErrorsNameTheCell) {
   EXPECT_NE(bad.error().message.find("row 1, column 2"), std::string::npos) << bad.error().message;
   auto missing = from_csv("0F0,0F1,0B0\n,1F0,1B0,1F1,1B1\n");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.error().message, "block 0B1 (stage 0, micro-batch 1, B) is missing: no rank runs it");
+  EXPECT_EQ(missing.error().message,
+            "block 0B1 (stage 0, micro-batch 1, B) is missing: no rank runs it");
   auto deadlock = from_csv("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n");
   ASSERT_FALSE(deadlock.ok());
-  EXPECT_NE(deadlock.error().message.find("deadlocks"), std::string::npos) << deadlock.error().message;
+  EXPECT_NE(deadlock.error().message.find("deadlocks"), std::string::npos)
+      << deadlock.error().message;
 }
 
 TEST(Render, ChromeTraceParsesBack) {
@@ -109,7 +112,8 @@ blocks:
   - {name: f1, kind: F, devices: [1], span: 1, memory: 1, after: [f0]}
   - {name: b1, kind: B, devices: [1], span: 2, memory: -1, after: [f1]}
   - {name: b0, kind: B, devices: [0], span: 2, memory: -1, after: [b1]}
-)", "example.yaml");
+)",
+                             "example.yaml");
   ASSERT_TRUE(pl.ok()) << pl.error().to_string();
   EXPECT_EQ(pl->blocks()[2].stage, StageId(1));
   EXPECT_EQ(pl->memory_limit(), 4);
@@ -119,18 +123,23 @@ blocks:
 }
 
 TEST(Placement, ErrorsNameFileLineAndBlock) {
-  auto typo = Placement::parse("devices: 2\nblocks:\n  - {name: f0, kind: F, devices: [0], spna: 1}\n", "p.yaml");
+  auto typo = Placement::parse(
+      "devices: 2\nblocks:\n  - {name: f0, kind: F, devices: [0], spna: 1}\n", "p.yaml");
   ASSERT_FALSE(typo.ok());
   EXPECT_EQ(typo.error().message, "p.yaml:3: block 0: unknown key 'spna' (did you mean 'span'?)");
   auto dep = Placement::parse(
       "devices: 1\nblocks:\n  - {name: f0, kind: F, devices: [0], memory: 1}\n"
-      "  - {name: b0, kind: B, devices: [0], memory: -1, after: [f9]}\n", "p.yaml");
+      "  - {name: b0, kind: B, devices: [0], memory: -1, after: [f9]}\n",
+      "p.yaml");
   ASSERT_FALSE(dep.ok());
-  EXPECT_EQ(dep.error().message, "p.yaml:4: block 'b0': 'after' names 'f9', which is not a block (did you mean 'f0'?)");
-  auto dev = Placement::parse("devices: 1\nblocks:\n  - {name: f0, kind: F, devices: [3]}\n", "p.yaml");
+  EXPECT_EQ(dep.error().message,
+            "p.yaml:4: block 'b0': 'after' names 'f9', which is not a block (did you mean 'f0'?)");
+  auto dev =
+      Placement::parse("devices: 1\nblocks:\n  - {name: f0, kind: F, devices: [3]}\n", "p.yaml");
   ASSERT_FALSE(dev.ok());
   EXPECT_EQ(dev.error().message, "p.yaml: block 'f0' runs on device 3, outside 0..0");
-  auto leak = Placement::parse("devices: 1\nblocks:\n  - {name: f0, kind: F, devices: [0], memory: 1}\n", "p.yaml");
+  auto leak = Placement::parse(
+      "devices: 1\nblocks:\n  - {name: f0, kind: F, devices: [0], memory: 1}\n", "p.yaml");
   ASSERT_FALSE(leak.ok());
   EXPECT_NE(leak.error().message.find("memory of device 0 changes by 1"), std::string::npos);
   auto missing = Placement::load("/nonexistent/placement.yaml");

@@ -137,7 +137,8 @@ TEST(Predefined, AnyMicroBatchCountWhereDefined) {
   for (int m = 1; m <= 7; ++m)
     for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kLoopedBfs,
                       ScheduleKind::kZbH1}) {
-      auto s = build_predefined(kind, PipelineSpec::of(4, m, kind == ScheduleKind::kLoopedBfs ? 2 : 1));
+      auto s =
+          build_predefined(kind, PipelineSpec::of(4, m, kind == ScheduleKind::kLoopedBfs ? 2 : 1));
       ASSERT_TRUE(s.ok()) << to_string(kind) << " m=" << m << ": " << s.error().to_string();
       EXPECT_TRUE(simulate(*s).ok());
     }

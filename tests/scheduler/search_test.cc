@@ -1,8 +1,6 @@
 // The repetend search: optimal periods and makespans (against exhaustive enumeration on tiny
 // cases), 1F1B's steady state on the V-shape, never worse than the predefined schedules, and
 // within the memory limit at every instant.
-#include "scheduler/repetend.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 
 #include "scheduler/baseline.h"
 #include "scheduler/predefined.h"
+#include "scheduler/repetend.h"
 
 namespace loom::sched {
 namespace {
@@ -78,14 +77,16 @@ double exhaustive_period(const Placement& pl, double limit) {
   const auto& bl = pl.blocks();
   const int n = static_cast<int>(bl.size());
   int lb = 0;
-  for (int d = 0; d < pl.num_devices(); ++d) lb = std::max(lb, static_cast<int>(pl.load(DeviceId(d))));
+  for (int d = 0; d < pl.num_devices(); ++d)
+    lb = std::max(lb, static_cast<int>(pl.load(DeviceId(d))));
   for (int T = lb;; ++T) {
     std::vector<int> s(n, 0);
     std::vector<std::vector<int>> busy(pl.num_devices(), std::vector<int>(T, 0));
     auto occupy = [&](int k, int delta) {
       bool clash = false;
       for (DeviceId d : bl[k].devices)
-        for (int t = 0; t < bl[k].span; ++t) clash |= (busy[d.value()][(s[k] + t) % T] += delta) > 1;
+        for (int t = 0; t < bl[k].span; ++t)
+          clash |= (busy[d.value()][(s[k] + t) % T] += delta) > 1;
       return !clash;
     };
     bool found = false;
@@ -174,7 +175,8 @@ TEST(Search, MAndKNeverWorseThanBestBaselineThatFits) {
             continue;
           }
           for (const auto& b : bases)
-            EXPECT_LE(s->timeline.makespan, b.makespan() + kTol) << b.name << " p=" << p << " m=" << m;
+            EXPECT_LE(s->timeline.makespan, b.makespan() + kTol)
+                << b.name << " p=" << p << " m=" << m;
           expect_within_memory(*s, limit);
         }
       }
@@ -217,7 +219,8 @@ TEST(Search, MakespanOptimalAgainstExhaustiveSchedules) {
     ASSERT_TRUE(w.ok());
     const double best = exhaustive_makespan(*w, c.limit);
     SearchResult s = search(c.pl, c.m, c.limit);
-    EXPECT_NEAR(s.timeline.makespan, best, kTol) << c.pl.to_yaml() << "m=" << c.m << " limit " << c.limit;
+    EXPECT_NEAR(s.timeline.makespan, best, kTol)
+        << c.pl.to_yaml() << "m=" << c.m << " limit " << c.limit;
     expect_within_memory(s, c.limit);
   }
 }
@@ -228,7 +231,8 @@ TEST(Search, RespectsTheMemoryLimitAtEveryInstant) {
     expect_within_memory(s, limit);
     for (double m : s.repetend.steady_memory) EXPECT_LE(m, limit + kTol);
   }
-  for (double limit : {2.0, 3.0, 4.0}) expect_within_memory(search(Placement::x_shape(4), 8, limit), limit);
+  for (double limit : {2.0, 3.0, 4.0})
+    expect_within_memory(search(Placement::x_shape(4), 8, limit), limit);
 }
 
 TEST(Search, ErrorsNameTheProblem) {
@@ -245,7 +249,8 @@ TEST(Search, ErrorsNameTheProblem) {
 TEST(Search, FastOnTheBenchShapes) {
   // The benchmark's p=4 cases run well under its 0.1 s target; p=8 under 1 s.
   for (int p : {4, 8})
-    for (auto make : {Placement::v_shape, Placement::x_shape, Placement::m_shape, Placement::k_shape}) {
+    for (auto make :
+         {Placement::v_shape, Placement::x_shape, Placement::m_shape, Placement::k_shape}) {
       SearchResult s = search(make(p, 1, 2), 2 * p, p);
       EXPECT_LT(s.search_time_s, p == 4 ? 0.5 : 5.0);
     }

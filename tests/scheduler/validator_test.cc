@@ -47,17 +47,21 @@ TEST(Validator, DuplicatedBlock) {
 TEST(Validator, UnknownAndMisplacedBlock) {
   Fixture f = one_f_one_b_4x4();
   f.order[0].push_back(BlockId::of(9, BlockKind::kF, 0));
-  EXPECT_EQ(rejection(f), "device 0 runs 9F0 (stage 9, micro-batch 0, F), which is not a block of this pipeline");
+  EXPECT_EQ(rejection(f),
+            "device 0 runs 9F0 (stage 9, micro-batch 0, F), which is not a block of this pipeline");
   f = one_f_one_b_4x4();
   f.order[0].push_back(BlockId::of(1, BlockKind::kF, 0));
-  EXPECT_EQ(rejection(f), "block 1F0 (stage 1, micro-batch 0, F) is ordered on device 0 but runs on other devices");
+  EXPECT_EQ(
+      rejection(f),
+      "block 1F0 (stage 1, micro-batch 0, F) is ordered on device 0 but runs on other devices");
 }
 
 TEST(Validator, SameDeviceDependency) {
   Fixture f = one_f_one_b_4x4();
   auto& d3 = f.order[3];  // last stage: F0 B0 F1 B1 ...: swap F0 and B0
   std::swap(d3[0], d3[1]);
-  EXPECT_EQ(rejection(f), "block 3B0 (stage 3, micro-batch 0, B) runs before its dependency 3F0 on device 3");
+  EXPECT_EQ(rejection(f),
+            "block 3B0 (stage 3, micro-batch 0, B) runs before its dependency 3F0 on device 3");
 }
 
 TEST(Validator, CrossDeviceDeadlock) {
@@ -82,7 +86,8 @@ TEST(Validator, SimulatorReportsDeadlockToo) {
   blocks[1] = Block{StageId(1), MicroBatch(0), BlockKind::kF, {DeviceId(0), DeviceId(1)}, 1, 0, ""};
   auto w = Workload::create(2, blocks, {{}, {}});
   ASSERT_TRUE(w.ok());
-  auto s = Schedule::create(*w, {{blocks[0].id(), blocks[1].id()}, {blocks[1].id(), blocks[0].id()}});
+  auto s =
+      Schedule::create(*w, {{blocks[0].id(), blocks[1].id()}, {blocks[1].id(), blocks[0].id()}});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("deadlocks"), std::string::npos);
 }
@@ -92,7 +97,8 @@ TEST(Validator, WorkloadRejectsBadInput) {
   blocks[0] = Block{StageId(0), MicroBatch(0), BlockKind::kF, {DeviceId(3)}, 1, 0, ""};
   auto w = Workload::create(2, blocks, {{}});
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.error().message, "block 0F0 (stage 0, micro-batch 0, F) runs on device 3, outside 0..1");
+  EXPECT_EQ(w.error().message,
+            "block 0F0 (stage 0, micro-batch 0, F) runs on device 3, outside 0..1");
 }
 
 }  // namespace
