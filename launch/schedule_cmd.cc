@@ -207,10 +207,13 @@ int schedule_main(const Args& args) {
     for (int d = 0; d < schedule.num_devices(); ++d)
       std::printf("%-7d %-11g %g\n", d, timeline.busy[d], timeline.peak_memory[d]);
   }
-  if (over >= 0)
-    return fail(kExitFailure, "device " + std::to_string(over) + " peaks at " +
-                                  std::to_string(timeline.peak_memory[over]) +
-                                  ", over --mem-limit " + std::to_string(*f.mem_limit));
+  if (over >= 0) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg,
+                  "device %d peaks at %g micro-batches of activations, over --mem-limit %g", over,
+                  timeline.peak_memory[over], *f.mem_limit);
+    return fail(kExitFailure, msg);
+  }
   return kExitOk;
 }
 
