@@ -218,6 +218,7 @@ Result<Schedule> chimera(const PipelineSpec& spec) {
     const Block& b = w.block(i);
     return (b.kind == BlockKind::kF ? 1e9 : 0.0) + b.mb.value() * 1e3 + b.stage.value();
   };
+  pol.memory_limit.assign(p, p);  // Chimera's bound: at most p micro-batches per device
   LOOM_ASSIGN_OR_RETURN(auto order, list_schedule(w, pol));
   return Schedule::from_indices(std::move(w), std::move(order), "chimera");
 }

@@ -82,9 +82,10 @@ TEST(Predefined, ChimeraClosedForm) {
     Timeline t = run(chimera(spec));
     EXPECT_NEAR(t.bubble_ratio, double(p - 2) / (2 * m + p - 2), kTol) << p << " " << m;
     EXPECT_NEAR(t.makespan, (2 * m + p - 2) * spec.fwd, kTol) << p << " " << m;
+    // Chimera's memory: p/2 + 1 + min(d, p-1-d) for one basic unit (m = p), p beyond.
     for (int d = 0; d < p; ++d) {
-      EXPECT_LE(t.peak_memory[d], p + kTol) << p << " " << m << " d" << d;
-      EXPECT_GE(t.peak_memory[d], p / 2 + 1 - kTol) << p << " " << m << " d" << d;
+      double expected = m == p ? p / 2 + 1 + std::min(d, p - 1 - d) : p;
+      EXPECT_NEAR(t.peak_memory[d], expected, kTol) << p << " " << m << " d" << d;
     }
   }
 }
@@ -96,6 +97,9 @@ TEST(Predefined, ZbH1ClosedForm) {
     Timeline t = run(zb_h1(spec));
     double tf = spec.fwd, ti = spec.bwd, tw = spec.wgrad;
     EXPECT_NEAR(t.makespan, m * (tf + ti + tw) + (p - 1) * (tf + ti - tw), kTol) << p << " " << m;
+    EXPECT_NEAR(t.bubble_ratio, 1 - m * (tf + ti + tw) / t.makespan, kTol);
+    EXPECT_NEAR(t.bubble_ratio,
+                (p - 1) * (tf + ti - tw) / (m * (tf + ti + tw) + (p - 1) * (tf + ti - tw)), kTol);
     // 1F1B's memory: a peak of min(p, m) micro-batches (stage 0 holds it; later stages hold
     // deferred W's activations but never more).
     EXPECT_NEAR(t.max_peak_memory(), std::min(p, m), kTol);
