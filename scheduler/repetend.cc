@@ -353,8 +353,16 @@ class ModuloSearch {
       for (auto [u, lag] : preds_[j]) lo = std::max(lo, sigma_[u] + lag);
       hi = lo + window - 1;
     }
-    for (int64_t s = lo; s <= hi && !stop_; ++s) {
-      if (s + tail_[j] - std::min(min_start_, s) >= best_span_) break;
+    // Values in increasing order; a further source nearest to the first block first (its
+    // offset in either direction is symmetric, and a small one keeps the span short).
+    const bool source = depth > 0 && preds_[j].empty();
+    for (int64_t i = 0; i <= hi - lo && !stop_; ++i) {
+      const int64_t s = source ? (i % 2 ? (i + 1) / 2 : -(i / 2)) : lo + i;
+      if (s < lo || s > hi) continue;
+      if (s + tail_[j] - std::min(min_start_, s) >= best_span_) {
+        if (source) continue;
+        break;
+      }
       if (++out_.nodes > node_limit_ || (out_.found && out_.nodes > span_budget_end_)) {
         hit_limit_ = stop_ = true;
         return;
