@@ -547,7 +547,12 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
     }
     candidates.push_back({"modulo", std::move(order)});
   }
-  {  // List scheduling by planned start: warm-up and cool-down fill what the pattern leaves idle.
+  // List scheduling costs O(blocks x micro-batches); past kListBlocks blocks the warm-up and
+  // cool-down are a vanishing share of the makespan and the unrolled repetend alone is used.
+  constexpr int kListBlocks = 50'000;
+  const bool refine = w.size() <= kListBlocks;
+  if (refine) {  // List scheduling by planned start: warm-up and cool-down fill what the pattern
+                 // leaves idle.
     ListPolicy pol;
     pol.priority = [&](int i) { return planned[i]; };
     if (limit != Placement::kNoLimit) pol.memory_limit.assign(p, limit);
@@ -558,10 +563,11 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   // The baseline rules' schedules (baseline.h) compete as well: for few micro-batches per
   // device a repetend's steady state matters less than a tight warm-up, and the search promises
   // never to return something worse than a predefined schedule that fits.
-  for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit,
-                           SimOptions{opt.comm_delay}))
-    candidates.push_back({"baseline-" + b.name, b.schedule.order()});
-  {  // Double justification of all, which shortens warm-up and cool-down further.
+  if (refine)
+    for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit,
+                             SimOptions{opt.comm_delay}))
+      candidates.push_back({"baseline-" + b.name, b.schedule.order()});
+  if (refine) {  // Double justification of all, which shortens warm-up and cool-down further.
     ListPolicy limits;
     if (limit != Placement::kNoLimit) limits.memory_limit.assign(p, limit);
     limits.comm_delay = opt.comm_delay;

@@ -69,6 +69,7 @@ struct SearchResult {
 
 // Unrolls a repetend to `instances` placement instances with the shortest of its completions;
 // the result is validated and simulated, and respects the memory limit at every instant.
+// Workloads over 50,000 blocks use the unrolled repetend only (list scheduling is quadratic).
 Result<SearchResult> complete_repetend(const Placement& placement, const Repetend& repetend,
                                        int instances, const SearchOptions& options = {});
 
