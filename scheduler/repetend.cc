@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 #include <sstream>
 
 #include "scheduler/baseline.h"
@@ -126,12 +125,7 @@ class ModuloSearch {
     sigma_.assign(n_, kUnset);
     busy_.assign(p_, std::vector<char>(T, 0));
     left_on_dev_.assign(p_, 0);
-    left_alloc_on_dev_.assign(p_, 0);
-    for (int d = 0; d < p_; ++d)
-      for (int j : on_dev_[d]) {
-        ++left_on_dev_[d];
-        if (mem_[j] > 0) ++left_alloc_on_dev_[d];
-      }
+    for (int d = 0; d < p_; ++d) left_on_dev_[d] = static_cast<int>(on_dev_[d].size());
     out_ = Outcome{};
     best_span_ = std::numeric_limits<int64_t>::max();
     min_start_ = 0;
@@ -377,20 +371,15 @@ class ModuloSearch {
       min_start_ = saved_min;
       if (!reserved) mark(j, s, 0);
       sigma_[j] = kUnset;
-      for (int d : devs_[j]) {
-        ++left_on_dev_[d];
-        if (mem_[j] > 0) ++left_alloc_on_dev_[d];
-      }
+      for (int d : devs_[j]) ++left_on_dev_[d];
     }
   }
 
-  // Updates the per-device counters for the block just placed and prunes.
+  // Counts the block just placed and prunes: packing on its devices, a free phase for every
+  // unplaced block, the span bound, and memory on every device.
   bool feasible_after(int j) {
     bool ok = true;
-    for (int d : devs_[j]) {
-      --left_on_dev_[d];
-      if (mem_[j] > 0) --left_alloc_on_dev_[d];
-    }
+    for (int d : devs_[j]) --left_on_dev_[d];
     for (int d : devs_[j]) {
       if (!ok) break;
       if (left_on_dev_[d] > 0 && !packs(d)) ok = false;
@@ -434,7 +423,7 @@ class ModuloSearch {
   int extra_ = 0;
   std::vector<int64_t> sigma_, phase_;
   std::vector<std::vector<char>> busy_;
-  std::vector<int> left_on_dev_, left_alloc_on_dev_;
+  std::vector<int> left_on_dev_;  // unplaced blocks per device
   Outcome out_;
   int64_t best_span_ = 0, min_start_ = 0;
   bool stop_ = false, hit_limit_ = false;
