@@ -323,6 +323,10 @@ Result<Placement> Placement::parse(const std::string& yaml, const std::string& s
     if (!placement.ok())
       return Error::at(placement.error().key, source + ": " + placement.error().message);
     return placement;
+  } catch (const YAML::BadConversion& e) {
+    return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) +
+                                 ": a value has the wrong type (devices, span, memory, stage, "
+                                 "micro_batch are numbers; devices and after are lists)");
   } catch (const YAML::Exception& e) {
     return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
