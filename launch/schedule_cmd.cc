@@ -1,12 +1,220 @@
+// `loom schedule`: build a predefined pipeline schedule or search one for a placement, simulate
+// it, print makespan, bubble ratio and per-device peak memory, and optionally write the CSV,
+// an SVG Gantt chart and a chrome trace.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
+#include "core/strings.h"
 #include "launch/command.h"
+#include "scheduler/csv.h"
+#include "scheduler/placement.h"
+#include "scheduler/predefined.h"
+#include "scheduler/render.h"
+#include "scheduler/repetend.h"
+#include "scheduler/simulator.h"
 
 namespace loom::cli {
 
-int schedule_main(const Args&) {
-  std::fprintf(stderr, "loom schedule: the scheduler is not part of this build\n");
-  return kExitFailure;
+namespace {
+
+using namespace loom::sched;
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "loom schedule: error: %s\n", message.c_str());
+  return code;
+}
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  if (!out) return false;
+  out << text;
+  return static_cast<bool>(out);
+}
+
+struct Flags {
+  std::string kind;
+  int stages = 0;
+  int micro_batches = 0;
+  int chunks = 1;
+  double fwd = 1, bwd = 2, wgrad = 1, comm = 0;
+  std::string placement;
+  std::optional<double> mem_limit;
+  std::string csv, svg, trace;
+  bool json = false;
+};
+
+}  // namespace
+
+int schedule_main(const Args& args) {
+  Flags f;
+  CLI::App app{"Build or search a pipeline schedule, simulate it and draw it.", "loom schedule"};
+  app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search")
+      ->required();
+  app.add_option("--stages", f.stages,
+                 "P: pipeline devices (for search without --placement: the V-shape's)");
+  app.add_option("--micro-batches", f.micro_batches, "M: micro-batches")->required();
+  app.add_option("--chunks", f.chunks, "V: stages per device (interleaved, looped-bfs)");
+  app.add_option("--fwd", f.fwd, "forward time of one device's share for one micro-batch");
+  app.add_option("--bwd", f.bwd, "backward time (zb-h1: the input-gradient part I)");
+  app.add_option("--wgrad", f.wgrad, "zb-h1: weight-gradient time W");
+  app.add_option("--comm", f.comm, "delay between blocks on different devices");
+  app.add_option("--placement", f.placement, "search: placement YAML (configs/placements/)");
+  app.add_option("--mem-limit", f.mem_limit,
+                 "per-device memory limit, in micro-batches of activations");
+  app.add_option("--csv", f.csv, "write the schedule as torch.distributed.pipelining CSV");
+  app.add_option("--svg", f.svg, "write an SVG Gantt chart");
+  app.add_option("--trace", f.trace, "write a chrome trace (chrome://tracing, Perfetto)");
+  app.add_flag("--json", f.json, "print one JSON object instead of the table");
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 wants them reversed
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    return fail(kExitBadInput, std::string(e.what()) + " (see loom schedule --help)");
+  }
+
+  const bool search = f.kind == "search";
+  std::optional<ScheduleKind> kind;
+  if (!search) {
+    auto k = parse_schedule_kind(f.kind);
+    if (!k.ok()) {
+      std::vector<std::string> names = schedule_kind_names();
+      names.push_back("search");
+      std::string hint = closest_match(f.kind, names);
+      return fail(kExitBadInput, "--kind: unknown schedule kind '" + f.kind + "'" +
+                                     (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
+                                     "; known: " + join(names, ", "));
+    }
+    kind = *k;
+  }
+  if (f.micro_batches < 1) return fail(kExitBadInput, "--micro-batches must be at least 1");
+  if (f.comm < 0) return fail(kExitBadInput, "--comm must not be negative");
+  if (f.mem_limit && !(*f.mem_limit > 0))
+    return fail(kExitBadInput, "--mem-limit must be positive");
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Schedule schedule;
+  Timeline timeline;
+  std::optional<SearchResult> found;
+  if (search) {
+    if (f.chunks != 1)
+      return fail(kExitBadInput,
+                  "--chunks does not apply to --kind search (the placement says where blocks run)");
+    Placement pl;
+    if (!f.placement.empty()) {
+      auto loaded = Placement::load(f.placement);
+      if (!loaded.ok()) return fail(kExitBadInput, loaded.error().message);
+      pl = std::move(loaded).value();
+      if (f.stages && f.stages != pl.num_devices())
+        return fail(kExitBadInput, "--stages " + std::to_string(f.stages) + " disagrees with " +
+                                       f.placement + ", which has " +
+                                       std::to_string(pl.num_devices()) + " devices");
+    } else {
+      if (f.stages < 1)
+        return fail(kExitBadInput,
+                    "--kind search needs --placement FILE or --stages P (the V-shape)");
+      if (!(f.fwd > 0) || !(f.bwd > 0))
+        return fail(kExitBadInput, "--fwd and --bwd must be positive");
+      pl = Placement::v_shape(f.stages, f.fwd, f.bwd);
+    }
+    SearchOptions opt;
+    opt.memory_limit = f.mem_limit;
+    opt.comm_delay = f.comm;
+    auto r = search_schedule(pl, f.micro_batches, opt);
+    if (!r.ok()) return fail(kExitBadInput, r.error().to_string());
+    found = std::move(r).value();
+    schedule = found->schedule;
+    timeline = found->timeline;
+  } else {
+    PipelineSpec spec;
+    spec.devices = f.stages;
+    spec.micro_batches = f.micro_batches;
+    spec.chunks = f.chunks;
+    spec.fwd = f.fwd, spec.bwd = f.bwd, spec.wgrad = f.wgrad;
+    if (f.stages < 1) return fail(kExitBadInput, "--stages must be at least 1");
+    auto s = build_predefined(*kind, spec);
+    if (!s.ok()) {
+      const Error& e = s.error();
+      return fail(kExitBadInput, (e.key.empty() ? "" : "--" + e.key + ": ") + e.message);
+    }
+    schedule = std::move(s).value();
+    auto t = simulate(schedule, SimOptions{f.comm});
+    if (!t.ok()) return fail(kExitFailure, t.error().message);
+    timeline = std::move(t).value();
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (!f.csv.empty()) {
+    auto csv = to_csv(schedule);
+    if (!csv.ok()) return fail(kExitFailure, csv.error().message);
+    if (!write_file(f.csv, *csv)) return fail(kExitFailure, "cannot write '" + f.csv + "'");
+  }
+  if (!f.svg.empty() && !write_file(f.svg, to_svg(schedule, timeline)))
+    return fail(kExitFailure, "cannot write '" + f.svg + "'");
+  if (!f.trace.empty() && !write_file(f.trace, to_chrome_trace(schedule, timeline)))
+    return fail(kExitFailure, "cannot write '" + f.trace + "'");
+
+  int over = -1;
+  if (f.mem_limit && !search)
+    for (int d = 0; d < schedule.num_devices() && over < 0; ++d)
+      if (timeline.peak_memory[d] > *f.mem_limit + 1e-9) over = d;
+
+  if (f.json) {
+    nlohmann::json j = {{"kind", f.kind},
+                        {"devices", schedule.num_devices()},
+                        {"micro_batches", f.micro_batches},
+                        {"makespan", timeline.makespan},
+                        {"bubble_ratio", timeline.bubble_ratio},
+                        {"peak_memory", timeline.peak_memory},
+                        {"search_time_s", found ? found->search_time_s : elapsed}};
+    if (found) {
+      j["period"] = found->repetend.period;
+      j["period_lower_bound"] = found->repetend.period_lower_bound;
+      j["period_optimal"] = found->repetend.period_optimal;
+      j["warmup"] = found->warmup;
+      j["cooldown"] = found->cooldown;
+      j["repetend_instances"] = found->repetend_instances;
+      j["completion"] = found->completion;
+    }
+    if (over >= 0) j["over_memory_limit"] = true;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("schedule       %s (%d devices, %d micro-batches)\n", f.kind.c_str(),
+                schedule.num_devices(), f.micro_batches);
+    std::printf("makespan       %g\n", timeline.makespan);
+    std::printf("bubble ratio   %.4f\n", timeline.bubble_ratio);
+    if (found) {
+      const Repetend& r = found->repetend;
+      std::printf("period         %g (lower bound %g%s), %d repetend instance(s)\n", r.period,
+                  r.period_lower_bound,
+                  r.period_optimal ? ", optimal" : ", node limit hit: not proved optimal",
+                  found->repetend_instances);
+      std::printf("warm-up        %g\ncool-down      %g\n", found->warmup, found->cooldown);
+      std::printf("search time    %.4f s (%lld nodes, completion: %s)\n", found->search_time_s,
+                  static_cast<long long>(r.nodes), found->completion.c_str());
+    }
+    std::printf("\ndevice  busy        peak memory\n");
+    for (int d = 0; d < schedule.num_devices(); ++d)
+      std::printf("%-7d %-11g %g\n", d, timeline.busy[d], timeline.peak_memory[d]);
+  }
+  if (over >= 0) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg,
+                  "device %d peaks at %g micro-batches of activations, over --mem-limit %g", over,
+                  timeline.peak_memory[over], *f.mem_limit);
+    return fail(kExitFailure, msg);
+  }
+  return kExitOk;
 }
 
 }  // namespace loom::cli
