@@ -1,0 +1,362 @@
+#include "exec/lower/program.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/strings.h"
+
+namespace loom::lower {
+
+Layout grad_layout(const Layout& l) {
+  Layout g = l;
+  g.r = l.v;
+  g.v = l.r;
+  // Coordinates (r, v, d) become (v, r, d): keep each device's piece by reordering positions.
+  for (int64_t p = 0; p < l.size(); ++p) {
+    std::vector<int64_t> c = l.coords(p);
+    std::swap(c[0], c[1]);
+    g.devices[static_cast<size_t>(g.position_of(c))] = l.devices[static_cast<size_t>(p)];
+  }
+  return g;
+}
+
+namespace {
+
+using graph::SubTensor;
+
+std::set<DeviceId> device_set(const Layout& l) { return {l.devices.begin(), l.devices.end()}; }
+
+bool same_piece(const SubTensor& a, const SubTensor& b) {
+  return a.ranges == b.ranges && a.value_chunk == b.value_chunk && a.value_chunks == b.value_chunks;
+}
+
+}  // namespace
+
+Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
+  Lowered out;
+  const auto& ops = g.ops();
+  for (const auto& op : ops)
+    if (op.device.value() < 0 || op.device.value() >= world_size)
+      return Error::at(op.name(), "op '" + op.name() + "' is placed on device " + op.device.to_string() +
+                                      " outside the world of " + std::to_string(world_size));
+
+  // Producers of every activation: (device, piece) and the producing stage.
+  struct Produced {
+    std::vector<std::pair<DeviceId, SubTensor>> pieces;
+    StageId stage;
+  };
+  std::map<int64_t, Produced> produced;
+  for (const auto& op : ops)
+    for (const auto& o : op.outputs) {
+      auto& p = produced[o.tensor.value()];
+      p.stage = op.stage;
+      bool seen = false;
+      for (auto& [d, s] : p.pieces) seen |= d == op.device && same_piece(s, o);
+      if (!seen) p.pieces.push_back({op.device, o});
+    }
+
+  // Adapters: one per (activation, consumer op).
+  std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;
+  std::vector<std::vector<int64_t>> op_adapters(ops.size());
+  {
+    std::map<std::pair<int64_t, std::string>, std::vector<std::pair<DeviceId, SubTensor>>> wants;
+    std::map<std::pair<int64_t, std::string>, StageId> consumer_stage;
+    std::vector<std::pair<int64_t, std::string>> keys;
+    for (const auto& op : ops)
+      for (const auto& in : op.inputs) {
+        if (g.tensor(in.tensor).role != graph::TensorRole::kActivation) continue;
+        auto key = std::make_pair(in.tensor.value(), op.def->name);
+        if (!wants.count(key)) keys.push_back(key);
+        auto& w = wants[key];
+        bool seen = false;
+        for (auto& [d, s] : w) seen |= d == op.device && same_piece(s, in);
+        if (!seen) w.push_back({op.device, in});
+        consumer_stage[key] = op.stage;
+      }
+    for (const auto& key : keys) {
+      const graph::FullTensor& t = g.tensor(TensorId(key.first));
+      auto fail = [&](const Error& e) {
+        return Error::at(t.name, "tensor '" + t.name + "' read by '" + key.second + "': " + e.message);
+      };
+      auto it = produced.find(key.first);
+      if (it == produced.end()) return Error::at(t.name, "no op writes tensor '" + t.name + "'");
+      auto from = layout_of(it->second.pieces, t.shape);
+      if (!from.ok()) return fail(from.error());
+      auto to = layout_of(wants[key], t.shape);
+      if (!to.ok()) return fail(to.error());
+      const StageId ps = it->second.stage, cs = consumer_stage[key];
+      // Each consumer device already holding exactly its piece needs nothing.
+      bool local = device_set(*from) == device_set(*to);
+      if (local)
+        for (const auto& [d, want] : wants[key]) {
+          bool has = false;
+          for (const auto& [pd, piece] : it->second.pieces) has |= pd == d && same_piece(piece, want);
+          local &= has;
+        }
+      if (local) continue;
+      Adapter a;
+      a.id = static_cast<int64_t>(out.adapters.size());
+      a.tensor = TensorId(key.first);
+      a.consumer = key.second;
+      a.producer_stage = ps;
+      a.consumer_stage = cs;
+      a.from = *from;
+      a.to = *to;
+      const int64_t elem = size_bytes(t.dtype);
+      auto fwd = paths.find(t.shape, elem, a.from, a.to);
+      if (!fwd.ok()) return fail(fwd.error());
+      auto bwd = paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from));
+      if (!bwd.ok()) return fail(bwd.error());
+      a.forward = *fwd;
+      a.backward = *bwd;
+      adapter_of[key] = a.id;
+      out.adapters.push_back(std::move(a));
+    }
+    for (size_t i = 0; i < ops.size(); ++i)
+      for (const auto& in : ops[i].inputs) {
+        auto it = adapter_of.find({in.tensor.value(), ops[i].def->name});
+        if (it != adapter_of.end() &&
+            std::find(op_adapters[i].begin(), op_adapters[i].end(), it->second) == op_adapters[i].end())
+          op_adapters[i].push_back(it->second);
+      }
+  }
+
+  // Segments per rank and stage.
+  out.programs.resize(static_cast<size_t>(world_size));
+  std::vector<std::map<int64_t, Segment>> segments(static_cast<size_t>(world_size));
+  std::vector<std::set<int64_t>> placed(static_cast<size_t>(world_size));  // adapters placed (consumer side)
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    Segment& seg = segments[op.device.value()][op.stage.value()];
+    seg.stage = op.stage;
+    for (int64_t a : op_adapters[i])
+      if (placed[op.device.value()].insert(a).second)
+        seg.items.push_back({SegmentItem::Kind::kAdapter, a, false});
+    seg.items.push_back({SegmentItem::Kind::kOp, static_cast<int64_t>(i), false});
+  }
+  // Devices of an adapter that do not consume through it still take part in its steps: the
+  // producers of a cross-group adapter (at the end of their stage), and any member of an
+  // intra-group collective that holds no consumer (placed before its stage's first op).
+  for (const Adapter& a : out.adapters) {
+    const bool disjoint = [&] {
+      auto f = device_set(a.from);
+      for (DeviceId d : a.to.devices)
+        if (f.count(d)) return false;
+      return true;
+    }();
+    if (disjoint) {
+      for (DeviceId d : a.from.devices) {
+        Segment& seg = segments[d.value()][a.producer_stage.value()];
+        seg.stage = a.producer_stage;
+        seg.items.push_back({SegmentItem::Kind::kAdapter, a.id, true});
+      }
+    }
+    for (DeviceId d : a.to.devices)
+      if (!placed[d.value()].count(a.id)) {
+        placed[d.value()].insert(a.id);
+        Segment& seg = segments[d.value()][a.consumer_stage.value()];
+        seg.stage = a.consumer_stage;
+        seg.items.insert(seg.items.begin(), {SegmentItem::Kind::kAdapter, a.id, false});
+      }
+  }
+
+  for (int64_t r = 0; r < world_size; ++r) {
+    Program& prog = out.programs[static_cast<size_t>(r)];
+    prog.rank = Rank(r);
+    for (auto& [s, seg] : segments[static_cast<size_t>(r)]) prog.segments.push_back(seg);
+    if (order) {
+      prog.blocks = (*order)[static_cast<size_t>(r)];
+    } else {
+      for (int64_t m = 0; m < micro_batches; ++m)
+        for (const Segment& seg : prog.segments) prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
+      for (int64_t m = 0; m < micro_batches; ++m)
+        for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
+          prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
+    }
+  }
+
+  // Gradient synchronisation of parameter pieces held by several devices.
+  std::map<int64_t, std::vector<std::pair<SubTensor, std::set<DeviceId>>>> holders;
+  for (const auto& op : ops)
+    for (const auto& in : op.inputs) {
+      if (g.tensor(in.tensor).role != graph::TensorRole::kParameter) continue;
+      auto& list = holders[in.tensor.value()];
+      auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return same_piece(e.first, in); });
+      if (it == list.end()) list.push_back({in, {op.device}});
+      else it->second.insert(op.device);
+    }
+  for (auto& [tensor, list] : holders)
+    for (auto& [piece, devices] : list) {
+      if (devices.size() < 2) continue;
+      GradSync sync{TensorId(tensor), piece, {devices.begin(), devices.end()}};
+      const int64_t id = static_cast<int64_t>(out.grad_syncs.size());
+      for (DeviceId d : sync.devices) out.programs[d.value()].grad_syncs.push_back(id);
+      out.grad_syncs.push_back(std::move(sync));
+    }
+
+  // The loss: each piece counts once, so replicas seed 1 / replicas.
+  auto loss = produced.find(g.loss().value());
+  if (loss == produced.end()) return Error::at(g.name(), "no op writes the loss");
+  for (const auto& [d, piece] : loss->second.pieces) {
+    int64_t replicas = 0;
+    for (const auto& [d2, p2] : loss->second.pieces) replicas += same_piece(piece, p2);
+    out.programs[d.value()].loss_seed = 1.0 / static_cast<double>(replicas);
+  }
+
+  LOOM_TRY(check_deadlock_free(g, out));
+  return out;
+}
+
+namespace {
+
+// One communication event of a rank, in program order.
+struct Event {
+  enum class Kind { kSend, kRecv, kCollective } kind;
+  std::string key;              // identical on every party of the same exchange
+  std::vector<DeviceId> peers;  // send: {dst}; recv: {src}; collective: the members
+  std::string what;             // for messages
+};
+
+// Steps of `path` this rank runs, on the given side of a cross-group adapter.
+void path_events(const CommPath& path, const std::string& prefix, int64_t rank, int side,
+                 const std::set<DeviceId>& producers, std::vector<Event>& events) {
+  // side: 0 = whole path, 1 = producer part, 2 = consumer part.
+  bool after_send = false;
+  for (size_t i = 0; i < path.steps.size(); ++i) {
+    const CommStep& st = path.steps[i];
+    const std::string key = prefix + "/" + std::to_string(i);
+    if (st.primitive == Primitive::kSendRecv) {
+      for (size_t j = 0; j < st.groups.size(); ++j) {
+        const auto& pair = st.groups[j];
+        const std::string k = key + "/" + std::to_string(j);
+        if (pair[0].value() == rank && side != 2)
+          events.push_back({Event::Kind::kSend, k, {pair[1]}, "send " + k + " to " + pair[1].to_string()});
+        if (pair[1].value() == rank && side != 1)
+          events.push_back({Event::Kind::kRecv, k, {pair[0]}, "recv " + k + " from " + pair[0].to_string()});
+      }
+      if (side != 0 && producers.count(st.groups.empty() ? DeviceId() : st.groups[0][0])) after_send = true;
+      continue;
+    }
+    const bool producer_step = side != 0 && !after_send;
+    if (side == 1 && !producer_step) continue;
+    if (side == 2 && producer_step) continue;
+    for (const auto& group : st.groups)
+      if (group.size() > 1 && std::find(group.begin(), group.end(), DeviceId(rank)) != group.end())
+        events.push_back({Event::Kind::kCollective, key, group, to_string(st.primitive) + " " + key});
+  }
+}
+
+}  // namespace
+
+Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
+  const int64_t world = static_cast<int64_t>(lowered.programs.size());
+  std::vector<std::vector<Event>> events(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    const Program& prog = lowered.programs[static_cast<size_t>(r)];
+    for (const ProgramBlock& b : prog.blocks) {
+      auto seg = std::find_if(prog.segments.begin(), prog.segments.end(),
+                              [&](const Segment& s) { return s.stage == b.stage; });
+      if (seg == prog.segments.end())
+        return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
+                                        b.stage.to_string() + " it does not run");
+      const bool fwd = b.kind == BlockKind::kForward;
+      std::vector<SegmentItem> items = seg->items;
+      if (!fwd) std::reverse(items.begin(), items.end());
+      for (const SegmentItem& it : items) {
+        if (it.kind != SegmentItem::Kind::kAdapter) continue;
+        const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+        const std::string prefix = std::string(fwd ? "F" : "B") + "a" + std::to_string(a.id) + "m" +
+                                   b.micro_batch.to_string();
+        const bool disjoint = [&] {
+          auto f = device_set(a.from);
+          for (DeviceId d : a.to.devices)
+            if (f.count(d)) return false;
+          return true;
+        }();
+        // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
+        int side = 0;
+        if (disjoint) side = (it.producer_side == fwd) ? 1 : 2;
+        const std::set<DeviceId> first = fwd ? device_set(a.from) : device_set(a.to);
+        path_events(fwd ? a.forward : a.backward, prefix, r, side, first, events[static_cast<size_t>(r)]);
+      }
+    }
+    for (int64_t s : prog.grad_syncs)
+      events[static_cast<size_t>(r)].push_back({Event::Kind::kCollective, "grad" + std::to_string(s),
+                                                lowered.grad_syncs[static_cast<size_t>(s)].devices,
+                                                "all_reduce gradients of '" +
+                                                    g.tensor(lowered.grad_syncs[static_cast<size_t>(s)].tensor).name + "'"});
+  }
+  // Run: sends never block; a receive waits for its send; a collective for all its members.
+  std::vector<size_t> pc(static_cast<size_t>(world), 0);
+  std::set<std::string> sent;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t r = 0; r < world; ++r) {
+      auto& ev = events[static_cast<size_t>(r)];
+      while (pc[r] < ev.size()) {
+        const Event& e = ev[pc[r]];
+        if (e.kind == Event::Kind::kSend) {
+          sent.insert(e.key + ">" + e.peers[0].to_string());
+        } else if (e.kind == Event::Kind::kRecv) {
+          if (!sent.count(e.key + ">" + std::to_string(r))) break;
+        } else {
+          bool all_here = true;
+          for (DeviceId m : e.peers) {
+            const auto& mev = events[m.value()];
+            all_here &= pc[m.value()] < mev.size() && mev[pc[m.value()]].key == e.key;
+          }
+          if (!all_here) break;
+          for (DeviceId m : e.peers)
+            if (m.value() != r) ++pc[m.value()];
+        }
+        ++pc[r];
+        progress = true;
+      }
+    }
+  }
+  std::vector<std::string> stuck;
+  for (int64_t r = 0; r < world; ++r)
+    if (pc[r] < events[static_cast<size_t>(r)].size())
+      stuck.push_back("rank " + std::to_string(r) + " waits at " + events[static_cast<size_t>(r)][pc[r]].what);
+  if (!stuck.empty()) return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
+  return Status::success();
+}
+
+std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
+  const Program& prog = lowered.programs[rank.value()];
+  std::ostringstream os;
+  os << "rank " << rank << ": " << prog.segments.size() << " stage segment(s), " << prog.blocks.size()
+     << " blocks, loss seed " << prog.loss_seed << "\n";
+  for (const Segment& seg : prog.segments) {
+    os << "  stage " << seg.stage << ":\n";
+    for (const SegmentItem& it : seg.items) {
+      if (it.kind == SegmentItem::Kind::kOp) {
+        const auto& op = g.ops()[static_cast<size_t>(it.index)];
+        os << "    run  " << op.name() << " (" << op.type() << ")\n";
+      } else {
+        const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+        os << "    comm " << g.tensor(a.tensor).name << " for " << a.consumer
+           << (it.producer_side ? " [send side]" : "") << ": " << a.forward.to_string()
+           << " | backward: " << a.backward.to_string() << "\n";
+      }
+    }
+  }
+  os << "  order:";
+  for (const ProgramBlock& b : prog.blocks)
+    os << " " << (b.kind == BlockKind::kForward ? "F" : "B") << b.stage << "." << b.micro_batch;
+  os << "\n";
+  for (int64_t s : prog.grad_syncs) {
+    const GradSync& gs = lowered.grad_syncs[static_cast<size_t>(s)];
+    std::vector<std::string> devs;
+    for (DeviceId d : gs.devices) devs.push_back(d.to_string());
+    os << "  grad all_reduce " << g.tensor(gs.tensor).name << gs.piece.ranges_string() << " over ["
+       << join(devs, ",") << "]\n";
+  }
+  return os.str();
+}
+
+}  // namespace loom::lower

@@ -1,0 +1,94 @@
+// Lowering: a placed, staged graph becomes one Program per rank. Activations that a consumer
+// op needs in another layout (or on another stage) get an Adapter: the communication path of
+// the forward pass and the path of its gradient in the backward pass. Gradient layouts are the
+// forward layouts with R and V swapped (replicas receive partial gradients; each value chunk
+// receives the whole gradient), so the backward of an all-gather is a reduce-scatter, of an
+// all-reduce an all-reduce, and so on. Parameters held by several devices get their gradients
+// all-reduced over exactly those devices; the loss seeds its backward with 1 / (its replicas).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "exec/lower/path.h"
+#include "graph/graph.h"
+
+namespace loom::lower {
+
+// Gradient layout of a tensor laid out as `l`.
+Layout grad_layout(const Layout& l);
+
+struct Adapter {
+  int64_t id = 0;
+  TensorId tensor;
+  std::string consumer;  // the consumer op's name (all its sub-ops read through this adapter)
+  StageId producer_stage;
+  StageId consumer_stage;
+  Layout from;
+  Layout to;
+  CommPath forward;   // from -> to
+  CommPath backward;  // grad(to) -> grad(from)
+  bool cross_stage() const { return producer_stage != consumer_stage; }
+};
+
+// One thing a segment does in its forward pass, in order: run a local sub-op, or take part in
+// an adapter (the steps of its path that involve this rank).
+struct SegmentItem {
+  enum class Kind { kOp, kAdapter } kind;
+  int64_t index;  // op index in the planned graph, or adapter id
+  // Adapters between disjoint device groups run in two parts: the producers' (their steps and
+  // the sends, at the end of the producing stage) and the consumers' (receives and their steps).
+  bool producer_side = false;
+};
+
+// The work of one pipeline stage on one rank.
+struct Segment {
+  StageId stage;
+  std::vector<SegmentItem> items;
+};
+
+// Parameter pieces held by several devices: their gradients are summed over `devices`.
+struct GradSync {
+  TensorId tensor;
+  graph::SubTensor piece;
+  std::vector<DeviceId> devices;
+};
+
+enum class BlockKind { kForward, kBackward };
+struct ProgramBlock {
+  BlockKind kind;
+  StageId stage;
+  MicroBatch micro_batch;
+};
+
+struct Program {
+  Rank rank;
+  std::vector<Segment> segments;        // one per stage this rank runs
+  std::vector<ProgramBlock> blocks;     // the order of stage x micro-batch work
+  std::vector<int64_t> grad_syncs;      // indices into Lowered::grad_syncs this rank joins
+  double loss_seed = 0;                 // 1 / replicas of this rank's loss piece; 0: no loss here
+};
+
+struct Lowered {
+  std::vector<Adapter> adapters;
+  std::vector<GradSync> grad_syncs;
+  std::vector<Program> programs;  // by rank
+};
+
+// Lowers `graph` (placed on `world_size` ranks) with `micro_batches` micro-batches per step in
+// GPipe order (all forwards, then all backwards in reverse), or in `order` when given: per rank,
+// its (kind, stage, micro-batch) blocks. Fails naming the tensor when pieces do not form
+// layouts, and the ranks and steps when the programs would deadlock.
+Result<Lowered> lower(const graph::Graph& graph, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths,
+                      const std::vector<std::vector<ProgramBlock>>* order = nullptr);
+
+// Simulates every rank's communication in program order (sends buffered, receives and
+// collectives blocking) and fails naming the stuck ranks and what each waits for.
+Status check_deadlock_free(const graph::Graph& graph, const Lowered& lowered);
+
+// A readable listing of one rank's program.
+std::string listing(const graph::Graph& graph, const Lowered& lowered, Rank rank);
+
+}  // namespace loom::lower
