@@ -1,0 +1,112 @@
+#include "exec/comm/store.h"
+
+#include <chrono>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "exec/comm/backend.h"
+
+namespace loom::comm {
+namespace {
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Arrival counts as decimal strings under "loom/arrive/<key>".
+class StoreArrivals : public Arrivals {
+ public:
+  StoreArrivals(c10::intrusive_ptr<c10d::Store> store, std::string where)
+      : store_(std::move(store)), where_(std::move(where)) {}
+
+  Status mark(const std::string& key, uint64_t count) override {
+    try {
+      store_->set("loom/arrive/" + key, bytes(std::to_string(count)));
+    } catch (const std::exception& e) {
+      return Error{where_ + " is unreachable (" + exception_message(e) + ")", {}};
+    }
+    return Status::success();
+  }
+
+  Result<std::vector<uint64_t>> read(const std::vector<std::string>& keys) override {
+    std::vector<uint64_t> out;
+    try {
+      for (const std::string& key : keys) {
+        const std::string full = "loom/arrive/" + key;
+        if (!store_->check({full})) {
+          out.push_back(0);
+          continue;
+        }
+        std::vector<uint8_t> v = store_->get(full);
+        out.push_back(std::stoull(std::string(v.begin(), v.end())));
+      }
+    } catch (const std::exception& e) {
+      return Error{"arrivals unknown: " + where_ + " is unreachable (" + exception_message(e) +
+                   ")", {}};
+    }
+    return out;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string where_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const std::string& host,
+                                                                  int port, int rank,
+                                                                  int world_size,
+                                                                  double timeout_s) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = rank == 0;
+  opts.numWorkers = static_cast<size_t>(world_size);
+  opts.waitWorkers = true;
+  opts.timeout = millis(timeout_s);
+  const std::string at = host + ":" + std::to_string(port);
+  try {
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+    const int actual = store->getPort();
+    std::string where =
+        "the rendezvous store at " + host + ":" + std::to_string(actual) + " (hosted by rank 0)";
+    return std::shared_ptr<RendezvousStore>(new RendezvousStore(
+        c10::intrusive_ptr<c10d::Store>(std::move(store)), actual, std::move(where)));
+  } catch (const std::exception& e) {
+    const std::string why = exception_message(e);
+    if (rank == 0) {
+      return Error{"rank 0 could not host the rendezvous store at " + at + " or not all " +
+                   std::to_string(world_size) + " ranks joined within " +
+                   std::to_string(static_cast<int>(timeout_s)) + " s: " + why, {}};
+    }
+    return Error{"rank " + std::to_string(rank) + " could not reach the rendezvous store at " +
+                 at + " within " + std::to_string(static_cast<int>(timeout_s)) +
+                 " s (is rank 0 running? check MASTER_ADDR and MASTER_PORT): " + why, {}};
+  }
+}
+
+std::shared_ptr<Arrivals> RendezvousStore::arrivals() {
+  return std::make_shared<StoreArrivals>(store_, where_);
+}
+
+Status RendezvousStore::set(const std::string& key, const std::string& value) {
+  try {
+    store_->set(key, bytes(value));
+  } catch (const std::exception& e) {
+    return Error{where_ + ": setting " + key + " failed: " + exception_message(e), {}};
+  }
+  return Status::success();
+}
+
+Result<std::string> RendezvousStore::get(const std::string& key) {
+  try {
+    std::vector<uint8_t> v = store_->get(key);
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    return Error{where_ + ": waiting for " + key + " failed: " + exception_message(e), {}};
+  }
+}
+
+}  // namespace loom::comm
