@@ -25,7 +25,7 @@ namespace {
 
 // How long a failed call waits for slow peers to announce themselves before naming the missing
 // ones: a peer that died fails the call at once, while live peers may still be on their way.
-constexpr double kGraceS = 2.0;
+constexpr double kGraceS = 1.0;
 
 std::string seconds(double s) {
   char buf[32];
@@ -150,8 +150,9 @@ struct WorkState {
                 comm->who_is_missing(call, /*grace=*/false);
       if (!outcome.detail.empty()) message += " (" + outcome.detail + ")";
     } else {
-      message = head + " failed after " + seconds(since(call.start)) + " s: " + outcome.detail +
-                "; " + comm->who_is_missing(call, /*grace=*/true);
+      const std::string elapsed = seconds(since(call.start));
+      message = head + " failed after " + elapsed + " s: " + outcome.detail + "; " +
+                comm->who_is_missing(call, /*grace=*/true);
     }
     comm->mark_broken(message);
     return Error{message, {}};
@@ -618,8 +619,9 @@ Result<std::shared_ptr<Comm>> Comm::new_group(const std::vector<Rank>& ranks, st
   sub.arrivals = spec_.arrivals;
   Result<std::shared_ptr<Comm>> group = make_group(members, std::move(sub), call.deadline);
   if (!group.ok()) {
-    std::string message = call.what + " on group " + group_name() + " failed after " +
-                          seconds(since(call.start)) + " s: " + group.error().message + "; " +
+    const std::string elapsed = seconds(since(call.start));
+    std::string message = call.what + " on group " + group_name() + " failed after " + elapsed +
+                          " s: " + group.error().message + "; " +
                           who_is_missing(call, /*grace=*/true);
     mark_broken(message);
     return Error{message, {}};
