@@ -390,7 +390,10 @@ ReduceOp backend_op(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum 
     if (!loom_comm_status_.ok()) return Work::failed(loom_comm_status_.error()); \
   } while (0)
 
+// Holds issue_mu_ from numbering the call to handing it to the backend, so that calls issued
+// from several threads reach the backend in the order of their numbers.
 #define LOOM_COMM_BEGIN(call, expr)                              \
+  std::unique_lock<std::mutex> call##_issue(issue_mu_);           \
   Result<Call> call##_result = (expr);                            \
   if (!call##_result.ok()) return Work::failed(call##_result.error()); \
   Call call = std::move(call##_result).value()
@@ -587,9 +590,12 @@ Status Comm::all_to_all(const std::vector<at::Tensor>& out, const std::vector<at
 Status Comm::broadcast(const at::Tensor& t, Rank root) { return broadcast_async(t, root).wait(); }
 
 Status Comm::barrier() {
+  std::unique_lock<std::mutex> issue(issue_mu_);
   Result<Call> call = begin_collective("barrier");
   if (!call.ok()) return call.error();
-  return finish(std::move(call).value(), start_barrier(), {}).wait();
+  Work work = finish(std::move(call).value(), start_barrier(), {});
+  issue.unlock();
+  return work.wait();
 }
 
 Result<std::shared_ptr<Comm>> Comm::new_group(const std::vector<Rank>& ranks, std::string name) {
@@ -606,6 +612,7 @@ Result<std::shared_ptr<Comm>> Comm::new_group(const std::vector<Rank>& ranks, st
     if (r == rank()) my_position = static_cast<int>(members.size());
     members.push_back(static_cast<int>(r.value()));
   }
+  std::unique_lock<std::mutex> issue(issue_mu_);
   LOOM_ASSIGN_OR_RETURN(Call call, begin_collective("new_group"));
   GroupSpec sub;
   {

@@ -129,7 +129,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // `name` is shown in messages ("tp", "dp", "pp"); empty: the group's uid.
   Result<std::shared_ptr<Comm>> new_group(const std::vector<Rank>& ranks, std::string name = "");
 
-  // Number of collectives started on this group so far (the next one gets number + 1).
+  // Number of collectives started on this group so far (the next one gets number + 1). Inside a
+  // backend's start_* hook: the number of the call being started.
   uint64_t collective_count() const;
 
  protected:
@@ -174,6 +175,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::string who_is_missing(const Call& call, bool grace);
 
   GroupSpec spec_;
+  std::mutex issue_mu_;  // held while a call is numbered and started
   mutable std::mutex mu_;
   uint64_t collectives_ = 0;
   uint64_t groups_made_ = 0;

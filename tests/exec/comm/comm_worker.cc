@@ -64,7 +64,7 @@ int lose_last_rank(Comm& comm, bool kill_it, double timeout_s) {
     // Let the others enter all_reduce #4 first.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (kill_it) raise(SIGKILL);
-    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 3));
+    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 1));
     leave(0);
   }
   const auto start = std::chrono::steady_clock::now();

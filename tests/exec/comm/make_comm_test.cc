@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 
 #include <ATen/Parallel.h>
@@ -118,6 +119,7 @@ TEST(MakeComm, NcclIsRegisteredWhenBuiltAndFailsClearlyOtherwise) {
   }
   // Built: this machine may have no GPU; then the error says so instead of crashing.
   if (!comm.ok()) {
+    std::cout << "nccl here: " << comm.error().to_string() << "\n";
     EXPECT_EQ(comm.error().key, "comm.backend");
     EXPECT_EQ(comm.error().message.rfind("nccl: ", 0), 0u) << comm.error().message;
   } else {
