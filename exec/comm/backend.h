@@ -64,6 +64,9 @@ void reduce_into(const at::Tensor& out, const std::vector<at::Tensor>& parts, Re
 // 1-D view of a contiguous tensor.
 at::Tensor flat_view(const at::Tensor& t);
 
+// "5.0", "0.25": seconds as messages show them.
+std::string format_seconds(double s);
+
 // The message of a LibTorch or standard exception, without LibTorch's backtrace.
 std::string exception_message(const std::exception& e);
 

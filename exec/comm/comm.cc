@@ -27,12 +27,6 @@ namespace {
 // ones: a peer that died fails the call at once, while live peers may still be on their way.
 constexpr double kGraceS = 1.0;
 
-std::string seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, s >= 1 || s == 0 ? "%.1f" : "%.2f", s);
-  return buf;
-}
-
 double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -101,6 +95,12 @@ void reduce_into(const at::Tensor& out, const std::vector<at::Tensor>& parts, Re
 
 at::Tensor flat_view(const at::Tensor& t) { return t.view({t.numel()}); }
 
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, s >= 1 || s == 0 ? "%.1f" : "%.2f", s);
+  return buf;
+}
+
 std::string exception_message(const std::exception& e) {
   if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
     return c10_error->what_without_backtrace();
@@ -146,11 +146,11 @@ struct WorkState {
     std::string head = call.what + " on group " + comm->group_name();
     std::string message;
     if (outcome.kind == Outcome::Kind::kTimedOut) {
-      message = head + " timed out after " + seconds(call.timeout_s) + " s: " +
+      message = head + " timed out after " + format_seconds(call.timeout_s) + " s: " +
                 comm->who_is_missing(call, /*grace=*/false);
       if (!outcome.detail.empty()) message += " (" + outcome.detail + ")";
     } else {
-      const std::string elapsed = seconds(since(call.start));
+      const std::string elapsed = format_seconds(since(call.start));
       message = head + " failed after " + elapsed + " s: " + outcome.detail + "; " +
                 comm->who_is_missing(call, /*grace=*/true);
     }
@@ -626,7 +626,7 @@ Result<std::shared_ptr<Comm>> Comm::new_group(const std::vector<Rank>& ranks, st
   sub.arrivals = spec_.arrivals;
   Result<std::shared_ptr<Comm>> group = make_group(members, std::move(sub), call.deadline);
   if (!group.ok()) {
-    const std::string elapsed = seconds(since(call.start));
+    const std::string elapsed = format_seconds(since(call.start));
     std::string message = call.what + " on group " + group_name() + " failed after " + elapsed +
                           " s: " + group.error().message + "; " +
                           who_is_missing(call, /*grace=*/true);

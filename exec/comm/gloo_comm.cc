@@ -81,7 +81,7 @@ class GlooComm : public Comm {
           static_cast<int>(spec.world_ranks.size()), options);
     } catch (const std::exception& e) {
       return Error{"gloo could not connect the members of group " + spec.name + " within " +
-                   std::to_string(timeout_s) + " s: " + exception_message(e), {}};
+                   format_seconds(timeout_s) + " s: " + exception_message(e), {}};
     }
   }
 

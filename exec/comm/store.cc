@@ -1,6 +1,7 @@
 #include "exec/comm/store.h"
 
 #include <chrono>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -64,27 +65,53 @@ Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const std::str
   opts.port = static_cast<std::uint16_t>(port);
   opts.isServer = rank == 0;
   opts.numWorkers = static_cast<size_t>(world_size);
-  opts.waitWorkers = true;
+  opts.waitWorkers = false;  // joining is checked below, with names
   opts.timeout = millis(timeout_s);
   const std::string at = host + ":" + std::to_string(port);
+  const auto start = std::chrono::steady_clock::now();
+  c10::intrusive_ptr<c10d::TCPStore> store;
   try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
-    const int actual = store->getPort();
-    std::string where =
-        "the rendezvous store at " + host + ":" + std::to_string(actual) + " (hosted by rank 0)";
-    return std::shared_ptr<RendezvousStore>(new RendezvousStore(
-        c10::intrusive_ptr<c10d::Store>(std::move(store)), actual, std::move(where)));
+    store = c10::make_intrusive<c10d::TCPStore>(host, opts);
   } catch (const std::exception& e) {
     const std::string why = exception_message(e);
     if (rank == 0) {
-      return Error{"rank 0 could not host the rendezvous store at " + at + " or not all " +
-                   std::to_string(world_size) + " ranks joined within " +
-                   std::to_string(static_cast<int>(timeout_s)) + " s: " + why, {}};
+      return Error{"rank 0 could not host the rendezvous store at " + at + ": " + why, {}};
     }
     return Error{"rank " + std::to_string(rank) + " could not reach the rendezvous store at " +
-                 at + " within " + std::to_string(static_cast<int>(timeout_s)) +
-                 " s (is rank 0 running? check MASTER_ADDR and MASTER_PORT): " + why, {}};
+                     at + " within " + format_seconds(timeout_s) +
+                     " s (is rank 0 running? check MASTER_ADDR and MASTER_PORT): " + why,
+                 {}};
   }
+  const int actual = store->getPort();
+  std::string where =
+      "the rendezvous store at " + host + ":" + std::to_string(actual) + " (hosted by rank 0)";
+  // Everyone announces itself, then waits for the others, so that a rank that never comes is
+  // named instead of surfacing later as a backend's socket timeout.
+  std::vector<std::string> joined;
+  for (int r = 0; r < world_size; ++r) joined.push_back("loom/joined/" + std::to_string(r));
+  try {
+    store->set(joined[rank], bytes("1"));
+    const auto deadline = start + millis(timeout_s);
+    while (!store->check(joined)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::string missing;
+        int count = 0;
+        for (int r = 0; r < world_size; ++r) {
+          if (store->check({joined[r]})) continue;
+          missing += (count++ ? ", " : "") + std::to_string(r);
+        }
+        return Error{std::string(count == 1 ? "rank " : "ranks ") + missing + " of " +
+                         std::to_string(world_size) + " did not join " + where + " within " +
+                         format_seconds(timeout_s) + " s",
+                     {}};
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception& e) {
+    return Error{where + " failed during the rendezvous: " + exception_message(e), {}};
+  }
+  return std::shared_ptr<RendezvousStore>(new RendezvousStore(
+      c10::intrusive_ptr<c10d::Store>(std::move(store)), actual, std::move(where)));
 }
 
 std::shared_ptr<Arrivals> RendezvousStore::arrivals() {

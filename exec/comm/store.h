@@ -14,8 +14,9 @@ namespace loom::comm {
 
 class RendezvousStore {
  public:
-  // Rank 0 hosts the store at host:port (port 0: a free port, see port()) and waits until all
-  // world_size ranks connected; the others connect. Bounded by timeout_s.
+  // Rank 0 hosts the store at host:port (port 0: a free port, see port()), the others connect;
+  // then every rank waits until all world_size ranks joined. Bounded by timeout_s; the error
+  // names the ranks that did not join.
   static Result<std::shared_ptr<RendezvousStore>> connect(const std::string& host, int port,
                                                           int rank, int world_size,
                                                           double timeout_s);

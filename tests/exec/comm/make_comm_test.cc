@@ -11,6 +11,7 @@
 
 #include "exec/comm/make_comm.h"
 #include "tests/exec/comm/primitive_checks.h"
+#include "tests/exec/comm/spawn.h"
 
 namespace loom::comm {
 namespace {
@@ -84,6 +85,33 @@ TEST(MakeComm, GlooNeedsTheLauncherVariables) {
 
   auto not_a_number = make_comm(config("gloo"), env_of({{"WORLD_SIZE", "two"}, {"RANK", "0"}}));
   EXPECT_NE(error_of(not_a_number).find("WORLD_SIZE=two is not valid"), std::string::npos);
+}
+
+// Nobody hosts the store: rank 1 gives up at the timeout with a message, not a hang.
+TEST(MakeComm, UnreachableRendezvousIsAClearErrorAtTheTimeout) {
+  const int port = testing::free_port();
+  const auto start = Clock::now();
+  auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
+                                                     {"RANK", "1"},
+                                                     {"MASTER_ADDR", "127.0.0.1"},
+                                                     {"MASTER_PORT", std::to_string(port)}}));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+  std::cout << error_of(comm) << "\n";
+  EXPECT_NE(error_of(comm).find("gloo: rank 1 could not reach the rendezvous store at 127.0.0.1:" +
+                                std::to_string(port) + " within 1.0 s"),
+            std::string::npos)
+      << error_of(comm);
+}
+
+// Rank 0 hosts the store but rank 1 never comes.
+TEST(MakeComm, MissingRankAtRendezvousIsAClearErrorAtTheTimeout) {
+  const int port = testing::free_port();
+  auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
+                                                     {"RANK", "0"},
+                                                     {"MASTER_ADDR", "127.0.0.1"},
+                                                     {"MASTER_PORT", std::to_string(port)}}));
+  EXPECT_EQ(error_of(comm), "comm.backend: gloo: rank 1 of 2 did not join the rendezvous store at "
+                            "127.0.0.1:" + std::to_string(port) + " (hosted by rank 0) within 1.0 s");
 }
 
 TEST(MakeComm, LocalCannotJoinAProcessWorld) {
