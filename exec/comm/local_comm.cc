@@ -271,8 +271,16 @@ class LocalComm : public Comm {
     return arrive("barrier", {}, [](const auto&) { return Outcome::done(); });
   }
 
+  // Like the process backends, a collective over this group: every rank must arrive.
   Result<std::shared_ptr<Comm>> make_group(const std::vector<int>&, GroupSpec spec,
-                                           Clock::time_point) override {
+                                           Clock::time_point deadline) override {
+    LOOM_ASSIGN_OR_RETURN(std::shared_ptr<PendingOp> all,
+                          arrive("new_group", {}, [](const auto&) { return Outcome::done(); }));
+    Outcome outcome = all->wait_until(deadline);
+    if (outcome.kind == Outcome::Kind::kTimedOut) {
+      return Error{"not every rank of the group arrived before the deadline", {}};
+    }
+    if (!outcome.ok()) return Error{outcome.detail, {}};
     if (!spec.rank.valid()) return std::shared_ptr<Comm>();
     return std::shared_ptr<Comm>(std::make_shared<LocalComm>(std::move(spec), shared_));
   }

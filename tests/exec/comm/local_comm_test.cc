@@ -99,6 +99,24 @@ TEST(LocalComm, TimeoutInASubGroupNamesTheGroup) {
   EXPECT_TRUE(results[2].ok());
 }
 
+TEST(LocalComm, NewGroupIsCollectiveOverTheParent) {
+  LocalWorld world(3, /*timeout_s=*/0.2);
+  std::vector<Status> results = world.run([&](Comm& comm) -> Status {
+    if (comm.rank() == Rank(1)) return Status::success();  // not a member, and does not call
+    auto group = comm.new_group({Rank(0), Rank(2)}, "dp");
+    return group.ok() ? Status() : Status(group.error());
+  });
+  for (int r : {0, 2}) {
+    ASSERT_FALSE(results[r].ok());
+    const std::string& m = results[r].error().message;
+    EXPECT_EQ(m.rfind("new_group #1 on group world[0,1,2] failed after ", 0), 0u) << m;
+    EXPECT_NE(m.find("not every rank of the group arrived before the deadline; rank 1 did not "
+                     "arrive"),
+              std::string::npos)
+        << m;
+  }
+}
+
 TEST(LocalComm, SeveralMissingRanks) {
   LocalWorld world(4, /*timeout_s=*/0.2);
   std::vector<Status> results = world.run([&](Comm& comm) -> Status {
