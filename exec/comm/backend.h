@@ -2,11 +2,11 @@
 // helpers used by more than one backend. Not for users of Comm.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "exec/comm/comm.h"
 

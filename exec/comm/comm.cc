@@ -13,10 +13,14 @@ namespace loom::comm {
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "?";
 }
@@ -84,9 +88,15 @@ void reduce_into(const at::Tensor& out, const std::vector<at::Tensor>& parts, Re
     at::Tensor p = parts[i].reshape(out.sizes());
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc.add_(p); break;
-      case ReduceOp::kMax: acc = acc.maximum(p); break;
-      case ReduceOp::kMin: acc = acc.minimum(p); break;
+      case ReduceOp::kAvg:
+        acc.add_(p);
+        break;
+      case ReduceOp::kMax:
+        acc = acc.maximum(p);
+        break;
+      case ReduceOp::kMin:
+        acc = acc.minimum(p);
+        break;
     }
   }
   if (op == ReduceOp::kAvg) acc.div_(static_cast<double>(parts.size()));
@@ -146,8 +156,8 @@ struct WorkState {
     std::string head = call.what + " on group " + comm->group_name();
     std::string message;
     if (outcome.kind == Outcome::Kind::kTimedOut) {
-      message = head + " timed out after " + format_seconds(call.timeout_s) + " s: " +
-                comm->who_is_missing(call, /*grace=*/false);
+      message = head + " timed out after " + format_seconds(call.timeout_s) +
+                " s: " + comm->who_is_missing(call, /*grace=*/false);
       if (!outcome.detail.empty()) message += " (" + outcome.detail + ")";
     } else {
       const std::string elapsed = format_seconds(since(call.start));
@@ -241,8 +251,10 @@ Result<Comm::Call> Comm::begin_collective(const char* name) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_reason_.empty()) {
-      return Error{std::string(name) + " on group " + group_name() +
-                   " refused: the group is unusable after an earlier failure: " + broken_reason_, {}};
+      return Error{
+          std::string(name) + " on group " + group_name() +
+              " refused: the group is unusable after an earlier failure: " + broken_reason_,
+          {}};
     }
     call.count = ++collectives_;
     call.timeout_s = spec_.timeout_s;
@@ -278,17 +290,17 @@ Result<Comm::Call> Comm::begin_p2p(const char* name, int peer, int tag) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_reason_.empty()) {
-      return Error{std::string(name) + " on group " + group_name() +
-                   " refused: the group is unusable after an earlier failure: " + broken_reason_, {}};
+      return Error{
+          std::string(name) + " on group " + group_name() +
+              " refused: the group is unusable after an earlier failure: " + broken_reason_,
+          {}};
     }
     call.count = ++p2p_counts_[{peer, tag, is_send}];
     call.timeout_s = spec_.timeout_s;
   }
   call.what = std::string(name) + " #" + std::to_string(call.count) + (is_send ? " to" : " from") +
-              " rank " + spec_.world_ranks[peer].to_string() + " (tag " + std::to_string(tag) +
-              ")";
-  call.awaited.emplace_back(spec_.world_ranks[peer],
-                            spec_.uid + (is_send ? "/r/" : "/s/") + pair);
+              " rank " + spec_.world_ranks[peer].to_string() + " (tag " + std::to_string(tag) + ")";
+  call.awaited.emplace_back(spec_.world_ranks[peer], spec_.uid + (is_send ? "/r/" : "/s/") + pair);
   call.peer_role = is_send ? " at the matching recv" : " at the matching send";
   call.start = Clock::now();
   call.deadline = deadline_after(call.start, call.timeout_s);
@@ -306,8 +318,8 @@ std::string Comm::who_is_missing(const Call& call, bool grace) {
   std::vector<std::string> keys;
   for (const auto& [rank, key] : call.awaited) keys.push_back(key);
   const Clock::time_point grace_end =
-      std::min(call.deadline, Clock::now() + std::chrono::milliseconds(
-                                                 static_cast<int64_t>(kGraceS * 1000)));
+      std::min(call.deadline,
+               Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(kGraceS * 1000)));
   std::vector<Rank> missing;
   while (true) {
     Result<std::vector<uint64_t>> counts = spec_.arrivals->read(keys);
@@ -334,8 +346,8 @@ std::string Comm::who_is_missing(const Call& call, bool grace) {
 
 Work Comm::finish(Call call, Started started, Hooks on_success) {
   if (!started.ok()) {
-    std::string message = call.what + " on group " + group_name() + " failed: " +
-                          started.error().message;
+    std::string message =
+        call.what + " on group " + group_name() + " failed: " + started.error().message;
     mark_broken(message);
     return Work::failed(Error{message, {}});
   }
@@ -350,7 +362,8 @@ Work Comm::finish(Call call, Started started, Hooks on_success) {
 Status Comm::check_peer(const char* what, Rank peer) const {
   if (peer.value() < 0 || peer.value() >= size()) {
     return Error{std::string(what) + " on group " + group_name() + ": rank " + peer.to_string() +
-                 " is not in the group (ranks 0.." + std::to_string(size() - 1) + ")", {}};
+                     " is not in the group (ranks 0.." + std::to_string(size() - 1) + ")",
+                 {}};
   }
   return Status::success();
 }
@@ -367,7 +380,8 @@ Status check_same_dtype(const std::string& where, const char* role, const at::Te
                         at::ScalarType dtype) {
   if (t.scalar_type() != dtype) {
     return Error{where + ": " + role + " is " + std::string(c10::toString(t.scalar_type())) +
-                 ", expected " + c10::toString(dtype), {}};
+                     ", expected " + c10::toString(dtype),
+                 {}};
   }
   return Status::success();
 }
@@ -375,7 +389,8 @@ Status check_same_dtype(const std::string& where, const char* role, const at::Te
 Status check_reduce_op(const std::string& where, const at::Tensor& t, ReduceOp op) {
   if (op == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type())) {
     return Error{where + ": avg needs a floating-point tensor, got " +
-                 std::string(c10::toString(t.scalar_type())), {}};
+                     std::string(c10::toString(t.scalar_type())),
+                 {}};
   }
   return Status::success();
 }
@@ -384,17 +399,17 @@ ReduceOp backend_op(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum 
 
 }  // namespace
 
-#define LOOM_COMM_CHECK(expr)                                      \
-  do {                                                              \
-    Status loom_comm_status_ = (expr);                              \
+#define LOOM_COMM_CHECK(expr)                                                    \
+  do {                                                                           \
+    Status loom_comm_status_ = (expr);                                           \
     if (!loom_comm_status_.ok()) return Work::failed(loom_comm_status_.error()); \
   } while (0)
 
 // Holds issue_mu_ from numbering the call to handing it to the backend, so that calls issued
 // from several threads reach the backend in the order of their numbers.
-#define LOOM_COMM_BEGIN(call, expr)                              \
-  std::unique_lock<std::mutex> call##_issue(issue_mu_);           \
-  Result<Call> call##_result = (expr);                            \
+#define LOOM_COMM_BEGIN(call, expr)                                    \
+  std::unique_lock<std::mutex> call##_issue(issue_mu_);                \
+  Result<Call> call##_result = (expr);                                 \
   if (!call##_result.ok()) return Work::failed(call##_result.error()); \
   Call call = std::move(call##_result).value()
 
@@ -442,14 +457,17 @@ Work Comm::all_gather_async(const std::vector<at::Tensor>& out, const at::Tensor
   LOOM_COMM_CHECK(check_tensor(where, "in", in));
   if (static_cast<int>(out.size()) != size()) {
     return Work::failed(Error{where + ": out has " + std::to_string(out.size()) +
-                              " tensors, expected " + std::to_string(size()) + " (one per rank)", {}});
+                                  " tensors, expected " + std::to_string(size()) +
+                                  " (one per rank)",
+                              {}});
   }
   for (const at::Tensor& o : out) {
     LOOM_COMM_CHECK(check_tensor(where, "out[j]", o));
     LOOM_COMM_CHECK(check_same_dtype(where, "out[j]", o, in.scalar_type()));
     if (o.numel() != in.numel()) {
       return Work::failed(Error{where + ": out[j] is " + shape_of(o) + " but in is " +
-                                shape_of(in) + "; every piece needs in's element count", {}});
+                                    shape_of(in) + "; every piece needs in's element count",
+                                {}});
     }
   }
   LOOM_COMM_BEGIN(call, begin_collective("all_gather"));
@@ -470,8 +488,9 @@ Work Comm::all_gather_flat_async(const at::Tensor& out, const at::Tensor& in) {
   LOOM_COMM_CHECK(check_same_dtype(where, "out", out, in.scalar_type()));
   if (out.numel() != size() * in.numel()) {
     return Work::failed(Error{where + ": out is " + shape_of(out) + " but in is " + shape_of(in) +
-                              "; out needs " + std::to_string(size()) + " x " +
-                              std::to_string(in.numel()) + " elements", {}});
+                                  "; out needs " + std::to_string(size()) + " x " +
+                                  std::to_string(in.numel()) + " elements",
+                              {}});
   }
   LOOM_COMM_BEGIN(call, begin_collective("all_gather"));
   Hooks copy_back;
@@ -486,14 +505,17 @@ Work Comm::reduce_scatter_async(const at::Tensor& out, const std::vector<at::Ten
   LOOM_COMM_CHECK(check_reduce_op(where, out, op));
   if (static_cast<int>(in.size()) != size()) {
     return Work::failed(Error{where + ": in has " + std::to_string(in.size()) +
-                              " tensors, expected " + std::to_string(size()) + " (one per rank)", {}});
+                                  " tensors, expected " + std::to_string(size()) +
+                                  " (one per rank)",
+                              {}});
   }
   for (const at::Tensor& i : in) {
     LOOM_COMM_CHECK(check_tensor(where, "in[j]", i));
     LOOM_COMM_CHECK(check_same_dtype(where, "in[j]", i, out.scalar_type()));
     if (i.numel() != out.numel()) {
       return Work::failed(Error{where + ": in[j] is " + shape_of(i) + " but out is " +
-                                shape_of(out) + "; every piece needs out's element count", {}});
+                                    shape_of(out) + "; every piece needs out's element count",
+                                {}});
     }
   }
   LOOM_COMM_BEGIN(call, begin_collective("reduce_scatter"));
@@ -518,8 +540,9 @@ Work Comm::reduce_scatter_flat_async(const at::Tensor& out, const at::Tensor& in
   LOOM_COMM_CHECK(check_reduce_op(where, out, op));
   if (in.numel() != size() * out.numel()) {
     return Work::failed(Error{where + ": in is " + shape_of(in) + " but out is " + shape_of(out) +
-                              "; in needs " + std::to_string(size()) + " x " +
-                              std::to_string(out.numel()) + " elements", {}});
+                                  "; in needs " + std::to_string(size()) + " x " +
+                                  std::to_string(out.numel()) + " elements",
+                              {}});
   }
   LOOM_COMM_BEGIN(call, begin_collective("reduce_scatter"));
   Hooks copy_back, post;
@@ -536,8 +559,9 @@ Work Comm::all_to_all_async(const std::vector<at::Tensor>& out, const std::vecto
   const std::string where = "all_to_all on group " + group_name();
   if (static_cast<int>(out.size()) != size() || static_cast<int>(in.size()) != size()) {
     return Work::failed(Error{where + ": out has " + std::to_string(out.size()) + " and in has " +
-                              std::to_string(in.size()) + " tensors, expected " +
-                              std::to_string(size()) + " each (one per rank)", {}});
+                                  std::to_string(in.size()) + " tensors, expected " +
+                                  std::to_string(size()) + " each (one per rank)",
+                              {}});
   }
   LOOM_COMM_CHECK(check_tensor(where, "in[0]", in[0]));
   const at::ScalarType dtype = in[0].scalar_type();
@@ -577,8 +601,7 @@ Status Comm::all_gather(const std::vector<at::Tensor>& out, const at::Tensor& in
 Status Comm::all_gather_flat(const at::Tensor& out, const at::Tensor& in) {
   return all_gather_flat_async(out, in).wait();
 }
-Status Comm::reduce_scatter(const at::Tensor& out, const std::vector<at::Tensor>& in,
-                            ReduceOp op) {
+Status Comm::reduce_scatter(const at::Tensor& out, const std::vector<at::Tensor>& in, ReduceOp op) {
   return reduce_scatter_async(out, in, op).wait();
 }
 Status Comm::reduce_scatter_flat(const at::Tensor& out, const at::Tensor& in, ReduceOp op) {

@@ -7,6 +7,8 @@
 // after a broken call) lives here once.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,8 +18,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "core/ids.h"
 #include "core/result.h"
@@ -106,7 +106,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
                         ReduceOp op = ReduceOp::kSum);
   Work reduce_scatter_async(const at::Tensor& out, const std::vector<at::Tensor>& in,
                             ReduceOp op = ReduceOp::kSum);
-  // Flat form: `in` holds size() * out.numel() elements, the piece for rank j at [j * n, (j+1) * n).
+  // Flat form: `in` holds size() * out.numel() elements, the piece for rank j at [j * n, (j+1) *
+  // n).
   Status reduce_scatter_flat(const at::Tensor& out, const at::Tensor& in,
                              ReduceOp op = ReduceOp::kSum);
   Work reduce_scatter_flat_async(const at::Tensor& out, const at::Tensor& in,
@@ -154,8 +155,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   virtual Started start_barrier() = 0;
   // Builds the sub-group on members (spec.rank valid) and returns nullptr on non-members
   // (spec.rank invalid). `members` are ranks of this group. Must finish by `deadline`.
-  virtual Result<std::shared_ptr<Comm>> make_group(const std::vector<int>& members,
-                                                   GroupSpec spec, Clock::time_point deadline) = 0;
+  virtual Result<std::shared_ptr<Comm>> make_group(const std::vector<int>& members, GroupSpec spec,
+                                                   Clock::time_point deadline) = 0;
 
   const GroupSpec& spec() const { return spec_; }
   // Called once when the group becomes unusable (after a failed or timed-out call).

@@ -15,9 +15,12 @@ std::chrono::milliseconds millis(double seconds) {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
-    default: return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+    default:
+      return c10d::ReduceOp::SUM;
   }
 }
 
@@ -74,14 +77,15 @@ class GlooComm : public Comm {
     auto options = c10d::ProcessGroupGloo::Options::create(millis(timeout_s));
     options->devices.push_back(world.device);
     try {
-      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("loom/pg/" + spec.uid,
-                                                              world.store->c10d_store());
+      auto prefixed =
+          c10::make_intrusive<c10d::PrefixStore>("loom/pg/" + spec.uid, world.store->c10d_store());
       return c10::make_intrusive<c10d::ProcessGroupGloo>(
-          prefixed, static_cast<int>(spec.rank.value()),
-          static_cast<int>(spec.world_ranks.size()), options);
+          prefixed, static_cast<int>(spec.rank.value()), static_cast<int>(spec.world_ranks.size()),
+          options);
     } catch (const std::exception& e) {
       return Error{"gloo could not connect the members of group " + spec.name + " within " +
-                   format_seconds(timeout_s) + " s: " + exception_message(e), {}};
+                       format_seconds(timeout_s) + " s: " + exception_message(e),
+                   {}};
     }
   }
 
@@ -91,8 +95,8 @@ class GlooComm : public Comm {
     try {
       return std::shared_ptr<PendingOp>(std::make_shared<GlooOp>(f()));
     } catch (const std::exception& e) {
-      return Error{std::string("the gloo backend cannot run this ") + op + ": " +
-                   exception_message(e), {}};
+      return Error{
+          std::string("the gloo backend cannot run this ") + op + ": " + exception_message(e), {}};
     }
   }
 
@@ -161,9 +165,8 @@ class GlooComm : public Comm {
     }
     c10d::AllToAllOptions opts;
     opts.timeout = millis(timeout_s());
-    Started started = run("all_to_all", [&] {
-      return pg_->alltoall_base(got, send, out_counts, in_counts, opts);
-    });
+    Started started = run(
+        "all_to_all", [&] { return pg_->alltoall_base(got, send, out_counts, in_counts, opts); });
     if (!started.ok()) return started;
     return std::shared_ptr<PendingOp>(
         std::make_shared<ThenOp>(std::move(started).value(), [out, got] {

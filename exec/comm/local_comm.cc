@@ -36,7 +36,7 @@ struct LocalGroup {
   const int size;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<uint64_t, Slot> slots;                          // by collective number
+  std::map<uint64_t, Slot> slots;                         // by collective number
   std::map<std::tuple<int, int, int>, Channel> channels;  // (src, dst, tag)
 };
 
@@ -74,9 +74,8 @@ class CollectiveOp : public PendingOp {
     {
       std::unique_lock<std::mutex> lock(group_->mu);
       Slot& slot = group_->slots[seq_];
-      const bool ready = group_->cv.wait_until(lock, deadline, [&] {
-        return slot.arrived == group_->size || !slot.mismatch.empty();
-      });
+      const bool ready = group_->cv.wait_until(
+          lock, deadline, [&] { return slot.arrived == group_->size || !slot.mismatch.empty(); });
       if (!slot.mismatch.empty()) return Outcome::failed(slot.mismatch);
       if (!ready) return Outcome::timed_out();
       data = slot.data;
@@ -286,9 +285,7 @@ class LocalComm : public Comm {
   }
 
  private:
-  std::string world_rank(int member) const {
-    return "rank " + world_ranks()[member].to_string();
-  }
+  std::string world_rank(int member) const { return "rank " + world_ranks()[member].to_string(); }
 
   Started arrive(const std::string& op, std::vector<at::Tensor> contribution, Compute compute) {
     const uint64_t seq = collective_count();

@@ -1,13 +1,12 @@
 #include "exec/comm/make_comm.h"
 
+#include <ATen/Parallel.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
-
-#include <ATen/Parallel.h>
 
 #include "exec/comm/gloo_comm.h"
 #include "exec/comm/local_comm.h"
@@ -53,11 +52,12 @@ struct ProcessWorld {
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as set by loomrun or torchrun.
 Result<ProcessWorld> world_from_env(const EnvLookup& env, const std::string& backend) {
   ProcessWorld w;
-  LOOM_ASSIGN_OR_RETURN(auto size, int_var(env, backend, "WORLD_SIZE", 1, 1 << 20,
-                                           "a number of ranks >= 1"));
+  LOOM_ASSIGN_OR_RETURN(auto size,
+                        int_var(env, backend, "WORLD_SIZE", 1, 1 << 20, "a number of ranks >= 1"));
   if (!size) {
-    return backend_error(backend, "WORLD_SIZE is not set; start the workers with loomrun (or set "
-                                  "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
+    return backend_error(backend,
+                         "WORLD_SIZE is not set; start the workers with loomrun (or set "
+                         "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
   }
   w.size = static_cast<int>(*size);
   LOOM_ASSIGN_OR_RETURN(auto rank, int_var(env, backend, "RANK", 0, w.size - 1,
@@ -66,14 +66,16 @@ Result<ProcessWorld> world_from_env(const EnvLookup& env, const std::string& bac
   w.rank = static_cast<int>(*rank);
   std::optional<std::string> addr = env("MASTER_ADDR");
   if (addr && addr->empty()) return backend_error(backend, "MASTER_ADDR is empty");
-  LOOM_ASSIGN_OR_RETURN(auto port, int_var(env, backend, "MASTER_PORT", 1, 65535,
-                                           "a TCP port in [1, 65535]"));
+  LOOM_ASSIGN_OR_RETURN(auto port,
+                        int_var(env, backend, "MASTER_PORT", 1, 65535, "a TCP port in [1, 65535]"));
   if (w.size > 1) {
     if (!addr) {
-      return backend_error(backend, "MASTER_ADDR is not set; it names the host of rank 0, which "
-                                    "hosts the rendezvous store");
+      return backend_error(backend,
+                           "MASTER_ADDR is not set; it names the host of rank 0, which "
+                           "hosts the rendezvous store");
     }
-    if (!port) return backend_error(backend, "MASTER_PORT is not set; rank 0 hosts the store there");
+    if (!port)
+      return backend_error(backend, "MASTER_PORT is not set; rank 0 hosts the store there");
   }
   if (addr) w.addr = *addr;
   if (port) w.port = static_cast<int>(*port);
@@ -104,27 +106,27 @@ Result<std::shared_ptr<Comm>> make_gloo(const CommConfig& config, const EnvLooku
 
 Result<std::shared_ptr<Comm>> make_mpi(const CommConfig& config, const EnvLookup& env) {
 #if LOOM_COMM_HAVE_MPI
-  LOOM_ASSIGN_OR_RETURN(auto port, int_var(env, "mpi", "MASTER_PORT", 1, 65535,
-                                           "a TCP port in [1, 65535]"));
-  Result<std::shared_ptr<Comm>> comm =
-      make_mpi_comm(env("MASTER_ADDR"), port ? std::optional<int>(static_cast<int>(*port))
-                                             : std::optional<int>(),
-                    config.timeout_s);
+  LOOM_ASSIGN_OR_RETURN(auto port,
+                        int_var(env, "mpi", "MASTER_PORT", 1, 65535, "a TCP port in [1, 65535]"));
+  Result<std::shared_ptr<Comm>> comm = make_mpi_comm(
+      env("MASTER_ADDR"), port ? std::optional<int>(static_cast<int>(*port)) : std::optional<int>(),
+      config.timeout_s);
   if (!comm.ok()) return backend_error("mpi", comm.error().message);
   return comm;
 #else
   (void)config;
   (void)env;
-  return backend_error("mpi", "this build of loom has no mpi backend (Open MPI's development "
-                              "files were not found when it was configured)");
+  return backend_error("mpi",
+                       "this build of loom has no mpi backend (Open MPI's development "
+                       "files were not found when it was configured)");
 #endif
 }
 
 Result<std::shared_ptr<Comm>> make_nccl(const CommConfig& config, const EnvLookup& env) {
 #if LOOM_COMM_HAVE_NCCL
   LOOM_ASSIGN_OR_RETURN(ProcessWorld w, world_from_env(env, "nccl"));
-  LOOM_ASSIGN_OR_RETURN(auto local_rank, int_var(env, "nccl", "LOCAL_RANK", 0, 1 << 16,
-                                                 "a device index >= 0"));
+  LOOM_ASSIGN_OR_RETURN(auto local_rank,
+                        int_var(env, "nccl", "LOCAL_RANK", 0, 1 << 16, "a device index >= 0"));
   // Fail before hosting a store when this process cannot run NCCL at all.
   if (Status s = nccl_usable(); !s.ok()) return backend_error("nccl", s.error().message);
   LOOM_ASSIGN_OR_RETURN(auto store, store_for(w, "nccl", config.timeout_s));
@@ -136,8 +138,9 @@ Result<std::shared_ptr<Comm>> make_nccl(const CommConfig& config, const EnvLooku
 #else
   (void)config;
   (void)env;
-  return backend_error("nccl", "this build of loom has no nccl backend (it needs the CUDA "
-                               "toolkit and NCCL at configure time, see LOOM_CUDA)");
+  return backend_error("nccl",
+                       "this build of loom has no nccl backend (it needs the CUDA "
+                       "toolkit and NCCL at configure time, see LOOM_CUDA)");
 #endif
 }
 
@@ -182,20 +185,21 @@ Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLooku
     }
   }
   if (backend == "local") {
-    LOOM_ASSIGN_OR_RETURN(auto size, int_var(env, "local", "WORLD_SIZE", 1, 1 << 20,
-                                             "a number of ranks >= 1"));
+    LOOM_ASSIGN_OR_RETURN(
+        auto size, int_var(env, "local", "WORLD_SIZE", 1, 1 << 20, "a number of ranks >= 1"));
     if (size && *size > 1) {
-      return backend_error("local", "runs every rank as a thread of one process, so it cannot "
-                                    "join a world of WORLD_SIZE=" + std::to_string(*size) +
-                                    " processes; use gloo, mpi or nccl");
+      return backend_error("local",
+                           "runs every rank as a thread of one process, so it cannot "
+                           "join a world of WORLD_SIZE=" +
+                               std::to_string(*size) + " processes; use gloo, mpi or nccl");
     }
     return LocalWorld(1, config.timeout_s).comm(Rank(0));
   }
   if (backend == "gloo") return make_gloo(config, env);
   if (backend == "mpi") return make_mpi(config, env);
   if (backend == "nccl") return make_nccl(config, env);
-  return Error::at(kKey, "unknown backend '" + backend +
-                             "' (expected auto, gloo, mpi, nccl or local)");
+  return Error::at(kKey,
+                   "unknown backend '" + backend + "' (expected auto, gloo, mpi, nccl or local)");
 }
 
 int configure_worker_threads(const EnvLookup& env) {

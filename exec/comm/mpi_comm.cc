@@ -1,7 +1,7 @@
 #include "exec/comm/mpi_comm.h"
 
-#include <mpi.h>
 #include <arpa/inet.h>
+#include <mpi.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -67,22 +67,33 @@ struct MpiType {
 
 MpiType mpi_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return {MPI_FLOAT, true};
-    case at::kDouble: return {MPI_DOUBLE, true};
-    case at::kInt: return {MPI_INT32_T, true};
-    case at::kLong: return {MPI_INT64_T, true};
-    case at::kShort: return {MPI_INT16_T, true};
-    case at::kChar: return {MPI_INT8_T, true};
-    case at::kByte: return {MPI_UINT8_T, true};
-    default: return {MPI_BYTE, false};
+    case at::kFloat:
+      return {MPI_FLOAT, true};
+    case at::kDouble:
+      return {MPI_DOUBLE, true};
+    case at::kInt:
+      return {MPI_INT32_T, true};
+    case at::kLong:
+      return {MPI_INT64_T, true};
+    case at::kShort:
+      return {MPI_INT16_T, true};
+    case at::kChar:
+      return {MPI_INT8_T, true};
+    case at::kByte:
+      return {MPI_UINT8_T, true};
+    default:
+      return {MPI_BYTE, false};
   }
 }
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
-    default: return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;
   }
 }
 
@@ -106,8 +117,7 @@ class MpiOp : public PendingOp {
     if (!finished_ && !requests_.empty()) {
       int done = 0;
       std::lock_guard<std::mutex> lock(rt_->mu());
-      MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                  MPI_STATUSES_IGNORE);
+      MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
       finished_ = done != 0;
     }
     if (!finished_) {
@@ -375,9 +385,9 @@ class MpiComm : public Comm {
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     if (flag && ub != nullptr && tag > *ub) {
-      return Error{"tag " + std::to_string(tag) + " is above this MPI's limit of " +
-                       std::to_string(*ub),
-                   {}};
+      return Error{
+          "tag " + std::to_string(tag) + " is above this MPI's limit of " + std::to_string(*ub),
+          {}};
     }
     return Status::success();
   }

@@ -17,14 +17,22 @@ std::string nccl_error(ncclResult_t r) { return ncclGetErrorString(r); }
 
 Result<ncclDataType_t> nccl_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kChar: return ncclInt8;
-    case at::kByte: return ncclUint8;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kChar:
+      return ncclInt8;
+    case at::kByte:
+      return ncclUint8;
     default:
       return Error{std::string("the nccl backend cannot reduce ") + c10::toString(t) + " tensors",
                    {}};
@@ -33,9 +41,12 @@ Result<ncclDataType_t> nccl_type(at::ScalarType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
-    default: return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+    default:
+      return ncclSum;
   }
 }
 
@@ -127,8 +138,8 @@ Result<std::shared_ptr<NcclHandle>> connect(const NcclWorld& world, const GroupS
   LOOM_TRY(world.store->set(prefix + "ready/" + std::to_string(rank), "1"));
   for (int r = 0; r < size; ++r) {
     if (!world.store->get(prefix + "ready/" + std::to_string(r)).ok()) {
-      return Error{"rank " + spec.world_ranks[r].to_string() + " did not join group " +
-                       spec.name + " in time",
+      return Error{"rank " + spec.world_ranks[r].to_string() + " did not join group " + spec.name +
+                       " in time",
                    {}};
     }
   }
@@ -270,8 +281,7 @@ class NcclComm : public Comm {
 
   Started start_barrier() override {
     return enqueue("barrier", {}, [&] {
-      return ncclAllReduce(h_->scratch, h_->scratch, 1, ncclFloat32, ncclSum, h_->comm,
-                           h_->stream);
+      return ncclAllReduce(h_->scratch, h_->scratch, 1, ncclFloat32, ncclSum, h_->comm, h_->stream);
     });
   }
 

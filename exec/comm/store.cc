@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <thread>
-
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "exec/comm/backend.h"
@@ -44,8 +43,8 @@ class StoreArrivals : public Arrivals {
         out.push_back(std::stoull(std::string(v.begin(), v.end())));
       }
     } catch (const std::exception& e) {
-      return Error{"arrivals unknown: " + where_ + " is unreachable (" + exception_message(e) +
-                   ")", {}};
+      return Error{"arrivals unknown: " + where_ + " is unreachable (" + exception_message(e) + ")",
+                   {}};
     }
     return out;
   }
@@ -57,9 +56,8 @@ class StoreArrivals : public Arrivals {
 
 }  // namespace
 
-Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const std::string& host,
-                                                                  int port, int rank,
-                                                                  int world_size,
+Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const std::string& host, int port,
+                                                                  int rank, int world_size,
                                                                   double timeout_s) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(port);
@@ -77,8 +75,8 @@ Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const std::str
     if (rank == 0) {
       return Error{"rank 0 could not host the rendezvous store at " + at + ": " + why, {}};
     }
-    return Error{"rank " + std::to_string(rank) + " could not reach the rendezvous store at " +
-                     at + " within " + format_seconds(timeout_s) +
+    return Error{"rank " + std::to_string(rank) + " could not reach the rendezvous store at " + at +
+                     " within " + format_seconds(timeout_s) +
                      " s (is rank 0 running? check MASTER_ADDR and MASTER_PORT): " + why,
                  {}};
   }

@@ -4,7 +4,6 @@
 
 #include <memory>
 #include <string>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "core/result.h"

@@ -7,6 +7,7 @@
 //
 // The backend is `auto` (mpi under mpirun, gloo under spawn_workers) unless LOOM_TEST_BACKEND
 // names one. Exit 0 when the scenario went as expected; every failure is printed.
+#include <ATen/ops/ones.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,8 +16,6 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
-
-#include <ATen/ops/ones.h>
 
 #include "exec/comm/make_comm.h"
 #include "tests/exec/comm/primitive_checks.h"

@@ -26,8 +26,8 @@ TEST(GlooProcesses, EveryPrimitiveThreeRanks) { expect_all_passed(3); }
 
 // The survivors report all_reduce #4 naming rank 2, within the timeout plus a margin.
 void expect_rank_two_named(const std::string& scenario, double timeout_s) {
-  auto results = spawn_workers(kWorker, 3, {scenario, std::to_string(timeout_s)},
-                               timeout_s + 20, kEnv);
+  auto results =
+      spawn_workers(kWorker, 3, {scenario, std::to_string(timeout_s)}, timeout_s + 20, kEnv);
   const std::regex line(R"(RESULT elapsed_s=([0-9.]+) error=(.*))");
   for (int r : {0, 1}) {
     ASSERT_TRUE(results[r].ok()) << describe(results);
@@ -42,13 +42,9 @@ void expect_rank_two_named(const std::string& scenario, double timeout_s) {
   }
 }
 
-TEST(GlooProcesses, KilledRankIsNamedWithinTheTimeout) {
-  expect_rank_two_named("kill", 3.0);
-}
+TEST(GlooProcesses, KilledRankIsNamedWithinTheTimeout) { expect_rank_two_named("kill", 3.0); }
 
-TEST(GlooProcesses, RankThatNeverCallsIsNamedAtTheTimeout) {
-  expect_rank_two_named("skip", 2.0);
-}
+TEST(GlooProcesses, RankThatNeverCallsIsNamedAtTheTimeout) { expect_rank_two_named("skip", 2.0); }
 
 }  // namespace
 }  // namespace loom::comm::testing

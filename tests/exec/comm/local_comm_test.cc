@@ -1,14 +1,14 @@
 // The local backend: every primitive with closed-form values, sub-groups, async handles, and the
 // diagnostics of a call that cannot finish.
-#include <gtest/gtest.h>
-
-#include <chrono>
+#include "exec/comm/local_comm.h"
 
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
 
-#include "exec/comm/local_comm.h"
+#include <chrono>
+
 #include "tests/exec/comm/primitive_checks.h"
 
 namespace loom::comm {
@@ -58,7 +58,7 @@ TEST(LocalComm, TimeoutNamesCollectiveSequenceAndMissingRank) {
   std::vector<double> elapsed(3);
   std::vector<Status> results = world.run([&](Comm& comm) -> Status {
     at::Tensor t = at::ones({4});
-    LOOM_TRY(comm.all_reduce(t));            // #1: everyone
+    LOOM_TRY(comm.all_reduce(t));                          // #1: everyone
     if (comm.rank() == Rank(2)) return Status::success();  // never calls #2
     auto start = Clock::now();
     Status s = comm.all_reduce(t);
@@ -188,8 +188,9 @@ TEST(LocalComm, BadArgumentsAreErrorsAndLeaveTheGroupUsable) {
                           "avg needs a floating-point tensor"));
     LOOM_TRY(expect_error(comm.all_gather_flat(at::zeros({3}), at::ones({2})),
                           "out needs 2 x 2 elements"));
-    LOOM_TRY(expect_error(comm.reduce_scatter(at::zeros({2}), {at::ones({2}), at::ones({2}, at::kLong)}),
-                          "in[j] is Long, expected Float"));
+    LOOM_TRY(
+        expect_error(comm.reduce_scatter(at::zeros({2}), {at::ones({2}), at::ones({2}, at::kLong)}),
+                     "in[j] is Long, expected Float"));
     auto twice = comm.new_group({Rank(0), Rank(0)});
     LOOM_TRY(expect_error(twice.ok() ? Status() : Status(twice.error()), "rank 0 is listed twice"));
     LOOM_TRY(expect_error(comm.broadcast(at::ones({1}), Rank(-1)), "rank -1 is not in the group"));

@@ -1,15 +1,15 @@
 // Choosing and creating a backend from the config and the environment; clear errors for bad
 // input; which backends this build registered; worker thread sizing.
+#include "exec/comm/make_comm.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <iostream>
 #include <map>
 
-#include <ATen/Parallel.h>
-#include <ATen/ops/zeros.h>
-
-#include "exec/comm/make_comm.h"
 #include "tests/exec/comm/primitive_checks.h"
 #include "tests/exec/comm/spawn.h"
 
@@ -76,8 +76,9 @@ TEST(MakeComm, GlooNeedsTheLauncherVariables) {
                                                     {"RANK", "0"},
                                                     {"MASTER_ADDR", "127.0.0.1"},
                                                     {"MASTER_PORT", "99999"}}));
-  EXPECT_EQ(error_of(bad_port),
-            "comm.backend: gloo: MASTER_PORT=99999 is not valid: expected a TCP port in [1, 65535]");
+  EXPECT_EQ(
+      error_of(bad_port),
+      "comm.backend: gloo: MASTER_PORT=99999 is not valid: expected a TCP port in [1, 65535]");
 
   auto bad_rank = make_comm(config("auto"), env_of({{"WORLD_SIZE", "2"}, {"RANK", "2"}}));
   EXPECT_EQ(error_of(bad_rank),
@@ -110,8 +111,10 @@ TEST(MakeComm, MissingRankAtRendezvousIsAClearErrorAtTheTimeout) {
                                                      {"RANK", "0"},
                                                      {"MASTER_ADDR", "127.0.0.1"},
                                                      {"MASTER_PORT", std::to_string(port)}}));
-  EXPECT_EQ(error_of(comm), "comm.backend: gloo: rank 1 of 2 did not join the rendezvous store at "
-                            "127.0.0.1:" + std::to_string(port) + " (hosted by rank 0) within 1.0 s");
+  EXPECT_EQ(error_of(comm),
+            "comm.backend: gloo: rank 1 of 2 did not join the rendezvous store at "
+            "127.0.0.1:" +
+                std::to_string(port) + " (hosted by rank 0) within 1.0 s");
 }
 
 TEST(MakeComm, LocalCannotJoinAProcessWorld) {

@@ -31,15 +31,15 @@ ProcessResult mpirun(int n, const std::vector<std::string>& args, double deadlin
   Launch l;
   l.argv = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
             // Containers often forbid the cross-memory attach that shared memory uses.
-            "--mca", "btl_vader_single_copy_mechanism", "none", "-np", std::to_string(n),
-            kWorker};
+            "--mca", "btl_vader_single_copy_mechanism", "none", "-np", std::to_string(n), kWorker};
   for (const auto& a : args) l.argv.push_back(a);
   l.env = {{"LOOM_TEST_BACKEND", "mpi"}, {"OMP_NUM_THREADS", "1"}};
   return run_processes({l}, deadline_s)[0];
 }
 
 #define SKIP_WITHOUT_MPIRUN() \
-  if (find_mpirun().empty()) GTEST_SKIP() << "mpirun is not installed (Open MPI's mpirun runs these)"
+  if (find_mpirun().empty())  \
+  GTEST_SKIP() << "mpirun is not installed (Open MPI's mpirun runs these)"
 
 void expect_all_passed(int n) {
   ProcessResult r = mpirun(n, {"primitives", "20"}, 45);

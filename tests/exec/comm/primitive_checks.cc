@@ -1,11 +1,11 @@
 #include "tests/exec/comm/primitive_checks.h"
 
+#include <ATen/ops/empty.h>
+
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <ATen/ops/empty.h>
 
 namespace loom::comm::testing {
 namespace {
@@ -30,9 +30,9 @@ Status expect(const std::string& what, const Comm& comm, const at::Tensor& got, 
   for (int64_t i = 0; i < g.numel(); ++i) {
     const double w = want(i);
     if (std::abs(p[i] - w) > 1e-6 * std::max(1.0, std::abs(w))) {
-      return Error{what + " on " + comm.backend_name() + " group " + comm.group_name() +
-                       ", rank " + comm.rank().to_string() + ": element " + std::to_string(i) +
-                       " is " + std::to_string(p[i]) + ", expected " + std::to_string(w),
+      return Error{what + " on " + comm.backend_name() + " group " + comm.group_name() + ", rank " +
+                       comm.rank().to_string() + ": element " + std::to_string(i) + " is " +
+                       std::to_string(p[i]) + ", expected " + std::to_string(w),
                    {}};
     }
   }
@@ -41,9 +41,8 @@ Status expect(const std::string& what, const Comm& comm, const at::Tensor& got, 
 
 Status expect_numel(const std::string& what, const at::Tensor& t, int64_t n) {
   if (t.numel() != n) {
-    return Error{what + ": " + std::to_string(t.numel()) + " elements, expected " +
-                     std::to_string(n),
-                 {}};
+    return Error{
+        what + ": " + std::to_string(t.numel()) + " elements, expected " + std::to_string(n), {}};
   }
   return Status::success();
 }
@@ -103,7 +102,8 @@ Status check_broadcast(Comm& comm) {
   LOOM_TRY(comm.broadcast(t, Rank(s - 1)));
   LOOM_TRY(expect("broadcast from the last rank", comm, t, [](int64_t i) { return 100.0 + i; }));
 
-  at::Tensor u = filled({2, 3}, [&](int64_t i) { return r == 0 ? 7.0 * i : 0.0; }, at::kLong);
+  at::Tensor u = filled(
+      {2, 3}, [&](int64_t i) { return r == 0 ? 7.0 * i : 0.0; }, at::kLong);
   Work w = comm.broadcast_async(u, Rank(0));
   LOOM_TRY(w.wait());
   LOOM_TRY(expect("broadcast_async from rank 0", comm, u, [](int64_t i) { return 7.0 * i; }));
@@ -121,8 +121,10 @@ Status check_all_gather(Comm& comm) {
                     [&](int64_t i) { return j * n + i; }));
   }
   // Flat: [s, n] rows in rank order; double and a 2-D input.
-  at::Tensor in2 = filled({1, n}, [&](int64_t i) { return r * n + i; }, at::kDouble);
-  at::Tensor flat = filled({s, n}, [](int64_t) { return -1.0; }, at::kDouble);
+  at::Tensor in2 = filled(
+      {1, n}, [&](int64_t i) { return r * n + i; }, at::kDouble);
+  at::Tensor flat = filled(
+      {s, n}, [](int64_t) { return -1.0; }, at::kDouble);
   LOOM_TRY(comm.all_gather_flat(flat, in2));
   LOOM_TRY(expect("all_gather_flat", comm, flat, [](int64_t k) { return static_cast<double>(k); }));
   // Async, into a non-contiguous output (columns of a [n, s] matrix).
@@ -156,8 +158,10 @@ Status check_reduce_scatter(Comm& comm) {
   LOOM_TRY(expect("reduce_scatter_flat avg", comm, flat_out,
                   [&](int64_t i) { return (100.0 * S + s * (r * n + i)) / s; }));
 
-  at::Tensor int_in = filled({s * n}, [&](int64_t k) { return r + k; }, at::kLong);
-  at::Tensor int_out = filled(n, [](int64_t) { return 0.0; }, at::kLong);
+  at::Tensor int_in = filled(
+      {s * n}, [&](int64_t k) { return r + k; }, at::kLong);
+  at::Tensor int_out = filled(
+      n, [](int64_t) { return 0.0; }, at::kLong);
   Work w = comm.reduce_scatter_flat_async(int_out, int_in, ReduceOp::kMin);
   LOOM_TRY(w.wait());
   LOOM_TRY(expect("reduce_scatter_flat_async min int64", comm, int_out,
@@ -183,8 +187,10 @@ Status check_all_to_all(Comm& comm) {
   std::vector<at::Tensor> in2, out2;
   for (int64_t j = 0; j < s; ++j) {
     const int64_t send = (r == 0 || j == 0) ? 0 : 2, recv = send;
-    in2.push_back(filled(send, [&, j](int64_t k) { return r * 10.0 + j + k; }, at::kLong));
-    out2.push_back(filled(recv, [](int64_t) { return -1.0; }, at::kLong));
+    in2.push_back(filled(
+        send, [&, j](int64_t k) { return r * 10.0 + j + k; }, at::kLong));
+    out2.push_back(filled(
+        recv, [](int64_t) { return -1.0; }, at::kLong));
   }
   Work w = comm.all_to_all_async(out2, in2);
   LOOM_TRY(w.wait());
@@ -212,10 +218,14 @@ Status check_send_recv(Comm& comm) {
   // tag is independent.
   const int64_t partner = r ^ 1;
   if (partner < s) {
-    at::Tensor first = filled(n, [&](int64_t i) { return 1000.0 + r + i; }, at::kLong);
-    at::Tensor second = filled({2, 2}, [&](int64_t i) { return 2000.0 + r + i; }, at::kLong);
-    at::Tensor got1 = filled(n, [](int64_t) { return 0.0; }, at::kLong);
-    at::Tensor got2 = filled({4}, [](int64_t) { return 0.0; }, at::kLong);
+    at::Tensor first = filled(
+        n, [&](int64_t i) { return 1000.0 + r + i; }, at::kLong);
+    at::Tensor second = filled(
+        {2, 2}, [&](int64_t i) { return 2000.0 + r + i; }, at::kLong);
+    at::Tensor got1 = filled(
+        n, [](int64_t) { return 0.0; }, at::kLong);
+    at::Tensor got2 = filled(
+        {4}, [](int64_t) { return 0.0; }, at::kLong);
     if (r % 2 == 0) {
       LOOM_TRY(comm.send(first, Rank(partner), 0));
       LOOM_TRY(comm.send(second, Rank(partner), 0));

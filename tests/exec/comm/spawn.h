@@ -10,8 +10,8 @@
 namespace loom::comm::testing {
 
 struct Launch {
-  std::vector<std::string> argv;             // argv[0] is the executable's path
-  std::map<std::string, std::string> env;    // added to (and overriding) this process's env
+  std::vector<std::string> argv;           // argv[0] is the executable's path
+  std::map<std::string, std::string> env;  // added to (and overriding) this process's env
 };
 
 struct ProcessResult {
@@ -19,7 +19,7 @@ struct ProcessResult {
   int signal = 0;       // when a signal ended it
   bool killed = false;  // ended by the deadline
   double elapsed_s = 0;
-  std::string output;   // stdout and stderr, interleaved
+  std::string output;  // stdout and stderr, interleaved
 
   bool ok() const { return exit_code == 0; }
   // "exit 1", "killed by signal 9", "killed at the deadline", then the output.
