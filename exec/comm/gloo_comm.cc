@@ -24,6 +24,13 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   }
 }
 
+// "[./gloo/transport/tcp/pair.cc:598] Connection closed by peer" -> "Connection closed by peer".
+std::string without_source_location(const std::string& message) {
+  if (message.empty() || message[0] != '[') return message;
+  const size_t end = message.find("] ");
+  return end == std::string::npos ? message : message.substr(end + 2);
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -41,7 +48,7 @@ class GlooOp : public PendingOp {
       // gloo reports its own deadline and a dead peer alike by throwing; the clock tells them
       // apart.
       if (Clock::now() + std::chrono::milliseconds(10) >= deadline) return Outcome::timed_out();
-      return Outcome::failed("gloo: " + exception_message(e));
+      return Outcome::failed("gloo: " + without_source_location(exception_message(e)));
     }
   }
 

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <mutex>
@@ -30,7 +31,20 @@ std::string mpi_error(int code) {
 // unless a call is still in flight after a failure.
 class MpiRuntime {
  public:
+  // The runtime of this process: a second make_comm(mpi) shares the first one's, so that MPI is
+  // finalised once, after both.
   static Result<std::shared_ptr<MpiRuntime>> start() {
+    static std::mutex mu;
+    static std::weak_ptr<MpiRuntime> current;
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto rt = current.lock()) return rt;
+    LOOM_ASSIGN_OR_RETURN(auto rt, init());
+    current = rt;
+    return rt;
+  }
+
+ private:
+  static Result<std::shared_ptr<MpiRuntime>> init() {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -45,6 +59,7 @@ class MpiRuntime {
     return rt;
   }
 
+ public:
   ~MpiRuntime() {
     if (owns_ && !abandoned_) MPI_Finalize();
   }
@@ -57,7 +72,7 @@ class MpiRuntime {
   MpiRuntime() = default;
   std::mutex mu_;
   bool owns_ = false;
-  bool abandoned_ = false;
+  std::atomic<bool> abandoned_{false};
 };
 
 struct MpiType {

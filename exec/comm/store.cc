@@ -43,7 +43,8 @@ class StoreArrivals : public Arrivals {
         out.push_back(std::stoull(std::string(v.begin(), v.end())));
       }
     } catch (const std::exception& e) {
-      return Error{"arrivals unknown: " + where_ + " is unreachable (" + exception_message(e) + ")",
+      return Error{"arrivals unknown: " + where_ + " is unreachable, so rank 0 probably died (" +
+                       exception_message(e) + ")",
                    {}};
     }
     return out;

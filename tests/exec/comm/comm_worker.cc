@@ -4,6 +4,7 @@
 //   comm_worker kill [timeout_s]         three all_reduces, then the last rank is SIGKILLed while
 //                                        the others wait in all_reduce #4
 //   comm_worker skip [timeout_s]         the same, but the last rank stays alive and never calls #4
+//                                        (LOOM_TEST_VICTIM=r picks another rank)
 //
 // The backend is `auto` (mpi under mpirun, gloo under spawn_workers) unless LOOM_TEST_BACKEND
 // names one. Exit 0 when the scenario went as expected; every failure is printed.
@@ -50,7 +51,8 @@ int primitives(Comm& comm) {
 // must fail within the timeout, naming the collective, its number and the missing rank.
 int lose_last_rank(Comm& comm, bool kill_it, double timeout_s) {
   const int64_t r = comm.rank().value();
-  const bool victim = r == comm.size() - 1;
+  const char* chosen = std::getenv("LOOM_TEST_VICTIM");  // default: the last rank
+  const bool victim = r == (chosen != nullptr ? std::atoi(chosen) : comm.size() - 1);
   at::Tensor t = at::ones({1024});
   for (int i = 0; i < 3; ++i) {
     if (Status s = comm.all_reduce(t); !s.ok()) {
