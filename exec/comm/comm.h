@@ -75,6 +75,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   virtual const char* backend_name() const = 0;
   // Members' world ranks, in group order.
   const std::vector<Rank>& world_ranks() const { return spec_.world_ranks; }
+  // This process's rank in the world.
+  Rank world_rank() const { return spec_.world_ranks[spec_.rank.value()]; }
   // "dp[0,2]": the group's name and its members' world ranks.
   std::string group_name() const;
 

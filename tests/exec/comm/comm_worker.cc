@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -96,12 +97,15 @@ int main(int argc, char** argv) {
   loom::CommConfig config;
   const char* backend = std::getenv("LOOM_TEST_BACKEND");
   config.backend = backend != nullptr ? backend : "auto";
-  config.timeout_s = timeout_s;
+  // Starting several LibTorch processes on a loaded machine takes seconds: the rendezvous gets a
+  // generous bound, the calls under test the scenario's timeout.
+  config.timeout_s = std::max(30.0, timeout_s);
   auto comm = loom::comm::make_comm(config);
   if (!comm.ok()) {
     std::printf("FAIL make_comm: %s\n", comm.error().to_string().c_str());
     leave(2);
   }
+  (*comm)->set_timeout(timeout_s);
   if (scenario == "primitives") return primitives(**comm);
   if (scenario == "kill") return lose_last_rank(**comm, /*kill_it=*/true, timeout_s);
   if (scenario == "skip") return lose_last_rank(**comm, /*kill_it=*/false, timeout_s);

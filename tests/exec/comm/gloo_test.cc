@@ -42,7 +42,7 @@ void expect_rank_two_named(const std::string& scenario, double timeout_s) {
   }
 }
 
-TEST(GlooProcesses, KilledRankIsNamedWithinTheTimeout) { expect_rank_two_named("kill", 3.0); }
+TEST(GlooProcesses, KilledRankIsNamedWithinTheTimeout) { expect_rank_two_named("kill", 2.0); }
 
 TEST(GlooProcesses, RankThatNeverCallsIsNamedAtTheTimeout) { expect_rank_two_named("skip", 2.0); }
 

@@ -51,6 +51,15 @@ TEST(LocalComm, NamesAndRanks) {
   EXPECT_EQ(comm->size(), 3);
   EXPECT_STREQ(comm->backend_name(), "local");
   EXPECT_EQ(comm->group_name(), "world[0,1,2]");
+  EXPECT_EQ(comm->world_rank(), Rank(1));
+  auto results = world.run([](Comm& c) -> Status {
+    LOOM_ASSIGN_OR_RETURN(auto g, c.new_group({Rank(2), Rank(1)}, "pp"));
+    if (g && (g->world_rank() != c.rank() || g->group_name() != "pp[2,1]")) {
+      return Error{"wrong names in pp: " + g->group_name(), {}};
+    }
+    return Status::success();
+  });
+  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.error().message;
 }
 
 TEST(LocalComm, TimeoutNamesCollectiveSequenceAndMissingRank) {
