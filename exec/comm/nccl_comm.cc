@@ -6,6 +6,11 @@
 #include <cstring>
 #include <thread>
 
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 7, 0)
+#error \
+    "loom's nccl backend needs NCCL 2.7 or newer (ncclSend/ncclRecv); configure with LOOM_CUDA=OFF"
+#endif
+
 #include "exec/comm/backend.h"
 #include "exec/comm/store.h"
 
@@ -23,8 +28,10 @@ Result<ncclDataType_t> nccl_type(at::ScalarType t) {
       return ncclFloat64;
     case at::kHalf:
       return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
     case at::kBFloat16:
       return ncclBfloat16;
+#endif
     case at::kInt:
       return ncclInt32;
     case at::kLong:
@@ -96,7 +103,10 @@ class NcclOp : public PendingOp {
         std::lock_guard<std::mutex> lock(h_->mu);
         if (!h_->aborted) ncclCommGetAsyncError(h_->comm, &async);
       }
-      if (async != ncclSuccess && async != ncclInProgress) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+      if (async == ncclInProgress) async = ncclSuccess;
+#endif
+      if (async != ncclSuccess) {
         return Outcome::failed("nccl: " + nccl_error(async));
       }
       if (Clock::now() >= deadline) return Outcome::timed_out();
