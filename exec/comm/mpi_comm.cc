@@ -150,7 +150,10 @@ class MpiOp : public PendingOp {
   }
 
   Outcome wait_until(Clock::time_point deadline) override {
-    auto pause = std::chrono::microseconds(20);
+    // MPI progresses only inside MPI calls: poll hot for a moment (small calls finish there),
+    // then back off so that a long wait leaves the cores to the work.
+    const Clock::time_point hot_until = Clock::now() + std::chrono::milliseconds(2);
+    auto pause = std::chrono::microseconds(50);
     while (true) {
       int done = 0;
       std::vector<MPI_Status> statuses(requests_.size());
@@ -177,9 +180,14 @@ class MpiOp : public PendingOp {
         }
         return Outcome::done();
       }
-      if (Clock::now() >= deadline) return Outcome::timed_out();
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) return Outcome::timed_out();
+      if (now < hot_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(500));
+      }
     }
   }
 

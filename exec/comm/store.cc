@@ -1,6 +1,9 @@
 #include "exec/comm/store.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -9,24 +12,75 @@
 namespace loom::comm {
 namespace {
 
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Marks waiting for the background thread of StoreArrivals.
+class MarkQueue {
+ public:
+  // The first store failure seen so far, or empty.
+  std::string push(const std::string& key, uint64_t count) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t& slot = pending_[key];
+    if (count > slot) slot = count;
+    cv_.notify_one();
+    return failure_;
+  }
+
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    cv_.notify_one();
+  }
+
+  void drain(c10d::Store& store) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopped_ || !pending_.empty(); });
+      if (stopped_) return;
+      std::map<std::string, uint64_t> batch;
+      batch.swap(pending_);
+      lock.unlock();
+      std::string failure;
+      for (const auto& [key, count] : batch) {
+        try {
+          store.set(key, bytes(std::to_string(count)));
+        } catch (const std::exception& e) {
+          failure = exception_message(e);
+        }
+      }
+      lock.lock();
+      if (!failure.empty() && failure_.empty()) failure_ = failure;
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, uint64_t> pending_;
+  std::string failure_;
+  bool stopped_ = false;
+};
+
 std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-
-// Arrival counts as decimal strings under "loom/arrive/<key>".
+// Arrival counts as decimal strings under "loom/arrive/<key>". A store round trip per call would
+// sit on every call's critical path, so marks go to the store from a background thread, newest
+// count per key; they are read only seconds later, when a call failed or timed out.
 class StoreArrivals : public Arrivals {
  public:
   StoreArrivals(c10::intrusive_ptr<c10d::Store> store, std::string where)
-      : store_(std::move(store)), where_(std::move(where)) {}
+      : store_(std::move(store)), where_(std::move(where)), q_(std::make_shared<MarkQueue>()) {
+    // The thread owns what it touches, so it can be left behind if the store hangs.
+    std::thread([q = q_, store = store_] { q->drain(*store); }).detach();
+  }
+
+  ~StoreArrivals() override { q_->stop(); }
 
   Status mark(const std::string& key, uint64_t count) override {
-    try {
-      store_->set("loom/arrive/" + key, bytes(std::to_string(count)));
-    } catch (const std::exception& e) {
-      return Error{where_ + " is unreachable (" + exception_message(e) + ")", {}};
-    }
+    std::string failure = q_->push("loom/arrive/" + key, count);
+    if (!failure.empty()) return Error{where_ + " is unreachable (" + failure + ")", {}};
     return Status::success();
   }
 
@@ -53,6 +107,7 @@ class StoreArrivals : public Arrivals {
  private:
   c10::intrusive_ptr<c10d::Store> store_;
   std::string where_;
+  std::shared_ptr<MarkQueue> q_;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 //   comm_worker primitives [timeout_s]   every primitive and sub-group with closed-form values
 //   comm_worker kill [timeout_s]         three all_reduces, then the last rank is SIGKILLed while
 //                                        the others wait in all_reduce #4
+//   comm_worker latency                  prints the latency of small calls (by hand, not a test)
 //   comm_worker skip [timeout_s]         the same, but the last rank stays alive and never calls #4
 //                                        (LOOM_TEST_VICTIM=r picks another rank)
 //
@@ -86,6 +87,29 @@ int lose_last_rank(Comm& comm, bool kill_it, double timeout_s) {
   leave(0);
 }
 
+// Latency of small all_reduces and send/recv pairs, for a look by hand (not a test).
+int latency(Comm& comm) {
+  at::Tensor t = at::ones({1});
+  const int n = 2000;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    if (Status s = comm.all_reduce(t); !s.ok()) leave(1);
+  }
+  const double ar = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  start = std::chrono::steady_clock::now();
+  const Rank peer(comm.rank().value() ^ 1);
+  for (int i = 0; i < n && peer.value() < comm.size(); ++i) {
+    Status s = comm.rank().value() % 2 == 0 ? comm.send(t, peer) : comm.recv(t, peer);
+    if (s.ok()) s = comm.rank().value() % 2 == 0 ? comm.recv(t, peer) : comm.send(t, peer);
+    if (!s.ok()) leave(1);
+  }
+  const double pp = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[rank %lld] %s: all_reduce %.1f us, send+recv round trip %.1f us\n",
+              static_cast<long long>(comm.rank().value()), comm.backend_name(), ar / n * 1e6,
+              pp / n * 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +133,7 @@ int main(int argc, char** argv) {
   if (scenario == "primitives") return primitives(**comm);
   if (scenario == "kill") return lose_last_rank(**comm, /*kill_it=*/true, timeout_s);
   if (scenario == "skip") return lose_last_rank(**comm, /*kill_it=*/false, timeout_s);
+  if (scenario == "latency") return latency(**comm);
   std::printf("FAIL unknown scenario %s\n", scenario.c_str());
   leave(2);
 }
