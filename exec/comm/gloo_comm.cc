@@ -38,13 +38,20 @@ bool is_loopback(const std::string& host) {
 class GlooOp : public PendingOp {
  public:
   explicit GlooOp(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
+  ~GlooOp() override {
+    // A call that never finished may still be written into by gloo: its work (which holds the
+    // tensors) is abandoned rather than freed.
+    if (!finished_ && !work_->isCompleted()) (void)work_.release();
+  }
 
   Outcome wait_until(Clock::time_point deadline) override {
     auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     try {
       work_->wait(std::max(remaining, std::chrono::milliseconds(1)));
+      finished_ = true;
       return Outcome::done();
     } catch (const std::exception& e) {
+      finished_ = work_->isCompleted();
       // gloo reports its own deadline and a dead peer alike by throwing; the clock tells them
       // apart.
       if (Clock::now() + std::chrono::milliseconds(10) >= deadline) return Outcome::timed_out();
@@ -56,6 +63,7 @@ class GlooOp : public PendingOp {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  bool finished_ = false;
 };
 
 // What every group of one gloo world shares.

@@ -88,7 +88,11 @@ class NcclOp : public PendingOp {
   NcclOp(std::shared_ptr<NcclHandle> h, cudaEvent_t done, std::vector<at::Tensor> keep)
       : h_(std::move(h)), done_(done), keep_(std::move(keep)) {}
   ~NcclOp() override {
-    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (!finished_ && cudaEventQuery(done_) != cudaSuccess) {
+      // Kernels of an unfinished call may still write into its tensors: keep them.
+      new std::vector<at::Tensor>(std::move(keep_));
+    }
+    cudaEventDestroy(done_);
   }
 
   Outcome wait_until(Clock::time_point deadline) override {
@@ -96,7 +100,10 @@ class NcclOp : public PendingOp {
     cudaSetDevice(h_->device);
     while (true) {
       const cudaError_t q = cudaEventQuery(done_);
-      if (q == cudaSuccess) return Outcome::done();
+      if (q == cudaSuccess) {
+        finished_ = true;
+        return Outcome::done();
+      }
       if (q != cudaErrorNotReady) return Outcome::failed("nccl: CUDA: " + cuda_error(q));
       ncclResult_t async = ncclSuccess;
       {
@@ -121,6 +128,7 @@ class NcclOp : public PendingOp {
   std::shared_ptr<NcclHandle> h_;
   cudaEvent_t done_;
   std::vector<at::Tensor> keep_;
+  bool finished_ = false;
 };
 
 struct NcclWorld {
