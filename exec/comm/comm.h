@@ -108,8 +108,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
                         ReduceOp op = ReduceOp::kSum);
   Work reduce_scatter_async(const at::Tensor& out, const std::vector<at::Tensor>& in,
                             ReduceOp op = ReduceOp::kSum);
-  // Flat form: `in` holds size() * out.numel() elements, the piece for rank j at [j * n, (j+1) *
-  // n).
+  // Flat form: `in` holds size() * out.numel() elements; rank j's piece is [j * n, (j + 1) * n).
   Status reduce_scatter_flat(const at::Tensor& out, const at::Tensor& in,
                              ReduceOp op = ReduceOp::kSum);
   Work reduce_scatter_flat_async(const at::Tensor& out, const at::Tensor& in,
