@@ -21,6 +21,7 @@ std::string to_string(Primitive p) {
     case Primitive::kAllToAll: return "all_to_all";
     case Primitive::kChunk: return "chunk";
     case Primitive::kValueChunk: return "value_chunk";
+    case Primitive::kPad: return "pad";
     case Primitive::kSendRecv: return "send_recv";
   }
   return "?";
@@ -101,6 +102,8 @@ const std::vector<PrimitiveRule>& primitive_rules() {
        [](int64_t k, double bytes, double, double beta) { return bytes / static_cast<double>(k) * beta; }},
       {Primitive::kValueChunk, [](int f, int t) { return f == 0 && t == 1; },
        [](int64_t, double bytes, double, double beta) { return bytes * beta; }},
+      {Primitive::kPad, [](int f, int t) { return f >= 2 && t == 1; },
+       [](int64_t k, double bytes, double, double beta) { return bytes * static_cast<double>(k) * beta; }},
   };
   return kRules;
 }
@@ -156,10 +159,11 @@ bool fully_replicated(const Layout& l) { return l.r == l.size(); }
 }  // namespace
 
 Result<CommPath> PathFinder::find(const Shape& shape, int64_t elem_bytes, const Layout& from,
-                                  const Layout& to) {
+                                  const Layout& to, bool gradient) {
+  gradient_ = gradient;
   LOOM_TRY(from.validate(&shape));
   LOOM_TRY(to.validate(&shape));
-  std::string key = loom::to_string(shape) + "x" + std::to_string(elem_bytes) + "|" +
+  std::string key = std::string(gradient ? "g" : "") + loom::to_string(shape) + "x" + std::to_string(elem_bytes) + "|" +
                     from.to_string() + "|" + to.to_string();
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   std::set<DeviceId> a(from.devices.begin(), from.devices.end()), b(to.devices.begin(), to.devices.end());
@@ -230,7 +234,9 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
     std::vector<int64_t> stride(f.size(), 1);
     for (size_t i = f.size() - 1; i-- > 0;) stride[i] = stride[i + 1] * f[i + 1];
     for (const PrimitiveRule& rule : primitive_rules()) {
-      const bool local = rule.primitive == Primitive::kChunk || rule.primitive == Primitive::kValueChunk;
+      if (rule.primitive == Primitive::kPad && !gradient_) continue;  // forward values stay uniform chunks
+      const bool local = rule.primitive == Primitive::kChunk || rule.primitive == Primitive::kValueChunk ||
+                         rule.primitive == Primitive::kPad;
       for (int a = 0; a < static_cast<int>(f.size()); ++a)
         for (int b = 0; b < static_cast<int>(f.size()); ++b) {
           if (a == b || !rule.applies(a, b)) continue;

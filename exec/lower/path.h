@@ -1,7 +1,7 @@
 // Communication synthesis: the cheapest sequence of primitives that turns one RVD layout of a
 // tensor into another. Each primitive moves a factor k between two of the layout's factors:
 //   V→R all-reduce, D→R all-gather, V→D reduce-scatter, D→D all-to-all (intra-group), and the
-//   local R→D chunk and R→V value chunk; send/recv moves pieces between disjoint groups (pipeline
+//   local R→D chunk, R→V value chunk and D→V pad (a slice in zeros: the gradient of a chunk); send/recv moves pieces between disjoint groups (pipeline
 //   stages) or reorders devices. Costs are alpha-beta per primitive and link class (cost model),
 //   and the path is a shortest path (Dijkstra) over layouts, cached per (shape, layouts).
 #pragma once
@@ -30,7 +30,7 @@ struct CostModel {
   static Result<CostModel> load(const std::string& path);
 };
 
-enum class Primitive { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kChunk, kValueChunk, kSendRecv };
+enum class Primitive { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kChunk, kValueChunk, kPad, kSendRecv };
 std::string to_string(Primitive p);
 
 // One step of a path.
@@ -74,13 +74,16 @@ class PathFinder {
   // The cheapest path from `from` to `to` for a tensor of `shape` with elements of
   // `elem_bytes`. Same device set: collectives and local chunks; disjoint sets: a path within
   // the producers, send/recv, and a path within the consumers.
-  Result<CommPath> find(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to);
+  // `gradient`: the path carries gradients, where a value chunk may be a slice in zeros (pad).
+  Result<CommPath> find(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to,
+                        bool gradient = false);
   size_t cache_size() const { return cache_.size(); }
   void clear_cache() { cache_.clear(); }
 
  private:
   Result<CommPath> intra(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to);
   Result<CommPath> cross(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to);
+  bool gradient_ = false;
   double link(const std::vector<DeviceId>& group, double& alpha) const;
 
   CostModel model_;

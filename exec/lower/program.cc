@@ -109,7 +109,7 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       const int64_t elem = size_bytes(t.dtype);
       auto fwd = paths.find(t.shape, elem, a.from, a.to);
       if (!fwd.ok()) return fail(fwd.error());
-      auto bwd = paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from));
+      auto bwd = paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from), /*gradient=*/true);
       if (!bwd.ok()) return fail(bwd.error());
       a.forward = *fwd;
       a.backward = *bwd;

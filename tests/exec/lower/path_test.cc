@@ -64,6 +64,7 @@ void simulate(const CommPath& path, const Layout& from, const Layout& to, const 
     switch (step.primitive) {
       case Primitive::kChunk:
       case Primitive::kValueChunk:
+      case Primitive::kPad:
         for (auto& [dev, atoms] : st) need(dev, atoms);
         break;
       case Primitive::kSendRecv: {
