@@ -5,7 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#include "exec/comm/make_comm.h"
+#include "exec/lower/program.h"
 #include "exec/runtime/data.h"
+#include "exec/runtime/rank_executor.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/optimizer.h"
@@ -27,12 +30,18 @@ struct Trainer::Impl {
   int64_t rows = 0;  // samples per micro-batch (all replicas)
   int64_t step = 0;
   std::vector<int64_t> buffer;
+  // Multi-rank runs.
+  std::shared_ptr<comm::Comm> world;
+  graph::Graph planned;
+  lower::Lowered lowered;
+  std::unique_ptr<RankExecutor> rank_exec;
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config) {
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
+                                                 std::shared_ptr<comm::Comm> world) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   LOOM_ASSIGN_OR_RETURN(impl->graph, models::build_model(config, impl->ops));
@@ -51,13 +60,41 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config) {
   LOOM_CHECK(vocab_owner) << "model graph has no embedding";
   LOOM_ASSIGN_OR_RETURN(impl->data, make_token_source(config, vocab_owner->shape[0], impl->seq));
 
-  impl->executor = std::make_unique<Executor>(impl->graph, impl->kernels,
-                                              static_cast<uint64_t>(config.run.seed));
+  const int64_t world_size = config.parallel.world_size();
+  if (world_size == 1 && !world) {
+    impl->executor = std::make_unique<Executor>(impl->graph, impl->kernels,
+                                                static_cast<uint64_t>(config.run.seed));
+    std::vector<bool> decay;
+    for (TensorId id : impl->executor->parameter_ids())
+      decay.push_back(impl->graph.tensor(id).shape.size() >= 2);
+    impl->optimizer =
+        std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay));
+    return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+  }
+
+  LOOM_TRY(models::check_parallel(config));
+  if (!world) {
+    LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm));
+  }
+  if (world->size() != world_size)
+    return config.error("parallel.dp", "parallel.dp (" + std::to_string(config.parallel.dp) +
+                                           ") x parallel.tp (" + std::to_string(config.parallel.tp) +
+                                           ") x parallel.pp (" + std::to_string(config.parallel.pp) +
+                                           ") = " + std::to_string(world_size) + " ranks, but " +
+                                           std::to_string(world->size()) + " processes were started");
+  impl->world = world;
+  LOOM_ASSIGN_OR_RETURN(impl->planned,
+                        planner::plan_graph(impl->graph, {config, world_size},
+                                            planner::PolicyRegistry::with_builtin_policies()));
+  lower::PathFinder paths;
+  LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths));
+  LOOM_ASSIGN_OR_RETURN(impl->rank_exec,
+                        RankExecutor::create(impl->planned, impl->lowered, world, impl->kernels,
+                                             static_cast<uint64_t>(config.run.seed)));
   std::vector<bool> decay;
-  for (TensorId id : impl->executor->parameter_ids())
-    decay.push_back(impl->graph.tensor(id).shape.size() >= 2);
-  impl->optimizer =
-      std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay));
+  for (const auto& piece : impl->rank_exec->parameter_pieces())
+    decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
+  impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->rank_exec->parameters(), std::move(decay));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
@@ -66,9 +103,44 @@ Result<StepStats> Trainer::step() {
   auto start = std::chrono::steady_clock::now();
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
-  s.executor->zero_grad();
   s.buffer.resize(static_cast<size_t>(s.seq + 1));
   double loss_sum = 0;
+  if (s.rank_exec) {
+    std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
+    for (int64_t m = 0; m < micro; ++m) {
+      at::Tensor tokens = at::empty({s.rows, s.seq}, at::kLong);
+      at::Tensor targets = at::empty({s.rows, s.seq}, at::kLong);
+      for (int64_t r = 0; r < s.rows; ++r) {
+        LOOM_TRY(s.data->sample(first_sample + m * s.rows + r, s.seq, s.buffer.data()));
+        std::copy(s.buffer.begin(), s.buffer.begin() + s.seq, tokens.data_ptr<int64_t>() + r * s.seq);
+        std::copy(s.buffer.begin() + 1, s.buffer.end(), targets.data_ptr<int64_t>() + r * s.seq);
+      }
+      inputs.push_back({{s.tokens_id.value(), tokens}, {s.targets_id.value(), targets}});
+    }
+    LOOM_ASSIGN_OR_RETURN(loss_sum, s.rank_exec->run(inputs, 1.0 / static_cast<double>(micro)));
+    // The global norm counts each element once: replicated pieces share their square.
+    const auto& params = s.rank_exec->parameters();
+    const auto& replicas = s.rank_exec->parameter_replicas();
+    at::Tensor sq = at::zeros({}, at::kDouble);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].grad().defined())
+        sq += params[i].grad().to(at::kDouble).pow(2).sum() / static_cast<double>(replicas[i]);
+    LOOM_TRY(s.rank_exec->world().all_reduce(sq));
+    const double norm = std::sqrt(sq.item<double>());
+    clip_gradients(params, norm, s.config.optimizer.clip_grad_norm);
+    const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
+    s.optimizer->step(lr);
+    ++s.step;
+    StepStats st;
+    st.step = s.step;
+    st.loss = loss_sum / static_cast<double>(micro);
+    st.lr = lr;
+    st.grad_norm = norm;
+    st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    st.tokens_per_s = static_cast<double>(s.config.batch.global * s.seq) / st.step_time_s;
+    return st;
+  }
+  s.executor->zero_grad();
   for (int64_t m = 0; m < micro; ++m) {
     at::Tensor tokens = at::empty({s.rows, s.seq}, at::kLong);
     at::Tensor targets = at::empty({s.rows, s.seq}, at::kLong);
@@ -104,5 +176,8 @@ int64_t Trainer::steps_done() const { return impl_->step; }
 const Config& Trainer::config() const { return impl_->config; }
 const graph::Graph& Trainer::graph() const { return impl_->graph; }
 Executor& Trainer::executor() { return *impl_->executor; }
+bool Trainer::distributed() const { return impl_->rank_exec != nullptr; }
+RankExecutor& Trainer::rank_executor() { return *impl_->rank_exec; }
+int64_t Trainer::rank() const { return impl_->world ? impl_->world->world_rank().value() : 0; }
 
 }  // namespace loom::runtime

@@ -12,6 +12,12 @@
 namespace loom::runtime {
 
 class Executor;
+class RankExecutor;
+}  // namespace loom::runtime
+namespace loom::comm {
+class Comm;
+}  // namespace loom::comm
+namespace loom::runtime {
 
 struct StepStats {
   int64_t step = 0;        // 1-based index of the step just taken
@@ -26,7 +32,11 @@ class Trainer {
  public:
   // Builds the model and data and materialises the parameters. Every user mistake (config,
   // model arguments, data file) is returned as an error naming the key or file.
-  static Result<std::unique_ptr<Trainer>> create(const Config& config);
+  // With parallel.dp x tp x pp > 1 the trainer is one rank of a plan: it plans, lowers and runs
+  // this rank's program over `world` (by default the Comm made from comm.* and the launcher's
+  // environment).
+  static Result<std::unique_ptr<Trainer>> create(const Config& config,
+                                                 std::shared_ptr<comm::Comm> world = nullptr);
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples.
@@ -35,7 +45,10 @@ class Trainer {
   int64_t steps_done() const;
   const Config& config() const;
   const graph::Graph& graph() const;
-  Executor& executor();
+  Executor& executor();                 // single-process runs
+  bool distributed() const;
+  RankExecutor& rank_executor();        // multi-rank runs
+  int64_t rank() const;                 // 0 in single-process runs
 
  private:
   struct Impl;
