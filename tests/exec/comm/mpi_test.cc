@@ -14,31 +14,19 @@ namespace {
 
 const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/comm_worker";
 
-std::string find_mpirun() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/usr/local/bin");
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = dir + "/mpirun";
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
 // mpirun -np n comm_worker args...; root needs --allow-run-as-root, and the test machine has
 // fewer cores than ranks.
 ProcessResult mpirun(int n, const std::vector<std::string>& args, double deadline_s) {
   Launch l;
-  l.argv = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-            // Containers often forbid the cross-memory attach that shared memory uses.
-            "--mca", "btl_vader_single_copy_mechanism", "none", "-np", std::to_string(n), kWorker};
+  l.argv = mpirun_argv();
+  l.argv.insert(l.argv.end(), {"-np", std::to_string(n), kWorker});
   for (const auto& a : args) l.argv.push_back(a);
   l.env = {{"LOOM_TEST_BACKEND", "mpi"}, {"OMP_NUM_THREADS", "1"}};
   return run_processes({l}, deadline_s)[0];
 }
 
 #define SKIP_WITHOUT_MPIRUN() \
-  if (find_mpirun().empty())  \
+  if (find_program("mpirun").empty())  \
   GTEST_SKIP() << "mpirun is not installed (Open MPI's mpirun runs these)"
 
 void expect_all_passed(int n) {

@@ -173,4 +173,23 @@ std::vector<ProcessResult> spawn_workers(const std::string& worker, int world_si
   return run_processes(launches, deadline_s);
 }
 
+std::string find_program(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/usr/local/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string candidate = dirs.substr(start, end - start) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+std::vector<std::string> mpirun_argv() {
+  return {find_program("mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+          "--mca", "btl_vader_single_copy_mechanism", "none"};
+}
+
 }  // namespace loom::comm::testing

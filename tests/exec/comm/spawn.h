@@ -30,6 +30,13 @@ struct ProcessResult {
 // process groups, so mpirun's children go too).
 std::vector<ProcessResult> run_processes(const std::vector<Launch>& launches, double deadline_s);
 
+// The path of `name` on PATH, or "" when it is not installed.
+std::string find_program(const std::string& name);
+
+// mpirun's arguments for running as root on a test machine with fewer cores than ranks (and in
+// containers that forbid shared memory's cross-memory attach), before -np.
+std::vector<std::string> mpirun_argv();
+
 // A TCP port that was free a moment ago on 127.0.0.1.
 int free_port();
 

@@ -1,0 +1,78 @@
+// A training rank for the multi-process tests: GPT tiny from an inline config plus key=value
+// overrides, its Comm from the launcher's environment (gloo) or mpirun (mpi). Writes, per rank,
+// the losses and its parameter pieces to DIR/rank_K.json and DIR/rank_K.bin. With
+// --die-at-step N --die-rank R, rank R kills itself with SIGKILL at the start of step N.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "exec/comm/make_comm.h"
+#include "exec/runtime/rank_executor.h"
+#include "exec/runtime/trainer.h"
+
+int main(int argc, char** argv) {
+  std::string out_dir;
+  int die_step = -1, die_rank = -1, steps = 10;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
+    else if (a == "--die-at-step" && i + 1 < argc) die_step = std::atoi(argv[++i]);
+    else if (a == "--die-rank" && i + 1 < argc) die_rank = std::atoi(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else overrides.push_back(a);
+  }
+  loom::comm::configure_worker_threads();
+  const char* yaml = R"(run: {seed: 3, steps: 10}
+model: {type: gpt, preset: tiny}
+batch: {global: 8, micro: 2}
+optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
+comm: {timeout_s: 60}
+)";
+  auto config = loom::parse_config(yaml, "worker.yaml", overrides);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.error().message.c_str());
+    return 2;
+  }
+  auto trainer = loom::runtime::Trainer::create(*config);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s\n", trainer.error().message.c_str());
+    return 1;
+  }
+  const int64_t rank = (*trainer)->rank();
+  std::vector<double> losses;
+  for (int i = 1; i <= steps; ++i) {
+    if (i == die_step && rank == die_rank) raise(SIGKILL);
+    auto st = (*trainer)->step();
+    if (!st.ok()) {
+      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank), st.error().message.c_str());
+      return 1;
+    }
+    losses.push_back(st->loss);
+  }
+  if (out_dir.empty()) return 0;
+  auto& exec = (*trainer)->rank_executor();
+  nlohmann::json index = {{"losses", losses}, {"params", nlohmann::json::array()}};
+  std::ofstream bin(out_dir + "/rank_" + std::to_string(rank) + ".bin", std::ios::binary);
+  int64_t offset = 0;
+  for (size_t i = 0; i < exec.parameters().size(); ++i) {
+    at::Tensor p = exec.parameters()[i].detach().contiguous();
+    const auto& piece = exec.parameter_pieces()[i];
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const auto& r : piece.ranges) ranges.push_back({r.start, r.end});
+    index["params"].push_back({{"name", (*trainer)->graph().tensor(piece.tensor).name},
+                               {"ranges", ranges}, {"offset", offset}, {"numel", p.numel()}});
+    bin.write(reinterpret_cast<const char*>(p.data_ptr<float>()), static_cast<std::streamsize>(p.numel() * 4));
+    offset += p.numel();
+  }
+  std::ofstream(out_dir + "/rank_" + std::to_string(rank) + ".json") << index.dump();
+  return 0;
+}
