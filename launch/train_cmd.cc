@@ -17,6 +17,7 @@
 #include "launch/files.h"
 
 #if LOOM_HAVE_RUNTIME
+#include "exec/comm/make_comm.h"
 #include "exec/runtime/trainer.h"
 #endif
 
@@ -65,16 +66,26 @@ int train_main(const Args& args) {
   auto loaded = load_config(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
   const Config& config = *loaded;
-  if (config.parallel.world_size() != 1)
-    return bad_input(config.where("parallel.dp") + ": parallel: dp x tp x pp = " +
-                     std::to_string(config.parallel.world_size()) +
-                     " ranks, but loom train was started as a single process (world size 1)");
   if (Status s = init_logging(-1, config.logging.level); !s.ok()) return bad_input(s.error().message);
 
 #if LOOM_HAVE_RUNTIME
+  // As one rank of several (started by loomrun, torchrun, mpirun or srun) each worker takes its
+  // share of the cores.
+  if (config.parallel.world_size() > 1) comm::configure_worker_threads();
   auto created = runtime::Trainer::create(config);
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;
+  const bool lead = trainer.rank() == 0;  // only rank 0 writes the run directory and reports
+  if (config.parallel.world_size() > 1) (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
+  if (!lead) {
+    for (int64_t i = 0; i < config.run.steps; ++i)
+      if (auto st = trainer.step(); !st.ok()) {
+        std::fprintf(stderr, "loom train: rank %lld: error: %s\n", static_cast<long long>(trainer.rank()),
+                     st.error().message.c_str());
+        return kExitFailure;
+      }
+    return kExitOk;
+  }
 
   // Only now, with every input validated, does anything get written.
   namespace fs = std::filesystem;
@@ -99,6 +110,11 @@ int train_main(const Args& args) {
     auto st = trainer.step();
     if (!st.ok()) {
       if (tty) std::printf("\n");
+      // Data errors are the user's; a communication failure is the run's.
+      if (st.error().key == "comm") {
+        std::fprintf(stderr, "loom train: rank 0: error: %s\n", st.error().message.c_str());
+        return kExitFailure;
+      }
       return bad_input(st.error().message);
     }
     elapsed += st->step_time_s;

@@ -1,6 +1,7 @@
 // The `loom` binary as a user meets it: a real run, and every bad input ending in exit code 2
 // with one message naming the key (and its line), and nothing written.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,8 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "tests/exec/comm/spawn.h"
 
 namespace {
 
@@ -123,9 +126,29 @@ TEST_F(Cli, MissingConfigAndBadFlags) {
   expect_rejected("trian", "unknown command 'trian'");
 }
 
+TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
+  std::string config = write("c.yaml", base_config() + "parallel:\n  tp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
+  std::string cmd;
+  int port = loom::comm::testing::free_port();
+  for (int r = 0; r < 2; ++r)
+    cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           std::to_string(port) + " " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " + config +
+           " > " + (dir_ / ("rank" + std::to_string(r) + ".log")).string() + " 2>&1 & ";
+  ASSERT_EQ(std::system(("timeout 120 bash -c '" + cmd + "wait'").c_str()), 0);
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) ++lines;
+  EXPECT_EQ(lines, 12);
+  std::ifstream rank1(dir_ / "rank1.log");
+  std::stringstream quiet;
+  quiet << rank1.rdbuf();
+  EXPECT_EQ(quiet.str().find("step"), std::string::npos) << "rank 1 reported progress: " << quiet.str();
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
-                  "dp x tp x pp = 2 ranks");
+                  "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");
 }
 
 }  // namespace
