@@ -9,6 +9,7 @@
 
 #include "exec/runtime/init.h"
 #include "exec/runtime/oracle.h"
+#include "exec/runtime/path_runner.h"
 
 namespace loom::runtime {
 namespace {
@@ -18,20 +19,16 @@ using lower::CommPath;
 using lower::CommStep;
 using lower::Primitive;
 
-// Which part of a path this rank runs: all of it, the producers' part (up to and including the
-// sends to another group), or the consumers' part (the receives and what follows).
-enum class Part { kAll, kProducer, kConsumer };
-
-std::vector<int64_t> key_of(const std::vector<DeviceId>& devices) {
-  std::vector<int64_t> k;
-  for (DeviceId d : devices) k.push_back(d.value());
-  return k;
-}
+using Part = PathPart;
 
 // Thrown inside autograd functions, caught by RankExecutor::run.
 struct CommFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+void check(const Status& s) {
+  if (!s.ok()) throw CommFailure(s.error().message);
+}
 
 }  // namespace
 
@@ -41,7 +38,7 @@ struct RankExecutor::Impl {
   std::shared_ptr<comm::Comm> world;
   const KernelRegistry* kernels = nullptr;
   int64_t rank = 0;
-  std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups;
+  std::unique_ptr<PathRunner> runner;
   std::vector<at::Tensor> params;
   std::vector<graph::SubTensor> pieces;
   std::vector<int64_t> replicas;
@@ -60,131 +57,11 @@ struct RankExecutor::Impl {
   };
   std::vector<Micro> micro;
 
-  comm::Comm& group(const std::vector<DeviceId>& members) {
-    auto it = groups.find(key_of(members));
-    LOOM_CHECK(it != groups.end() && it->second) << "no communicator for a group of rank " << rank;
-    return *it->second;
-  }
-
-  int64_t position(const lower::Layout& l) const {
-    for (size_t p = 0; p < l.devices.size(); ++p)
-      if (l.devices[p].value() == rank) return static_cast<int64_t>(p);
-    return -1;
-  }
-
-  Shape piece_shape(const lower::Layout& l, const Shape& full) const {
-    return l.piece(position(l), TensorId(0), full).shape();
-  }
-
-  static void check(const Status& s) {
-    if (!s.ok()) throw CommFailure(s.error().message);
-  }
-
-  // Runs the steps of `path` that involve this rank, starting from its piece `x`.
+  // Runs a path; a failure inside autograd functions travels as CommFailure.
   at::Tensor run_path(const CommPath& path, const Shape& full, at::Tensor x, Part part, int64_t tag_base) {
-    at::NoGradGuard no_grad;
-    at::Tensor cur = x.defined() ? x.contiguous() : x;
-    bool crossed = false;  // past the first send/recv step
-    for (size_t i = 0; i < path.steps.size(); ++i) {
-      const CommStep& st = path.steps[i];
-      if (st.primitive == Primitive::kSendRecv) {
-        const bool first_transfer = !crossed;
-        crossed = true;
-        const bool do_send = part != Part::kConsumer || !first_transfer;
-        const bool do_recv = part != Part::kProducer || !first_transfer;
-        const int tag = static_cast<int>(tag_base + static_cast<int64_t>(i));
-        at::Tensor received;
-        std::vector<comm::Work> sends;
-        for (const auto& pair : st.groups) {
-          const int64_t src = pair[0].value(), dst = pair[1].value();
-          if (src == rank && dst == rank) {
-            if (do_recv) received = cur;
-            continue;
-          }
-          if (src == rank && do_send) sends.push_back(world->send_async(cur, Rank(src == rank ? dst : src), tag));
-        }
-        for (const auto& pair : st.groups) {
-          const int64_t src = pair[0].value(), dst = pair[1].value();
-          if (dst == rank && src != rank && do_recv) {
-            // Activations and their gradients are float32 (the graph's activation dtype).
-            received = at::empty(piece_shape(st.after, full), at::TensorOptions().dtype(at::kFloat));
-            check(world->recv(received, Rank(src), tag));
-          }
-        }
-        for (auto& w : sends) check(w.wait());
-        if (part == Part::kProducer && first_transfer) return at::Tensor();
-        // Devices that keep their piece (same position in both layouts) carry it over.
-        if (!received.defined() && position(st.after) >= 0 && position(st.before) >= 0 &&
-            st.before.devices[static_cast<size_t>(position(st.before))] == st.after.devices[static_cast<size_t>(position(st.before))])
-          received = cur;
-        cur = received;
-        continue;
-      }
-      if (part == Part::kProducer && crossed) break;
-      if (part == Part::kConsumer && !crossed) continue;
-      const int64_t pos = position(st.before);
-      if (pos < 0) continue;
-      const int64_t sub = st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % st.k;
-      const int64_t k = st.k;
-      auto dim_of = [](int factor) { return static_cast<int64_t>(factor - 2); };
-      switch (st.primitive) {
-        case Primitive::kAllReduce: {
-          at::Tensor out = cur.clone();
-          check(group(members_of(st)).all_reduce(out));
-          cur = out;
-          break;
-        }
-        case Primitive::kAllGather: {
-          std::vector<at::Tensor> parts;
-          for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
-          check(group(members_of(st)).all_gather(parts, cur));
-          cur = at::cat(parts, dim_of(st.from_factor));
-          break;
-        }
-        case Primitive::kReduceScatter: {
-          std::vector<at::Tensor> in;
-          for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-          at::Tensor out = at::empty_like(in[0]);
-          check(group(members_of(st)).reduce_scatter(out, in));
-          cur = out;
-          break;
-        }
-        case Primitive::kAllToAll: {
-          std::vector<at::Tensor> in, out;
-          for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-          for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
-          check(group(members_of(st)).all_to_all(out, in));
-          cur = at::cat(out, dim_of(st.from_factor));
-          break;
-        }
-        case Primitive::kChunk:
-          cur = cur.chunk(k, dim_of(st.to_factor))[static_cast<size_t>(sub)].contiguous();
-          break;
-        case Primitive::kValueChunk:
-          cur = cur / static_cast<double>(k);
-          break;
-        case Primitive::kPad: {
-          const int64_t dim = dim_of(st.from_factor);
-          std::vector<int64_t> shape = cur.sizes().vec();
-          const int64_t width = shape[static_cast<size_t>(dim)];
-          shape[static_cast<size_t>(dim)] = width * k;
-          at::Tensor out = at::zeros(shape, cur.options());
-          out.narrow(dim, sub * width, width).copy_(cur);
-          cur = out;
-          break;
-        }
-        case Primitive::kSendRecv: break;
-      }
-    }
-    return cur;
-  }
-
-  std::vector<DeviceId> members_of(const CommStep& st) const {
-    for (const auto& g : st.groups)
-      for (DeviceId d : g)
-        if (d.value() == rank) return g;
-    LOOM_CHECK(false) << "rank " << rank << " is in no group of a step";
-    return {};
+    auto r = runner->run(path, full, std::move(x), part, tag_base);
+    if (!r.ok()) throw CommFailure(r.error().message);
+    return *r;
   }
 
   int64_t tag(const Adapter& a, int direction, int64_t mb) const {
@@ -238,24 +115,15 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const graph::Graph& p
     return Error::at("comm", "the plan is for " + std::to_string(lowered.programs.size()) +
                                  " ranks but the world has " + std::to_string(world->size()));
   // Every group any step or gradient sync uses, created in the same order on every rank.
-  std::vector<std::vector<int64_t>> wanted;
-  auto want = [&](const std::vector<DeviceId>& members) {
-    if (members.size() < 2) return;
-    auto k = key_of(members);
-    if (std::find(wanted.begin(), wanted.end(), k) == wanted.end()) wanted.push_back(k);
-  };
-  for (const Adapter& a : lowered.adapters)
-    for (const CommPath* p : {&a.forward, &a.backward})
-      for (const CommStep& st : p->steps)
-        if (st.primitive != Primitive::kSendRecv)
-          for (const auto& g : st.groups) want(g);
-  for (const auto& s : lowered.grad_syncs) want(s.devices);
-  for (const auto& k : wanted) {
-    std::vector<Rank> ranks;
-    for (int64_t r : k) ranks.push_back(Rank(r));
-    LOOM_ASSIGN_OR_RETURN(auto g, world->new_group(ranks));
-    if (g) impl->groups[k] = g;
+  impl->runner = std::make_unique<PathRunner>(world);
+  std::vector<const CommPath*> paths;
+  for (const Adapter& a : impl->lowered.adapters) {
+    paths.push_back(&a.forward);
+    paths.push_back(&a.backward);
   }
+  std::vector<std::vector<DeviceId>> syncs;
+  for (const auto& s : impl->lowered.grad_syncs) syncs.push_back(s.devices);
+  LOOM_TRY(impl->runner->add_groups(paths, syncs));
   for (const Adapter& a : lowered.adapters) impl->adapter_of[{a.tensor.value(), a.consumer}] = a.id;
   std::map<std::pair<int64_t, std::string>, int64_t> holders;
   for (const auto& s : lowered.grad_syncs)
@@ -397,17 +265,37 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
         slot = {m.env.at(tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
       }
     }
-    // Gradients of parameter pieces held by several ranks are summed over those ranks.
+    // Gradients of parameter pieces held by several ranks are summed over those ranks: one
+    // flat all-reduce per group of ranks (a bucket), in the same order on every rank.
+    std::map<std::vector<int64_t>, std::vector<at::Tensor*>> buckets;
+    std::vector<std::vector<int64_t>> bucket_order;
     for (int64_t id : prog.grad_syncs) {
       const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
+      std::vector<int64_t> key;
+      for (DeviceId d : sync.devices) key.push_back(d.value());
       at::Tensor& p = s.params[s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()})];
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      Impl::check(s.group(sync.devices).all_reduce(p.mutable_grad()));
+      if (!buckets.count(key)) bucket_order.push_back(key);
+      buckets[key].push_back(&p);
+    }
+    for (const auto& key : bucket_order) {
+      std::vector<at::Tensor> grads;
+      for (at::Tensor* p : buckets[key]) grads.push_back(p->grad().reshape({-1}));
+      at::Tensor flat = at::cat(grads);
+      std::vector<DeviceId> members;
+      for (int64_t r : key) members.push_back(DeviceId(r));
+      check(s.runner->group(members).all_reduce(flat));
+      int64_t offset = 0;
+      for (at::Tensor* p : buckets[key]) {
+        const int64_t n = p->numel();
+        p->mutable_grad().copy_(flat.narrow(0, offset, n).view(p->sizes()));
+        offset += n;
+      }
     }
     at::Tensor loss = at::zeros({}, at::kDouble);
     for (auto& m : s.micro)
       if (m.loss.defined()) loss += m.loss.detach().to(at::kDouble) * prog.loss_seed;
-    Impl::check(s.world->all_reduce(loss));
+    check(s.world->all_reduce(loss));
     return loss.item<double>();
   } catch (const CommFailure& e) {
     return Error::at("comm", e.what());

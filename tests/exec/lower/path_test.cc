@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/exec/lower/random_layout.h"
+
 namespace loom::lower {
 namespace {
 
@@ -107,30 +109,6 @@ void simulate(const CommPath& path, const Layout& from, const Layout& to, const 
   for (auto& [dev, atoms] : target) {
     EXPECT_EQ(st[dev], atoms) << "device " << dev << " via " << path.to_string();
   }
-}
-
-Layout random_layout(std::mt19937& rng, const Shape& shape, std::vector<DeviceId> devices) {
-  int64_t n = static_cast<int64_t>(devices.size());
-  Layout l;
-  l.d.assign(shape.size(), 1);
-  // Assign each prime factor of n to R, V or a dimension it divides.
-  for (int64_t p = 2; n > 1;) {
-    if (n % p) {
-      ++p;
-      continue;
-    }
-    n /= p;
-    std::vector<int> options{0, 1};
-    for (size_t k = 0; k < shape.size(); ++k)
-      if (shape[k] % (l.d[k] * p) == 0) options.push_back(static_cast<int>(k) + 2);
-    int pick = options[rng() % options.size()];
-    if (pick == 0) l.r *= p;
-    else if (pick == 1) l.v *= p;
-    else l.d[pick - 2] *= p;
-  }
-  std::shuffle(devices.begin(), devices.end(), rng);
-  l.devices = std::move(devices);
-  return l;
 }
 
 std::vector<DeviceId> range(int from, int count) {

@@ -1,0 +1,163 @@
+#include "exec/runtime/path_runner.h"
+
+#include <ATen/ATen.h>
+
+namespace loom::runtime {
+namespace {
+
+using lower::CommStep;
+using lower::Primitive;
+
+std::vector<int64_t> key_of(const std::vector<DeviceId>& devices) {
+  std::vector<int64_t> k;
+  for (DeviceId d : devices) k.push_back(d.value());
+  return k;
+}
+
+int64_t position(const lower::Layout& l, int64_t rank) {
+  for (size_t p = 0; p < l.devices.size(); ++p)
+    if (l.devices[p].value() == rank) return static_cast<int64_t>(p);
+  return -1;
+}
+
+}  // namespace
+
+PathRunner::PathRunner(std::shared_ptr<comm::Comm> world)
+    : world_(std::move(world)), rank_(world_->world_rank().value()) {}
+
+Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
+                              const std::vector<std::vector<DeviceId>>& extra) {
+  std::vector<std::vector<int64_t>> wanted;
+  auto want = [&](const std::vector<DeviceId>& members) {
+    if (members.size() < 2) return;
+    auto k = key_of(members);
+    if (groups_.count(k) || std::find(wanted.begin(), wanted.end(), k) != wanted.end()) return;
+    wanted.push_back(k);
+  };
+  for (const lower::CommPath* p : paths)
+    for (const CommStep& st : p->steps)
+      if (st.primitive != Primitive::kSendRecv)
+        for (const auto& g : st.groups) want(g);
+  for (const auto& g : extra) want(g);
+  for (const auto& k : wanted) {
+    std::vector<Rank> ranks;
+    for (int64_t r : k) ranks.push_back(Rank(r));
+    LOOM_ASSIGN_OR_RETURN(auto g, world_->new_group(ranks));
+    groups_[k] = g;  // null where this rank is not a member
+  }
+  return Status::success();
+}
+
+comm::Comm& PathRunner::group(const std::vector<DeviceId>& members) {
+  auto it = groups_.find(key_of(members));
+  LOOM_CHECK(it != groups_.end() && it->second) << "rank " << rank_ << " has no communicator for a group";
+  return *it->second;
+}
+
+Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& full, at::Tensor x,
+                                   PathPart part, int64_t tag_base) {
+  at::NoGradGuard no_grad;
+  at::Tensor cur = x.defined() ? x.contiguous() : x;
+  bool crossed = false;  // past the first send/recv step
+  for (size_t i = 0; i < path.steps.size(); ++i) {
+    const CommStep& st = path.steps[i];
+    if (st.primitive == Primitive::kSendRecv) {
+      const bool first_transfer = !crossed;
+      crossed = true;
+      const bool do_send = part != PathPart::kConsumer || !first_transfer;
+      const bool do_recv = part != PathPart::kProducer || !first_transfer;
+      const int tag = static_cast<int>(tag_base + static_cast<int64_t>(i));
+      at::Tensor received;
+      std::vector<comm::Work> sends;
+      for (const auto& pair : st.groups) {
+        const int64_t src = pair[0].value(), dst = pair[1].value();
+        if (src != rank_ || !do_send) continue;
+        if (dst == rank_) {
+          received = cur;
+          continue;
+        }
+        sends.push_back(world_->send_async(cur, Rank(dst), tag));
+      }
+      for (const auto& pair : st.groups) {
+        const int64_t src = pair[0].value(), dst = pair[1].value();
+        if (dst != rank_ || src == rank_ || !do_recv) continue;
+        // Activations and their gradients are float32, the graph's activation dtype.
+        received = at::empty(st.after.piece(position(st.after, rank_), TensorId(0), full).shape(),
+                             at::TensorOptions().dtype(at::kFloat));
+        LOOM_TRY(world_->recv(received, Rank(src), tag));
+      }
+      for (auto& w : sends) LOOM_TRY(w.wait());
+      if (part == PathPart::kProducer && first_transfer) return at::Tensor();
+      // A device whose piece stays where it is (same position in both layouts) keeps it.
+      const int64_t before = position(st.before, rank_);
+      if (!received.defined() && before >= 0 && position(st.after, rank_) == before) received = cur;
+      cur = received;
+      continue;
+    }
+    if (part == PathPart::kProducer && crossed) break;
+    if (part == PathPart::kConsumer && !crossed) continue;
+    const int64_t pos = position(st.before, rank_);
+    if (pos < 0) continue;
+    const int64_t k = st.k;
+    const int64_t sub = st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % k;
+    auto dim_of = [](int factor) { return static_cast<int64_t>(factor - 2); };
+    auto members = [&]() -> comm::Comm& {
+      for (const auto& g : st.groups)
+        for (DeviceId d : g)
+          if (d.value() == rank_) return group(g);
+      LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a " << lower::to_string(st.primitive);
+      return *world_;
+    };
+    switch (st.primitive) {
+      case Primitive::kAllReduce: {
+        at::Tensor out = cur.clone();
+        LOOM_TRY(members().all_reduce(out));
+        cur = out;
+        break;
+      }
+      case Primitive::kAllGather: {
+        std::vector<at::Tensor> parts;
+        for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
+        LOOM_TRY(members().all_gather(parts, cur));
+        cur = at::cat(parts, dim_of(st.from_factor));
+        break;
+      }
+      case Primitive::kReduceScatter: {
+        std::vector<at::Tensor> in;
+        for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
+        at::Tensor out = at::empty_like(in[0]);
+        LOOM_TRY(members().reduce_scatter(out, in));
+        cur = out;
+        break;
+      }
+      case Primitive::kAllToAll: {
+        std::vector<at::Tensor> in, out;
+        for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
+        for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
+        LOOM_TRY(members().all_to_all(out, in));
+        cur = at::cat(out, dim_of(st.from_factor));
+        break;
+      }
+      case Primitive::kChunk:
+        cur = cur.chunk(k, dim_of(st.to_factor))[static_cast<size_t>(sub)].contiguous();
+        break;
+      case Primitive::kValueChunk:
+        cur = cur / static_cast<double>(k);
+        break;
+      case Primitive::kPad: {
+        const int64_t dim = dim_of(st.from_factor);
+        std::vector<int64_t> shape = cur.sizes().vec();
+        const int64_t width = shape[static_cast<size_t>(dim)];
+        shape[static_cast<size_t>(dim)] = width * k;
+        at::Tensor out = at::zeros(shape, cur.options());
+        out.narrow(dim, sub * width, width).copy_(cur);
+        cur = out;
+        break;
+      }
+      case Primitive::kSendRecv: break;
+    }
+  }
+  return cur;
+}
+
+}  // namespace loom::runtime

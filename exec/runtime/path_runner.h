@@ -1,0 +1,47 @@
+// Executes communication paths (exec/lower/path.h) on this rank's piece of a tensor with the
+// injected Comm: each collective over its group's sub-communicator, send/recv point to point,
+// local chunks and pads in place.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "exec/comm/comm.h"
+#include "exec/lower/path.h"
+
+namespace loom::runtime {
+
+// Which part of a path this rank runs: all of it, the producers' part (up to and including the
+// sends to another group), or the consumers' part (the receives and what follows).
+enum class PathPart { kAll, kProducer, kConsumer };
+
+class PathRunner {
+ public:
+  explicit PathRunner(std::shared_ptr<comm::Comm> world);
+
+  // Creates the sub-communicators of every collective group in `paths` and of `extra` groups.
+  // A collective over the world: every rank calls it with the same arguments, in the same order.
+  Status add_groups(const std::vector<const lower::CommPath*>& paths,
+                    const std::vector<std::vector<DeviceId>>& extra = {});
+  // The communicator of a group this rank belongs to.
+  comm::Comm& group(const std::vector<DeviceId>& members);
+
+  // Runs the steps of `path` that involve this rank, from its piece `x` of a tensor of shape
+  // `full` (undefined when it holds none at the start). Returns its piece at the end (undefined
+  // when it holds none). Messages use tags from `tag_base` up (one per step).
+  Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x, PathPart part,
+                         int64_t tag_base);
+
+  comm::Comm& world() { return *world_; }
+  int64_t rank() const { return rank_; }
+
+ private:
+  std::shared_ptr<comm::Comm> world_;
+  int64_t rank_;
+  std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups_;
+};
+
+}  // namespace loom::runtime
