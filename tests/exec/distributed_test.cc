@@ -108,6 +108,22 @@ TEST(LocalRanks, Dp2Pp2) { expect_equal_to_single_device({"parallel.dp=2", "para
 TEST(LocalRanks, Dp2Tp2Pp2) {
   expect_equal_to_single_device({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}, 8);
 }
+// Pipeline schedules from the scheduler drive each rank's order of blocks.
+void expect_schedule(const std::string& schedule, int pp, int chunks) {
+  expect_equal_to_single_device({"parallel.pp=" + std::to_string(pp), "parallel.chunks=" + std::to_string(chunks),
+                                 "parallel.schedule=" + schedule},
+                                pp, 1e-5, {"model.args.layers=8"});
+}
+TEST(Schedules, GPipePp2) { expect_schedule("gpipe", 2, 1); }
+TEST(Schedules, OneFOneBPp2) { expect_schedule("1f1b", 2, 1); }
+TEST(Schedules, OneFOneBPp4) { expect_schedule("1f1b", 4, 1); }
+TEST(Schedules, GPipePp4) { expect_schedule("gpipe", 4, 1); }
+TEST(Schedules, InterleavedPp2Chunks2) { expect_schedule("interleaved", 2, 2); }
+TEST(Schedules, InterleavedPp4Chunks2) { expect_schedule("interleaved", 4, 2); }
+TEST(Schedules, LoopedBfsPp2Chunks2) { expect_schedule("looped-bfs", 2, 2); }
+TEST(Schedules, SearchPp2) { expect_schedule("search", 2, 1); }
+TEST(Schedules, SearchPp4) { expect_schedule("search", 4, 1); }
+
 TEST(LocalRanks, Dp2Tp2Pp2SpAdamW) {
   expect_equal_to_single_device({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "parallel.sp=true"}, 8,
                                 1e-4, {"optimizer.type=adamw", "optimizer.lr=0.002"});
