@@ -48,6 +48,12 @@ Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
   return Status::success();
 }
 
+Status PathRunner::flush() {
+  for (auto& w : sends_) LOOM_TRY(w.wait());
+  sends_.clear();
+  return Status::success();
+}
+
 comm::Comm& PathRunner::group(const std::vector<DeviceId>& members) {
   auto it = groups_.find(key_of(members));
   LOOM_CHECK(it != groups_.end() && it->second) << "rank " << rank_ << " has no communicator for a group";
@@ -68,7 +74,6 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
       const bool do_recv = part != PathPart::kProducer || !first_transfer;
       const int tag = static_cast<int>(tag_base + static_cast<int64_t>(i));
       at::Tensor received;
-      std::vector<comm::Work> sends;
       for (const auto& pair : st.groups) {
         const int64_t src = pair[0].value(), dst = pair[1].value();
         if (src != rank_ || !do_send) continue;
@@ -76,7 +81,7 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
           received = cur;
           continue;
         }
-        sends.push_back(world_->send_async(cur, Rank(dst), tag));
+        sends_.push_back(world_->send_async(cur, Rank(dst), tag));
       }
       for (const auto& pair : st.groups) {
         const int64_t src = pair[0].value(), dst = pair[1].value();
@@ -86,7 +91,6 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
                              at::TensorOptions().dtype(at::kFloat));
         LOOM_TRY(world_->recv(received, Rank(src), tag));
       }
-      for (auto& w : sends) LOOM_TRY(w.wait());
       if (part == PathPart::kProducer && first_transfer) return at::Tensor();
       // A device whose piece stays where it is (same position in both layouts) keeps it.
       const int64_t before = position(st.before, rank_);

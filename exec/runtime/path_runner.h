@@ -35,6 +35,10 @@ class PathRunner {
   Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x, PathPart part,
                          int64_t tag_base);
 
+  // Waits for every send still in flight. Sends do not block a path (a pipeline's sends and
+  // receives may cross, as in 1F1B); call this before the tensors sent may change.
+  Status flush();
+
   comm::Comm& world() { return *world_; }
   int64_t rank() const { return rank_; }
 
@@ -42,6 +46,7 @@ class PathRunner {
   std::shared_ptr<comm::Comm> world_;
   int64_t rank_;
   std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups_;
+  std::vector<comm::Work> sends_;  // in flight; each keeps its tensor alive
 };
 
 }  // namespace loom::runtime

@@ -265,6 +265,7 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
         slot = {m.env.at(tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
       }
     }
+    check(s.runner->flush());
     // Gradients of parameter pieces held by several ranks are summed over those ranks: one
     // flat all-reduce per group of ranks (a bucket), in the same order on every rank.
     std::map<std::vector<int64_t>, std::vector<at::Tensor*>> buckets;

@@ -46,6 +46,7 @@ void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout
     at::Tensor x;
     if (int64_t p = position(from, rank); p >= 0) x = cut_piece(full, from.piece(p, TensorId(0), shape));
     LOOM_ASSIGN_OR_RETURN(at::Tensor y, runner.run(*path, shape, x, PathPart::kAll, 0));
+    LOOM_TRY(runner.flush());
     const int64_t q = position(to, rank);
     if (q < 0) return Status::success();
     graph::SubTensor want_piece = to.piece(q, TensorId(0), shape);
