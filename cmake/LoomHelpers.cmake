@@ -32,3 +32,16 @@ function(loom_warnings target)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
 endfunction()
+
+# loom_bench(NAME SOURCES ... DEPS ...): a benchmark executable, plus a ctest entry that runs it
+# with --quick so it keeps working (its figures are read by people, never asserted).
+function(loom_bench name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(bench_${name} ${ARG_SOURCES})
+  target_link_libraries(bench_${name} PRIVATE ${ARG_DEPS})
+  loom_warnings(bench_${name})
+  if(LOOM_BUILD_TESTS)
+    add_test(NAME bench.${name}.smoke COMMAND bench_${name} --quick)
+    set_tests_properties(bench.${name}.smoke PROPERTIES TIMEOUT 300 LABELS bench)
+  endif()
+endfunction()

@@ -155,20 +155,23 @@ Result<StepStats> Trainer::step() {
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
   s.buffer.resize(static_cast<size_t>(s.seq + 1));
-  double loss_sum = 0;
-  if (s.rank_exec) {
-    std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
-    for (int64_t m = 0; m < micro; ++m) {
-      at::Tensor tokens = at::empty({s.rows, s.seq}, at::kLong);
-      at::Tensor targets = at::empty({s.rows, s.seq}, at::kLong);
-      for (int64_t r = 0; r < s.rows; ++r) {
-        LOOM_TRY(s.data->sample(first_sample + m * s.rows + r, s.seq, s.buffer.data()));
-        std::copy(s.buffer.begin(), s.buffer.begin() + s.seq, tokens.data_ptr<int64_t>() + r * s.seq);
-        std::copy(s.buffer.begin() + 1, s.buffer.end(), targets.data_ptr<int64_t>() + r * s.seq);
-      }
-      inputs.push_back({{s.tokens_id.value(), tokens}, {s.targets_id.value(), targets}});
+  // Every rank reads the whole micro-batch (cheap) and cuts the pieces its ops read.
+  std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
+  for (int64_t m = 0; m < micro; ++m) {
+    at::Tensor tokens = at::empty({s.rows, s.seq}, at::kLong);
+    at::Tensor targets = at::empty({s.rows, s.seq}, at::kLong);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      LOOM_TRY(s.data->sample(first_sample + m * s.rows + r, s.seq, s.buffer.data()));
+      std::copy(s.buffer.begin(), s.buffer.begin() + s.seq, tokens.data_ptr<int64_t>() + r * s.seq);
+      std::copy(s.buffer.begin() + 1, s.buffer.end(), targets.data_ptr<int64_t>() + r * s.seq);
     }
-    LOOM_ASSIGN_OR_RETURN(loss_sum, s.rank_exec->run(inputs, 1.0 / static_cast<double>(micro)));
+    inputs.push_back({{s.tokens_id.value(), tokens}, {s.targets_id.value(), targets}});
+  }
+
+  double loss_sum = 0, norm = 0;
+  const double scale = 1.0 / static_cast<double>(micro);
+  if (s.rank_exec) {
+    LOOM_ASSIGN_OR_RETURN(loss_sum, s.rank_exec->run(inputs, scale));
     // The global norm counts each element once: replicated pieces share their square.
     const auto& params = s.rank_exec->parameters();
     const auto& replicas = s.rank_exec->parameter_replicas();
@@ -177,45 +180,25 @@ Result<StepStats> Trainer::step() {
       if (params[i].grad().defined())
         sq += params[i].grad().to(at::kDouble).pow(2).sum() / static_cast<double>(replicas[i]);
     LOOM_TRY(s.rank_exec->world().all_reduce(sq));
-    const double norm = std::sqrt(sq.item<double>());
-    clip_gradients(params, norm, s.config.optimizer.clip_grad_norm);
-    const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
-    s.optimizer->step(lr);
-    ++s.step;
-    StepStats st;
-    st.step = s.step;
-    st.loss = loss_sum / static_cast<double>(micro);
-    st.lr = lr;
-    st.grad_norm = norm;
-    st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    st.tokens_per_s = static_cast<double>(s.config.batch.global * s.seq) / st.step_time_s;
-    return st;
-  }
-  s.executor->zero_grad();
-  for (int64_t m = 0; m < micro; ++m) {
-    at::Tensor tokens = at::empty({s.rows, s.seq}, at::kLong);
-    at::Tensor targets = at::empty({s.rows, s.seq}, at::kLong);
-    int64_t* tp = tokens.data_ptr<int64_t>();
-    int64_t* gp = targets.data_ptr<int64_t>();
-    for (int64_t r = 0; r < s.rows; ++r) {
-      LOOM_TRY(s.data->sample(first_sample + m * s.rows + r, s.seq, s.buffer.data()));
-      std::copy(s.buffer.begin(), s.buffer.begin() + s.seq, tp + r * s.seq);
-      std::copy(s.buffer.begin() + 1, s.buffer.end(), gp + r * s.seq);
+    norm = std::sqrt(sq.item<double>());
+  } else {
+    s.executor->zero_grad();
+    for (const auto& in : inputs) {
+      at::Tensor loss = s.executor->forward(in);
+      (loss * scale).backward();
+      loss_sum += loss.item<double>();
     }
-    at::Tensor loss = s.executor->forward({{s.tokens_id.value(), tokens}, {s.targets_id.value(), targets}});
-    (loss * (1.0 / static_cast<double>(micro))).backward();
-    loss_sum += loss.item<double>();
+    norm = std::sqrt(grad_norm_squared(s.executor->parameters()));
   }
-  const auto& params = s.executor->parameters();
-  const double norm = std::sqrt(grad_norm_squared(params));
-  clip_gradients(params, norm, s.config.optimizer.clip_grad_norm);
+  clip_gradients(s.rank_exec ? s.rank_exec->parameters() : s.executor->parameters(), norm,
+                 s.config.optimizer.clip_grad_norm);
   const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
   s.optimizer->step(lr);
   ++s.step;
 
   StepStats st;
   st.step = s.step;
-  st.loss = loss_sum / static_cast<double>(micro);
+  st.loss = loss_sum * scale;
   st.lr = lr;
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
