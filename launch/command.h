@@ -15,6 +15,7 @@ using Args = std::vector<std::string>;
 
 int train_main(const Args& args);     // loom train CONFIG [key=value ...]
 int schedule_main(const Args& args);  // loom schedule --kind ... (scheduler/)
-int config_main(const Args& args);    // loom config CONFIG [key=value ...]: print the resolved config
+int config_main(const Args& args);
+int plan_main(const Args& args);      // loom plan CONFIG [key=value ...] --world-size N --out DIR    // loom config CONFIG [key=value ...]: print the resolved config
 
 }  // namespace loom::cli

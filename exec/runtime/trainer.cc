@@ -13,58 +13,10 @@
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/optimizer.h"
 #include "graph/verify.h"
-#include "planner/mesh.h"
-#include "scheduler/predefined.h"
-#include "scheduler/repetend.h"
+#include "exec/lower/schedule_order.h"
 #include "models/model.h"
 
 namespace loom::runtime {
-
-namespace {
-
-// Each rank's order of pipeline blocks for parallel.schedule, from the scheduler: rank r runs
-// the blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism.
-Result<std::vector<std::vector<lower::ProgramBlock>>> pipeline_order(const Config& config,
-                                                                     int64_t micro_batches) {
-  const auto& p = config.parallel;
-  if (p.pp == 1 && p.chunks == 1) return std::vector<std::vector<lower::ProgramBlock>>{};
-  const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches), v = static_cast<int>(p.chunks);
-  std::vector<std::vector<sched::BlockId>> orders;
-  if (p.schedule == "zb-h1" || p.schedule == "chimera") {
-    return config.error("parallel.schedule",
-                        p.schedule == "zb-h1"
-                            ? "zb-h1 splits the backward pass into input- and weight-gradient passes, "
-                              "which loom train does not run; it is available to loom schedule"
-                            : "chimera runs two replicas of every stage, which loom train does not "
-                              "place; it is available to loom schedule");
-  }
-  if (p.schedule == "search") {
-    if (v != 1) return config.error("parallel.chunks", "the searched schedule places one stage per device");
-    sched::SearchOptions options;
-    options.memory_limit = static_cast<double>(pp);
-    auto found = sched::search_schedule(sched::Placement::v_shape(pp), m, options);
-    if (!found.ok()) return config.error("parallel.schedule", found.error().message);
-    orders = found->schedule.device_orders();
-  } else {
-    auto kind = sched::parse_schedule_kind(p.schedule);
-    if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);
-    auto o = sched::device_orders(*kind, pp, m, v);
-    if (!o.ok()) return config.error("parallel.schedule", o.error().message);
-    orders = std::move(o).value();
-  }
-  LOOM_ASSIGN_OR_RETURN(auto mesh, planner::DeviceMesh::make(p.dp, p.pp, p.tp));
-  std::vector<std::vector<lower::ProgramBlock>> out(static_cast<size_t>(mesh.size()));
-  for (int64_t r = 0; r < mesh.size(); ++r)
-    for (const sched::BlockId& b : orders[static_cast<size_t>(mesh.coord(Rank(r)).pp)]) {
-      if (b.kind != sched::BlockKind::kF && b.kind != sched::BlockKind::kB)
-        return config.error("parallel.schedule", "block " + b.describe() + " is not a full forward or backward");
-      out[static_cast<size_t>(r)].push_back(
-          {b.kind == sched::BlockKind::kF ? lower::BlockKind::kForward : lower::BlockKind::kBackward, b.stage, b.mb});
-    }
-  return out;
-}
-
-}  // namespace
 
 struct Trainer::Impl {
   Config config;
@@ -136,7 +88,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                         planner::plan_graph(impl->graph, {config, world_size},
                                             planner::PolicyRegistry::with_builtin_policies()));
   lower::PathFinder paths;
-  LOOM_ASSIGN_OR_RETURN(auto order, pipeline_order(config, config.micro_batches()));
+  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
   LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths,
                                                     order.empty() ? nullptr : &order));
   LOOM_ASSIGN_OR_RETURN(impl->rank_exec,

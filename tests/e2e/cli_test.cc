@@ -146,6 +146,22 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   EXPECT_EQ(quiet.str().find("step"), std::string::npos) << "rank 1 reported progress: " << quiet.str();
 }
 
+TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
+  std::string config = write("c.yaml", base_config());
+  Outcome r = run("plan " + config + " parallel.tp=2 parallel.pp=2 --out " + (dir_ / "plan").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* f : {"programs/rank_0.txt", "programs/rank_3.txt", "schedule.csv", "timeline.json",
+                        "schedule.svg", "summary.txt"})
+    EXPECT_TRUE(fs::exists(dir_ / "plan" / f)) << f;
+  EXPECT_NE(r.output.find("on 4 ranks (dp 1 x tp 2 x pp 2)"), std::string::npos) << r.output;
+  std::ifstream program(dir_ / "plan" / "programs" / "rank_2.txt");
+  std::stringstream text;
+  text << program.rdbuf();
+  EXPECT_NE(text.str().find("order: F1.0 B1.0 F1.1 B1.1"), std::string::npos) << text.str();  // 1F1B, last stage
+  expect_rejected("plan " + config + " parallel.tp=2 --world-size 4 --out " + (dir_ / "run").string(),
+                  "= 2, but the world size is 4");
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
                   "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");
