@@ -313,6 +313,25 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
 
 Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const Layout& from,
                                    const Layout& to) {
+  // Same factors on both sides: every piece goes to the device at the same position, value
+  // chunks included (a gradient's partial sums cross a stage boundary as they are).
+  if (from.same_factors(to)) {
+    CommStep send;
+    send.primitive = Primitive::kSendRecv;
+    send.before = from;
+    send.after = to;
+    const double bytes = piece_bytes(from, shape, elem_bytes);
+    for (int64_t p = 0; p < from.size(); ++p) {
+      DeviceId src = from.devices[static_cast<size_t>(p)], dst = to.devices[static_cast<size_t>(p)];
+      send.groups.push_back({src, dst});
+      double alpha = 0, beta = link({src, dst}, alpha);
+      send.cost_s = std::max(send.cost_s, alpha + bytes * beta);
+    }
+    CommPath path;
+    path.cost_s = send.cost_s;
+    path.steps.push_back(std::move(send));
+    return path;
+  }
   // Consumers receive full-value pieces split like the target (the value split, if any, is made
   // locally afterwards); producers first bring their pieces into that split.
   Layout y = to;  // the consumers' layout right after the transfer
