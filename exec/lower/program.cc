@@ -98,8 +98,19 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
           local &= has;
         }
       if (local) continue;
+      // Another consumer already reads this layout of the tensor in this stage: share it.
+      bool shared = false;
+      for (Adapter& other : out.adapters)
+        if (other.tensor.value() == key.first && other.consumer_stage == cs && other.to == *to) {
+          other.consumers.push_back(key.second);
+          adapter_of[key] = other.id;
+          shared = true;
+          break;
+        }
+      if (shared) continue;
       Adapter a;
       a.id = static_cast<int64_t>(out.adapters.size());
+      a.consumers = {key.second};
       a.tensor = TensorId(key.first);
       a.consumer = key.second;
       a.producer_stage = ps;
@@ -339,7 +350,7 @@ std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
         os << "    run  " << op.name() << " (" << op.type() << ")\n";
       } else {
         const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
-        os << "    comm " << g.tensor(a.tensor).name << " for " << a.consumer
+        os << "    comm " << g.tensor(a.tensor).name << " for " << join(a.consumers, ", ")
            << (it.producer_side ? " [send side]" : "") << ": " << a.forward.to_string()
            << " | backward: " << a.backward.to_string() << "\n";
       }

@@ -22,7 +22,10 @@ Layout grad_layout(const Layout& l);
 struct Adapter {
   int64_t id = 0;
   TensorId tensor;
-  std::string consumer;  // the consumer op's name (all its sub-ops read through this adapter)
+  std::string consumer;  // the first consumer op's name
+  // Every consumer op reading through this adapter: ops that want the same layout of the same
+  // tensor in the same stage share one transfer (q, k and v read one all-gather).
+  std::vector<std::string> consumers;
   StageId producer_stage;
   StageId consumer_stage;
   Layout from;

@@ -124,7 +124,8 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const graph::Graph& p
   std::vector<std::vector<DeviceId>> syncs;
   for (const auto& s : impl->lowered.grad_syncs) syncs.push_back(s.devices);
   LOOM_TRY(impl->runner->add_groups(paths, syncs));
-  for (const Adapter& a : lowered.adapters) impl->adapter_of[{a.tensor.value(), a.consumer}] = a.id;
+  for (const Adapter& a : lowered.adapters)
+    for (const std::string& consumer : a.consumers) impl->adapter_of[{a.tensor.value(), consumer}] = a.id;
   std::map<std::pair<int64_t, std::string>, int64_t> holders;
   for (const auto& s : lowered.grad_syncs)
     holders[{s.tensor.value(), s.piece.ranges_string()}] = static_cast<int64_t>(s.devices.size());

@@ -66,6 +66,9 @@ TEST(Lowering, SequenceParallelUsesReduceScatterAndAllGather) {
   Lowering l = lower_plan({"parallel.tp=2", "parallel.sp=true"}, 2);
   EXPECT_GE(count(l.lowered, Primitive::kReduceScatter), 4);
   EXPECT_GE(count(l.lowered, Primitive::kAllGather), 4);
+  // q, k and v read the norm's output through one all-gather.
+  std::string text = listing(l.graph, l.lowered, Rank(0));
+  EXPECT_NE(text.find("comm h0.ln1 for h0.attn.q, h0.attn.k, h0.attn.v: all_gather"), std::string::npos) << text;
 }
 
 TEST(Lowering, PipelineStagesSendAndReceive) {
