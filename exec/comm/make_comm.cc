@@ -206,10 +206,15 @@ int configure_worker_threads(const EnvLookup& env) {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+  // Workers on this machine: loomrun/torchrun say LOCAL_WORLD_SIZE, Open MPI
+  // OMPI_COMM_WORLD_LOCAL_SIZE, Slurm SLURM_NTASKS_PER_NODE, MPICH/Hydra MPI_LOCALNRANKS.
   int per_machine = 1;
-  if (std::optional<std::string> v = env("LOCAL_WORLD_SIZE")) {
-    per_machine = std::max(1, std::atoi(v->c_str()));
-  }
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                           "SLURM_NTASKS_PER_NODE"})
+    if (std::optional<std::string> v = env(name)) {
+      per_machine = std::max(1, std::atoi(v->c_str()));
+      break;
+    }
   const int threads = std::max(1, cores / per_machine);
   at::set_num_threads(threads);
   return threads;

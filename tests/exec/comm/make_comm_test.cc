@@ -176,6 +176,9 @@ TEST(WorkerThreads, SplitsTheCoresAmongLocalWorkers) {
   EXPECT_EQ(half, std::max(1, one / 2));
   EXPECT_EQ(configure_worker_threads(env_of({{"LOCAL_WORLD_SIZE", "1000"}})), 1);
   EXPECT_EQ(at::get_num_threads(), 1);
+  // Under mpirun or srun the local worker count comes from their variables.
+  EXPECT_EQ(configure_worker_threads(env_of({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})), std::max(1, one / 2));
+  EXPECT_EQ(configure_worker_threads(env_of({{"SLURM_NTASKS_PER_NODE", "1000"}})), 1);
 }
 
 }  // namespace
