@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
 #include "core/strings.h"
 
@@ -224,40 +225,65 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
 
 namespace {
 
-// One communication event of a rank, in program order.
+// One communication event of a rank, in program order. Keys are integers (adapter, direction,
+// micro-batch, step) so that checking a thousand ranks stays cheap; text is made on failure.
 struct Event {
-  enum class Kind { kSend, kRecv, kCollective } kind;
-  std::string key;              // identical on every party of the same exchange
-  std::vector<DeviceId> peers;  // send: {dst}; recv: {src}; collective: the members
-  std::string what;             // for messages
+  enum class Kind : uint8_t { kSend, kRecv, kCollective } kind;
+  int64_t key;                          // identical on every party of the same exchange
+  DeviceId peer;                        // send: the receiver; recv: the sender
+  const std::vector<DeviceId>* members; // collective: its members
+  Primitive primitive;
 };
 
+int64_t step_key(int64_t adapter, bool forward, int64_t mb, size_t step) {
+  return (((adapter * 2 + (forward ? 0 : 1)) * 4096 + mb) * 64 + static_cast<int64_t>(step));
+}
+
+std::string describe(const Event& e, const Lowered& lowered, const graph::Graph& g) {
+  if (e.key < 0) {
+    const GradSync& s = lowered.grad_syncs[static_cast<size_t>(-e.key - 1)];
+    return "all_reduce of the gradients of '" + g.tensor(s.tensor).name + "'";
+  }
+  int64_t k = e.key;
+  const int64_t step = k % 64;
+  k /= 64;
+  const int64_t mb = k % 4096;
+  k /= 4096;
+  const bool forward = k % 2 == 0;
+  const Adapter& a = lowered.adapters[static_cast<size_t>(k / 2)];
+  std::string what = e.kind == Event::Kind::kSend ? "send to rank " + e.peer.to_string()
+                     : e.kind == Event::Kind::kRecv ? "recv from rank " + e.peer.to_string()
+                                                    : to_string(e.primitive);
+  return what + " (step " + std::to_string(step) + " of the " + (forward ? "forward" : "gradient") +
+         " path of '" + g.tensor(a.tensor).name + "' for " + a.consumer + ", micro-batch " +
+         std::to_string(mb) + ")";
+}
+
 // Steps of `path` this rank runs, on the given side of a cross-group adapter.
-void path_events(const CommPath& path, const std::string& prefix, int64_t rank, int side,
-                 const std::set<DeviceId>& producers, std::vector<Event>& events) {
-  // side: 0 = whole path, 1 = producer part, 2 = consumer part.
+void path_events(const CommPath& path, int64_t adapter, bool forward, int64_t mb, int64_t rank,
+                 int side, const std::vector<bool>& first_group, std::vector<Event>& events) {
+  // side: 0 = whole path, 1 = the first group's part, 2 = the second group's part.
   bool after_send = false;
   for (size_t i = 0; i < path.steps.size(); ++i) {
     const CommStep& st = path.steps[i];
-    const std::string key = prefix + "/" + std::to_string(i);
+    const int64_t key = step_key(adapter, forward, mb, i);
     if (st.primitive == Primitive::kSendRecv) {
-      for (size_t j = 0; j < st.groups.size(); ++j) {
-        const auto& pair = st.groups[j];
-        const std::string k = key + "/" + std::to_string(j);
+      for (const auto& pair : st.groups) {
         if (pair[0].value() == rank && side != 2)
-          events.push_back({Event::Kind::kSend, k, {pair[1]}, "send " + k + " to " + pair[1].to_string()});
+          events.push_back({Event::Kind::kSend, key, pair[1], nullptr, st.primitive});
         if (pair[1].value() == rank && side != 1)
-          events.push_back({Event::Kind::kRecv, k, {pair[0]}, "recv " + k + " from " + pair[0].to_string()});
+          events.push_back({Event::Kind::kRecv, key, pair[0], nullptr, st.primitive});
       }
-      if (side != 0 && producers.count(st.groups.empty() ? DeviceId() : st.groups[0][0])) after_send = true;
+      if (side != 0 && !st.groups.empty() && first_group[static_cast<size_t>(st.groups[0][0].value())])
+        after_send = true;
       continue;
     }
-    const bool producer_step = side != 0 && !after_send;
-    if (side == 1 && !producer_step) continue;
-    if (side == 2 && producer_step) continue;
+    const bool first_part = side != 0 && !after_send;
+    if (side == 1 && !first_part) continue;
+    if (side == 2 && first_part) continue;
     for (const auto& group : st.groups)
       if (group.size() > 1 && std::find(group.begin(), group.end(), DeviceId(rank)) != group.end())
-        events.push_back({Event::Kind::kCollective, key, group, to_string(st.primitive) + " " + key});
+        events.push_back({Event::Kind::kCollective, key, DeviceId(), &group, st.primitive});
   }
 }
 
@@ -265,6 +291,23 @@ void path_events(const CommPath& path, const std::string& prefix, int64_t rank, 
 
 Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
+  // Per adapter: whether producers and consumers are disjoint, and each side's membership.
+  struct Sides {
+    bool disjoint = true;
+    std::vector<bool> producer, consumer;
+  };
+  std::vector<Sides> sides(lowered.adapters.size());
+  for (size_t i = 0; i < lowered.adapters.size(); ++i) {
+    const Adapter& a = lowered.adapters[i];
+    Sides& s = sides[i];
+    s.producer.assign(static_cast<size_t>(world), false);
+    s.consumer.assign(static_cast<size_t>(world), false);
+    for (DeviceId d : a.from.devices) s.producer[static_cast<size_t>(d.value())] = true;
+    for (DeviceId d : a.to.devices) {
+      s.consumer[static_cast<size_t>(d.value())] = true;
+      if (s.producer[static_cast<size_t>(d.value())]) s.disjoint = false;
+    }
+  }
   std::vector<std::vector<Event>> events(static_cast<size_t>(world));
   for (int64_t r = 0; r < world; ++r) {
     const Program& prog = lowered.programs[static_cast<size_t>(r)];
@@ -275,64 +318,60 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
         return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
                                         b.stage.to_string() + " it does not run");
       const bool fwd = b.kind == BlockKind::kForward;
-      std::vector<SegmentItem> items = seg->items;
-      if (!fwd) std::reverse(items.begin(), items.end());
-      for (const SegmentItem& it : items) {
-        if (it.kind != SegmentItem::Kind::kAdapter) continue;
+      auto visit = [&](const SegmentItem& it) {
+        if (it.kind != SegmentItem::Kind::kAdapter) return;
         const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
-        const std::string prefix = std::string(fwd ? "F" : "B") + "a" + std::to_string(a.id) + "m" +
-                                   b.micro_batch.to_string();
-        const bool disjoint = [&] {
-          auto f = device_set(a.from);
-          for (DeviceId d : a.to.devices)
-            if (f.count(d)) return false;
-          return true;
-        }();
+        const Sides& s = sides[static_cast<size_t>(it.index)];
         // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
         int side = 0;
-        if (disjoint) side = (it.producer_side == fwd) ? 1 : 2;
-        const std::set<DeviceId> first = fwd ? device_set(a.from) : device_set(a.to);
-        path_events(fwd ? a.forward : a.backward, prefix, r, side, first, events[static_cast<size_t>(r)]);
-      }
+        if (s.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
+        path_events(fwd ? a.forward : a.backward, a.id, fwd, b.micro_batch.value(), r, side,
+                    fwd ? s.producer : s.consumer, events[static_cast<size_t>(r)]);
+      };
+      if (fwd) for (const SegmentItem& it : seg->items) visit(it);
+      else for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it) visit(*it);
     }
     for (int64_t s : prog.grad_syncs)
-      events[static_cast<size_t>(r)].push_back({Event::Kind::kCollective, "grad" + std::to_string(s),
-                                                lowered.grad_syncs[static_cast<size_t>(s)].devices,
-                                                "all_reduce gradients of '" +
-                                                    g.tensor(lowered.grad_syncs[static_cast<size_t>(s)].tensor).name + "'"});
+      events[static_cast<size_t>(r)].push_back({Event::Kind::kCollective, -s - 1, DeviceId(),
+                                                &lowered.grad_syncs[static_cast<size_t>(s)].devices,
+                                                Primitive::kAllReduce});
   }
   // Run: sends never block; a receive waits for its send; a collective for all its members.
   std::vector<size_t> pc(static_cast<size_t>(world), 0);
-  std::set<std::string> sent;
+  std::unordered_set<int64_t> sent;  // step key and receiver
+  auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t r = 0; r < world; ++r) {
       auto& ev = events[static_cast<size_t>(r)];
-      while (pc[r] < ev.size()) {
-        const Event& e = ev[pc[r]];
+      size_t& at = pc[static_cast<size_t>(r)];
+      while (at < ev.size()) {
+        const Event& e = ev[at];
         if (e.kind == Event::Kind::kSend) {
-          sent.insert(e.key + ">" + e.peers[0].to_string());
+          sent.insert(message(e.key, e.peer.value()));
         } else if (e.kind == Event::Kind::kRecv) {
-          if (!sent.count(e.key + ">" + std::to_string(r))) break;
+          if (!sent.count(message(e.key, r))) break;
         } else {
           bool all_here = true;
-          for (DeviceId m : e.peers) {
-            const auto& mev = events[m.value()];
-            all_here &= pc[m.value()] < mev.size() && mev[pc[m.value()]].key == e.key;
+          for (DeviceId m : *e.members) {
+            const auto& mev = events[static_cast<size_t>(m.value())];
+            const size_t mpc = pc[static_cast<size_t>(m.value())];
+            all_here &= mpc < mev.size() && mev[mpc].kind == Event::Kind::kCollective && mev[mpc].key == e.key;
           }
           if (!all_here) break;
-          for (DeviceId m : e.peers)
-            if (m.value() != r) ++pc[m.value()];
+          for (DeviceId m : *e.members)
+            if (m.value() != r) ++pc[static_cast<size_t>(m.value())];
         }
-        ++pc[r];
+        ++at;
         progress = true;
       }
     }
   }
   std::vector<std::string> stuck;
   for (int64_t r = 0; r < world; ++r)
-    if (pc[r] < events[static_cast<size_t>(r)].size())
-      stuck.push_back("rank " + std::to_string(r) + " waits at " + events[static_cast<size_t>(r)][pc[r]].what);
+    if (pc[static_cast<size_t>(r)] < events[static_cast<size_t>(r)].size())
+      stuck.push_back("rank " + std::to_string(r) + " waits at " +
+                      describe(events[static_cast<size_t>(r)][pc[static_cast<size_t>(r)]], lowered, g));
   if (!stuck.empty()) return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
   return Status::success();
 }
