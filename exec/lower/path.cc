@@ -1,6 +1,7 @@
 #include "exec/lower/path.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <queue>
 #include <set>
@@ -83,20 +84,30 @@ Result<CostModel> CostModel::load(const std::string& path) {
 }
 
 const std::vector<PrimitiveRule>& primitive_rules() {
-  auto ring = [](double steps, double volume) {
-    return [steps, volume](int64_t k, double bytes, double alpha, double beta) {
-      double n = static_cast<double>(k);
-      return steps * (n - 1) * alpha + volume * (n - 1) / n * bytes * beta;
-    };
-  };
+  // Collective libraries pick their algorithm by size (ring, recursive halving and doubling,
+  // Bruck), so a collective costs log2(k) latencies and the bandwidth term of the ring: a single
+  // collective is never dearer than the same exchange spelled as several smaller ones.
+  auto latency = [](int64_t k) { return std::ceil(std::log2(static_cast<double>(k))); };
   static const std::vector<PrimitiveRule> kRules = {
-      {Primitive::kAllReduce, [](int f, int t) { return f == 1 && t == 0; }, ring(2, 2)},
-      {Primitive::kAllGather, [](int f, int t) { return f >= 2 && t == 0; },
-       [](int64_t k, double bytes, double alpha, double beta) {
-         return static_cast<double>(k - 1) * (alpha + bytes * beta);
+      {Primitive::kAllReduce, [](int f, int t) { return f == 1 && t == 0; },
+       [latency](int64_t k, double bytes, double alpha, double beta) {
+         const double n = static_cast<double>(k);
+         return 2 * latency(k) * alpha + 2 * (n - 1) / n * bytes * beta;
        }},
-      {Primitive::kReduceScatter, [](int f, int t) { return f == 1 && t >= 2; }, ring(1, 1)},
-      {Primitive::kAllToAll, [](int f, int t) { return f >= 2 && t >= 2 && f != t; }, ring(1, 1)},
+      {Primitive::kAllGather, [](int f, int t) { return f >= 2 && t == 0; },
+       [latency](int64_t k, double bytes, double alpha, double beta) {
+         return latency(k) * alpha + static_cast<double>(k - 1) * bytes * beta;
+       }},
+      {Primitive::kReduceScatter, [](int f, int t) { return f == 1 && t >= 2; },
+       [latency](int64_t k, double bytes, double alpha, double beta) {
+         const double n = static_cast<double>(k);
+         return latency(k) * alpha + (n - 1) / n * bytes * beta;
+       }},
+      {Primitive::kAllToAll, [](int f, int t) { return f >= 2 && t >= 2 && f != t; },
+       [latency](int64_t k, double bytes, double alpha, double beta) {
+         const double n = static_cast<double>(k);
+         return latency(k) * alpha + (n - 1) / n * bytes * beta;
+       }},
       // Local steps: a copy of the kept part; beta is the local copy rate here.
       {Primitive::kChunk, [](int f, int t) { return f == 0 && t >= 2; },
        [](int64_t k, double bytes, double, double beta) { return bytes / static_cast<double>(k) * beta; }},

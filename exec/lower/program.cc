@@ -67,6 +67,7 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
     std::map<std::pair<int64_t, std::string>, std::vector<std::pair<DeviceId, SubTensor>>> wants;
     std::map<std::pair<int64_t, std::string>, StageId> consumer_stage;
     std::vector<std::pair<int64_t, std::string>> keys;
+    std::map<int64_t, std::vector<int64_t>> adapters_of_tensor;
     for (const auto& op : ops)
       for (const auto& in : op.inputs) {
         if (g.tensor(in.tensor).role != graph::TensorRole::kActivation) continue;
@@ -101,13 +102,15 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       if (local) continue;
       // Another consumer already reads this layout of the tensor in this stage: share it.
       bool shared = false;
-      for (Adapter& other : out.adapters)
-        if (other.tensor.value() == key.first && other.consumer_stage == cs && other.to == *to) {
+      for (int64_t id : adapters_of_tensor[key.first]) {
+        Adapter& other = out.adapters[static_cast<size_t>(id)];
+        if (other.consumer_stage == cs && other.to == *to) {
           other.consumers.push_back(key.second);
           adapter_of[key] = other.id;
           shared = true;
           break;
         }
+      }
       if (shared) continue;
       Adapter a;
       a.id = static_cast<int64_t>(out.adapters.size());
@@ -126,6 +129,7 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       a.forward = *fwd;
       a.backward = *bwd;
       adapter_of[key] = a.id;
+      adapters_of_tensor[key.first].push_back(a.id);
       out.adapters.push_back(std::move(a));
     }
     for (size_t i = 0; i < ops.size(); ++i)
@@ -260,8 +264,24 @@ std::string describe(const Event& e, const Lowered& lowered, const graph::Graph&
 }
 
 // Steps of `path` this rank runs, on the given side of a cross-group adapter.
-void path_events(const CommPath& path, int64_t adapter, bool forward, int64_t mb, int64_t rank,
-                 int side, const std::vector<bool>& first_group, std::vector<Event>& events) {
+// For each step of a path, the index of the group each rank belongs to (-1: none).
+using GroupIndex = std::vector<std::vector<int32_t>>;
+GroupIndex index_groups(const CommPath& path, int64_t world) {
+  GroupIndex out;
+  for (const CommStep& st : path.steps) {
+    std::vector<int32_t> of(static_cast<size_t>(world), -1);
+    if (st.primitive != Primitive::kSendRecv)
+      for (size_t g = 0; g < st.groups.size(); ++g)
+        if (st.groups[g].size() > 1)
+          for (DeviceId d : st.groups[g]) of[static_cast<size_t>(d.value())] = static_cast<int32_t>(g);
+    out.push_back(std::move(of));
+  }
+  return out;
+}
+
+void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter, bool forward,
+                 int64_t mb, int64_t rank, int side, const std::vector<bool>& first_group,
+                 std::vector<Event>& events) {
   // side: 0 = whole path, 1 = the first group's part, 2 = the second group's part.
   bool after_send = false;
   for (size_t i = 0; i < path.steps.size(); ++i) {
@@ -281,9 +301,8 @@ void path_events(const CommPath& path, int64_t adapter, bool forward, int64_t mb
     const bool first_part = side != 0 && !after_send;
     if (side == 1 && !first_part) continue;
     if (side == 2 && first_part) continue;
-    for (const auto& group : st.groups)
-      if (group.size() > 1 && std::find(group.begin(), group.end(), DeviceId(rank)) != group.end())
-        events.push_back({Event::Kind::kCollective, key, DeviceId(), &group, st.primitive});
+    const int32_t g = groups[i][static_cast<size_t>(rank)];
+    if (g >= 0) events.push_back({Event::Kind::kCollective, key, DeviceId(), &st.groups[static_cast<size_t>(g)], st.primitive});
   }
 }
 
@@ -295,6 +314,7 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   struct Sides {
     bool disjoint = true;
     std::vector<bool> producer, consumer;
+    GroupIndex forward, backward;
   };
   std::vector<Sides> sides(lowered.adapters.size());
   for (size_t i = 0; i < lowered.adapters.size(); ++i) {
@@ -307,6 +327,8 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
       s.consumer[static_cast<size_t>(d.value())] = true;
       if (s.producer[static_cast<size_t>(d.value())]) s.disjoint = false;
     }
+    s.forward = index_groups(a.forward, world);
+    s.backward = index_groups(a.backward, world);
   }
   std::vector<std::vector<Event>> events(static_cast<size_t>(world));
   for (int64_t r = 0; r < world; ++r) {
@@ -325,7 +347,7 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
         // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
         int side = 0;
         if (s.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
-        path_events(fwd ? a.forward : a.backward, a.id, fwd, b.micro_batch.value(), r, side,
+        path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd, b.micro_batch.value(), r, side,
                     fwd ? s.producer : s.consumer, events[static_cast<size_t>(r)]);
       };
       if (fwd) for (const SegmentItem& it : seg->items) visit(it);
@@ -376,6 +398,32 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   return Status::success();
 }
 
+namespace {
+
+// The steps of `path` this rank takes part in: "all_reduce with [0,1]; send to 2; recv from 3".
+std::string my_steps(const CommPath& path, Rank rank) {
+  std::vector<std::string> parts;
+  for (const CommStep& st : path.steps) {
+    if (st.primitive == Primitive::kSendRecv) {
+      for (const auto& pair : st.groups) {
+        if (pair[0] == pair[1]) continue;
+        if (pair[0].value() == rank.value()) parts.push_back("send to " + pair[1].to_string());
+        if (pair[1].value() == rank.value()) parts.push_back("recv from " + pair[0].to_string());
+      }
+      continue;
+    }
+    for (const auto& group : st.groups) {
+      if (std::find(group.begin(), group.end(), DeviceId(rank.value())) == group.end()) continue;
+      std::vector<std::string> members;
+      for (DeviceId d : group) members.push_back(d.to_string());
+      parts.push_back(to_string(st.primitive) + (group.size() > 1 ? " with [" + join(members, ",") + "]" : ""));
+    }
+  }
+  return parts.empty() ? "(nothing on this rank)" : join(parts, "; ");
+}
+
+}  // namespace
+
 std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
   const Program& prog = lowered.programs[rank.value()];
   std::ostringstream os;
@@ -390,8 +438,8 @@ std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
       } else {
         const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
         os << "    comm " << g.tensor(a.tensor).name << " for " << join(a.consumers, ", ")
-           << (it.producer_side ? " [send side]" : "") << ": " << a.forward.to_string()
-           << " | backward: " << a.backward.to_string() << "\n";
+           << (it.producer_side ? " [send side]" : "") << ": " << my_steps(a.forward, rank)
+           << " | backward: " << my_steps(a.backward, rank) << "\n";
       }
     }
   }
