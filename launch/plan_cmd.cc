@@ -15,6 +15,7 @@
 #include "exec/lower/program.h"
 #include "exec/lower/schedule_order.h"
 #include "graph/op_registry.h"
+#include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/files.h"
 #include "models/model.h"
@@ -82,15 +83,7 @@ int plan_main(const Args& args) {
   app.add_option("overrides", overrides, "key=value overrides");
   app.add_option("--world-size", world_size, "ranks to plan for (default: dp x tp x pp)");
   app.add_option("--out", out_dir, "directory for the plan files")->required();
-  try {
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    return fail(e.what());
-  }
+  if (auto code = parse_args(app, args, "plan")) return *code;
   auto config = load_config(config_path, overrides);
   if (!config.ok()) return fail(config.error().message);
   if (world_size == 0) world_size = config->parallel.world_size();

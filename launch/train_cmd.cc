@@ -13,6 +13,7 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/files.h"
 
@@ -53,15 +54,7 @@ int train_main(const Args& args) {
   std::vector<std::string> overrides;
   app.add_option("config", config_path, "the run's YAML config")->required();
   app.add_option("overrides", overrides, "key=value overrides, e.g. run.steps=5 parallel.tp=2");
-  try {
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    app.parse(rev);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    return bad_input(e.what());
-  }
+  if (auto code = parse_args(app, args, "train")) return *code;
 
   auto loaded = load_config(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
