@@ -30,7 +30,6 @@ std::string check(const RunOptions& o) {
     return "--node-rank " + std::to_string(o.node_rank) + " must be less than --nnodes " +
            std::to_string(o.nnodes);
   if (o.standalone && o.nnodes != 1) return "--standalone runs one node; drop --nnodes or set it to 1";
-  if (o.tee && o.log_dir.empty()) return "--tee needs --log-dir";
   if (o.master_addr.empty()) return "--master-addr must not be empty";
   return "";
 }

@@ -15,7 +15,7 @@ struct RunOptions {
   bool standalone = false;              // one node, a free port on 127.0.0.1
   int max_restarts = 0;                 // group restarts after a failure
   std::string log_dir;                  // empty: workers' output only on the console
-  bool tee = false;                     // with log_dir: console as well as the files
+  bool tee = false;                     // with log_dir: console as well as the files (else no-op)
   std::string program;                  // the worker program (PATH is searched)
   std::vector<std::string> args;        // passed to the program untouched
 };

@@ -1,6 +1,7 @@
 // A worker for loomrun's tests. Modes (argv[1]):
 //   env             print PID and the launcher's environment as KEY=VALUE lines
 //   exit CODE RANK  rank RANK writes to stderr and exits CODE; the others print PID and sleep
+//   stubborn RANK   like exit 1 RANK, but the sleeping ranks ignore SIGTERM
 //   sigkill RANK    rank RANK kills itself with SIGKILL; the others print PID and sleep
 //   flaky           rank 0 fails on attempt 0 (LOOM_RESTART_COUNT), everyone succeeds after
 //   args ...        print each argument as ARG<i>=<arg>
@@ -45,6 +46,14 @@ int main(int argc, char** argv) {
     usleep(200 * 1000);  // let the siblings start and print their pids
     for (int i = 0; i < 15; ++i) std::fprintf(stderr, "error line %d\n", i);
     return std::atoi(argv[2]);
+  }
+  if (mode == "stubborn" && argc == 3) {
+    if (rank != std::atoi(argv[2])) {
+      signal(SIGTERM, SIG_IGN);
+      sleep_forever();
+    }
+    usleep(200 * 1000);
+    return 1;
   }
   if (mode == "sigkill" && argc == 3) {
     if (rank != std::atoi(argv[2])) sleep_forever();

@@ -207,6 +207,16 @@ TEST(Loomrun, FailingWorkerStopsTheGroupAndIsTheRootCause) {
   }
 }
 
+TEST(Loomrun, WorkersIgnoringSigtermAreKilledAfterTheGrace) {
+  Outcome o = run_loomrun(with_worker({"--nproc-per-node", "2", "--standalone"}, {"stubborn", "0"}));
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_GE(o.seconds, 2.5);  // SIGTERM first, SIGKILL after the 3 s grace
+  EXPECT_LT(o.seconds, 10.0);
+  auto pids = printed_pids(o.out);
+  ASSERT_EQ(pids.size(), 1u) << o.out;
+  EXPECT_EQ(kill(pids[0], 0), -1) << "worker " << pids[0] << " still alive";
+}
+
 TEST(Loomrun, WorkerKilledBySignalIsNamed) {
   Outcome o = run_loomrun(with_worker({"--nproc-per-node", "2", "--standalone"}, {"sigkill", "0"}));
   EXPECT_EQ(o.code, 128 + SIGKILL) << o.err;
