@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -84,7 +85,8 @@ int try_bind(const sockaddr_in& base, int port) {
   int bound = -1;
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     socklen_t len = sizeof(addr);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) bound = ntohs(addr.sin_port);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      bound = ntohs(addr.sin_port);
   }
   int saved = errno;
   close(fd);
@@ -97,7 +99,8 @@ int settle_master_port(const RunOptions& o) {
   if (o.node_rank != 0 && o.master_port != 0) return o.master_port;
   if (o.node_rank != 0) die_usage("--master-port 0 only works on node rank 0; give rank 0's port");
   sockaddr_in addr;
-  if (!resolve_ipv4(o.master_addr, &addr)) die_usage("cannot resolve --master-addr " + o.master_addr);
+  if (!resolve_ipv4(o.master_addr, &addr))
+    die_usage("cannot resolve --master-addr " + o.master_addr);
   int port = try_bind(addr, o.master_port);
   if (port > 0) return port;
   if (o.master_port == 0)
@@ -162,7 +165,7 @@ void emit_line(Worker& w, Stream& s, const std::string& line) {
   }
 }
 
-// Reads what is available; returns false at end of file (and flushes a last unterminated line).
+// Reads what is available; at end of file flushes a last unterminated line and closes the pipe.
 void drain(Worker& w, Stream& s) {
   char buf[4096];
   ssize_t n = read(s.fd, buf, sizeof(buf));
@@ -189,8 +192,15 @@ struct WorkerEnv {
   std::string omp_threads;  // empty: leave OMP_NUM_THREADS as it is
 };
 
-[[noreturn]] void exec_worker(const RunOptions& o, const WorkerEnv& e, int out_fd, int err_fd) {
+// In the forked child: its own process group, the pipes as stdout/stderr, stdin from /dev/null (a
+// background group reading the terminal would be stopped), and death with loomrun.
+[[noreturn]] void exec_worker(const RunOptions& o, const WorkerEnv& e, pid_t parent, int out_fd,
+                              int err_fd) {
   setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // loomrun is already gone
+  int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd >= 0) dup2(null_fd, 0);
   dup2(out_fd, 1);
   dup2(err_fd, 2);
   signal(SIGINT, SIG_DFL);
@@ -242,7 +252,8 @@ Worker start_worker(const RunOptions& o, const WorkerEnv& e) {
   w.out.console = console ? 1 : -1;
   w.err.console = console ? 2 : -1;
   if (!o.log_dir.empty()) {
-    std::string dir = o.log_dir + "/attempt_" + std::to_string(e.attempt) + "/" + std::to_string(e.rank);
+    std::string dir =
+        o.log_dir + "/attempt_" + std::to_string(e.attempt) + "/" + std::to_string(e.rank);
     if (!make_dirs(dir)) {
       std::fprintf(stderr, "loomrun: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
       std::exit(1);
@@ -250,12 +261,13 @@ Worker start_worker(const RunOptions& o, const WorkerEnv& e) {
     w.out.log = open_log(dir, "stdout.log");
     w.err.log = open_log(dir, "stderr.log");
   }
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     std::fprintf(stderr, "loomrun: cannot fork: %s\n", std::strerror(errno));
     std::exit(1);
   }
-  if (pid == 0) exec_worker(o, e, out[1], err[1]);
+  if (pid == 0) exec_worker(o, e, parent, out[1], err[1]);
   setpgid(pid, pid);  // also here, so the group exists before we might signal it
   close(out[1]);
   close(err[1]);
@@ -325,15 +337,23 @@ struct AttemptResult {
   int stop_signal = 0;  // SIGINT/SIGTERM received by loomrun, 0 if none
 };
 
-// Runs one attempt to the end: all workers exited, or the group stopped after a failure or a signal.
+// Runs one attempt to the end: all workers exited, or the group stopped after a failure or a
+// signal.
 AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vector<Worker>& ws) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   std::string omp;
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     omp = std::to_string(std::max(1L, cores / o.nproc_per_node));
   for (int local = 0; local < o.nproc_per_node; ++local) {
-    WorkerEnv e{o.node_rank * o.nproc_per_node + local, local, o.nnodes * o.nproc_per_node,
-                o.nproc_per_node, o.node_rank, port, attempt, o.master_addr, omp};
+    WorkerEnv e{o.node_rank * o.nproc_per_node + local,
+                local,
+                o.nnodes * o.nproc_per_node,
+                o.nproc_per_node,
+                o.node_rank,
+                port,
+                attempt,
+                o.master_addr,
+                omp};
     ws.push_back(start_worker(o, e));
   }
   AttemptResult res;
@@ -414,7 +434,8 @@ int run(const RunOptions& o) {
     std::vector<Worker> ws;
     AttemptResult res = run_attempt(o, port, attempt, ws);
     if (res.stop_signal != 0) {
-      std::fprintf(stderr, "loomrun: stopped the workers on %s\n", signal_name(res.stop_signal).c_str());
+      std::fprintf(stderr, "loomrun: stopped the workers on %s\n",
+                   signal_name(res.stop_signal).c_str());
       return 128 + res.stop_signal;
     }
     if (res.failed < 0) return 0;

@@ -29,7 +29,8 @@ std::string check(const RunOptions& o) {
   if (o.node_rank >= o.nnodes)
     return "--node-rank " + std::to_string(o.node_rank) + " must be less than --nnodes " +
            std::to_string(o.nnodes);
-  if (o.standalone && o.nnodes != 1) return "--standalone runs one node; drop --nnodes or set it to 1";
+  if (o.standalone && o.nnodes != 1)
+    return "--standalone runs one node; drop --nnodes or set it to 1";
   if (o.master_addr.empty()) return "--master-addr must not be empty";
   return "";
 }
@@ -82,8 +83,8 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
       (name == "--standalone" ? o.standalone : o.tee) = true;
       continue;
     }
-    static const char* kValued[] = {"--nproc-per-node", "--nnodes",       "--node-rank",
-                                    "--master-addr",    "--master-port",  "--max-restarts",
+    static const char* kValued[] = {"--nproc-per-node", "--nnodes",      "--node-rank",
+                                    "--master-addr",    "--master-port", "--max-restarts",
                                     "--log-dir"};
     if (std::find(std::begin(kValued), std::end(kValued), name) == std::end(kValued)) {
       r.error = "unknown option " + arg + " (see loomrun --help)";
@@ -97,13 +98,20 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
       value = argv[++i];
     }
     bool ok = true;
-    if (name == "--nproc-per-node") ok = parse_int(value, 1, 4096, &o.nproc_per_node);
-    else if (name == "--nnodes") ok = parse_int(value, 1, 1 << 20, &o.nnodes);
-    else if (name == "--node-rank") ok = parse_int(value, 0, 1 << 20, &o.node_rank);
-    else if (name == "--master-port") ok = parse_int(value, 0, 65535, &o.master_port);
-    else if (name == "--max-restarts") ok = parse_int(value, 0, 1000, &o.max_restarts);
-    else if (name == "--master-addr") o.master_addr = value;
-    else if (name == "--log-dir") o.log_dir = value;
+    if (name == "--nproc-per-node")
+      ok = parse_int(value, 1, 4096, &o.nproc_per_node);
+    else if (name == "--nnodes")
+      ok = parse_int(value, 1, 1 << 20, &o.nnodes);
+    else if (name == "--node-rank")
+      ok = parse_int(value, 0, 1 << 20, &o.node_rank);
+    else if (name == "--master-port")
+      ok = parse_int(value, 0, 65535, &o.master_port);
+    else if (name == "--max-restarts")
+      ok = parse_int(value, 0, 1000, &o.max_restarts);
+    else if (name == "--master-addr")
+      o.master_addr = value;
+    else if (name == "--log-dir")
+      o.log_dir = value;
     if (!ok) {
       const char* what = name == "--master-port"      ? "a port 0..65535"
                          : name == "--nproc-per-node" ? "a positive integer"

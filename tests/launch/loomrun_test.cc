@@ -1,5 +1,6 @@
 // loomrun end to end: the real binary launches launch_test_worker; every wait is bounded.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -7,8 +8,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cerrno>
 #include <chrono>
@@ -184,13 +183,15 @@ TEST(Loomrun, PrefixesEachLineWithTheRank) {
     std::string p = "[rank " + std::to_string(r) + "] ";
     EXPECT_NE(o.out.find(p + "hello from " + std::to_string(r) + "\n"), std::string::npos) << o.out;
     EXPECT_NE(o.out.find(p + "second line\n"), std::string::npos) << o.out;
-    EXPECT_NE(o.err.find(p + "warning from " + std::to_string(r) + "\n"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find(p + "warning from " + std::to_string(r) + "\n"), std::string::npos)
+        << o.err;
   }
   EXPECT_EQ(o.out.find("warning"), std::string::npos);
 }
 
 TEST(Loomrun, FailingWorkerStopsTheGroupAndIsTheRootCause) {
-  Outcome o = run_loomrun(with_worker({"--nproc-per-node", "3", "--standalone"}, {"exit", "3", "1"}));
+  Outcome o =
+      run_loomrun(with_worker({"--nproc-per-node", "3", "--standalone"}, {"exit", "3", "1"}));
   EXPECT_EQ(o.code, 3) << o.err;
   EXPECT_LT(o.seconds, 10.0);
   EXPECT_NE(o.err.find("root cause: rank 1"), std::string::npos) << o.err;
@@ -208,7 +209,8 @@ TEST(Loomrun, FailingWorkerStopsTheGroupAndIsTheRootCause) {
 }
 
 TEST(Loomrun, WorkersIgnoringSigtermAreKilledAfterTheGrace) {
-  Outcome o = run_loomrun(with_worker({"--nproc-per-node", "2", "--standalone"}, {"stubborn", "0"}));
+  Outcome o =
+      run_loomrun(with_worker({"--nproc-per-node", "2", "--standalone"}, {"stubborn", "0"}));
   EXPECT_EQ(o.code, 1) << o.err;
   EXPECT_GE(o.seconds, 2.5);  // SIGTERM first, SIGKILL after the 3 s grace
   EXPECT_LT(o.seconds, 10.0);
@@ -246,7 +248,8 @@ TEST(Loomrun, AllAttemptsFailingExitsNonZero) {
 
 TEST(Loomrun, LogDirWithoutTeeKeepsOutputInFilesOnly) {
   std::string dir = temp_dir();
-  Outcome o = run_loomrun(with_worker({"--nproc-per-node", "2", "--standalone", "--log-dir", dir}, {"lines"}));
+  Outcome o = run_loomrun(
+      with_worker({"--nproc-per-node", "2", "--standalone", "--log-dir", dir}, {"lines"}));
   EXPECT_EQ(o.code, 0) << o.err;
   EXPECT_EQ(o.out.find("hello"), std::string::npos) << o.out;
   FILE* f = std::fopen((dir + "/attempt_0/1/stdout.log").c_str(), "r");
@@ -277,8 +280,8 @@ TEST(Loomrun, BusyMasterPortIsRefused) {
 }
 
 TEST(Loomrun, ArgumentsPassThroughUntouched) {
-  Outcome o = run_loomrun(with_worker(
-      {"--standalone"}, {"args", "two words", "it's \"quoted\"", "$HOME", "--nproc-per-node", "*"}));
+  Outcome o = run_loomrun(with_worker({"--standalone"}, {"args", "two words", "it's \"quoted\"",
+                                                         "$HOME", "--nproc-per-node", "*"}));
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_EQ(o.out,
             "[rank 0] ARG0=two words\n[rank 0] ARG1=it's \"quoted\"\n[rank 0] ARG2=$HOME\n"
