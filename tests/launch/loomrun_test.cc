@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -309,11 +310,18 @@ TEST(Loomrun, BadCommandLinesExitTwoWithOneLine) {
   }
 }
 
-TEST(Loomrun, SigintIsForwardedAndExits130) {
+// A loomrun whose two workers sleep, with their pids once both have printed them.
+struct Sleepers {
+  pid_t loomrun = -1;
+  std::vector<pid_t> workers;
+};
+
+Sleepers start_sleepers() {
   int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
+  EXPECT_EQ(pipe(out), 0);
+  Sleepers s;
+  s.loomrun = fork();
+  if (s.loomrun == 0) {
     dup2(out[1], 1);
     close(out[0]);
     execl(kLoomrun.c_str(), kLoomrun.c_str(), "--nproc-per-node", "2", "--standalone",
@@ -331,21 +339,73 @@ TEST(Loomrun, SigintIsForwardedAndExits130) {
     if (n <= 0) break;
     text.append(buf, static_cast<size_t>(n));
   }
-  auto pids = printed_pids(text);
-  ASSERT_EQ(pids.size(), 2u) << text;
-  kill(pid, SIGINT);
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
-    usleep(10 * 1000);
   close(out[0]);
-  if (kill(pid, 0) == 0 && waitpid(pid, &status, WNOHANG) == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "loomrun did not stop on SIGINT";
+  s.workers = printed_pids(text);
+  return s;
+}
+
+// Waits (bounded) for loomrun to exit; returns its wait status, or kills it and returns -1.
+int wait_bounded(pid_t pid, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    usleep(10 * 1000);
   }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+// Gone, or a zombie waiting for whoever inherited it.
+bool gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return true;
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return true;
+  char buf[512] = {0};
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  std::string stat(buf, n);
+  auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+bool all_gone_within(const std::vector<pid_t>& pids, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::all_of(pids.begin(), pids.end(), gone)) return true;
+    usleep(10 * 1000);
+  }
+  return false;
+}
+
+TEST(Loomrun, SigintIsForwardedAndExits130) {
+  Sleepers s = start_sleepers();
+  ASSERT_EQ(s.workers.size(), 2u);
+  kill(s.loomrun, SIGINT);
+  int status = wait_bounded(s.loomrun, 10);
+  ASSERT_NE(status, -1) << "loomrun did not stop on SIGINT";
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
-  for (pid_t w : pids) EXPECT_EQ(kill(w, 0), -1) << "worker " << w << " still alive";
+  for (pid_t w : s.workers) EXPECT_TRUE(gone(w)) << "worker " << w << " still alive";
+}
+
+TEST(Loomrun, SigtermIsForwardedAndExits143) {
+  Sleepers s = start_sleepers();
+  ASSERT_EQ(s.workers.size(), 2u);
+  kill(s.loomrun, SIGTERM);
+  int status = wait_bounded(s.loomrun, 10);
+  ASSERT_NE(status, -1) << "loomrun did not stop on SIGTERM";
+  EXPECT_EQ(WEXITSTATUS(status), 143);
+  for (pid_t w : s.workers) EXPECT_TRUE(gone(w)) << "worker " << w << " still alive";
+}
+
+TEST(Loomrun, WorkersDieWithAKilledLoomrun) {
+  Sleepers s = start_sleepers();
+  ASSERT_EQ(s.workers.size(), 2u);
+  kill(s.loomrun, SIGKILL);
+  EXPECT_NE(wait_bounded(s.loomrun, 10), -1);
+  EXPECT_TRUE(all_gone_within(s.workers, 5));
 }
 
 }  // namespace
