@@ -1,0 +1,466 @@
+// loomrun: starts nproc_per_node copies of a program with torchrun's environment, prefixes their
+// output with the rank, and stops the whole group (printing the root cause) when one fails.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "launch/loomrun_options.h"
+
+namespace loom::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Time the workers get between SIGTERM and SIGKILL once the group is being stopped.
+constexpr auto kGracePeriod = std::chrono::seconds(3);
+// Stderr lines kept per worker for the root-cause report.
+constexpr size_t kTailLines = 10;
+
+volatile sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+void on_child(int) {}  // only there to interrupt poll()
+
+[[noreturn]] void die_usage(const std::string& message) {
+  std::fprintf(stderr, "loomrun: %s\n", message.c_str());
+  std::exit(2);
+}
+
+std::string signal_name(int sig) {
+  static const struct {
+    int sig;
+    const char* name;
+  } kNames[] = {{SIGKILL, "SIGKILL"}, {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"},
+                {SIGSEGV, "SIGSEGV"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},
+                {SIGFPE, "SIGFPE"},   {SIGILL, "SIGILL"},   {SIGPIPE, "SIGPIPE"},
+                {SIGHUP, "SIGHUP"},   {SIGQUIT, "SIGQUIT"}, {SIGUSR1, "SIGUSR1"},
+                {SIGUSR2, "SIGUSR2"}};
+  for (const auto& n : kNames)
+    if (n.sig == sig) return n.name;
+  return "signal " + std::to_string(sig);
+}
+
+// --- the master port --------------------------------------------------------------------------
+
+bool resolve_ipv4(const std::string& host, sockaddr_in* addr) {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &addr->sin_addr) == 1) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return false;
+  addr->sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return true;
+}
+
+// Binds host:port (port 0: any free one) and returns the bound port, or -1 with errno set.
+int try_bind(const sockaddr_in& base, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // a TIME_WAIT port is free
+  sockaddr_in addr = base;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int bound = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      bound = ntohs(addr.sin_port);
+  }
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  return bound;
+}
+
+// On node rank 0 the port must be bindable (or is picked); other nodes take it as given.
+int settle_master_port(const RunOptions& o) {
+  if (o.node_rank != 0 && o.master_port != 0) return o.master_port;
+  if (o.node_rank != 0) die_usage("--master-port 0 only works on node rank 0; give rank 0's port");
+  sockaddr_in addr;
+  if (!resolve_ipv4(o.master_addr, &addr))
+    die_usage("cannot resolve --master-addr " + o.master_addr);
+  int port = try_bind(addr, o.master_port);
+  if (port > 0) return port;
+  if (o.master_port == 0)
+    die_usage("cannot find a free port on " + o.master_addr + ": " + std::strerror(errno));
+  if (errno == EADDRINUSE)
+    die_usage("--master-port " + std::to_string(o.master_port) + " is in use on " + o.master_addr);
+  die_usage("cannot bind --master-port " + std::to_string(o.master_port) + " on " + o.master_addr +
+            ": " + std::strerror(errno));
+}
+
+// --- workers ----------------------------------------------------------------------------------
+
+// One output stream of a worker (stdout or stderr) read through a pipe.
+struct Stream {
+  int fd = -1;          // read end; -1 once closed
+  int console = -1;     // 1 or 2; -1 when the console gets nothing
+  FILE* log = nullptr;  // the log file, when --log-dir is set
+  std::string partial;  // bytes after the last newline
+};
+
+// One worker process of the current attempt.
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;  // also its process group id
+  bool running = false;
+  int status = 0;  // waitpid status once reaped
+  Stream out, err;
+  std::deque<std::string> err_tail;
+};
+
+bool make_dirs(const std::string& path) {
+  std::string prefix;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      prefix = path.substr(0, i);
+      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+  }
+  return true;
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+void emit_line(Worker& w, Stream& s, const std::string& line) {
+  if (s.console >= 0) write_all(s.console, "[rank " + std::to_string(w.rank) + "] " + line + "\n");
+  if (s.log) {
+    std::fputs(line.c_str(), s.log);
+    std::fputc('\n', s.log);
+    std::fflush(s.log);
+  }
+  if (&s == &w.err) {
+    w.err_tail.push_back(line);
+    if (w.err_tail.size() > kTailLines) w.err_tail.pop_front();
+  }
+}
+
+// Reads what is available; at end of file flushes a last unterminated line and closes the pipe.
+void drain(Worker& w, Stream& s) {
+  char buf[4096];
+  ssize_t n = read(s.fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    if (!s.partial.empty()) emit_line(w, s, s.partial);
+    s.partial.clear();
+    close(s.fd);
+    s.fd = -1;
+    return;
+  }
+  s.partial.append(buf, static_cast<size_t>(n));
+  size_t start = 0, nl;
+  while ((nl = s.partial.find('\n', start)) != std::string::npos) {
+    emit_line(w, s, s.partial.substr(start, nl - start));
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+}
+
+struct WorkerEnv {
+  int rank, local_rank, world_size, local_world_size, group_rank, master_port, attempt;
+  std::string master_addr;
+  std::string omp_threads;  // empty: leave OMP_NUM_THREADS as it is
+};
+
+// In the forked child: its own process group, the pipes as stdout/stderr, stdin from /dev/null (a
+// background group reading the terminal would be stopped), and death with loomrun.
+[[noreturn]] void exec_worker(const RunOptions& o, const WorkerEnv& e, pid_t parent, int out_fd,
+                              int err_fd) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // loomrun is already gone
+  int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd >= 0) dup2(null_fd, 0);
+  dup2(out_fd, 1);
+  dup2(err_fd, 2);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
+  set("RANK", std::to_string(e.rank));
+  set("LOCAL_RANK", std::to_string(e.local_rank));
+  set("WORLD_SIZE", std::to_string(e.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(e.local_world_size));
+  set("GROUP_RANK", std::to_string(e.group_rank));
+  set("MASTER_ADDR", e.master_addr);
+  set("MASTER_PORT", std::to_string(e.master_port));
+  set("LOOM_RESTART_COUNT", std::to_string(e.attempt));
+  if (!e.omp_threads.empty()) set("OMP_NUM_THREADS", e.omp_threads);
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(o.program.c_str()));
+  for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  std::fprintf(stderr, "loomrun: cannot run %s: %s\n", o.program.c_str(), std::strerror(errno));
+  _exit(127);
+}
+
+FILE* open_log(const std::string& dir, const char* name) {
+  std::string path = dir + "/" + name;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "loomrun: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    std::exit(1);
+  }
+  return f;
+}
+
+// Starts one worker with its pipes; the console and log destinations follow --log-dir/--tee.
+Worker start_worker(const RunOptions& o, const WorkerEnv& e) {
+  Worker w;
+  w.rank = e.rank;
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "loomrun: cannot create pipes: %s\n", std::strerror(errno));
+    std::exit(1);
+  }
+  bool console = o.log_dir.empty() || o.tee;
+  w.out.console = console ? 1 : -1;
+  w.err.console = console ? 2 : -1;
+  if (!o.log_dir.empty()) {
+    std::string dir =
+        o.log_dir + "/attempt_" + std::to_string(e.attempt) + "/" + std::to_string(e.rank);
+    if (!make_dirs(dir)) {
+      std::fprintf(stderr, "loomrun: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
+      std::exit(1);
+    }
+    w.out.log = open_log(dir, "stdout.log");
+    w.err.log = open_log(dir, "stderr.log");
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::fprintf(stderr, "loomrun: cannot fork: %s\n", std::strerror(errno));
+    std::exit(1);
+  }
+  if (pid == 0) exec_worker(o, e, parent, out[1], err[1]);
+  setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  close(out[1]);
+  close(err[1]);
+  w.pid = pid;
+  w.running = true;
+  w.out.fd = out[0];
+  w.err.fd = err[0];
+  return w;
+}
+
+void signal_all(std::vector<Worker>& ws, int sig) {
+  for (auto& w : ws)
+    if (w.running) killpg(w.pid, sig);
+}
+
+void reap(std::vector<Worker>& ws, int* first_failed) {
+  for (size_t i = 0; i < ws.size(); ++i) {
+    Worker& w = ws[i];
+    if (!w.running) continue;
+    int status = 0;
+    pid_t r = waitpid(w.pid, &status, WNOHANG);
+    if (r != w.pid) continue;
+    w.running = false;
+    w.status = status;
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && *first_failed < 0) *first_failed = static_cast<int>(i);
+  }
+}
+
+bool any_open(const std::vector<Worker>& ws) {
+  for (const auto& w : ws)
+    if (w.running || w.out.fd >= 0 || w.err.fd >= 0) return true;
+  return false;
+}
+
+void poll_output(std::vector<Worker>& ws, int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Worker*, Stream*>> owners;
+  for (auto& w : ws)
+    for (Stream* s : {&w.out, &w.err})
+      if (s->fd >= 0) {
+        fds.push_back({s->fd, POLLIN, 0});
+        owners.push_back({&w, s});
+      }
+  if (fds.empty()) {
+    usleep(static_cast<useconds_t>(timeout_ms) * 1000);
+    return;
+  }
+  if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i)
+    if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) drain(*owners[i].first, *owners[i].second);
+}
+
+void close_stream(Worker& w, Stream& s) {
+  if (s.fd >= 0) {
+    if (!s.partial.empty()) emit_line(w, s, s.partial);
+    close(s.fd);
+    s.fd = -1;
+  }
+  if (s.log) std::fclose(s.log);
+  s.log = nullptr;
+}
+
+// How one attempt ended.
+struct AttemptResult {
+  int failed = -1;      // index of the first failed worker, -1 if none
+  int stop_signal = 0;  // SIGINT/SIGTERM received by loomrun, 0 if none
+};
+
+// Runs one attempt to the end: all workers exited, or the group stopped after a failure or a
+// signal.
+AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vector<Worker>& ws) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  std::string omp;
+  if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    omp = std::to_string(std::max(1L, cores / o.nproc_per_node));
+  for (int local = 0; local < o.nproc_per_node; ++local) {
+    WorkerEnv e{o.node_rank * o.nproc_per_node + local,
+                local,
+                o.nnodes * o.nproc_per_node,
+                o.nproc_per_node,
+                o.node_rank,
+                port,
+                attempt,
+                o.master_addr,
+                omp};
+    ws.push_back(start_worker(o, e));
+  }
+  AttemptResult res;
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  bool killed = false;
+  auto drain_until = Clock::time_point::max();
+  while (any_open(ws)) {
+    poll_output(ws, 50);
+    reap(ws, &res.failed);
+    if (!stopping && (res.failed >= 0 || g_stop_signal != 0)) {
+      stopping = true;
+      res.stop_signal = g_stop_signal;
+      signal_all(ws, res.stop_signal != 0 ? res.stop_signal : SIGTERM);
+      kill_at = Clock::now() + kGracePeriod;
+    }
+    bool all_reaped = std::none_of(ws.begin(), ws.end(), [](const Worker& w) { return w.running; });
+    if (stopping && !killed && (Clock::now() >= kill_at || all_reaped)) {
+      // Also reaches whatever a worker left behind in its group.
+      for (auto& w : ws) killpg(w.pid, SIGKILL);
+      killed = true;
+    }
+    // A pipe held open by a process outside the group must not keep loomrun waiting forever.
+    if (all_reaped && drain_until == Clock::time_point::max())
+      drain_until = Clock::now() + std::chrono::seconds(stopping ? 1 : 5);
+    if (Clock::now() >= drain_until) break;
+  }
+  for (auto& w : ws) {
+    close_stream(w, w.out);
+    close_stream(w, w.err);
+  }
+  return res;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) return "signal " + signal_name(WTERMSIG(status));
+  return "exit code " + std::to_string(WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) {
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+void report_root_cause(const Worker& w, int attempt, const RunOptions& o) {
+  std::string msg = "loomrun: root cause: rank " + std::to_string(w.rank) + " (pid " +
+                    std::to_string(w.pid) + ") failed with " + describe_status(w.status) +
+                    " on attempt " + std::to_string(attempt) + "\n";
+  if (w.err_tail.empty()) {
+    msg += "loomrun: rank " + std::to_string(w.rank) + " wrote nothing to stderr\n";
+  } else {
+    msg += "loomrun: last " + std::to_string(w.err_tail.size()) + " stderr lines of rank " +
+           std::to_string(w.rank) + ":\n";
+    for (const auto& line : w.err_tail) msg += "  | " + line + "\n";
+  }
+  if (!o.log_dir.empty())
+    msg += "loomrun: full logs in " + o.log_dir + "/attempt_" + std::to_string(attempt) + "/" +
+           std::to_string(w.rank) + "/\n";
+  write_all(2, msg);
+}
+
+void install_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sa.sa_handler = on_child;
+  sa.sa_flags = SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the supervisor
+}
+
+int run(const RunOptions& o) {
+  int port = settle_master_port(o);
+  install_signals();
+  for (int attempt = 0;; ++attempt) {
+    std::vector<Worker> ws;
+    AttemptResult res = run_attempt(o, port, attempt, ws);
+    if (res.stop_signal != 0) {
+      std::fprintf(stderr, "loomrun: stopped the workers on %s\n",
+                   signal_name(res.stop_signal).c_str());
+      return 128 + res.stop_signal;
+    }
+    if (res.failed < 0) return 0;
+    const Worker& w = ws[static_cast<size_t>(res.failed)];
+    report_root_cause(w, attempt, o);
+    if (attempt >= o.max_restarts) {
+      if (o.max_restarts > 0)
+        std::fprintf(stderr, "loomrun: giving up after %d restarts\n", o.max_restarts);
+      return exit_code_of(w.status);
+    }
+    std::fprintf(stderr, "loomrun: restarting the workers (restart %d of %d)\n", attempt + 1,
+                 o.max_restarts);
+  }
+}
+
+}  // namespace
+}  // namespace loom::launch
+
+int main(int argc, char** argv) {
+  using namespace loom::launch;
+  ParseResult parsed = parse_run_options(std::vector<std::string>(argv + 1, argv + argc));
+  if (parsed.help) {
+    std::fputs(run_usage().c_str(), stdout);
+    return 0;
+  }
+  if (!parsed.error.empty()) die_usage(parsed.error);
+  return run(parsed.options);
+}

@@ -1,0 +1,37 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::launch {
+
+// What loomrun was asked to do; the parsed form of torchrun's flags.
+struct RunOptions {
+  int nproc_per_node = 1;                 // workers started on this node
+  int nnodes = 1;                         // nodes in the job
+  int node_rank = 0;                      // this node's index, 0 .. nnodes-1
+  std::string master_addr = "127.0.0.1";  // where rank 0's rendezvous listens
+  int master_port = 29500;                // 0 asks loomrun to pick a free port
+  bool standalone = false;                // one node, a free port on 127.0.0.1
+  int max_restarts = 0;                   // group restarts after a failure
+  std::string log_dir;                    // empty: workers' output only on the console
+  bool tee = false;                       // with log_dir: console as well as the files (else no-op)
+  std::string program;                    // the worker program (PATH is searched)
+  std::vector<std::string> args;          // passed to the program untouched
+};
+
+// Result of parsing: either options, a request for help, or one error line.
+struct ParseResult {
+  RunOptions options;
+  bool help = false;
+  std::string error;  // non-empty: a bad command line (exit 2)
+};
+
+// Parses argv (without argv[0]); options stop at the program name or "--", so the
+// program's own flags are never read as loomrun's.
+ParseResult parse_run_options(const std::vector<std::string>& argv);
+
+// The usage text printed by --help.
+std::string run_usage();
+
+}  // namespace loom::launch
