@@ -18,7 +18,6 @@
 #include "launch/files.h"
 
 #if LOOM_HAVE_RUNTIME
-#include "exec/comm/make_comm.h"
 #include "exec/runtime/trainer.h"
 #endif
 
@@ -62,9 +61,6 @@ int train_main(const Args& args) {
   if (Status s = init_logging(-1, config.logging.level); !s.ok()) return bad_input(s.error().message);
 
 #if LOOM_HAVE_RUNTIME
-  // As one rank of several (started by loomrun, torchrun, mpirun or srun) each worker takes its
-  // share of the cores.
-  if (config.parallel.world_size() > 1) comm::configure_worker_threads();
   auto created = runtime::Trainer::create(config);
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;

@@ -157,14 +157,11 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
   // Devices of an adapter that do not consume through it still take part in its steps: the
   // producers of a cross-group adapter (at the end of their stage), and any member of an
   // intra-group collective that holds no consumer (placed before its stage's first op).
-  for (const Adapter& a : out.adapters) {
-    const bool disjoint = [&] {
-      auto f = device_set(a.from);
-      for (DeviceId d : a.to.devices)
-        if (f.count(d)) return false;
-      return true;
-    }();
-    if (disjoint) {
+  for (Adapter& a : out.adapters) {
+    const std::set<DeviceId> producers = device_set(a.from);
+    a.disjoint = std::none_of(a.to.devices.begin(), a.to.devices.end(),
+                              [&](DeviceId d) { return producers.count(d) > 0; });
+    if (a.disjoint) {
       for (DeviceId d : a.from.devices) {
         Segment& seg = segments[d.value()][a.producer_stage.value()];
         seg.stage = a.producer_stage;
@@ -310,9 +307,8 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
 
 Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
-  // Per adapter: whether producers and consumers are disjoint, and each side's membership.
+  // Per adapter: each side's membership and each step's groups by rank.
   struct Sides {
-    bool disjoint = true;
     std::vector<bool> producer, consumer;
     GroupIndex forward, backward;
   };
@@ -323,10 +319,7 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
     s.producer.assign(static_cast<size_t>(world), false);
     s.consumer.assign(static_cast<size_t>(world), false);
     for (DeviceId d : a.from.devices) s.producer[static_cast<size_t>(d.value())] = true;
-    for (DeviceId d : a.to.devices) {
-      s.consumer[static_cast<size_t>(d.value())] = true;
-      if (s.producer[static_cast<size_t>(d.value())]) s.disjoint = false;
-    }
+    for (DeviceId d : a.to.devices) s.consumer[static_cast<size_t>(d.value())] = true;
     s.forward = index_groups(a.forward, world);
     s.backward = index_groups(a.backward, world);
   }
@@ -346,7 +339,7 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
         const Sides& s = sides[static_cast<size_t>(it.index)];
         // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
         int side = 0;
-        if (s.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
+        if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
         path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd, b.micro_batch.value(), r, side,
                     fwd ? s.producer : s.consumer, events[static_cast<size_t>(r)]);
       };

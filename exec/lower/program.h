@@ -32,6 +32,9 @@ struct Adapter {
   Layout to;
   CommPath forward;   // from -> to
   CommPath backward;  // grad(to) -> grad(from)
+  // Producers and consumers share no device: the adapter runs in two parts, the producers'
+  // (steps and sends) and the consumers' (receives and steps).
+  bool disjoint = false;
   bool cross_stage() const { return producer_stage != consumer_stage; }
 };
 

@@ -1,6 +1,7 @@
 #include "exec/runtime/rank_executor.h"
 
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -43,8 +44,10 @@ struct RankExecutor::Impl {
   std::vector<graph::SubTensor> pieces;
   std::vector<int64_t> replicas;
   std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
+  std::vector<std::vector<int64_t>> op_params;  // per op, per input: its parameter slot or -1
   std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;  // (tensor, consumer) -> adapter
   std::map<int64_t, StageId> producer_stage;                       // tensors made on this rank
+  std::map<int64_t, std::set<int64_t>> consumed;                   // stage -> tensors its ops read
 
   // Per micro-batch values.
   struct Micro {
@@ -129,14 +132,23 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const graph::Graph& p
   std::map<std::pair<int64_t, std::string>, int64_t> holders;
   for (const auto& s : lowered.grad_syncs)
     holders[{s.tensor.value(), s.piece.ranges_string()}] = static_cast<int64_t>(s.devices.size());
-  for (const auto& op : planned.ops()) {
+  impl->op_params.resize(planned.ops().size());
+  for (size_t i = 0; i < planned.ops().size(); ++i) {
+    const graph::Op& op = planned.ops()[i];
     if (op.device.value() != impl->rank) continue;
+    auto& slots = impl->op_params[i];
     for (const auto& o : op.outputs) impl->producer_stage[o.tensor.value()] = op.stage;
+    for (const auto& in : op.inputs) impl->consumed[op.stage.value()].insert(in.tensor.value());
     for (const auto& in : op.inputs) {
       const graph::FullTensor& t = planned.tensor(in.tensor);
+      slots.push_back(-1);
       if (t.role != graph::TensorRole::kParameter) continue;
       auto key = std::make_pair(t.id.value(), in.ranges_string());
-      if (impl->param_index.count(key)) continue;
+      if (auto it = impl->param_index.find(key); it != impl->param_index.end()) {
+        slots.back() = static_cast<int64_t>(it->second);
+        continue;
+      }
+      slots.back() = static_cast<int64_t>(impl->params.size());
       at::Tensor p = init_parameter_piece(t, in, seed);
       p.set_requires_grad(true);
       impl->param_index[key] = impl->params.size();
@@ -164,11 +176,6 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
       for (const auto& sg : prog.segments)
         if (sg.stage == block.stage) seg = &sg;
       LOOM_CHECK(seg) << "rank " << s.rank << " has no segment for stage " << block.stage;
-      auto disjoint = [](const Adapter& a) {
-        for (DeviceId d : a.to.devices)
-          if (std::find(a.from.devices.begin(), a.from.devices.end(), d) != a.from.devices.end()) return false;
-        return true;
-      };
 
       if (block.kind == lower::BlockKind::kForward) {
         for (const lower::SegmentItem& item : seg->items) {
@@ -179,7 +186,7 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
               at::Tensor x = m.env.at(a.tensor.value());
               s.run_path(a.forward, full, x.detach(), Part::kProducer, s.tag(a, 0, mb));
               m.sent[a.id] = x;
-            } else if (disjoint(a)) {
+            } else if (a.disjoint) {
               at::Tensor z = s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
               m.adapted[a.id] = z.detach().requires_grad_(true);
             } else if (a.cross_stage()) {
@@ -195,12 +202,14 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
           }
           const graph::Op& op = ops[static_cast<size_t>(item.index)];
           std::vector<at::Tensor> args;
-          for (const auto& in : op.inputs) {
+          const auto& slots = s.op_params[static_cast<size_t>(item.index)];
+          for (size_t k = 0; k < op.inputs.size(); ++k) {
+            const graph::SubTensor& in = op.inputs[k];
             const graph::FullTensor& t = s.graph.tensor(in.tensor);
             if (t.role == graph::TensorRole::kInput) {
               args.push_back(cut_piece(inputs[static_cast<size_t>(mb)].at(t.id.value()), in).contiguous());
             } else if (t.role == graph::TensorRole::kParameter) {
-              args.push_back(s.params[s.param_index.at({t.id.value(), in.ranges_string()})]);
+              args.push_back(s.params[static_cast<size_t>(slots[k])]);
             } else if (auto a = s.adapter_of.find({t.id.value(), op.def->name}); a != s.adapter_of.end()) {
               args.push_back(m.adapted.at(a->second));
             } else if (s.producer_stage.at(t.id.value()) == op.stage) {
@@ -243,10 +252,10 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
       for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it) {
         if (it->kind != lower::SegmentItem::Kind::kAdapter || it->producer_side) continue;
         const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
-        if (!disjoint(a) && !a.cross_stage()) continue;  // ran inside autograd
+        if (!a.disjoint && !a.cross_stage()) continue;  // ran inside autograd
         at::Tensor z = m.adapted.at(a.id);
         at::Tensor g = z.grad().defined() ? z.grad() : at::zeros_like(z);
-        if (disjoint(a)) {
+        if (a.disjoint) {
           s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kProducer, s.tag(a, 1, mb));
         } else {
           at::Tensor gx = s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
@@ -257,11 +266,7 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
       }
       for (auto& [tensor, leaf] : m.leaves) {
         if (s.producer_stage.at(tensor) == block.stage || !leaf.grad().defined()) continue;
-        bool consumed_here = false;
-        for (const auto& item : seg->items)
-          if (item.kind == lower::SegmentItem::Kind::kOp)
-            for (const auto& in : ops[static_cast<size_t>(item.index)].inputs) consumed_here |= in.tensor.value() == tensor;
-        if (!consumed_here) continue;
+        if (!s.consumed[block.stage.value()].count(tensor)) continue;
         auto& slot = m.pending[s.producer_stage.at(tensor).value()][tensor];
         slot = {m.env.at(tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
       }

@@ -75,6 +75,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
 
   LOOM_TRY(models::check_parallel(config));
   if (!world) {
+    // A worker process among others on this machine takes its share of the cores.
+    comm::configure_worker_threads();
     LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm));
   }
   if (world->size() != world_size)

@@ -14,7 +14,6 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include "exec/comm/make_comm.h"
 #include "exec/runtime/rank_executor.h"
 #include "exec/runtime/trainer.h"
 
@@ -30,7 +29,6 @@ int main(int argc, char** argv) {
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else overrides.push_back(a);
   }
-  loom::comm::configure_worker_threads();
   const char* yaml = R"(run: {seed: 3, steps: 10}
 model: {type: gpt, preset: tiny}
 batch: {global: 8, micro: 2}

@@ -1,5 +1,3 @@
-#include <chrono>
-
 #include <gtest/gtest.h>
 
 #include "graph/verify.h"
@@ -43,15 +41,16 @@ TEST(GptGraph, PresetsHaveTheirPublishedSizes) {
   EXPECT_NEAR(count("gpt3-175b") / 1e9, 175, 2.0);
 }
 
-TEST(GptGraph, LargestPresetBuildsWellUnderASecond) {
+TEST(GptGraph, LargestPresetIsMetadataOnly) {
+  // The graph holds shapes, not tensors: 175 B parameters describe themselves in a few thousand
+  // ops. (Build time is measured by bench/plan_scale, which builds it for every plan.)
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"model.preset=gpt3-175b", "batch.micro=1", "batch.global=1"});
-  auto start = std::chrono::steady_clock::now();
   auto g = build_model(c, r);
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_GT(g->ops().size(), 96u * 15);
-  EXPECT_LT(seconds, 0.5);
+  EXPECT_LT(g->ops().size(), 96u * 25);
+  EXPECT_TRUE(graph::verify(*g, r).ok());
 }
 
 TEST(GptGraph, BadArgumentsNameTheKey) {

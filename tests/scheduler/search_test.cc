@@ -246,13 +246,15 @@ TEST(Search, ErrorsNameTheProblem) {
   EXPECT_NE(x.error().message.find("multiple of 2"), std::string::npos) << x.error().message;
 }
 
-TEST(Search, FastOnTheBenchShapes) {
-  // The benchmark's p=4 cases run well under its 0.1 s target; p=8 under 1 s.
+TEST(Search, ProvesOptimalPeriodsOnTheBenchShapes) {
+  // Speed is bench/schedule_search's business (timings are noisy here); what must hold on the
+  // benchmark's shapes is that the search finishes its proof and respects the memory limit.
   for (int p : {4, 8})
     for (auto make :
          {Placement::v_shape, Placement::x_shape, Placement::m_shape, Placement::k_shape}) {
       SearchResult s = search(make(p, 1, 2), 2 * p, p);
-      EXPECT_LT(s.search_time_s, p == 4 ? 0.5 : 5.0);
+      EXPECT_TRUE(s.repetend.period_optimal) << "p=" << p;
+      EXPECT_LE(s.timeline.max_peak_memory(), p + 1e-9) << "p=" << p;
     }
 }
 
