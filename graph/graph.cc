@@ -53,4 +53,10 @@ std::string Op::name() const {
   return n;
 }
 
+void Graph::set_loss(TensorId id) {
+  LOOM_CHECK(id.valid() && id.value() < static_cast<int64_t>(tensors_.size())) << "no tensor " << id;
+  loss_ = id;
+  tensors_[static_cast<size_t>(id.value())].role = TensorRole::kLoss;
+}
+
 }  // namespace loom::graph

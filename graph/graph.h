@@ -29,7 +29,9 @@ class Graph {
 
   TensorId add_tensor(FullTensor t);  // assigns the id; names must be unique
   OpId add_op(Op op);                 // assigns the id; appended to the execution order
-  void set_loss(TensorId id) { loss_ = id; }
+  // Marks `id` as the loss (its role becomes kLoss). Chimera's second pipeline adds a loss of
+  // its own: every tensor with the loss role is a loss of some micro-batches.
+  void set_loss(TensorId id);
 
  private:
   std::string name_;

@@ -106,7 +106,7 @@ Status verify(const Graph& g, const OpRegistry& registry) {
   for (const auto& op : g.ops())
     for (const auto& s : op.inputs) {
       const FullTensor& t = g.tensor(s.tensor);
-      if (t.role != TensorRole::kActivation) continue;
+      if (t.role != TensorRole::kActivation && t.role != TensorRole::kLoss) continue;
       if (!coverable(s, pieces[s.tensor.value()]))
         return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() + "): no ops write "
                                     "enough of '" + t.name + "' to make its piece " +

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "graph/transform.h"
+#include "planner/chimera.h"
 #include "planner/mesh.h"
 #include "planner/policy.h"
 #include "planner/stages.h"
@@ -68,6 +69,13 @@ Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
   const Config& c = request.config;
   const auto& p = c.parallel;
   LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp));
+  const bool chimera = p.schedule == "chimera";
+  if (chimera && (p.pp < 2 || p.pp % 2 != 0))
+    return c.error("parallel.pp", "chimera needs an even number of pipeline stages, got parallel.pp=" +
+                                      std::to_string(p.pp));
+  if (chimera && p.chunks != 1)
+    return c.error("parallel.chunks", "chimera places one stage per pipeline rank in each direction, got "
+                                      "parallel.chunks=" + std::to_string(p.chunks));
   const int64_t stages = p.pp * p.chunks;
   LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
   const std::vector<std::string> batch = batch_labels(g);
@@ -116,6 +124,7 @@ Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
       }
     }
   }
+  if (chimera) return add_up_pipeline(out, mesh);
   return out;
 }
 

@@ -70,7 +70,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
     std::map<int64_t, std::vector<int64_t>> adapters_of_tensor;
     for (const auto& op : ops)
       for (const auto& in : op.inputs) {
-        if (g.tensor(in.tensor).role != graph::TensorRole::kActivation) continue;
+        const graph::TensorRole role = g.tensor(in.tensor).role;
+        if (role != graph::TensorRole::kActivation && role != graph::TensorRole::kLoss) continue;
         auto key = std::make_pair(in.tensor.value(), op.def->name);
         if (!wants.count(key)) keys.push_back(key);
         auto& w = wants[key];
@@ -211,13 +212,22 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       out.grad_syncs.push_back(std::move(sync));
     }
 
-  // The loss: each piece counts once, so replicas seed 1 / replicas.
-  auto loss = produced.find(g.loss().value());
-  if (loss == produced.end()) return Error::at(g.name(), "no op writes the loss");
-  for (const auto& [d, piece] : loss->second.pieces) {
-    int64_t replicas = 0;
-    for (const auto& [d2, p2] : loss->second.pieces) replicas += same_piece(piece, p2);
-    out.programs[d.value()].loss_seed = 1.0 / static_cast<double>(replicas);
+  // The loss: each piece counts once, so replicas seed 1 / replicas. Pipelines that are whole
+  // replicas of the model (Chimera's) each have their own loss over their own micro-batches.
+  if (!produced.count(g.loss().value())) return Error::at(g.name(), "no op writes the loss");
+  for (const auto& t : g.tensors()) {
+    if (t.role != graph::TensorRole::kLoss) continue;
+    auto loss = produced.find(t.id.value());
+    if (loss == produced.end()) return Error::at(t.name, "no op writes the loss '" + t.name + "'");
+    for (const auto& [d, piece] : loss->second.pieces) {
+      int64_t replicas = 0;
+      for (const auto& [d2, p2] : loss->second.pieces) replicas += same_piece(piece, p2);
+      double& seed = out.programs[d.value()].loss_seed;
+      const double mine = 1.0 / static_cast<double>(replicas);
+      LOOM_CHECK(seed == 0 || seed == mine) << "rank " << d.value() << " holds losses seeded "
+                                            << seed << " and " << mine;
+      seed = mine;
+    }
   }
 
   LOOM_TRY(check_deadlock_free(g, out));

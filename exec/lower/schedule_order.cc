@@ -13,14 +13,10 @@ Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& conf
   if (p.pp == 1 && p.chunks == 1) return std::vector<std::vector<ProgramBlock>>{};
   const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches), v = static_cast<int>(p.chunks);
   std::vector<std::vector<sched::BlockId>> orders;
-  if (p.schedule == "zb-h1" || p.schedule == "chimera") {
+  if (p.schedule == "zb-h1")
     return config.error("parallel.schedule",
-                        p.schedule == "zb-h1"
-                            ? "zb-h1 splits the backward pass into input- and weight-gradient passes, "
-                              "which loom train does not run; it is available to loom schedule"
-                            : "chimera runs two replicas of every stage, which loom train does not "
-                              "place; it is available to loom schedule");
-  }
+                        "zb-h1 splits the backward pass into input- and weight-gradient passes, "
+                        "which loom train does not run; it is available to loom schedule");
   if (p.schedule == "search") {
     if (v != 1) return config.error("parallel.chunks", "the searched schedule places one stage per device");
     sched::SearchOptions options;
@@ -42,8 +38,12 @@ Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& conf
     for (const sched::BlockId& b : orders[static_cast<size_t>(r / (p.tp * p.dp))]) {
       if (b.kind != sched::BlockKind::kF && b.kind != sched::BlockKind::kB)
         return config.error("parallel.schedule", "block " + b.describe() + " is not a full forward or backward");
+      // Chimera's up pipeline (odd micro-batches) runs its own replica of stage s, numbered p + s
+      // by the planner (planner/chimera.h).
+      const bool up = p.schedule == "chimera" && b.mb.value() % 2 == 1;
+      const StageId stage = up ? StageId(pp + b.stage.value()) : b.stage;
       out[static_cast<size_t>(r)].push_back(
-          {b.kind == sched::BlockKind::kF ? BlockKind::kForward : BlockKind::kBackward, b.stage, b.mb});
+          {b.kind == sched::BlockKind::kF ? BlockKind::kForward : BlockKind::kBackward, stage, b.mb});
     }
   return out;
 }

@@ -57,6 +57,7 @@ struct RankExecutor::Impl {
     std::unordered_map<int64_t, at::Tensor> leaves;      // tensor id -> same-rank stage boundary
     std::map<int64_t, std::map<int64_t, std::pair<at::Tensor, at::Tensor>>> pending;  // stage -> tensor -> (value, grad)
     at::Tensor loss;
+    TensorId loss_tensor;  // which loss (Chimera's pipelines each have their own)
   };
   std::vector<Micro> micro;
 
@@ -222,7 +223,10 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
           }
           std::vector<at::Tensor> outs = (*s.kernels->find(op.type()))(KernelContext{s.graph, op}, args);
           for (size_t o = 0; o < outs.size(); ++o) m.env[op.outputs[o].tensor.value()] = outs[o];
-          if (op.outputs[0].tensor == s.graph.loss()) m.loss = outs[0];
+          if (s.graph.tensor(op.outputs[0].tensor).role == graph::TensorRole::kLoss) {
+            m.loss = outs[0];
+            m.loss_tensor = op.outputs[0].tensor;
+          }
         }
         continue;
       }
@@ -234,8 +238,8 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
         if (it == roots.end()) roots[tensor] = {value, grad};
         else it->second.second = it->second.second + grad;
       };
-      if (m.loss.defined() && s.producer_stage.at(s.graph.loss().value()) == block.stage)
-        add_root(s.graph.loss().value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
+      if (m.loss.defined() && s.producer_stage.at(m.loss_tensor.value()) == block.stage)
+        add_root(m.loss_tensor.value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
       for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it)
         if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
           const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];

@@ -95,6 +95,9 @@ TEST(GlooRanks, Dp2) { expect_gloo_equal("dp2", {"parallel.dp=2"}, 2); }
 TEST(GlooRanks, Tp2) { expect_gloo_equal("tp2", {"parallel.tp=2"}, 2); }
 TEST(GlooRanks, Tp2Sp) { expect_gloo_equal("tp2sp", {"parallel.tp=2", "parallel.sp=true"}, 2); }
 TEST(GlooRanks, Pp2) { expect_gloo_equal("pp2", {"parallel.pp=2"}, 2); }
+TEST(GlooRanks, ChimeraTp2Pp2) {
+  expect_gloo_equal("chimera", {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=chimera"}, 4);
+}
 TEST(GlooRanks, Dp2Tp2) { expect_gloo_equal("dp2tp2", {"parallel.dp=2", "parallel.tp=2"}, 4); }
 TEST(GlooRanks, Tp2Pp2) { expect_gloo_equal("tp2pp2", {"parallel.tp=2", "parallel.pp=2"}, 4); }
 TEST(GlooRanks, Dp2Pp2) { expect_gloo_equal("dp2pp2", {"parallel.dp=2", "parallel.pp=2"}, 4); }

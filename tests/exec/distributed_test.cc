@@ -122,6 +122,13 @@ TEST(Schedules, InterleavedPp2Chunks2) { expect_schedule("interleaved", 2, 2); }
 TEST(Schedules, InterleavedPp4Chunks2) { expect_schedule("interleaved", 4, 2); }
 TEST(Schedules, LoopedBfsPp2Chunks2) { expect_schedule("looped-bfs", 2, 2); }
 TEST(Schedules, SearchPp2) { expect_schedule("search", 2, 1); }
+// Chimera: two pipelines in opposite directions, each a replica of the model over half the
+// micro-batches, with their parameter gradients summed over the replicas.
+TEST(Schedules, ChimeraPp2) { expect_schedule("chimera", 2, 1); }
+TEST(Schedules, ChimeraPp4) { expect_schedule("chimera", 4, 1); }
+TEST(Schedules, ChimeraDp2Pp2) {
+  expect_equal_to_single_device({"parallel.dp=2", "parallel.pp=2", "parallel.schedule=chimera", "batch.micro=1"}, 4);
+}
 TEST(Schedules, SearchPp4) { expect_schedule("search", 4, 1); }
 
 TEST(LocalRanks, Dp2Tp2Pp2SpAdamW) {

@@ -34,7 +34,7 @@ TEST(GraphBuilder, BuildsVerifiesAndDumps) {
       "  %2 fc f32[2, 4, 16] act\n"
       "  %3 act f32[2, 4, 16] act\n"
       "  %4 targets i64[2, 4] input\n"
-      "  %5 loss f32[] act\n"
+      "  %5 loss f32[] loss\n"
       "  #0 linear fc dev 0 stage 0 layer pre {b s k+, n k+ -> b s n}\n"
       "      %0[0:2, 0:4, 0:8], %1[0:16, 0:8] -> %2[0:2, 0:4, 0:16]\n"
       "  #1 gelu act dev 0 stage 0 layer pre {b s h -> b s h}\n"

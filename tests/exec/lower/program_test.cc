@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "exec/lower/schedule_order.h"
 #include "models/model.h"
 
 namespace loom::lower {
@@ -14,14 +15,20 @@ struct Lowering {
   Lowered lowered;
 };
 
-Lowering lower_plan(const std::vector<std::string>& overrides, int64_t world) {
+Lowering lower_plan(const std::vector<std::string>& overrides, int64_t world, bool scheduled = false) {
   auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n", "l.yaml", overrides);
   EXPECT_TRUE(c.ok()) << c.error().message;
   auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
                               planner::PolicyRegistry::with_builtin_policies(), world);
   EXPECT_TRUE(g.ok()) << g.error().message;
   PathFinder paths;
-  auto l = lower(*g, world, c->micro_batches(), paths);
+  std::vector<std::vector<ProgramBlock>> order;
+  if (scheduled) {
+    auto o = pipeline_order(*c, c->micro_batches());
+    EXPECT_TRUE(o.ok()) << o.error().message;
+    if (o.ok()) order = *o;
+  }
+  auto l = lower(*g, world, c->micro_batches(), paths, scheduled ? &order : nullptr);
   EXPECT_TRUE(l.ok()) << l.error().message;
   return {*g, l.ok() ? *l : Lowered{}};
 }
@@ -94,6 +101,49 @@ TEST(Lowering, EveryStandardPlanIsDeadlockFree) {
     Lowering l = lower_plan(overrides, world);
     EXPECT_EQ(static_cast<int64_t>(l.lowered.programs.size()), world);
   }
+}
+
+// Chimera over 4 pipeline ranks: rank r runs stage r of the down pipeline and stage 3-r of the
+// up pipeline (numbered 4 + 3-r), even micro-batches down and odd ones up; every parameter piece
+// is held by the two ranks that run its stage in either direction, and each pipeline's last
+// stage seeds its own loss.
+TEST(Lowering, ChimeraRunsTwoPipelinesInOppositeDirections) {
+  Lowering l = lower_plan({"parallel.pp=4", "parallel.schedule=chimera", "model.args.layers=4"}, 4, true);
+  ASSERT_EQ(l.lowered.programs.size(), 4u);
+  for (int64_t r = 0; r < 4; ++r) {
+    const Program& prog = l.lowered.programs[static_cast<size_t>(r)];
+    ASSERT_EQ(prog.segments.size(), 2u) << "rank " << r;
+    EXPECT_EQ(prog.segments[0].stage, StageId(r));
+    EXPECT_EQ(prog.segments[1].stage, StageId(4 + 3 - r));
+    for (const ProgramBlock& b : prog.blocks)
+      EXPECT_EQ(b.stage, b.micro_batch.value() % 2 == 0 ? StageId(r) : StageId(7 - r))
+          << "rank " << r << " micro-batch " << b.micro_batch.value();
+    EXPECT_EQ(prog.blocks.size(), 2u * 4u);  // F and B of 4 micro-batches, each in one direction
+    EXPECT_DOUBLE_EQ(prog.loss_seed, r == 0 || r == 3 ? 1.0 : 0.0) << "rank " << r;
+  }
+  int params = 0;
+  for (const auto& t : l.graph.tensors()) params += t.role == graph::TensorRole::kParameter;
+  EXPECT_EQ(static_cast<int>(l.lowered.grad_syncs.size()), params);
+  for (const GradSync& s : l.lowered.grad_syncs) {
+    ASSERT_EQ(s.devices.size(), 2u);
+    EXPECT_EQ(s.devices[0].value() + s.devices[1].value(), 3) << l.graph.tensor(s.tensor).name;
+  }
+  for (const Adapter& a : l.lowered.adapters) {
+    EXPECT_TRUE(a.cross_stage());
+    EXPECT_EQ(a.producer_stage.value() < 4, a.consumer_stage.value() < 4)
+        << "adapter " << a.id << " crosses between the pipelines";
+  }
+}
+
+TEST(Lowering, ChimeraNeedsAnEvenPipeline) {
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 6, micro: 2}\n", "l.yaml",
+                        {"parallel.pp=3", "parallel.schedule=chimera", "model.args.layers=3"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
+                              planner::PolicyRegistry::with_builtin_policies(), 3);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.error().message.find("parallel.pp"), std::string::npos) << g.error().message;
+  EXPECT_NE(g.error().message.find("even"), std::string::npos) << g.error().message;
 }
 
 TEST(Lowering, AnOrderThatWaitsForItselfIsADeadlock) {
