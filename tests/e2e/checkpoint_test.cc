@@ -1,7 +1,8 @@
 // Checkpoints across plans and processes: saved under dp2 x tp2 at step 5 (gloo, 4 ranks) and
 // resumed under pp4 (gloo, 4 ranks) and on one rank, steps 6-10 equal the uninterrupted
 // single-device run; a worker killed mid-step under loomrun --max-restarts 1 restarts from the
-// latest checkpoint and ends with the uninterrupted run's losses.
+// latest checkpoint and ends with the uninterrupted run's losses. The writer killed at every
+// point of writing, and at random instants, leaves the previous checkpoint loadable.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "core/checkpoint_reader.h"
 #include "exec/runtime/trainer.h"
@@ -151,6 +153,151 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
   auto kept = complete_checkpoints(dir / "run" / "checkpoints");
   ASSERT_EQ(kept.size(), 2u);  // checkpoint.keep
   EXPECT_EQ(kept.back().first, 10);
+}
+
+// Every complete checkpoint under `root` reads back whole (sizes, CRC-32, coverage); returns
+// the newest step, 0 when there is none.
+int64_t check_complete_checkpoints(const fs::path& root) {
+  int64_t newest = 0;
+  for (const auto& [step, dir] : complete_checkpoints(root)) {
+    auto reader = CheckpointReader::open(dir);
+    EXPECT_TRUE(reader.ok()) << reader.error().message;
+    if (!reader.ok()) continue;
+    for (const char* kind : {kSliceParam, kSliceExpAvg})
+      for (const auto& name : reader->tensors(kind)) {
+        auto [shape, dtype] = *reader->describe(name, kind);
+        SliceRanges all;
+        for (int64_t d : shape) all.emplace_back(0, d);
+        auto bytes = reader->read(name, kind, all);
+        EXPECT_TRUE(bytes.ok()) << bytes.error().message;
+      }
+    newest = std::max(newest, step);
+  }
+  return newest;
+}
+
+// Resumes `root`'s latest checkpoint in this process and trains to step 3: the losses must be
+// the uninterrupted run's (same plan: exactly).
+void expect_resume_matches(const fs::path& root, const std::vector<double>& want,
+                           const std::string& what) {
+  auto c = parse_config(
+      kYaml, "resume.yaml",
+      {"model.args.layers=2", "checkpoint.resume=latest", "checkpoint.dir=" + root.string()});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto t = runtime::Trainer::create(*c);
+  ASSERT_TRUE(t.ok()) << what << ": " << t.error().message;
+  for (int64_t s = (*t)->steps_done() + 1; s <= 3; ++s)
+    EXPECT_EQ((*t)->step()->loss, want[static_cast<size_t>(s - 1)]) << what << " step " << s;
+}
+
+class CheckpointWriterKilled : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir("writer_killed");
+    config_ = dir_ / "run.yaml";
+    std::ofstream(config_) << kYaml;
+    auto c = parse_config(kYaml, "ref.yaml", {"model.args.layers=2"});
+    auto t = runtime::Trainer::create(*c);
+    for (int i = 0; i < 3; ++i) want_.push_back((*t)->step()->loss);
+  }
+  // `loom train` for 3 steps with a checkpoint after each (keep 2) into a fresh `run`.
+  comm::testing::Launch train(const fs::path& run) const {
+    fs::remove_all(run);
+    comm::testing::Launch l;
+    l.argv = {kLoom,
+              "train",
+              config_.string(),
+              "model.args.layers=2",
+              "run.steps=3",
+              "checkpoint.every=1",
+              "checkpoint.keep=2",
+              "run.output_dir=" + run.string()};
+    l.env = {{"OMP_NUM_THREADS", "1"}};
+    return l;
+  }
+  fs::path dir_, config_;
+  std::vector<double> want_;
+};
+
+// Stops the writer at each point of writing in turn (each file half-written, synced and renamed;
+// the manifest; pruning) until a run gets through: the newest complete checkpoint never goes
+// back, each one reads back whole, and resuming it gives the uninterrupted losses.
+TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
+  int64_t newest = 0;
+  bool finished = false;
+  for (int point = 1; point <= 100 && !finished; ++point) {
+    const fs::path run = dir_ / "run";
+    auto launch = train(run);
+    launch.env["LOOM_DEBUG_CKPT_CRASH_AT"] = std::to_string(point);
+    auto r = comm::testing::run_processes({launch}, 60)[0];
+    finished = r.ok();
+    if (!finished) {
+      ASSERT_EQ(r.signal, 9) << "crash point " << point << ": " << r.describe();
+    }
+    const int64_t now = check_complete_checkpoints(run / "checkpoints");
+    EXPECT_GE(now, newest) << "crash point " << point << " lost a complete checkpoint";
+    newest = now;
+    if (now > 0)
+      expect_resume_matches(run / "checkpoints", want_, "crash point " + std::to_string(point));
+  }
+  EXPECT_TRUE(finished) << "the writer never got through";
+  EXPECT_EQ(newest, 3);
+}
+
+// Kills the writer at random instants within the span of a whole run (measured first).
+TEST_F(CheckpointWriterKilled, AtRandomInstantsThePreviousCheckpointStaysLoadable) {
+  auto full = comm::testing::run_processes({train(dir_ / "full")}, 60)[0];
+  ASSERT_TRUE(full.ok()) << full.describe();
+  const unsigned seed = 20261123;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> when(0.3 * full.elapsed_s, full.elapsed_s);
+  int killed = 0;
+  for (int i = 0; i < 8; ++i) {
+    const double at_s = when(rng);
+    const fs::path run = dir_ / ("run" + std::to_string(i));
+    auto r = comm::testing::run_processes({train(run)}, at_s)[0];
+    killed += r.killed;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", killed after " + std::to_string(at_s) + " s");
+    check_complete_checkpoints(run / "checkpoints");
+    if (!latest_checkpoint(run / "checkpoints").empty())
+      expect_resume_matches(run / "checkpoints", want_, "killed at " + std::to_string(at_s) + " s");
+  }
+  std::printf("writer killed mid-run in %d of 8 runs\n", killed);
+}
+
+// `loom train` resuming a damaged checkpoint: exit 2, one message naming the file, nothing written.
+TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
+  const fs::path dir = fresh_dir("cli");
+  const fs::path config = dir / "run.yaml";
+  std::ofstream(config) << kYaml;
+  comm::testing::Launch save;
+  save.argv = {kLoom,
+               "train",
+               config.string(),
+               "model.args.layers=2",
+               "run.steps=1",
+               "checkpoint.every=1",
+               "run.output_dir=" + (dir / "first").string()};
+  ASSERT_TRUE(comm::testing::run_processes({save}, 60)[0].ok());
+  const fs::path shard = dir / "first" / "checkpoints" / "step_00000001" / "rank_00000.safetensors";
+  std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(200);
+  f.put('\x7f');
+  f.close();
+  comm::testing::Launch resume;
+  resume.argv = {kLoom,
+                 "train",
+                 config.string(),
+                 "model.args.layers=2",
+                 "run.steps=2",
+                 "checkpoint.resume=" + (dir / "first" / "checkpoints").string(),
+                 "run.output_dir=" + (dir / "second").string()};
+  auto r = comm::testing::run_processes({resume}, 60)[0];
+  EXPECT_EQ(r.exit_code, 2) << r.describe();
+  EXPECT_NE(r.output.find(shard.string()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("corrupted"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "second")) << "a refused resume wrote its run directory";
 }
 
 }  // namespace
