@@ -1,11 +1,14 @@
 // Checkpoints across plans and processes: saved under dp2 x tp2 at step 5 (gloo, 4 ranks) and
 // resumed under pp4 (gloo, 4 ranks) and on one rank, steps 6-10 equal the uninterrupted
 // single-device run; a worker killed mid-step under loomrun --max-restarts 1 restarts from the
-// latest checkpoint and ends with the uninterrupted run's losses. The writer killed at every
+// latest checkpoint and ends with the uninterrupted run's losses. The merged checkpoint parses
+// with a safetensors reader written here. The writer killed at every
 // point of writing, and at random instants, leaves the previous checkpoint loadable.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +16,7 @@
 #include <random>
 
 #include "core/checkpoint_reader.h"
+#include "exec/runtime/executor.h"
 #include "exec/runtime/trainer.h"
 #include "tests/exec/comm/spawn.h"
 
@@ -79,6 +83,8 @@ void expect_equal_losses(const std::map<int64_t, double>& got, int64_t first, in
   }
 }
 
+void expect_merged_equals_single_device(const fs::path& ckpt);
+
 TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
   const fs::path ckpt = fresh_dir("reshard") / "ckpt";
   const fs::path saved = fresh_dir("reshard_save");
@@ -110,6 +116,107 @@ TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
   std::map<int64_t, double> one;
   for (int64_t s = 6; s <= 10; ++s) one[s] = (*t)->step()->loss;
   expect_equal_losses(one, 6, 10, 1e-6, "resumed on one rank");
+
+  expect_merged_equals_single_device(ckpt);
+}
+
+// A safetensors reader written from the format's description alone (not core/safetensors.h):
+// 8 bytes little-endian header length, a JSON header, raw little-endian data.
+struct IndependentTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+std::map<std::string, IndependentTensor> read_safetensors_independently(const fs::path& path,
+                                                                        nlohmann::json* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  EXPECT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[static_cast<size_t>(i)]) << (8 * i);
+  EXPECT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u) << "the data section should start 8-byte aligned";
+  nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
+  std::map<std::string, IndependentTensor> out;
+  uint64_t expected_begin = 0;  // standard readers require a dense, ordered data section
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      *metadata = it.value();
+      continue;
+    }
+    IndependentTensor t;
+    t.dtype = it.value()["dtype"];
+    t.shape = it.value()["shape"].get<std::vector<int64_t>>();
+    const uint64_t b = it.value()["data_offsets"][0], e = it.value()["data_offsets"][1];
+    spans.emplace_back(b, e);
+    EXPECT_EQ(t.dtype, "F32") << it.key();
+    int64_t count = 1;
+    for (int64_t d : t.shape) count *= d;
+    EXPECT_EQ(e - b, static_cast<uint64_t>(count) * 4) << it.key();
+    t.values.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      uint32_t bits = 0;
+      for (int k = 0; k < 4; ++k)
+        bits |= static_cast<uint32_t>(
+                    bytes[8 + n + b + static_cast<uint64_t>(i) * 4 + static_cast<uint64_t>(k)])
+                << (8 * k);
+      std::memcpy(&t.values[static_cast<size_t>(i)], &bits, 4);
+    }
+    out[it.key()] = std::move(t);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (const auto& [b, e] : spans) {
+    EXPECT_EQ(b, expected_begin) << "gap or overlap in the data section";
+    expected_begin = e;
+  }
+  EXPECT_EQ(8 + n + expected_begin, bytes.size()) << "trailing bytes after the last tensor";
+  return out;
+}
+
+// `loom checkpoint merge` of the dp2 x tp2 checkpoint: one file with every full parameter equal
+// to the single-device run's at step 5, and the momentum buffers whole; `inspect` lists shards.
+void expect_merged_equals_single_device(const fs::path& ckpt) {
+  const fs::path out = ckpt.parent_path() / "merged.safetensors";
+  comm::testing::Launch merge;
+  merge.argv = {kLoom, "checkpoint", "merge", ckpt.string(), out.string()};
+  auto r = comm::testing::run_processes({merge}, 60)[0];
+  ASSERT_TRUE(r.ok()) << r.describe();
+  nlohmann::json metadata;
+  auto tensors = read_safetensors_independently(out, &metadata);
+  EXPECT_EQ(metadata["format"], "loom-merged");
+  EXPECT_EQ(metadata["step"], "5");
+
+  auto c = parse_config(kYaml, "ref.yaml");
+  auto t = runtime::Trainer::create(*c);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*t)->step().ok());
+  int params = 0;
+  for (const auto& full : (*t)->graph().tensors()) {
+    if (full.role != graph::TensorRole::kParameter) continue;
+    ++params;
+    ASSERT_TRUE(tensors.count(full.name)) << full.name << " is not in the merged file";
+    const IndependentTensor& got = tensors.at(full.name);
+    EXPECT_EQ(got.shape, full.shape) << full.name;
+    at::Tensor want = (*t)->executor().parameter(full.name).detach().contiguous();
+    at::Tensor have =
+        at::from_blob(const_cast<float*>(got.values.data()), want.sizes(), at::kFloat);
+    const double err =
+        (have - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
+    EXPECT_LE(err, 1e-5) << full.name;
+    ASSERT_TRUE(tensors.count("optimizer.exp_avg." + full.name)) << full.name;
+    EXPECT_EQ(tensors.at("optimizer.exp_avg." + full.name).shape, full.shape) << full.name;
+  }
+  EXPECT_EQ(tensors.size(), static_cast<size_t>(2 * params));  // parameters and momentum (sgd)
+
+  comm::testing::Launch inspect;
+  inspect.argv = {kLoom, "checkpoint", "inspect", ckpt.string()};
+  auto listing = comm::testing::run_processes({inspect}, 60)[0];
+  ASSERT_TRUE(listing.ok()) << listing.describe();
+  for (const char* want : {"dp2 x tp2 x pp1", "rank_00003.safetensors", "h0.mlp.fc1.w", "exp_avg"})
+    EXPECT_NE(listing.output.find(want), std::string::npos) << want << " not in:\n"
+                                                            << listing.output;
 }
 
 // Rank 1 is SIGKILLed in the middle of step 5 on the first attempt; loomrun restarts the group,
