@@ -137,6 +137,10 @@ Result<CheckpointManifest> parse_manifest(std::string_view text, const std::stri
       c.global.push_back(dim);
       c.ranges.emplace_back(b, e);
     }
+    int64_t count = 1;
+    for (int64_t dim : c.global)
+      if (__builtin_mul_overflow(count, dim, &count) || count > (int64_t{1} << 56))
+        return bad(file, where + "global shape " + to_string(c.global) + " is too large");
     bool listed = false;
     for (const auto& f : m.files) listed = listed || f.name == c.file;
     if (!listed) return bad(file, where + "its file '" + c.file + "' is not in 'files'");

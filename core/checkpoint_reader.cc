@@ -139,10 +139,12 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
   const int64_t elem = safetensors_dtype_size(dtype);
   if (elem == 0) return Error::at(tensor, what + " has unknown dtype '" + dtype + "'");
   // A region bigger than everything stored cannot be covered; fail before allocating it.
-  int64_t stored = 0;
+  uint64_t stored = 0, file_bytes = 0;
   for (const auto& s : manifest_.slices)
-    if (s.tensor == tensor && s.kind == kind && s.value_chunks == 1) stored += numel(s.shape());
-  if (count > stored)
+    if (s.tensor == tensor && s.kind == kind && s.value_chunks == 1)
+      stored += static_cast<uint64_t>(numel(s.shape()));
+  for (const auto& f : manifest_.files) file_bytes += f.bytes;
+  if (static_cast<uint64_t>(count) > stored || static_cast<uint64_t>(count * elem) > file_bytes)
     return Error::at(
         tensor, what + ": only " + std::to_string(stored) + " of the " + std::to_string(count) +
                     " elements needed are stored (a missing shard, or only value-partial pieces)");
