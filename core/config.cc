@@ -202,7 +202,13 @@ std::vector<std::string> sections() {
 Status check_unknown_keys(const YAML::Node& root, const Config& config,
                           const std::vector<std::string>& known) {
   std::set<std::string> known_set(known.begin(), known.end());
+  // A complex key (`? {a: 1}: ...`) is no name; reading it as text would throw.
+  auto not_a_name = [&](const YAML::Node& key) {
+    return Error::at(config.source, line_of(config.source, key) + ": a key must be a plain name, got " +
+                                        describe(key));
+  };
   for (const auto& kv : root) {
+    if (!kv.first.IsScalar()) return not_a_name(kv.first);
     std::string sec = kv.first.as<std::string>();
     auto secs = sections();
     if (std::find(secs.begin(), secs.end(), sec) == secs.end()) {
@@ -216,11 +222,14 @@ Status check_unknown_keys(const YAML::Node& root, const Config& config,
       return Error::at(sec, line_of(config.source, kv.second) + ": " + sec +
                                 ": expected a mapping of keys, got " + describe(kv.second));
     for (const auto& field : kv.second) {
+      if (!field.first.IsScalar()) return not_a_name(field.first);
       std::string full = sec + "." + field.first.as<std::string>();
       if (full == "model.args") {
         if (!field.second.IsNull() && !field.second.IsMap())
           return Error::at(full, line_of(config.source, field.second) +
                                      ": model.args: expected a mapping, got " + describe(field.second));
+        for (const auto& arg : field.second)
+          if (!arg.first.IsScalar()) return not_a_name(arg.first);
         continue;
       }
       if (known_set.count(full)) continue;

@@ -16,6 +16,7 @@ using Args = std::vector<std::string>;
 int train_main(const Args& args);     // loom train CONFIG [key=value ...]
 int schedule_main(const Args& args);  // loom schedule --kind ... (scheduler/)
 int config_main(const Args& args);
+int checkpoint_main(const Args& args);  // loom checkpoint inspect DIR | merge DIR OUT
 int plan_main(const Args& args);      // loom plan CONFIG [key=value ...] --world-size N --out DIR    // loom config CONFIG [key=value ...]: print the resolved config
 
 }  // namespace loom::cli

@@ -67,7 +67,7 @@ int train_main(const Args& args) {
   const bool lead = trainer.rank() == 0;  // only rank 0 writes the run directory and reports
   if (config.parallel.world_size() > 1) (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
   if (!lead) {
-    for (int64_t i = 0; i < config.run.steps; ++i)
+    for (int64_t i = trainer.steps_done(); i < config.run.steps; ++i)
       if (auto st = trainer.step(); !st.ok()) {
         std::fprintf(stderr, "loom train: rank %lld: error: %s\n", static_cast<long long>(trainer.rank()),
                      st.error().message.c_str());
@@ -84,7 +84,9 @@ int train_main(const Args& args) {
   if (ec) return bad_input("run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
   if (Status s = write_file_atomically(run_dir / "config.yaml", to_yaml(config)); !s.ok())
     return bad_input(s.error().message);
-  std::ofstream metrics(run_dir / "metrics.jsonl", std::ios::trunc);
+  // A resumed run appends to the metrics of the run it continues.
+  const int64_t resumed_at = trainer.steps_done();
+  std::ofstream metrics(run_dir / "metrics.jsonl", resumed_at > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics) return bad_input("cannot write " + (run_dir / "metrics.jsonl").string());
 
   const bool tty = isatty(STDOUT_FILENO);
@@ -95,7 +97,8 @@ int train_main(const Args& args) {
               static_cast<long long>(config.batch.micro), run_dir.string().c_str());
   std::fflush(stdout);
   double elapsed = 0, first_loss = 0, last_loss = 0;
-  for (int64_t i = 0; i < total; ++i) {
+  if (resumed_at > 0) std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
+  for (int64_t i = resumed_at; i < total; ++i) {
     auto st = trainer.step();
     if (!st.ok()) {
       if (tty) std::printf("\n");
@@ -107,13 +110,13 @@ int train_main(const Args& args) {
       return bad_input(st.error().message);
     }
     elapsed += st->step_time_s;
-    if (i == 0) first_loss = st->loss;
+    if (i == resumed_at) first_loss = st->loss;
     last_loss = st->loss;
     nlohmann::json line = {{"step", st->step},           {"loss", st->loss},
                            {"lr", st->lr},               {"grad_norm", st->grad_norm},
                            {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s}};
     metrics << line.dump() << "\n" << std::flush;
-    const double eta = elapsed / static_cast<double>(i + 1) * static_cast<double>(total - i - 1);
+    const double eta = elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
     if (tty) {
       const int width = 24;
       int filled = static_cast<int>(width * (i + 1) / total);

@@ -20,6 +20,13 @@ class Optimizer {
   void step(double lr);
   int64_t steps_taken() const { return t_; }
 
+  // The state a checkpoint saves, per parameter: the first moment (AdamW) or momentum buffer
+  // (SGD), and the second moment (AdamW only; empty for SGD). Loading writes into them.
+  const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
+  const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  const std::string& type() const { return config_.type; }
+
  private:
   OptimizerConfig config_;
   std::vector<at::Tensor> params_;

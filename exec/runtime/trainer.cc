@@ -7,7 +7,9 @@
 
 #include "exec/comm/make_comm.h"
 #include "exec/lower/program.h"
+#include "exec/runtime/checkpoint.h"
 #include "exec/runtime/data.h"
+#include "exec/runtime/debug_env.h"
 #include "exec/runtime/rank_executor.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/lr_schedule.h"
@@ -37,6 +39,38 @@ struct Trainer::Impl {
   lower::Lowered lowered;
   std::unique_ptr<RankExecutor> rank_exec;
 };
+
+namespace {
+
+// The pieces, values and optimizer a checkpoint saves and loads.
+CheckpointTarget checkpoint_target(Trainer::Impl& s) {
+  CheckpointTarget t;
+  t.optimizer = s.optimizer.get();
+  if (s.rank_exec) {
+    t.graph = &s.planned;
+    t.pieces = s.rank_exec->parameter_pieces();
+    t.params = s.rank_exec->parameters();
+    t.world = s.world.get();
+    t.rank = s.world->world_rank().value();
+    t.world_size = s.world->size();
+    return t;
+  }
+  t.graph = &s.graph;
+  for (TensorId id : s.executor->parameter_ids()) t.pieces.push_back(graph::SubTensor::full(s.graph.tensor(id)));
+  t.params = s.executor->parameters();
+  return t;
+}
+
+}  // namespace
+
+// checkpoint.resume: continues from the step a checkpoint was saved at.
+Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
+  LOOM_ASSIGN_OR_RETURN(auto path, resume_path(impl->config));
+  if (!path.empty()) {
+    LOOM_ASSIGN_OR_RETURN(impl->step, load_checkpoint(checkpoint_target(*impl), impl->config, path));
+  }
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
@@ -70,7 +104,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
       decay.push_back(impl->graph.tensor(id).shape.size() >= 2);
     impl->optimizer =
         std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay));
-    return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+    return resume(std::move(impl));
   }
 
   LOOM_TRY(models::check_parallel(config));
@@ -100,7 +134,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   for (const auto& piece : impl->rank_exec->parameter_pieces())
     decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
   impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->rank_exec->parameters(), std::move(decay));
-  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+  return resume(std::move(impl));
 }
 
 Result<StepStats> Trainer::step() {
@@ -144,11 +178,14 @@ Result<StepStats> Trainer::step() {
     }
     norm = std::sqrt(grad_norm_squared(s.executor->parameters()));
   }
+  maybe_kill_at_step(s.step + 1, rank());
   clip_gradients(s.rank_exec ? s.rank_exec->parameters() : s.executor->parameters(), norm,
                  s.config.optimizer.clip_grad_norm);
   const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
   s.optimizer->step(lr);
   ++s.step;
+  if (s.config.checkpoint.every > 0 && s.step % s.config.checkpoint.every == 0)
+    LOOM_TRY(save_checkpoint(checkpoint_target(s), s.config, s.step, checkpoint_root(s.config)));
 
   StepStats st;
   st.step = s.step;

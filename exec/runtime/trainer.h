@@ -50,8 +50,11 @@ class Trainer {
   RankExecutor& rank_executor();        // multi-rank runs
   int64_t rank() const;                 // 0 in single-process runs
 
+  struct Impl;  // opaque; public so the checkpoint glue in trainer.cc can reach it
+
  private:
-  struct Impl;
+  // Applies checkpoint.resume and makes the trainer.
+  static Result<std::unique_ptr<Trainer>> resume(std::unique_ptr<Impl> impl);
   explicit Trainer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

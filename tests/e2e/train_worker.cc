@@ -1,7 +1,8 @@
 // A training rank for the multi-process tests: GPT tiny from an inline config plus key=value
 // overrides, its Comm from the launcher's environment (gloo) or mpirun (mpi). Writes, per rank,
 // the losses and its parameter pieces to DIR/rank_K.json and DIR/rank_K.bin. With
-// --die-at-step N --die-rank R, rank R kills itself with SIGKILL at the start of step N.
+// --die-at-step N --die-rank R, rank R kills itself with SIGKILL at the start of step N. With
+// checkpoint.resume set, it trains from the checkpoint's step to --steps.
 #include <signal.h>
 #include <unistd.h>
 
@@ -47,7 +48,8 @@ comm: {timeout_s: 60}
   }
   const int64_t rank = (*trainer)->rank();
   std::vector<double> losses;
-  for (int i = 1; i <= steps; ++i) {
+  const int64_t first_step = (*trainer)->steps_done() + 1;  // > 1 when resumed from a checkpoint
+  for (int64_t i = first_step; i <= steps; ++i) {
     if (i == die_step && rank == die_rank) raise(SIGKILL);
     auto st = (*trainer)->step();
     if (!st.ok()) {
@@ -58,7 +60,7 @@ comm: {timeout_s: 60}
   }
   if (out_dir.empty()) return 0;
   auto& exec = (*trainer)->rank_executor();
-  nlohmann::json index = {{"losses", losses}, {"params", nlohmann::json::array()}};
+  nlohmann::json index = {{"losses", losses}, {"first_step", first_step}, {"params", nlohmann::json::array()}};
   std::ofstream bin(out_dir + "/rank_" + std::to_string(rank) + ".bin", std::ios::binary);
   int64_t offset = 0;
   for (size_t i = 0; i < exec.parameters().size(); ++i) {

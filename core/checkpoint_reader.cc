@@ -1,0 +1,201 @@
+#include "core/checkpoint_reader.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/crc32.h"
+#include "core/durable_file.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
+  const fs::path manifest_path = dir / kManifestName;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Error::at(dir.string(), "checkpoint '" + dir.string() + "' is not a directory");
+  if (!fs::exists(manifest_path, ec))
+    return Error::at(manifest_path.string(),
+                     "checkpoint '" + dir.string() + "' has no " + kManifestName +
+                         " (an incomplete checkpoint, or not a loom checkpoint)");
+  LOOM_ASSIGN_OR_RETURN(std::string text, read_whole_file(manifest_path));
+  LOOM_ASSIGN_OR_RETURN(CheckpointManifest m, parse_manifest(text, manifest_path.string()));
+  for (const auto& f : m.files) {
+    const fs::path p = dir / f.name;
+    const auto size = fs::file_size(p, ec);
+    if (ec) return Error::at(p.string(), "checkpoint shard '" + p.string() + "' is missing");
+    if (size != f.bytes)
+      return Error::at(p.string(), "checkpoint shard '" + p.string() + "' has " +
+                                       std::to_string(size) + " bytes but the manifest says " +
+                                       std::to_string(f.bytes) + " (truncated?)");
+  }
+  CheckpointReader r;
+  r.dir_ = dir;
+  r.manifest_ = std::move(m);
+  return r;
+}
+
+std::vector<std::string> CheckpointReader::tensors(const std::string& kind) const {
+  std::vector<std::string> out;
+  for (const auto& s : manifest_.slices)
+    if (s.kind == kind && std::find(out.begin(), out.end(), s.tensor) == out.end())
+      out.push_back(s.tensor);
+  return out;
+}
+
+Result<std::pair<Shape, std::string>> CheckpointReader::describe(const std::string& tensor,
+                                                                 const std::string& kind) const {
+  for (const auto& s : manifest_.slices)
+    if (s.tensor == tensor && s.kind == kind) return std::make_pair(s.global, s.dtype);
+  return Error::at(tensor,
+                   "checkpoint '" + dir_.string() + "' has no " + kind + " '" + tensor + "'");
+}
+
+Result<const SafeTensorsFile*> CheckpointReader::shard(const std::string& name) {
+  if (auto it = shards_.find(name); it != shards_.end()) return it->second.get();
+  const CheckpointFile* info = nullptr;
+  for (const auto& f : manifest_.files)
+    if (f.name == name) info = &f;
+  const fs::path p = dir_ / name;
+  if (!info)
+    return Error::at(p.string(), "shard '" + p.string() + "' is not listed in the manifest");
+  LOOM_ASSIGN_OR_RETURN(std::string bytes, read_whole_file(p));
+  if (bytes.size() != info->bytes)
+    return Error::at(p.string(), "checkpoint shard '" + p.string() + "' has " +
+                                     std::to_string(bytes.size()) +
+                                     " bytes but the manifest says " + std::to_string(info->bytes) +
+                                     " (truncated?)");
+  if (uint32_t crc = crc32(bytes); crc != info->crc32)
+    return Error::at(p.string(), "checkpoint shard '" + p.string() + "' is corrupted: CRC-32 " +
+                                     std::to_string(crc) + " but the manifest says " +
+                                     std::to_string(info->crc32));
+  LOOM_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::parse(std::move(bytes), p.string()));
+  auto owned = std::make_shared<SafeTensorsFile>(std::move(f));
+  shards_[name] = owned;
+  return owned.get();
+}
+
+void copy_overlap(const char* src, const SliceRanges& src_ranges, char* dst,
+                  const SliceRanges& dst_ranges, int64_t elem, unsigned char* covered) {
+  const size_t nd = dst_ranges.size();
+  LOOM_CHECK(src_ranges.size() == nd) << "copy_overlap: ranks differ";
+  SliceRanges ov(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    ov[d] = {std::max(src_ranges[d].first, dst_ranges[d].first),
+             std::min(src_ranges[d].second, dst_ranges[d].second)};
+    if (ov[d].first >= ov[d].second) return;
+  }
+  if (nd == 0) {
+    std::memcpy(dst, src, static_cast<size_t>(elem));
+    if (covered) covered[0] = 1;
+    return;
+  }
+  // Row-major strides (in elements) of both regions.
+  std::vector<int64_t> ss(nd, 1), ds(nd, 1);
+  for (size_t d = nd - 1; d > 0; --d) {
+    ss[d - 1] = ss[d] * (src_ranges[d].second - src_ranges[d].first);
+    ds[d - 1] = ds[d] * (dst_ranges[d].second - dst_ranges[d].first);
+  }
+  const int64_t run = ov[nd - 1].second - ov[nd - 1].first;
+  std::vector<int64_t> idx(nd);
+  for (size_t d = 0; d < nd; ++d) idx[d] = ov[d].first;
+  while (true) {
+    int64_t so = 0, doff = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      so += (idx[d] - src_ranges[d].first) * ss[d];
+      doff += (idx[d] - dst_ranges[d].first) * ds[d];
+    }
+    std::memcpy(dst + doff * elem, src + so * elem, static_cast<size_t>(run * elem));
+    if (covered) std::memset(covered + doff, 1, static_cast<size_t>(run));
+    // Advance the odometer over every dimension but the last.
+    size_t d = nd - 1;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < ov[d].second) break;
+      idx[d] = ov[d].first;
+      if (d == 0) return;
+    }
+    if (nd == 1) return;
+  }
+}
+
+Result<std::string> CheckpointReader::read(const std::string& tensor, const std::string& kind,
+                                           const SliceRanges& ranges) {
+  LOOM_ASSIGN_OR_RETURN(auto desc, describe(tensor, kind));
+  const auto& [global, dtype] = desc;
+  const std::string what = kind + " '" + tensor + "' of checkpoint '" + dir_.string() + "'";
+  if (global.size() != ranges.size())
+    return Error::at(tensor, what + " has shape " + to_string(global) + " but the model's has " +
+                                 std::to_string(ranges.size()) + " dimensions");
+  int64_t count = 1;
+  for (size_t d = 0; d < ranges.size(); ++d) {
+    if (ranges[d].first < 0 || ranges[d].first > ranges[d].second || ranges[d].second > global[d])
+      return Error::at(tensor, what + " has shape " + to_string(global) +
+                                   ", which does not hold the region the model needs");
+    count *= ranges[d].second - ranges[d].first;
+  }
+  const int64_t elem = safetensors_dtype_size(dtype);
+  if (elem == 0) return Error::at(tensor, what + " has unknown dtype '" + dtype + "'");
+  // A region bigger than everything stored cannot be covered; fail before allocating it.
+  uint64_t stored = 0, file_bytes = 0;
+  for (const auto& s : manifest_.slices)
+    if (s.tensor == tensor && s.kind == kind && s.value_chunks == 1)
+      stored += static_cast<uint64_t>(numel(s.shape()));
+  for (const auto& f : manifest_.files) file_bytes += f.bytes;
+  if (static_cast<uint64_t>(count) > stored || static_cast<uint64_t>(count * elem) > file_bytes)
+    return Error::at(
+        tensor, what + ": only " + std::to_string(stored) + " of the " + std::to_string(count) +
+                    " elements needed are stored (a missing shard, or only value-partial pieces)");
+  std::string out(static_cast<size_t>(count * elem), '\0');
+  std::vector<unsigned char> covered(static_cast<size_t>(count), 0);
+  for (const auto& s : manifest_.slices) {
+    if (s.tensor != tensor || s.kind != kind || s.value_chunks != 1) continue;
+    if (s.global != global || s.dtype != dtype)
+      return Error::at(tensor,
+                       what + " is stored with different shapes or dtypes in different shards");
+    bool overlaps = true;
+    for (size_t d = 0; d < ranges.size(); ++d)
+      overlaps = overlaps && std::max(s.ranges[d].first, ranges[d].first) <
+                                 std::min(s.ranges[d].second, ranges[d].second);
+    if (!overlaps) continue;
+    LOOM_ASSIGN_OR_RETURN(const SafeTensorsFile* f, shard(s.file));
+    const SafeTensor* t = f->find(s.key);
+    const std::string file = (dir_ / s.file).string();
+    if (!t)
+      return Error::at(file, "shard '" + file + "' has no tensor '" + s.key + "' for " + what);
+    if (t->dtype != dtype || t->shape != s.shape())
+      return Error::at(file, "tensor '" + s.key + "' in shard '" + file + "' has shape " +
+                                 to_string(t->shape) + " " + t->dtype + " but the manifest says " +
+                                 to_string(s.shape()) + " " + dtype);
+    copy_overlap(f->data(*t).data(), s.ranges, out.data(), ranges, elem, covered.data());
+  }
+  if (std::find(covered.begin(), covered.end(), 0) != covered.end())
+    return Error::at(tensor,
+                     what +
+                         ": part of the region is stored in no shard (a missing shard, or only "
+                         "value-partial pieces)");
+  return out;
+}
+
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() != 13 || name.rfind("step_", 0) != 0) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (!fs::exists(it->path() / kManifestName, ec)) continue;
+    out.emplace_back(std::stoll(name.substr(5)), it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path latest_checkpoint(const fs::path& root) {
+  auto all = complete_checkpoints(root);
+  return all.empty() ? fs::path() : all.back().second;
+}
+
+}  // namespace loom

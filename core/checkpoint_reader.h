@@ -1,0 +1,59 @@
+// Reads a checkpoint directory under any plan: any region of any stored tensor is assembled
+// from whichever shards overlap it (resharding), after checking each shard file's size and
+// CRC-32 against the manifest. LibTorch-free: the runtime wraps the bytes into tensors, and
+// `loom checkpoint merge|inspect` and the fuzzers use it directly.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint_manifest.h"
+#include "core/result.h"
+#include "core/safetensors.h"
+
+namespace loom {
+
+class CheckpointReader {
+ public:
+  // Reads and validates `dir`/manifest.json; every listed shard must exist with its size.
+  // Errors name the file.
+  static Result<CheckpointReader> open(const std::filesystem::path& dir);
+
+  const CheckpointManifest& manifest() const { return manifest_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  // Distinct tensor names of a kind, in manifest order.
+  std::vector<std::string> tensors(const std::string& kind) const;
+  // The global shape and dtype of a stored tensor; an error naming it when absent.
+  Result<std::pair<Shape, std::string>> describe(const std::string& tensor,
+                                                 const std::string& kind) const;
+
+  // The row-major bytes of region `ranges` of `tensor` (of kind `kind`), assembled from every
+  // stored slice that is not a partial sum. Fails naming the tensor and the file when the
+  // global shape differs, a shard is corrupt, or part of the region is stored nowhere.
+  Result<std::string> read(const std::string& tensor, const std::string& kind,
+                           const SliceRanges& ranges);
+
+ private:
+  Result<const SafeTensorsFile*> shard(const std::string& name);
+
+  std::filesystem::path dir_;
+  CheckpointManifest manifest_;
+  std::map<std::string, std::shared_ptr<SafeTensorsFile>> shards_;  // verified, by file name
+};
+
+// Complete checkpoints (those with a manifest) under `root`, by step, oldest first.
+std::vector<std::pair<int64_t, std::filesystem::path>> complete_checkpoints(
+    const std::filesystem::path& root);
+// The newest complete checkpoint under `root`; an empty path when there is none.
+std::filesystem::path latest_checkpoint(const std::filesystem::path& root);
+
+// Copies the overlap of two row-major regions of one tensor: `src` holds region `src_ranges`,
+// `dst` holds region `dst_ranges`; elements are `elem` bytes. Marks copied elements in
+// `covered` (one byte per dst element) when it is not null.
+void copy_overlap(const char* src, const SliceRanges& src_ranges, char* dst,
+                  const SliceRanges& dst_ranges, int64_t elem, unsigned char* covered);
+
+}  // namespace loom

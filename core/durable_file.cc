@@ -1,0 +1,75 @@
+#include "core/durable_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace loom {
+namespace {
+
+Error os_error(const std::filesystem::path& path, const std::string& what) {
+  return Error::at(path.string(), what + " '" + path.string() + "': " + std::strerror(errno));
+}
+
+}  // namespace
+
+Status sync_directory(const std::filesystem::path& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return os_error(dir, "cannot open directory");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return os_error(dir, "cannot fsync directory");
+  return Status::success();
+}
+
+Status write_file_durably(const std::filesystem::path& path, std::string_view content,
+                          const WriteHook& hook) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return os_error(tmp, "cannot create");
+  // With a hook, the first half is written on its own so a test can stop between the halves.
+  const size_t half = hook ? content.size() / 2 : 0;
+  size_t done = 0;
+  while (done < content.size()) {
+    const size_t want = done < half ? half - done : content.size() - done;
+    ssize_t n = ::write(fd, content.data() + done, want);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Error e = os_error(tmp, "cannot write");
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return e;
+    }
+    done += static_cast<size_t>(n);
+    if (hook && done == half) hook("half-written");
+  }
+  if (::fsync(fd) != 0) {
+    Error e = os_error(tmp, "cannot fsync");
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return e;
+  }
+  ::close(fd);
+  if (hook) hook("synced");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    Error e = os_error(path, "cannot rename '" + tmp.string() + "' to");
+    ::unlink(tmp.c_str());
+    return e;
+  }
+  if (hook) hook("renamed");
+  return sync_directory(path.parent_path());
+}
+
+Result<std::string> read_whole_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error::at(path.string(), "cannot open '" + path.string() + "'");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Error::at(path.string(), "cannot read '" + path.string() + "'");
+  return bytes;
+}
+
+}  // namespace loom

@@ -1,0 +1,27 @@
+// Files that survive a crash at any instant: written to a temporary name, fsynced, renamed over
+// the final name, and the directory fsynced, so a reader sees either the old file or the new one.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "core/result.h"
+
+namespace loom {
+
+// Called between the stages of a durable write ("half-written", "synced", "renamed"), so tests
+// can stop the process at each of them.
+using WriteHook = std::function<void(const char* stage)>;
+
+// Writes `content` to `path` durably (tmp + fsync + rename + fsync of the directory).
+// The error names `path`.
+Status write_file_durably(const std::filesystem::path& path, std::string_view content,
+                          const WriteHook& hook = {});
+// Fsyncs a directory so the names created or removed in it are durable.
+Status sync_directory(const std::filesystem::path& dir);
+// Reads a whole file; the error names `path`.
+Result<std::string> read_whole_file(const std::filesystem::path& path);
+
+}  // namespace loom

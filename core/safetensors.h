@@ -1,0 +1,63 @@
+// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON header
+// {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}
+// and the raw little-endian tensor bytes. loom writes checkpoint shards and merged checkpoints
+// in it, so standard tools read them. LibTorch-free so it can be fuzzed under sanitizers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+#include "core/shape.h"
+
+namespace loom {
+
+// Bytes per element of a safetensors dtype ("F32", "I64", "U8", ...); 0 when unknown.
+int64_t safetensors_dtype_size(std::string_view dtype);
+
+struct SafeTensor {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  uint64_t begin = 0;  // byte offsets into the data section
+  uint64_t end = 0;
+};
+
+// A parsed file; it owns its bytes. Every tensor's offsets lie inside the data section, match
+// its shape and dtype, and no two tensors overlap.
+class SafeTensorsFile {
+ public:
+  // Fails, naming `file` and the tensor or header field, on anything malformed.
+  static Result<SafeTensorsFile> parse(std::string bytes, const std::string& file);
+
+  const std::vector<SafeTensor>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafeTensor* find(const std::string& name) const;
+  std::string_view data(const SafeTensor& t) const;
+
+ private:
+  std::string bytes_;
+  size_t data_start_ = 0;
+  std::vector<SafeTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Builds a file in memory: tensors in the order added, contiguous, header padded to 8 bytes.
+class SafeTensorsWriter {
+ public:
+  // `bytes` must hold numel(shape) elements of `dtype`.
+  void add(const std::string& name, const std::string& dtype, const Shape& shape,
+           std::string_view bytes);
+  void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  std::string finish() const;
+
+ private:
+  std::vector<SafeTensor> tensors_;
+  std::string data_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace loom

@@ -1,0 +1,105 @@
+// loom checkpoint inspect DIR | merge DIR OUT: reads sharded checkpoints without a plan or
+// LibTorch. DIR is a step_N directory or a run's checkpoint root (its newest checkpoint).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "core/checkpoint_merge.h"
+#include "core/checkpoint_reader.h"
+#include "core/durable_file.h"
+#include "launch/cli_parse.h"
+#include "launch/command.h"
+
+namespace loom::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+int bad_input(const std::string& message) {
+  std::fprintf(stderr, "loom checkpoint: error: %s\n", message.c_str());
+  return kExitBadInput;
+}
+
+Result<CheckpointReader> open_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_directory(dir, ec) && !fs::exists(dir / kManifestName, ec)) {
+    fs::path latest = latest_checkpoint(dir);
+    if (!latest.empty()) return CheckpointReader::open(latest);
+  }
+  return CheckpointReader::open(dir);
+}
+
+std::string ranges_text(const SliceRanges& ranges) {
+  std::string s = "[";
+  for (size_t d = 0; d < ranges.size(); ++d)
+    s += (d ? ", " : "") + std::to_string(ranges[d].first) + ":" + std::to_string(ranges[d].second);
+  return s + "]";
+}
+
+int inspect(const fs::path& dir) {
+  auto reader = open_checkpoint(dir);
+  if (!reader.ok()) return bad_input(reader.error().message);
+  const CheckpointManifest& m = reader->manifest();
+  std::printf("checkpoint %s\n", reader->dir().string().c_str());
+  std::printf(
+      "step %lld, samples seen %lld, saved under %s on %lld ranks, seed %lld, optimizer %s (%lld "
+      "steps)\n",
+      static_cast<long long>(m.step), static_cast<long long>(m.samples_seen), m.plan.c_str(),
+      static_cast<long long>(m.world_size), static_cast<long long>(m.seed), m.optimizer.c_str(),
+      static_cast<long long>(m.optimizer_steps));
+  std::printf("files:\n");
+  for (const auto& f : m.files)
+    std::printf("  %-28s %12llu bytes  crc32 %08x\n", f.name.c_str(),
+                static_cast<unsigned long long>(f.bytes), f.crc32);
+  std::printf("tensors:\n");
+  for (const char* kind : {kSliceParam, kSliceExpAvg, kSliceExpAvgSq, kSliceRng}) {
+    for (const auto& name : reader->tensors(kind)) {
+      auto desc = *reader->describe(name, kind);
+      std::printf("  %-10s %-28s %-6s %s\n", kind, name.c_str(), desc.second.c_str(),
+                  to_string(desc.first).c_str());
+      for (const auto& s : m.slices) {
+        if (s.tensor != name || s.kind != kind) continue;
+        std::string chunk = s.value_chunks > 1 ? " value chunk " + std::to_string(s.value_chunk) +
+                                                     "/" + std::to_string(s.value_chunks)
+                                               : "";
+        std::printf("      %s in %s%s\n", ranges_text(s.ranges).c_str(), s.file.c_str(),
+                    chunk.c_str());
+      }
+    }
+  }
+  return kExitOk;
+}
+
+int merge(const fs::path& dir, const fs::path& out) {
+  auto reader = open_checkpoint(dir);
+  if (!reader.ok()) return bad_input(reader.error().message);
+  auto bytes = merge_checkpoint(*reader);
+  if (!bytes.ok()) return bad_input(bytes.error().message);
+  if (Status s = write_file_durably(out, *bytes); !s.ok()) return bad_input(s.error().message);
+  std::printf("loom: merged %s (step %lld, %zu shards) into %s\n", reader->dir().string().c_str(),
+              static_cast<long long>(reader->manifest().step), reader->manifest().files.size(),
+              out.string().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+int checkpoint_main(const Args& args) {
+  CLI::App app{"Inspect or merge a sharded checkpoint.", "loom checkpoint"};
+  app.require_subcommand(1);
+  std::string dir, out;
+  CLI::App* inspect_cmd =
+      app.add_subcommand("inspect", "list tensors, shapes and shards: inspect DIR");
+  inspect_cmd->add_option("dir", dir, "a step_N directory or a checkpoint root")->required();
+  CLI::App* merge_cmd =
+      app.add_subcommand("merge", "write one full safetensors file: merge DIR OUT");
+  merge_cmd->add_option("dir", dir, "a step_N directory or a checkpoint root")->required();
+  merge_cmd->add_option("out", out, "the safetensors file to write")->required();
+  if (auto code = parse_args(app, args, "checkpoint")) return *code;
+  if (inspect_cmd->parsed()) return inspect(dir);
+  return merge(dir, out);
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,411 @@
+// Checkpoints across plans and processes: saved under dp2 x tp2 at step 5 (gloo, 4 ranks) and
+// resumed under pp4 (gloo, 4 ranks) and on one rank, steps 6-10 equal the uninterrupted
+// single-device run; a worker killed mid-step under loomrun --max-restarts 1 restarts from the
+// latest checkpoint and ends with the uninterrupted run's losses. The merged checkpoint parses
+// with a safetensors reader written here. The writer killed at every
+// point of writing, and at random instants, leaves the previous checkpoint loadable.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/checkpoint_reader.h"
+#include "exec/runtime/executor.h"
+#include "exec/runtime/trainer.h"
+#include "tests/exec/comm/spawn.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/train_worker";
+const std::string kLoom = std::string(LOOM_BINARY_DIR) + "/bin/loom";
+const std::string kLoomrun = std::string(LOOM_BINARY_DIR) + "/bin/loomrun";
+
+// train_worker's config with four layers, so that pp4 has a layer per stage.
+const char* kYaml = R"(run: {seed: 3, steps: 10}
+model: {type: gpt, preset: tiny, args: {layers: 4}}
+batch: {global: 8, micro: 2}
+optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
+comm: {timeout_s: 60}
+)";
+
+const std::vector<double>& uninterrupted() {
+  static std::vector<double> losses = [] {
+    std::vector<double> out;
+    auto c = parse_config(kYaml, "ref.yaml");
+    auto t = runtime::Trainer::create(*c);
+    for (int i = 0; i < 10; ++i) out.push_back((*t)->step()->loss);
+    return out;
+  }();
+  return losses;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::path(testing::TempDir()) / ("loom_ckpt_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Rank 0's losses, by step.
+std::map<int64_t, double> worker_losses(const fs::path& out) {
+  std::ifstream in(out / "rank_0.json");
+  EXPECT_TRUE(in) << "rank 0 wrote no results in " << out;
+  std::map<int64_t, double> by_step;
+  if (!in) return by_step;
+  nlohmann::json j = nlohmann::json::parse(in);
+  int64_t step = j["first_step"];
+  for (double l : j["losses"]) by_step[step++] = l;
+  return by_step;
+}
+
+void run_workers(int world, std::vector<std::string> args, const fs::path& out) {
+  args.insert(args.end(), {"model.args.layers=4", "comm.backend=gloo", "--out", out.string()});
+  auto results = comm::testing::spawn_workers(kWorker, world, args, 150);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+}
+
+void expect_equal_losses(const std::map<int64_t, double>& got, int64_t first, int64_t last,
+                         double tol, const std::string& what) {
+  const auto& ref = uninterrupted();
+  for (int64_t s = first; s <= last; ++s) {
+    ASSERT_TRUE(got.count(s)) << what << ": no loss for step " << s;
+    EXPECT_LE(std::abs(got.at(s) - ref[s - 1]) / ref[s - 1], tol)
+        << what << " step " << s << ": " << got.at(s) << " vs " << ref[s - 1];
+  }
+}
+
+void expect_merged_equals_single_device(const fs::path& ckpt);
+
+TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
+  const fs::path ckpt = fresh_dir("reshard") / "ckpt";
+  const fs::path saved = fresh_dir("reshard_save");
+  run_workers(4,
+              {"parallel.dp=2", "parallel.tp=2", "checkpoint.dir=" + ckpt.string(),
+               "checkpoint.every=5", "--steps", "5"},
+              saved);
+  expect_equal_losses(worker_losses(saved), 1, 5, 1e-5, "dp2 x tp2");
+  ASSERT_TRUE(fs::exists(ckpt / "step_00000005" / "manifest.json"));
+  auto reader = CheckpointReader::open(ckpt / "step_00000005");
+  ASSERT_TRUE(reader.ok()) << reader.error().message;
+  EXPECT_EQ(reader->manifest().world_size, 4);
+  EXPECT_EQ(reader->manifest().samples_seen, 40);
+
+  // pp4 on 4 ranks: every stage reads its layers' slices out of the tp halves.
+  const fs::path pp4 = fresh_dir("reshard_pp4");
+  run_workers(4, {"parallel.pp=4", "checkpoint.resume=" + ckpt.string(), "--steps", "10"}, pp4);
+  auto pp4_losses = worker_losses(pp4);
+  EXPECT_EQ(pp4_losses.begin()->first, 6);
+  expect_equal_losses(pp4_losses, 6, 10, 1e-6, "resumed under pp4");
+
+  // One rank, in this process.
+  auto c =
+      parse_config(kYaml, "one.yaml", {"checkpoint.resume=" + (ckpt / "step_00000005").string()});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto t = runtime::Trainer::create(*c);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ASSERT_EQ((*t)->steps_done(), 5);
+  std::map<int64_t, double> one;
+  for (int64_t s = 6; s <= 10; ++s) one[s] = (*t)->step()->loss;
+  expect_equal_losses(one, 6, 10, 1e-6, "resumed on one rank");
+
+  expect_merged_equals_single_device(ckpt);
+}
+
+// A safetensors reader written from the format's description alone (not core/safetensors.h):
+// 8 bytes little-endian header length, a JSON header, raw little-endian data.
+struct IndependentTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+std::map<std::string, IndependentTensor> read_safetensors_independently(const fs::path& path,
+                                                                        nlohmann::json* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  EXPECT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[static_cast<size_t>(i)]) << (8 * i);
+  EXPECT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u) << "the data section should start 8-byte aligned";
+  nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
+  std::map<std::string, IndependentTensor> out;
+  uint64_t expected_begin = 0;  // standard readers require a dense, ordered data section
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      *metadata = it.value();
+      continue;
+    }
+    IndependentTensor t;
+    t.dtype = it.value()["dtype"];
+    t.shape = it.value()["shape"].get<std::vector<int64_t>>();
+    const uint64_t b = it.value()["data_offsets"][0], e = it.value()["data_offsets"][1];
+    spans.emplace_back(b, e);
+    EXPECT_EQ(t.dtype, "F32") << it.key();
+    int64_t count = 1;
+    for (int64_t d : t.shape) count *= d;
+    EXPECT_EQ(e - b, static_cast<uint64_t>(count) * 4) << it.key();
+    t.values.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      uint32_t bits = 0;
+      for (int k = 0; k < 4; ++k)
+        bits |= static_cast<uint32_t>(
+                    bytes[8 + n + b + static_cast<uint64_t>(i) * 4 + static_cast<uint64_t>(k)])
+                << (8 * k);
+      std::memcpy(&t.values[static_cast<size_t>(i)], &bits, 4);
+    }
+    out[it.key()] = std::move(t);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (const auto& [b, e] : spans) {
+    EXPECT_EQ(b, expected_begin) << "gap or overlap in the data section";
+    expected_begin = e;
+  }
+  EXPECT_EQ(8 + n + expected_begin, bytes.size()) << "trailing bytes after the last tensor";
+  return out;
+}
+
+// `loom checkpoint merge` of the dp2 x tp2 checkpoint: one file with every full parameter equal
+// to the single-device run's at step 5, and the momentum buffers whole; `inspect` lists shards.
+void expect_merged_equals_single_device(const fs::path& ckpt) {
+  const fs::path out = ckpt.parent_path() / "merged.safetensors";
+  comm::testing::Launch merge;
+  merge.argv = {kLoom, "checkpoint", "merge", ckpt.string(), out.string()};
+  auto r = comm::testing::run_processes({merge}, 60)[0];
+  ASSERT_TRUE(r.ok()) << r.describe();
+  nlohmann::json metadata;
+  auto tensors = read_safetensors_independently(out, &metadata);
+  EXPECT_EQ(metadata["format"], "loom-merged");
+  EXPECT_EQ(metadata["step"], "5");
+
+  auto c = parse_config(kYaml, "ref.yaml");
+  auto t = runtime::Trainer::create(*c);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*t)->step().ok());
+  int params = 0;
+  for (const auto& full : (*t)->graph().tensors()) {
+    if (full.role != graph::TensorRole::kParameter) continue;
+    ++params;
+    ASSERT_TRUE(tensors.count(full.name)) << full.name << " is not in the merged file";
+    const IndependentTensor& got = tensors.at(full.name);
+    EXPECT_EQ(got.shape, full.shape) << full.name;
+    at::Tensor want = (*t)->executor().parameter(full.name).detach().contiguous();
+    at::Tensor have =
+        at::from_blob(const_cast<float*>(got.values.data()), want.sizes(), at::kFloat);
+    const double err =
+        (have - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
+    EXPECT_LE(err, 1e-5) << full.name;
+    ASSERT_TRUE(tensors.count("optimizer.exp_avg." + full.name)) << full.name;
+    EXPECT_EQ(tensors.at("optimizer.exp_avg." + full.name).shape, full.shape) << full.name;
+  }
+  EXPECT_EQ(tensors.size(), static_cast<size_t>(2 * params));  // parameters and momentum (sgd)
+
+  comm::testing::Launch inspect;
+  inspect.argv = {kLoom, "checkpoint", "inspect", ckpt.string()};
+  auto listing = comm::testing::run_processes({inspect}, 60)[0];
+  ASSERT_TRUE(listing.ok()) << listing.describe();
+  for (const char* want : {"dp2 x tp2 x pp1", "rank_00003.safetensors", "h0.mlp.fc1.w", "exp_avg"})
+    EXPECT_NE(listing.output.find(want), std::string::npos) << want << " not in:\n"
+                                                            << listing.output;
+}
+
+// Rank 1 is SIGKILLed in the middle of step 5 on the first attempt; loomrun restarts the group,
+// which resumes from the checkpoint of step 4 and finishes.
+TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
+  const fs::path dir = fresh_dir("restart");
+  const fs::path config = dir / "run.yaml";
+  std::ofstream(config) << kYaml;
+  comm::testing::Launch launch;
+  launch.argv = {kLoomrun,
+                 "--standalone",
+                 "--nproc-per-node",
+                 "2",
+                 "--max-restarts",
+                 "1",
+                 kLoom,
+                 "train",
+                 config.string(),
+                 "parallel.dp=2",
+                 "comm.backend=gloo",
+                 "comm.timeout_s=20",
+                 "run.output_dir=" + (dir / "run").string(),
+                 "checkpoint.every=2",
+                 "checkpoint.resume=latest"};
+  launch.env = {
+      {"LOOM_DEBUG_KILL_AT_STEP", "5"}, {"LOOM_DEBUG_KILL_RANK", "1"}, {"OMP_NUM_THREADS", "1"}};
+  auto results = comm::testing::run_processes({launch}, 200);
+  ASSERT_TRUE(results[0].ok()) << results[0].describe();
+  EXPECT_NE(results[0].output.find("SIGKILL"), std::string::npos) << results[0].describe();
+  EXPECT_NE(results[0].output.find("resumed from step 4"), std::string::npos)
+      << results[0].describe();
+  // metrics.jsonl holds both attempts; the last line of each step is the one that counts.
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  std::map<int64_t, double> losses;
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  ASSERT_EQ(losses.size(), 10u);
+  expect_equal_losses(losses, 1, 10, 1e-5, "after the restart");
+  auto kept = complete_checkpoints(dir / "run" / "checkpoints");
+  ASSERT_EQ(kept.size(), 2u);  // checkpoint.keep
+  EXPECT_EQ(kept.back().first, 10);
+}
+
+// Every complete checkpoint under `root` reads back whole (sizes, CRC-32, coverage); returns
+// the newest step, 0 when there is none.
+int64_t check_complete_checkpoints(const fs::path& root) {
+  int64_t newest = 0;
+  for (const auto& [step, dir] : complete_checkpoints(root)) {
+    auto reader = CheckpointReader::open(dir);
+    EXPECT_TRUE(reader.ok()) << reader.error().message;
+    if (!reader.ok()) continue;
+    for (const char* kind : {kSliceParam, kSliceExpAvg})
+      for (const auto& name : reader->tensors(kind)) {
+        auto [shape, dtype] = *reader->describe(name, kind);
+        SliceRanges all;
+        for (int64_t d : shape) all.emplace_back(0, d);
+        auto bytes = reader->read(name, kind, all);
+        EXPECT_TRUE(bytes.ok()) << bytes.error().message;
+      }
+    newest = std::max(newest, step);
+  }
+  return newest;
+}
+
+// Resumes `root`'s latest checkpoint in this process and trains to step 3: the losses must be
+// the uninterrupted run's (same plan: exactly).
+void expect_resume_matches(const fs::path& root, const std::vector<double>& want,
+                           const std::string& what) {
+  auto c = parse_config(
+      kYaml, "resume.yaml",
+      {"model.args.layers=2", "checkpoint.resume=latest", "checkpoint.dir=" + root.string()});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto t = runtime::Trainer::create(*c);
+  ASSERT_TRUE(t.ok()) << what << ": " << t.error().message;
+  for (int64_t s = (*t)->steps_done() + 1; s <= 3; ++s)
+    EXPECT_EQ((*t)->step()->loss, want[static_cast<size_t>(s - 1)]) << what << " step " << s;
+}
+
+class CheckpointWriterKilled : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir("writer_killed");
+    config_ = dir_ / "run.yaml";
+    std::ofstream(config_) << kYaml;
+    auto c = parse_config(kYaml, "ref.yaml", {"model.args.layers=2"});
+    auto t = runtime::Trainer::create(*c);
+    for (int i = 0; i < 3; ++i) want_.push_back((*t)->step()->loss);
+  }
+  // `loom train` for 3 steps with a checkpoint after each (keep 2) into a fresh `run`.
+  comm::testing::Launch train(const fs::path& run) const {
+    fs::remove_all(run);
+    comm::testing::Launch l;
+    l.argv = {kLoom,
+              "train",
+              config_.string(),
+              "model.args.layers=2",
+              "run.steps=3",
+              "checkpoint.every=1",
+              "checkpoint.keep=2",
+              "run.output_dir=" + run.string()};
+    l.env = {{"OMP_NUM_THREADS", "1"}};
+    return l;
+  }
+  fs::path dir_, config_;
+  std::vector<double> want_;
+};
+
+// Stops the writer at each point of writing in turn (each file half-written, synced and renamed;
+// the manifest; pruning) until a run gets through: the newest complete checkpoint never goes
+// back, each one reads back whole, and resuming it gives the uninterrupted losses.
+TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
+  int64_t newest = 0;
+  bool finished = false;
+  for (int point = 1; point <= 100 && !finished; ++point) {
+    const fs::path run = dir_ / "run";
+    auto launch = train(run);
+    launch.env["LOOM_DEBUG_CKPT_CRASH_AT"] = std::to_string(point);
+    auto r = comm::testing::run_processes({launch}, 60)[0];
+    finished = r.ok();
+    if (!finished) {
+      ASSERT_EQ(r.signal, 9) << "crash point " << point << ": " << r.describe();
+    }
+    const int64_t now = check_complete_checkpoints(run / "checkpoints");
+    EXPECT_GE(now, newest) << "crash point " << point << " lost a complete checkpoint";
+    newest = now;
+    if (now > 0)
+      expect_resume_matches(run / "checkpoints", want_, "crash point " + std::to_string(point));
+  }
+  EXPECT_TRUE(finished) << "the writer never got through";
+  EXPECT_EQ(newest, 3);
+}
+
+// Kills the writer at random instants within the span of a whole run (measured first).
+TEST_F(CheckpointWriterKilled, AtRandomInstantsThePreviousCheckpointStaysLoadable) {
+  auto full = comm::testing::run_processes({train(dir_ / "full")}, 60)[0];
+  ASSERT_TRUE(full.ok()) << full.describe();
+  const unsigned seed = 20261123;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> when(0.3 * full.elapsed_s, full.elapsed_s);
+  int killed = 0;
+  for (int i = 0; i < 8; ++i) {
+    const double at_s = when(rng);
+    const fs::path run = dir_ / ("run" + std::to_string(i));
+    auto r = comm::testing::run_processes({train(run)}, at_s)[0];
+    killed += r.killed;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", killed after " + std::to_string(at_s) + " s");
+    check_complete_checkpoints(run / "checkpoints");
+    if (!latest_checkpoint(run / "checkpoints").empty())
+      expect_resume_matches(run / "checkpoints", want_, "killed at " + std::to_string(at_s) + " s");
+  }
+  std::printf("writer killed mid-run in %d of 8 runs\n", killed);
+}
+
+// `loom train` resuming a damaged checkpoint: exit 2, one message naming the file, nothing written.
+TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
+  const fs::path dir = fresh_dir("cli");
+  const fs::path config = dir / "run.yaml";
+  std::ofstream(config) << kYaml;
+  comm::testing::Launch save;
+  save.argv = {kLoom,
+               "train",
+               config.string(),
+               "model.args.layers=2",
+               "run.steps=1",
+               "checkpoint.every=1",
+               "run.output_dir=" + (dir / "first").string()};
+  ASSERT_TRUE(comm::testing::run_processes({save}, 60)[0].ok());
+  const fs::path shard = dir / "first" / "checkpoints" / "step_00000001" / "rank_00000.safetensors";
+  std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(200);
+  f.put('\x7f');
+  f.close();
+  comm::testing::Launch resume;
+  resume.argv = {kLoom,
+                 "train",
+                 config.string(),
+                 "model.args.layers=2",
+                 "run.steps=2",
+                 "checkpoint.resume=" + (dir / "first" / "checkpoints").string(),
+                 "run.output_dir=" + (dir / "second").string()};
+  auto r = comm::testing::run_processes({resume}, 60)[0];
+  EXPECT_EQ(r.exit_code, 2) << r.describe();
+  EXPECT_NE(r.output.find(shard.string()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("corrupted"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "second")) << "a refused resume wrote its run directory";
+}
+
+}  // namespace
+}  // namespace loom
