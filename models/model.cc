@@ -56,10 +56,10 @@ Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& r
   return planner::plan_graph(single, {config, world_size}, policies);
 }
 
-Result<int64_t> tokens_per_sample(const Config& config) {
+Result<SampleItems> items_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-    return spec.seq;
+    return SampleItems{spec.seq, "tokens"};
   }
   return unknown_type(config);
 }
