@@ -12,16 +12,21 @@
 namespace loom::planner {
 namespace {
 
-// Per model layer: true when the activations a replica's ops write outweigh the weights they
-// read, so splitting activations (and replicating weights) holds less per rank.
-std::map<int64_t, bool> activation_heavy(const graph::Graph& g, int64_t dp) {
+// Per model layer: true when the activations a replica's ops write outweigh what a weight
+// costs per rank (the weight, its gradient and the optimizer's copies), so splitting
+// activations and replicating weights holds less per rank.
+std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const Config& config) {
+  const double per_weight = 2.0 + (config.optimizer.type == "adamw" ? 2
+                                   : config.optimizer.momentum > 0  ? 1
+                                                                    : 0);
+  const double dp = static_cast<double>(config.parallel.dp);
   std::map<int64_t, double> acts, weights;
   for (const auto& op : g.ops()) {
-    acts[op.layer()] += op_output_bytes(g, op) / static_cast<double>(dp);
+    acts[op.layer()] += op_output_bytes(g, op) / dp;
     for (const auto& in : op.inputs) {
       const auto& t = g.tensor(in.tensor);
       if (t.role == graph::TensorRole::kParameter)
-        weights[op.layer()] += static_cast<double>(t.bytes());
+        weights[op.layer()] += per_weight * static_cast<double>(t.bytes());
     }
   }
   std::map<int64_t, bool> out;
@@ -32,7 +37,7 @@ std::map<int64_t, bool> activation_heavy(const graph::Graph& g, int64_t dp) {
 }  // namespace
 
 Result<graph::Graph> window_policy(const graph::Graph& g, const PlanRequest& request) {
-  const auto heavy = activation_heavy(g, request.config.parallel.dp);
+  const auto heavy = activation_heavy(g, request.config);
   return hybrid_policy_with(
       g, request, [&heavy](const graph::Op& op, int64_t degree) -> std::string {
         const std::string wp = op.attrs().get_or<std::string>("wp", "");
