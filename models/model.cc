@@ -65,9 +65,9 @@ Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& r
 Result<SampleItems> items_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-    return SampleItems{spec.seq, "tokens"};
+    return SampleItems{spec.seq, "tokens", "tok/s"};
   }
-  if (config.model.type == "swin") return SampleItems{1, "images"};
+  if (config.model.type == "swin") return SampleItems{1, "images", "img/s"};
   return unknown_type(config);
 }
 

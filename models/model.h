@@ -28,6 +28,7 @@ Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& r
 struct SampleItems {
   int64_t per_sample = 1;
   std::string unit = "samples";
+  std::string rate_label = "samples/s";  // how progress lines print the rate: tok/s, img/s
 };
 Result<SampleItems> items_per_sample(const Config& config);
 
