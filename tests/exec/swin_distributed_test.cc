@@ -8,6 +8,7 @@
 
 #include "exec/comm/local_comm.h"
 #include "exec/runtime/executor.h"
+#include "exec/runtime/inputs.h"
 #include "exec/runtime/oracle.h"
 #include "exec/runtime/rank_executor.h"
 #include "exec/runtime/trainer.h"
@@ -103,6 +104,47 @@ TEST(SwinLocalRanks, WindowParallel2) {
 }
 TEST(SwinLocalRanks, WindowParallel2Dp2) {
   expect_equal_to_single_device({"parallel.policy=window", "parallel.tp=2", "parallel.dp=2"}, 4);
+}
+
+// Window 4: stage 0 (4 x 4 windows) splits windows; stage 1 (2 x 2 windows) cannot, and its
+// attention and MLP fall back to the Megatron split.
+TEST(SwinLocalRanks, WindowParallel4) {
+  expect_equal_to_single_device({"parallel.policy=window", "parallel.tp=4"}, 4);
+}
+TEST(SwinLocalRanks, WindowParallel2Pp2) {
+  expect_equal_to_single_device({"parallel.policy=window", "parallel.tp=2", "parallel.pp=2"}, 4);
+}
+
+// The per-op oracle: every sub-operator computes exactly the piece of the single-device run
+// it claims (before any communication exists).
+void expect_ops_correct(const std::vector<std::string>& overrides) {
+  Config c = config(overrides);
+  auto ops = graph::OpRegistry::with_builtin_ops();
+  auto kernels = runtime::KernelRegistry::with_builtin_kernels();
+  auto single = models::build_model(c, ops);
+  ASSERT_TRUE(single.ok()) << single.error().message;
+  auto feeder = runtime::InputFeeder::create(c, *single);
+  ASSERT_TRUE(feeder.ok()) << feeder.error().message;
+  auto inputs = (*feeder)->micro_batch(0);
+  ASSERT_TRUE(inputs.ok());
+  runtime::Executor exec(*single, kernels, 11);
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> values = exec.forward_all(*inputs);
+  auto plan = models::build_plan(c, ops, planner::PolicyRegistry::with_builtin_policies(),
+                                 c.parallel.world_size());
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  Status v = graph::verify(*plan, ops);
+  EXPECT_TRUE(v.ok()) << v.error().message;
+  runtime::OracleReport report = runtime::check_plan_ops(*plan, values, kernels);
+  EXPECT_TRUE(report.ok()) << report.mismatches.size() << " mismatches, first: "
+                           << (report.mismatches.empty() ? "" : report.mismatches[0]);
+  EXPECT_EQ(report.ops_checked, static_cast<int64_t>(plan->ops().size()));
+}
+
+TEST(SwinOracle, Tp2Pp2) { expect_ops_correct({"parallel.tp=2", "parallel.pp=2"}); }
+TEST(SwinOracle, Window4) { expect_ops_correct({"parallel.policy=window", "parallel.tp=4"}); }
+TEST(SwinOracle, Dp2Window2Pp2) {
+  expect_ops_correct({"parallel.policy=window", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2"});
 }
 
 // Window parallelism splits the windows of attention and the image rows around it, and the
