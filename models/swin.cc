@@ -223,9 +223,9 @@ Result<graph::Graph> build_swin(const SwinSpec& s, int64_t batch,
     const int64_t w = s.window_at(i), grid = s.resolution(i) / w;
     const std::string stage = "s" + std::to_string(i) + ".";
     if (i > 0) {
-      // Merging belongs to the first block of its stage, so a pipeline stage boundary between
-      // Swin stages sends the smaller, merged activation.
-      b.set_layer(layer);
+      // Merging belongs to the last block of the previous stage, so a pipeline stage boundary
+      // between Swin stages sends the merged activation (half the bytes of the unmerged one).
+      b.set_layer(layer - 1);
       x = b.op1("patch_merge", stage + "merge", {x}, Attrs{{"wp", std::string("y")}});
       x = layer_norm(stage + "merge.norm", x, 2 * c);
       x = linear(stage + "merge.reduce", x, c, 2 * c, "", false);
