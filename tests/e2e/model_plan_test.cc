@@ -76,4 +76,19 @@ TEST(ModelPlan, SwinC768On32RanksReportsMemoryPerRank) {
   EXPECT_LT(params, 8 * 5867.0);
 }
 
+// A bad Swin argument ends in exit code 2 with one message naming the key, and nothing written.
+TEST(ModelPlan, BadSwinArgumentNamesTheKey) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_swin_bad_plan";
+  fs::remove_all(dir);
+  const std::string config = std::string(LOOM_SOURCE_DIR) + "/configs/swin-tiny.yaml";
+  for (const std::string& bad :
+       {"model.args.window=5", "model.args.depths=2,x", "model.args.heads=2"}) {
+    Outcome r = run("plan " + config + " " + bad + " --out " + dir.string());
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(bad.substr(0, bad.find('='))), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir)) << "plan written for " << bad;
+  }
+}
+
 }  // namespace
