@@ -19,6 +19,7 @@
 
 #if LOOM_HAVE_RUNTIME
 #include "exec/runtime/trainer.h"
+#include "models/model.h"
 #endif
 
 namespace loom::cli {
@@ -98,6 +99,8 @@ int train_main(const Args& args) {
   std::fflush(stdout);
   double elapsed = 0, first_loss = 0, last_loss = 0;
   if (resumed_at > 0) std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
+  const auto items = models::items_per_sample(config);
+  const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
   for (int64_t i = resumed_at; i < total; ++i) {
     auto st = trainer.step();
     if (!st.ok()) {
@@ -121,14 +124,14 @@ int train_main(const Args& args) {
       const int width = 24;
       int filled = static_cast<int>(width * (i + 1) / total);
       std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-      std::printf("\r  step %lld/%lld [%s] loss %.4f  %s tok/s  ETA %s  ",
+      std::printf("\r  step %lld/%lld [%s] loss %.4f  %s %s  ETA %s  ",
                   static_cast<long long>(st->step), static_cast<long long>(total), bar.c_str(),
-                  st->loss, format_rate(st->tokens_per_s).c_str(), format_duration(eta).c_str());
+                  st->loss, format_rate(st->tokens_per_s).c_str(), rate, format_duration(eta).c_str());
       std::fflush(stdout);
     } else if (st->step % config.logging.every == 0 || st->step == total) {
-      std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s tok/s step_time %.3fs ETA %s\n",
+      std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s %s step_time %.3fs ETA %s\n",
                   static_cast<long long>(st->step), static_cast<long long>(total), st->loss, st->lr,
-                  st->grad_norm, format_rate(st->tokens_per_s).c_str(), st->step_time_s,
+                  st->grad_norm, format_rate(st->tokens_per_s).c_str(), rate, st->step_time_s,
                   format_duration(eta).c_str());
       std::fflush(stdout);
     }

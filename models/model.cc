@@ -2,10 +2,11 @@
 
 #include "core/strings.h"
 #include "models/gpt.h"
+#include "models/swin.h"
 
 namespace loom::models {
 
-std::vector<std::string> model_types() { return {"gpt"}; }
+std::vector<std::string> model_types() { return {"gpt", "swin"}; }
 
 namespace {
 Error unknown_type(const Config& config) {
@@ -22,10 +23,15 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
     return build_gpt(spec, batch, registry);
   }
+  if (config.model.type == "swin") {
+    LOOM_ASSIGN_OR_RETURN(SwinSpec spec, swin_spec(config));
+    return build_swin(spec, batch, registry);
+  }
   return unknown_type(config);
 }
 
 Status check_parallel(const Config& config) {
+  if (config.model.type == "swin") return check_swin_parallel(config);
   if (config.model.type != "gpt") return unknown_type(config);
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
   const int64_t tp = config.parallel.tp;
@@ -56,11 +62,12 @@ Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& r
   return planner::plan_graph(single, {config, world_size}, policies);
 }
 
-Result<int64_t> tokens_per_sample(const Config& config) {
+Result<SampleItems> items_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-    return spec.seq;
+    return SampleItems{spec.seq, "tokens", "tok/s"};
   }
+  if (config.model.type == "swin") return SampleItems{1, "images", "img/s"};
   return unknown_type(config);
 }
 

@@ -35,6 +35,7 @@ PolicyRegistry PolicyRegistry::with_builtin_policies() {
   must("tp", restricted("tp", {"tp"}));
   must("sp", restricted("sp", {"tp"}));
   must("pp", restricted("pp", {"pp"}));
+  must("window", window_policy);
   return r;
 }
 

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 
+#include "exec/runtime/kernels_vision.h"
+
 namespace loom::runtime {
 namespace {
 
@@ -107,6 +109,7 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
     Status s = r.add(type, kernel);
     LOOM_CHECK(s.ok()) << s.error().message;
   }
+  add_vision_kernels(r);
   return r;
 }
 
