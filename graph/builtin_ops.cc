@@ -2,6 +2,7 @@
 #include "graph/op_registry.h"
 
 #include "core/strings.h"
+#include "graph/ops_evoformer.h"
 
 namespace loom::graph {
 namespace {
@@ -63,6 +64,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
   must(OpSchema::simple("logsumexp", "b s g^ -> b s"));
   must(OpSchema::simple("pick", "b s (g+ v^), b s -> b s"));
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
+  add_evoformer_ops(r);
   return r;
 }
 

@@ -1,11 +1,12 @@
 #include "models/model.h"
 
 #include "core/strings.h"
+#include "models/evoformer.h"
 #include "models/gpt.h"
 
 namespace loom::models {
 
-std::vector<std::string> model_types() { return {"gpt"}; }
+std::vector<std::string> model_types() { return {"evoformer", "gpt"}; }
 
 namespace {
 Error unknown_type(const Config& config) {
@@ -22,10 +23,18 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
     return build_gpt(spec, batch, registry);
   }
+  if (config.model.type == "evoformer") {
+    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
+    return build_evoformer(spec, batch, registry);
+  }
   return unknown_type(config);
 }
 
 Status check_parallel(const Config& config) {
+  if (config.model.type == "evoformer") {
+    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
+    return check_evoformer_parallel(config, spec);
+  }
   if (config.model.type != "gpt") return unknown_type(config);
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
   const int64_t tp = config.parallel.tp;
@@ -60,6 +69,10 @@ Result<int64_t> tokens_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
     return spec.seq;
+  }
+  if (config.model.type == "evoformer") {
+    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
+    return spec.residues;
   }
   return unknown_type(config);
 }

@@ -1,5 +1,7 @@
 #include "exec/runtime/kernels.h"
 
+#include "exec/runtime/kernels_evoformer.h"
+
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -107,6 +109,7 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
     Status s = r.add(type, kernel);
     LOOM_CHECK(s.ok()) << s.error().message;
   }
+  add_evoformer_kernels(r);
   return r;
 }
 
