@@ -23,8 +23,10 @@ TensorId GraphBuilder::add(FullTensor t) {
   return graph_.add_tensor(std::move(t));
 }
 
-TensorId GraphBuilder::input(const std::string& name, const Shape& shape, DType dtype) {
+TensorId GraphBuilder::input(const std::string& name, const Shape& shape, DType dtype,
+                             int64_t value_bound) {
   FullTensor t;
+  t.value_bound = value_bound;
   t.name = name;
   t.shape = shape;
   t.dtype = dtype;

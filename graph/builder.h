@@ -15,7 +15,8 @@ class GraphBuilder {
  public:
   GraphBuilder(const OpRegistry& registry, std::string name);
 
-  TensorId input(const std::string& name, const Shape& shape, DType dtype);
+  // `value_bound`: integer inputs hold values in [0, value_bound) (see FullTensor).
+  TensorId input(const std::string& name, const Shape& shape, DType dtype, int64_t value_bound = 0);
   TensorId parameter(const std::string& name, const Shape& shape, ParamInit init,
                      DType dtype = DType::kFloat32);
   // Adds an op; its outputs are named "<name>" (one output) or "<name>.<i>".

@@ -37,6 +37,9 @@ struct FullTensor {
   DType dtype = DType::kFloat32;
   TensorRole role = TensorRole::kActivation;
   ParamInit init;
+  // Integer inputs hold values in [0, value_bound) (class labels, token ids); 0 when unbounded
+  // or not an integer input. Synthetic data draws from this range.
+  int64_t value_bound = 0;
 
   int64_t bytes() const { return numel(shape) * size_bytes(dtype); }
 };

@@ -112,8 +112,8 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
   const double resid_std = s.init_std / std::sqrt(2.0 * static_cast<double>(s.layers));
   const Attrs ln{{"eps", s.ln_eps}};
 
-  TensorId tokens = b.input("tokens", {batch, s.seq}, DType::kInt64);
-  TensorId targets = b.input("targets", {batch, s.seq}, DType::kInt64);
+  TensorId tokens = b.input("tokens", {batch, s.seq}, DType::kInt64, s.vocab);
+  TensorId targets = b.input("targets", {batch, s.seq}, DType::kInt64, s.vocab);
   TensorId wte = b.parameter("wte", {s.vocab, s.hidden}, ParamInit::normal(std));
   TensorId wpe = b.parameter("wpe", {s.seq, s.hidden}, ParamInit::normal(std));
 

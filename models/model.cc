@@ -65,14 +65,14 @@ Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& r
   return planner::plan_graph(single, {config, world_size}, policies);
 }
 
-Result<int64_t> tokens_per_sample(const Config& config) {
+Result<SampleItems> items_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-    return spec.seq;
+    return SampleItems{spec.seq, "tokens"};
   }
   if (config.model.type == "evoformer") {
     LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
-    return spec.residues;
+    return SampleItems{spec.residues, "residues"};
   }
   return unknown_type(config);
 }

@@ -23,7 +23,12 @@ Status check_parallel(const Config& config);
 Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
                                 const planner::PolicyRegistry& policies, int64_t world_size);
 
-// Sequence length (tokens per sample) of the configured model, for throughput figures.
-Result<int64_t> tokens_per_sample(const Config& config);
+// What a throughput figure counts for the configured model: tokens for a language model
+// (per_sample = sequence length), images for a vision model (per_sample = 1).
+struct SampleItems {
+  int64_t per_sample = 1;
+  std::string unit = "samples";
+};
+Result<SampleItems> items_per_sample(const Config& config);
 
 }  // namespace loom::models

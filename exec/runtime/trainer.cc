@@ -7,7 +7,7 @@
 
 #include "exec/comm/make_comm.h"
 #include "exec/lower/program.h"
-#include "exec/runtime/data.h"
+#include "exec/runtime/inputs.h"
 #include "exec/runtime/rank_executor.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/lr_schedule.h"
@@ -24,13 +24,10 @@ struct Trainer::Impl {
   KernelRegistry kernels = KernelRegistry::with_builtin_kernels();
   graph::Graph graph;
   std::unique_ptr<Executor> executor;
-  std::unique_ptr<TokenSource> data;
+  std::unique_ptr<InputFeeder> inputs;
   std::unique_ptr<Optimizer> optimizer;
-  TensorId tokens_id, targets_id;
-  int64_t seq = 0;
-  int64_t rows = 0;  // samples per micro-batch (all replicas)
+  int64_t items_per_sample = 1;  // throughput unit: tokens (GPT), images (Swin)
   int64_t step = 0;
-  std::vector<int64_t> buffer;
   // Multi-rank runs.
   std::shared_ptr<comm::Comm> world;
   graph::Graph planned;
@@ -47,19 +44,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   impl->config = config;
   LOOM_ASSIGN_OR_RETURN(impl->graph, models::build_model(config, impl->ops));
   LOOM_TRY(graph::verify(impl->graph, impl->ops));
-  auto tokens = impl->graph.find_tensor("tokens");
-  auto targets = impl->graph.find_tensor("targets");
-  LOOM_CHECK(tokens && targets) << "model graph has no tokens/targets inputs";
-  impl->tokens_id = *tokens;
-  impl->targets_id = *targets;
-  const Shape& shape = impl->graph.tensor(*tokens).shape;
-  impl->rows = shape[0];
-  impl->seq = shape[1];
-  const graph::FullTensor* vocab_owner = nullptr;
-  for (const auto& op : impl->graph.ops())
-    if (op.type() == "embedding") vocab_owner = &impl->graph.tensor(op.inputs[1].tensor);
-  LOOM_CHECK(vocab_owner) << "model graph has no embedding";
-  LOOM_ASSIGN_OR_RETURN(impl->data, make_token_source(config, vocab_owner->shape[0], impl->seq));
+  LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
+  LOOM_ASSIGN_OR_RETURN(models::SampleItems items, models::items_per_sample(config));
+  impl->items_per_sample = items.per_sample;
 
   const int64_t world_size = config.parallel.world_size();
   if (world_size == 1 && !world) {
@@ -108,18 +95,11 @@ Result<StepStats> Trainer::step() {
   auto start = std::chrono::steady_clock::now();
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
-  s.buffer.resize(static_cast<size_t>(s.seq + 1));
   // Every rank reads the whole micro-batch (cheap) and cuts the pieces its ops read.
   std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
   for (int64_t m = 0; m < micro; ++m) {
-    at::Tensor tokens = at::empty({s.rows, s.seq}, at::kLong);
-    at::Tensor targets = at::empty({s.rows, s.seq}, at::kLong);
-    for (int64_t r = 0; r < s.rows; ++r) {
-      LOOM_TRY(s.data->sample(first_sample + m * s.rows + r, s.seq, s.buffer.data()));
-      std::copy(s.buffer.begin(), s.buffer.begin() + s.seq, tokens.data_ptr<int64_t>() + r * s.seq);
-      std::copy(s.buffer.begin() + 1, s.buffer.end(), targets.data_ptr<int64_t>() + r * s.seq);
-    }
-    inputs.push_back({{s.tokens_id.value(), tokens}, {s.targets_id.value(), targets}});
+    LOOM_ASSIGN_OR_RETURN(auto in, s.inputs->micro_batch(first_sample + m * s.inputs->rows()));
+    inputs.push_back(std::move(in));
   }
 
   double loss_sum = 0, norm = 0;
@@ -156,7 +136,7 @@ Result<StepStats> Trainer::step() {
   st.lr = lr;
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  st.tokens_per_s = static_cast<double>(s.config.batch.global * s.seq) / st.step_time_s;
+  st.tokens_per_s = static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
   return st;
 }
 

@@ -25,7 +25,7 @@ struct StepStats {
   double lr = 0;
   double grad_norm = 0;    // before clipping
   double step_time_s = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
 };
 
 class Trainer {
