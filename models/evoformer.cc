@@ -68,17 +68,19 @@ class EvoformerWriter {
     TensorId beta = b_.parameter(name + ".b", {width}, ParamInit::zeros());
     return op4("layer_norm", name, {x, g, beta}, Attrs{{"eps", s_.ln_eps}});
   }
+  // `tp`: how a Megatron-style tensor-parallel plan splits it ("column", "row" or none).
   TensorId linear(const std::string& name, TensorId x, int64_t out_f, int64_t in_f,
-                  bool bias = true) {
+                  bool bias = true, const char* tp = "") {
     TensorId w = b_.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(s_.init_std));
-    TensorId y = op4("linear", name, {x, w});
+    const Attrs hint{{"tp", std::string(tp)}};
+    TensorId y = op4("linear", name, {x, w}, hint);
     if (!bias) return y;
     TensorId bb = b_.parameter(name + ".b", {out_f}, ParamInit::zeros());
-    return op4("bias_add", name + ".bias", {y, bb});
+    return op4("bias_add", name + ".bias", {y, bb}, hint);
   }
   TensorId gated(const std::string& name, TensorId x, TensorId gate_input, int64_t out_f,
                  int64_t in_f) {
-    TensorId g = linear(name + ".gate", gate_input, out_f, in_f);
+    TensorId g = linear(name + ".gate", gate_input, out_f, in_f, true, "column");
     return op("sigmoid_gate", name + ".gated", {x, g});
   }
 
@@ -87,14 +89,14 @@ class EvoformerWriter {
   TensorId attention(const std::string& p, TensorId h, int64_t c, int64_t heads, int64_t d,
                      bool along_rows, const TensorId* bias) {
     const int64_t hd = heads * d;
-    std::vector<TensorId> in = {linear(p + ".q", h, hd, c, false),
-                                linear(p + ".k", h, hd, c, false),
-                                linear(p + ".v", h, hd, c, false)};
+    std::vector<TensorId> in = {linear(p + ".q", h, hd, c, false, "column"),
+                                linear(p + ".k", h, hd, c, false, "column"),
+                                linear(p + ".v", h, hd, c, false, "column")};
     if (bias) in.push_back(*bias);
     Attrs attrs{{"d", d}, {"bias", bias != nullptr}};
     TensorId a = op(along_rows ? "row_attention" : "column_attention", p + ".core", in, attrs);
     a = gated(p, a, h, hd, c);
-    return linear(p + ".out", a, c, hd);
+    return linear(p + ".out", a, c, hd, true, "row");
   }
 
   // The per-head bias projected from the normalised pair.
@@ -104,9 +106,9 @@ class EvoformerWriter {
 
   TensorId transition(const std::string& p, TensorId x, int64_t c) {
     TensorId h = layer_norm(p + ".ln", x, c);
-    h = linear(p + ".fc1", h, s_.transition * c, c);
+    h = linear(p + ".fc1", h, s_.transition * c, c, true, "column");
     h = op4("relu", p + ".relu", {h});
-    return linear(p + ".fc2", h, c, s_.transition * c);
+    return linear(p + ".fc2", h, c, s_.transition * c, true, "row");
   }
 
   TensorId outer_product_mean(const std::string& p, TensorId m) {
@@ -121,11 +123,11 @@ class EvoformerWriter {
   TensorId triangle_multiply(const std::string& p, TensorId z, bool outgoing) {
     const int64_t c = s_.tri_hidden;
     TensorId h = layer_norm(p + ".ln", z, s_.c_z);
-    TensorId a = gated(p + ".a", linear(p + ".a", h, c, s_.c_z), h, c, s_.c_z);
-    TensorId bb = gated(p + ".b", linear(p + ".b", h, c, s_.c_z), h, c, s_.c_z);
+    TensorId a = gated(p + ".a", linear(p + ".a", h, c, s_.c_z, true, "column"), h, c, s_.c_z);
+    TensorId bb = gated(p + ".b", linear(p + ".b", h, c, s_.c_z, true, "column"), h, c, s_.c_z);
     TensorId t = op(outgoing ? "triangle_outgoing" : "triangle_incoming", p + ".core", {a, bb});
     t = layer_norm(p + ".ln_out", t, c);
-    t = linear(p + ".out", t, s_.c_z, c);
+    t = linear(p + ".out", t, s_.c_z, c, true, "row");
     return gated(p + ".out", t, h, s_.c_z, s_.c_z);
   }
 
@@ -197,7 +199,7 @@ Result<graph::Graph> build_evoformer(const EvoformerSpec& s, int64_t batch,
       b.input("msa_feat", {batch, s.seqs, s.residues, s.msa_features}, DType::kFloat32);
   TensorId pair_feat =
       b.input("pair_feat", {batch, s.residues, s.residues, s.pair_features}, DType::kFloat32);
-  TensorId targets = b.input("targets", {batch, s.residues, s.residues}, DType::kInt64);
+  TensorId targets = b.input("targets", {batch, s.residues, s.residues}, DType::kInt64, s.bins);
 
   b.set_layer(graph::kPreLayers);
   w.set_axis(kRows);

@@ -8,7 +8,9 @@
 // Every op carries a `dap` hint (1 or 2): the axis of its representation that dynamic axial
 // parallelism splits (planner/dap.h): MSA rows (s) for row-wise ops, MSA columns (r) for
 // column-wise ops, the pair's first axis for the starting-node family and its second for the
-// ending-node family.
+// ending-node family. Linears also carry Megatron `tp` hints (column for projections into
+// heads and hidden widths, row for projections back), so the hybrid policy's tensor
+// parallelism applies as a baseline.
 #pragma once
 
 #include <string>

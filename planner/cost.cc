@@ -12,9 +12,17 @@ double op_flops(const graph::Op& op) {
     return it == sizes->end() ? 1.0 : static_cast<double>(it->second);
   };
   const std::string& t = op.type();
-  if (t == "linear") return 2.0 * size("b") * size("s") * size("k") * size("n");
+  // A linear of any rank: 2 k multiply-adds per output element.
+  if (t == "linear") return 2.0 * static_cast<double>(numel(op.outputs[0].shape())) * size("k");
   if (t == "attention") return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
   if (t == "embedding") return size("b") * size("s") * size("h");
+  // The Evoformer's (graph/ops_evoformer.cc): scores and weighted sums, products over k or s.
+  if (t == "row_attention" || t == "column_attention")
+    return 4.0 * size("b") * size("x") * size("i") * size("j") * size("h") * size("d");
+  if (t == "triangle_outgoing" || t == "triangle_incoming")
+    return 2.0 * size("b") * size("i") * size("j") * size("k") * size("c");
+  if (t == "outer_product_mean")
+    return 2.0 * size("b") * size("s") * size("i") * size("j") * size("c") * size("e");
   // Otherwise: a few operations per element of the largest operand.
   double largest = 0;
   for (const auto& io : {&op.inputs, &op.outputs})

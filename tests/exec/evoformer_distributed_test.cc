@@ -1,4 +1,4 @@
-// Multi-rank Evoformer training equals one device: the tiny preset under dp2, pp2, DAP2 and DAP4
+// Multi-rank Evoformer training equals one device: the tiny preset under dp2, pp2, tp2, DAP2, DAP4
 // (ranks as threads over the local backend), 5 SGD steps on the same synthetic features; every
 // rank's losses and every parameter piece against the single-device run.
 #include <ATen/ATen.h>
@@ -168,6 +168,10 @@ void expect_equal_to_single_device(const std::vector<std::string>& overrides, in
 
 TEST(EvoformerLocalRanks, Dp2) { expect_equal_to_single_device({"parallel.dp=2"}, 2); }
 TEST(EvoformerLocalRanks, Pp2) { expect_equal_to_single_device({"parallel.pp=2"}, 2); }
+// Megatron-style tensor parallelism on the linears' hints (the axial attention cores replicated).
+TEST(EvoformerLocalRanks, Tp2) {
+  expect_equal_to_single_device({"parallel.policy=tp", "parallel.tp=2"}, 2);
+}
 TEST(EvoformerLocalRanks, Dap2) {
   expect_equal_to_single_device({"parallel.policy=dap", "parallel.tp=2"}, 2);
 }
