@@ -1,11 +1,11 @@
 #include "exec/runtime/kernels.h"
 
-#include "exec/runtime/kernels_evoformer.h"
-
 #include <cmath>
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
+
+#include "exec/runtime/kernels_evoformer.h"
 
 namespace loom::runtime {
 namespace {

@@ -14,6 +14,7 @@
 #include "exec/runtime/optimizer.h"
 #include "exec/runtime/oracle.h"
 #include "exec/runtime/rank_executor.h"
+#include "exec/runtime/trainer.h"
 #include "graph/verify.h"
 #include "models/model.h"
 
@@ -180,6 +181,50 @@ TEST(EvoformerLocalRanks, Dap4) {
 }
 TEST(EvoformerLocalRanks, Dp2Dap2) {
   expect_equal_to_single_device({"parallel.policy=dap", "parallel.dp=2", "parallel.tp=2"}, 4);
+}
+
+// The same through the Trainer: its seeded synthetic inputs (bin targets bounded by the model),
+// AdamW and gradient clipping, the plan made and lowered by Trainer::create.
+void expect_trainer_equal(const std::vector<std::string>& overrides, int world_size) {
+  const std::vector<std::string> adamw = {"optimizer.type=adamw", "optimizer.lr=0.003",
+                                          "optimizer.clip_grad_norm=0.5"};
+  std::vector<double> ref;
+  {
+    auto t = runtime::Trainer::create(config(adamw));
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    for (int i = 0; i < kSteps; ++i) ref.push_back((*t)->step()->loss);
+  }
+  std::vector<std::string> all = overrides;
+  all.insert(all.end(), adamw.begin(), adamw.end());
+  Config c = config(all);
+  comm::LocalWorld world(world_size, 60);
+  std::vector<std::vector<double>> losses(world_size);
+  auto statuses = world.run([&](comm::Comm& comm) -> Status {
+    at::set_num_threads(1);
+    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+    for (int i = 0; i < kSteps; ++i) {
+      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
+      losses[comm.world_rank().value()].push_back(st.loss);
+    }
+    return Status::success();
+  });
+  for (int r = 0; r < world_size; ++r) ASSERT_TRUE(statuses[r].ok()) << statuses[r].error().message;
+  EXPECT_GT(std::abs(ref.front() - ref.back()), 1e-4);
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_EQ(losses[r].size(), static_cast<size_t>(kSteps));
+    for (int i = 0; i < kSteps; ++i)
+      EXPECT_LE(std::abs(losses[r][i] - ref[i]) / ref[i], 1e-5)
+          << "rank " << r << " step " << i + 1 << ": " << losses[r][i] << " vs " << ref[i];
+  }
+}
+
+TEST(EvoformerTrainerLocalRanks, Dp2) { expect_trainer_equal({"parallel.dp=2"}, 2); }
+TEST(EvoformerTrainerLocalRanks, Pp2) { expect_trainer_equal({"parallel.pp=2"}, 2); }
+TEST(EvoformerTrainerLocalRanks, Dap2) {
+  expect_trainer_equal({"parallel.policy=dap", "parallel.tp=2"}, 2);
+}
+TEST(EvoformerTrainerLocalRanks, Dap4) {
+  expect_trainer_equal({"parallel.policy=dap", "parallel.tp=4"}, 4);
 }
 
 }  // namespace
