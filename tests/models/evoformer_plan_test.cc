@@ -117,5 +117,16 @@ TEST(EvoformerPlan, BadDegreesNameTheKey) {
       << spec.error().message;
 }
 
+TEST(EvoformerPlan, DapOnAModelWithoutAxesNamesTheOp) {
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nparallel: {policy: dap, tp: 2}\n",
+                        "gpt.yaml", {});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
+                              planner::PolicyRegistry::with_builtin_policies(), 2);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.error().message.find("parallel.policy"), std::string::npos) << g.error().message;
+  EXPECT_NE(g.error().message.find("op 'embed.tok'"), std::string::npos) << g.error().message;
+}
+
 }  // namespace
 }  // namespace loom
