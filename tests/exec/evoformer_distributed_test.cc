@@ -183,6 +183,31 @@ TEST(EvoformerLocalRanks, Dp2Dap2) {
   expect_equal_to_single_device({"parallel.policy=dap", "parallel.dp=2", "parallel.tp=2"}, 4);
 }
 
+// Before any communication: every sub-operator of the DAP 4 and tp 2 plans computes exactly the
+// piece of the single-device run it claims (the per-op oracle).
+TEST(EvoformerOracle, EverySubOperatorOfDapAndTpIsExact) {
+  for (auto [overrides, world] : std::vector<std::pair<std::vector<std::string>, int64_t>>{
+           {{"parallel.policy=dap", "parallel.tp=4"}, 4},
+           {{"parallel.policy=tp", "parallel.tp=2"}, 2}}) {
+    Config c = config(overrides);
+    graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
+    runtime::KernelRegistry kernels = runtime::KernelRegistry::with_builtin_kernels();
+    auto single = models::build_model(c, ops);
+    ASSERT_TRUE(single.ok()) << single.error().message;
+    runtime::Executor exec(*single, kernels, 5);
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> values =
+        exec.forward_all(synthetic(*single, c.batch.global)[0][0]);
+    auto planned =
+        planner::plan_graph(*single, {c, world}, planner::PolicyRegistry::with_builtin_policies());
+    ASSERT_TRUE(planned.ok()) << planned.error().message;
+    runtime::OracleReport report = runtime::check_plan_ops(*planned, values, kernels);
+    EXPECT_TRUE(report.ok()) << report.mismatches.size() << " mismatches, first: "
+                             << (report.mismatches.empty() ? "" : report.mismatches[0]);
+    EXPECT_EQ(report.ops_checked, static_cast<int64_t>(planned->ops().size()));
+  }
+}
+
 // The same through the Trainer: its seeded synthetic inputs (bin targets bounded by the model),
 // AdamW and gradient clipping, the plan made and lowered by Trainer::create.
 void expect_trainer_equal(const std::vector<std::string>& overrides, int world_size) {
