@@ -3,6 +3,7 @@
 
 #include "core/strings.h"
 #include "graph/ops_evoformer.h"
+#include "graph/ops_vision.h"
 
 namespace loom::graph {
 namespace {
@@ -65,6 +66,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
   must(OpSchema::simple("pick", "b s (g+ v^), b s -> b s"));
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
   add_evoformer_ops(r);
+  add_vision_ops(r);
   return r;
 }
 

@@ -1,15 +1,14 @@
 // loom plan CONFIG [key=value ...] --world-size N --out DIR: the plan without processes or
 // LibTorch. Writes every rank's program (programs/rank_K.txt), the pipeline schedule (CSV in
 // torch.distributed.pipelining's format, chrome trace, SVG) and a per-rank summary
-// (summary.txt, also printed): parameters held, an estimate of peak memory, and the bytes each
-// rank sends per step by primitive.
+// (summary.txt, also printed): parameters held, an estimate of peak memory, the bytes each
+// rank sends per step by primitive, and an estimated step time (launch/plan_figures.h).
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
-
-#include <CLI/CLI.hpp>
 
 #include "core/config.h"
 #include "exec/lower/program.h"
@@ -18,6 +17,7 @@
 #include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/files.h"
+#include "launch/plan_figures.h"
 #include "models/model.h"
 #include "planner/cost.h"
 #include "scheduler/csv.h"
@@ -33,49 +33,13 @@ int fail(const std::string& message) {
   return kExitBadInput;
 }
 
-// Bytes this rank sends in the steps of `path` it takes part in.
-void path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
-                double times, std::map<std::string, double>& out) {
-  for (const lower::CommStep& st : path.steps) {
-    int64_t pos = -1;
-    for (size_t p = 0; p < st.before.devices.size(); ++p)
-      if (st.before.devices[p].value() == rank) pos = static_cast<int64_t>(p);
-    if (pos < 0) continue;
-    const double piece = static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
-    const double k = static_cast<double>(st.k);
-    double bytes = 0;
-    switch (st.primitive) {
-      case lower::Primitive::kAllReduce: bytes = 2 * (k - 1) / k * piece; break;
-      case lower::Primitive::kAllGather: bytes = (k - 1) * piece; break;
-      case lower::Primitive::kReduceScatter:
-      case lower::Primitive::kAllToAll: bytes = (k - 1) / k * piece; break;
-      case lower::Primitive::kSendRecv:
-        for (const auto& pair : st.groups)
-          if (pair[0].value() == rank && pair[1].value() != rank) bytes += piece;
-        break;
-      default: break;
-    }
-    if (bytes > 0) out[lower::to_string(st.primitive)] += bytes * times;
-  }
-}
-
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
-  return buf;
-}
-
 }  // namespace
 
 int plan_main(const Args& args) {
-  CLI::App app{"Make a plan without starting processes: per-rank programs, schedule, memory and "
-               "communication estimates.", "loom plan"};
+  CLI::App app{
+      "Make a plan without starting processes: per-rank programs, schedule, memory and "
+      "communication estimates.",
+      "loom plan"};
   std::string config_path, out_dir;
   std::vector<std::string> overrides;
   int64_t world_size = 0;
@@ -87,10 +51,12 @@ int plan_main(const Args& args) {
   auto config = load_config(config_path, overrides);
   if (!config.ok()) return fail(config.error().message);
   if (world_size == 0) world_size = config->parallel.world_size();
-  if (world_size < 1) return fail("--world-size must be positive, got " + std::to_string(world_size));
+  if (world_size < 1)
+    return fail("--world-size must be positive, got " + std::to_string(world_size));
 
   auto ops = graph::OpRegistry::with_builtin_ops();
-  auto planned = models::build_plan(*config, ops, planner::PolicyRegistry::with_builtin_policies(), world_size);
+  auto planned = models::build_plan(*config, ops, planner::PolicyRegistry::with_builtin_policies(),
+                                    world_size);
   if (!planned.ok()) return fail(planned.error().message);
   auto order = lower::pipeline_order(*config, config->micro_batches());
   if (!order.ok()) return fail(order.error().message);
@@ -108,9 +74,12 @@ int plan_main(const Args& args) {
     auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
     if (kind.ok()) {
       auto schedule = sched::build_predefined(
-          *kind, sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config->micro_batches()),
+          *kind, sched::PipelineSpec::of(static_cast<int>(par.pp),
+                                         static_cast<int>(config->micro_batches()),
                                          static_cast<int>(par.chunks)));
-      if (!schedule.ok()) return fail(config->where("parallel.schedule") + ": parallel.schedule: " + schedule.error().message);
+      if (!schedule.ok())
+        return fail(config->where("parallel.schedule") +
+                    ": parallel.schedule: " + schedule.error().message);
       auto timeline = sched::simulate(*schedule);
       if (timeline.ok()) {
         for (size_t d = 0; d < peak_units.size() && d < timeline->peak_memory.size(); ++d)
@@ -138,59 +107,36 @@ int plan_main(const Args& args) {
   if (!svg.empty()) (void)write_file_atomically(out / "schedule.svg", svg);
 
   // Per-rank figures.
-  const double opt_copies = config->optimizer.type == "adamw" ? 2 : config->optimizer.momentum > 0 ? 1 : 0;
-  std::vector<double> params(static_cast<size_t>(world_size), 0), acts(static_cast<size_t>(world_size), 0);
-  std::vector<std::map<std::string, double>> sent(static_cast<size_t>(world_size));
-  std::vector<std::set<std::string>> seen(static_cast<size_t>(world_size));
-  for (const auto& op : planned->ops()) {
-    const size_t r = static_cast<size_t>(op.device.value());
-    acts[r] += planner::op_output_bytes(*planned, op);
-    for (const auto& in : op.inputs) {
-      const auto& t = planned->tensor(in.tensor);
-      if (t.role == graph::TensorRole::kParameter && seen[r].insert(t.name + in.ranges_string()).second)
-        params[r] += static_cast<double>(numel(in.shape()));
-    }
-  }
-  const double m = static_cast<double>(config->micro_batches());
-  for (int64_t r = 0; r < world_size; ++r) {
-    for (const auto& a : lowered->adapters) {
-      const auto& t = planned->tensor(a.tensor);
-      path_bytes(a.forward, t.shape, size_bytes(t.dtype), r, m, sent[static_cast<size_t>(r)]);
-      path_bytes(a.backward, t.shape, size_bytes(t.dtype), r, m, sent[static_cast<size_t>(r)]);
-    }
-    for (int64_t id : lowered->programs[static_cast<size_t>(r)].grad_syncs) {
-      const auto& s = lowered->grad_syncs[static_cast<size_t>(id)];
-      const double k = static_cast<double>(s.devices.size());
-      sent[static_cast<size_t>(r)]["grad all_reduce"] +=
-          2 * (k - 1) / k * static_cast<double>(numel(s.piece.shape()) * 4);
-    }
-  }
+  const PlanFigures figures = plan_figures(*config, *planned, *lowered, peak_units, bubble);
   std::ostringstream table;
   table << "plan: " << config->model.type << " " << config->model.preset << " on " << world_size
         << " ranks (dp " << par.dp << " x tp " << par.tp << " x pp " << par.pp << "), "
         << config->micro_batches() << " micro-batches per step, schedule " << par.schedule;
   if (par.pp > 1) table << ", bubble ratio " << bubble;
-  table << "\n";
-  table << "rank  parameters  est. peak memory (params+grads+optimizer+activations)  sent per step\n";
+  char step[128];
+  std::snprintf(step, sizeof step, "est. step time %.3f s (at %.0f TFLOP/s per device)",
+                figures.step_time_s, kDeviceFlops / 1e12);
+  table << "\n" << step << "\n";
+  table
+      << "rank  parameters  est. peak memory (params+grads+optimizer+activations)  sent per step\n";
   for (int64_t r = 0; r < world_size; ++r) {
-    const size_t i = static_cast<size_t>(r);
-    const double p_bytes = params[i] * 4;
-    const double pp_index = static_cast<double>(r / (par.tp * par.dp));
-    const double units = peak_units[static_cast<size_t>(pp_index)];
-    const double peak = p_bytes * (2 + opt_copies) + acts[i] * units;
+    const RankFigures& rf = figures.ranks[static_cast<size_t>(r)];
     double total_sent = 0;
     std::string kinds;
-    for (const auto& [k, b] : sent[i]) {
+    for (const auto& [k, b] : rf.sent) {
       total_sent += b;
-      kinds += " " + k + " " + human(b) + ";";
+      kinds += " " + k + " " + human_bytes(b) + ";";
     }
     char line[256];
-    std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s", static_cast<long long>(r),
-                  params[i] / 1e6, human(peak).c_str(), human(p_bytes).c_str(), human(p_bytes).c_str(),
-                  human(p_bytes * opt_copies).c_str(), human(acts[i] * units).c_str(), human(total_sent).c_str());
+    std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s",
+                  static_cast<long long>(r), rf.parameters / 1e6,
+                  human_bytes(rf.peak_bytes).c_str(), human_bytes(rf.param_bytes).c_str(),
+                  human_bytes(rf.param_bytes).c_str(), human_bytes(rf.optimizer_bytes).c_str(),
+                  human_bytes(rf.activation_bytes).c_str(), human_bytes(total_sent).c_str());
     table << line << (kinds.empty() ? "" : "  (" + kinds.substr(1) + ")") << "\n";
   }
-  if (Status s = write_file_atomically(out / "summary.txt", table.str()); !s.ok()) return fail(s.error().message);
+  if (Status s = write_file_atomically(out / "summary.txt", table.str()); !s.ok())
+    return fail(s.error().message);
   std::fputs(table.str().c_str(), stdout);
   std::printf("loom plan: wrote %s (programs/rank_K.txt%s, summary.txt)\n", out.string().c_str(),
               csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");

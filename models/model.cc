@@ -3,10 +3,11 @@
 #include "core/strings.h"
 #include "models/evoformer.h"
 #include "models/gpt.h"
+#include "models/swin.h"
 
 namespace loom::models {
 
-std::vector<std::string> model_types() { return {"evoformer", "gpt"}; }
+std::vector<std::string> model_types() { return {"evoformer", "gpt", "swin"}; }
 
 namespace {
 Error unknown_type(const Config& config) {
@@ -27,6 +28,10 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
     LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
     return build_evoformer(spec, batch, registry);
   }
+  if (config.model.type == "swin") {
+    LOOM_ASSIGN_OR_RETURN(SwinSpec spec, swin_spec(config));
+    return build_swin(spec, batch, registry);
+  }
   return unknown_type(config);
 }
 
@@ -35,6 +40,7 @@ Status check_parallel(const Config& config) {
     LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
     return check_evoformer_parallel(config, spec);
   }
+  if (config.model.type == "swin") return check_swin_parallel(config);
   if (config.model.type != "gpt") return unknown_type(config);
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
   const int64_t tp = config.parallel.tp;
@@ -74,6 +80,7 @@ Result<SampleItems> items_per_sample(const Config& config) {
     LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
     return SampleItems{spec.residues, "residues"};
   }
+  if (config.model.type == "swin") return SampleItems{1, "images"};
   return unknown_type(config);
 }
 

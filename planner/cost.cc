@@ -12,8 +12,13 @@ double op_flops(const graph::Op& op) {
     return it == sizes->end() ? 1.0 : static_cast<double>(it->second);
   };
   const std::string& t = op.type();
-  // A linear of any rank: 2 k multiply-adds per output element.
-  if (t == "linear") return 2.0 * static_cast<double>(numel(op.outputs[0].shape())) * size("k");
+  if (t == "linear") {  // 2 x the product of every label, whatever the rank
+    double f = 2.0;
+    for (const auto& [label, n] : *sizes) f *= static_cast<double>(n);
+    return f;
+  }
+  if (t == "window_attention")
+    return 4.0 * size("b") * size("s") * size("t") * size("t") * size("h") * size("d");
   if (t == "attention") return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
   if (t == "embedding") return size("b") * size("s") * size("h");
   // The Evoformer's (graph/ops_evoformer.cc): scores and weighted sums, products over k or s.

@@ -9,8 +9,9 @@
 
 namespace loom::planner {
 
-// Mesh dp x pp x tp with parallel.tp as the DAP degree: stages by layer, dp over the batch
-// (dimension 0), DAP over each op's hinted axis. Fails naming the op that carries no hint.
+// The hybrid engine (stages by layer, dp over the batch, mesh dp x pp x tp) with parallel.tp
+// as the DAP degree: inside a stage each op splits along its hinted axis. Fails naming the op
+// that carries no hint.
 Result<graph::Graph> dap_policy(const graph::Graph& graph, const PlanRequest& request);
 
 }  // namespace loom::planner

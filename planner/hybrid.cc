@@ -44,12 +44,14 @@ bool has_label(const Op& op, const std::string& label) {
   return std::find(ls.begin(), ls.end(), label) != ls.end();
 }
 
-// Megatron's split of a transformer op over tensor-parallel ranks: "" replicates it.
+}  // namespace
+
 std::string tp_label(const Op& op, bool sp) {
   const std::string& t = op.type();
   const std::string hint = op.attrs().get_or<std::string>("tp", "");
   if (t == "embedding") return "v";                       // vocab-parallel embedding
   if (t == "attention") return "h";                       // heads
+  if (t == "window_attention") return "h";                // heads (Swin)
   if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
   if (t == "linear") return hint == "column" ? "n" : hint == "row" ? "k" : "";
   if (t == "bias_add" && hint == "column") return "n";
@@ -62,9 +64,13 @@ std::string tp_label(const Op& op, bool sp) {
   return "";
 }
 
-}  // namespace
-
 Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
+  const bool sp = request.config.parallel.sp;
+  return hybrid_policy_with(g, request, [sp](const Op& op, int64_t) { return tp_label(op, sp); });
+}
+
+Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
+                                 const SplitLabel& tp_split) {
   const Config& c = request.config;
   const auto& p = c.parallel;
   LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp));
@@ -93,9 +99,9 @@ Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
         dp_parts = std::move(split).value();
       }
     }
-    const std::string label = p.tp > 1 ? tp_label(op, p.sp) : "";
     for (int64_t d = 0; d < static_cast<int64_t>(dp_parts.size()); ++d) {
       std::vector<Op> tp_parts{dp_parts[static_cast<size_t>(d)]};
+      const std::string label = p.tp > 1 ? tp_split(tp_parts[0], p.tp) : "";
       if (p.tp > 1) {
         if (label.empty()) {
           tp_parts = graph::replicate_op(tp_parts[0], p.tp);

@@ -37,6 +37,7 @@ PolicyRegistry PolicyRegistry::with_builtin_policies() {
   must("sp", restricted("sp", {"tp"}));
   must("pp", restricted("pp", {"pp"}));
   must("dap", dap_policy);
+  must("window", window_policy);
   return r;
 }
 

@@ -43,4 +43,19 @@ Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& re
 // over tp, each sub-operator placed on the mesh dp x pp x tp.
 Result<graph::Graph> hybrid_policy(const graph::Graph& graph, const PlanRequest& request);
 
+// The label along which an op (after the data-parallel split) splits over the parallel.tp
+// ranks of its stage; "" replicates it.
+using SplitLabel = std::function<std::string(const graph::Op& op, int64_t degree)>;
+// The hybrid engine with another split inside a stage (the window-parallel policy uses it).
+Result<graph::Graph> hybrid_policy_with(const graph::Graph& graph, const PlanRequest& request,
+                                        const SplitLabel& tp_split);
+// Megatron's split of a transformer op over tensor-parallel ranks (heads, MLP columns and rows,
+// vocabulary; the sequence for norms and residual adds when `sp`): "" replicates it.
+std::string tp_label(const graph::Op& op, bool sp);
+
+// Window parallelism for vision models, degree parallel.tp, with dp and pp as in hybrid: each op
+// splits along its `wp` hint (image rows, windows, or channels where shifted windows mix rows);
+// where that label does not divide, along its tensor-parallel label; else it is replicated.
+Result<graph::Graph> window_policy(const graph::Graph& graph, const PlanRequest& request);
+
 }  // namespace loom::planner

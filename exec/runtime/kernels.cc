@@ -6,6 +6,7 @@
 #include <ATen/core/Reduction.h>
 
 #include "exec/runtime/kernels_evoformer.h"
+#include "exec/runtime/kernels_vision.h"
 
 namespace loom::runtime {
 namespace {
@@ -110,6 +111,7 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
     LOOM_CHECK(s.ok()) << s.error().message;
   }
   add_evoformer_kernels(r);
+  add_vision_kernels(r);
   return r;
 }
 

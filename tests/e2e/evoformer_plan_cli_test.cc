@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -44,12 +45,16 @@ void expect_plan(const std::string& name, const std::string& overrides, const st
   EXPECT_NE(r.output.find("plan: evoformer alphafold2 on 16 ranks (" + mesh + ")"),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("est. step time"), std::string::npos) << r.output;
   // One summary row per rank, each with an estimated peak memory in GiB or MiB.
   std::istringstream summary(read(dir / "summary.txt"));
   std::string line;
   int rows = 0;
   while (std::getline(summary, line)) {
-    if (line.rfind("plan:", 0) == 0 || line.rfind("rank", 0) == 0) continue;
+    // Rank rows start with the rank number; the header lines do not.
+    const size_t first = line.find_first_not_of(' ');
+    if (first == std::string::npos || !std::isdigit(static_cast<unsigned char>(line[first])))
+      continue;
     EXPECT_TRUE(line.find("GiB") != std::string::npos || line.find("MiB") != std::string::npos)
         << line;
     EXPECT_EQ(std::stoi(line), rows) << line;

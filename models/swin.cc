@@ -1,0 +1,280 @@
+#include "models/swin.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/strings.h"
+#include "graph/builder.h"
+
+namespace loom::models {
+namespace {
+
+using graph::Attrs;
+using graph::ParamInit;
+
+SwinSpec preset(int64_t image, int64_t patch, int64_t embed, std::vector<int64_t> depths,
+                std::vector<int64_t> heads, int64_t window, int64_t classes) {
+  SwinSpec s;
+  s.image = image;
+  s.patch = patch;
+  s.embed = embed;
+  s.depths = std::move(depths);
+  s.heads = std::move(heads);
+  s.window = window;
+  s.classes = classes;
+  return s;
+}
+
+// Swin-T/S/B/L as published (ImageNet, 224 px, window 7); the large models of the SuperScaler
+// line of work use head size 32.
+const std::map<std::string, SwinSpec>& presets() {
+  static const std::map<std::string, SwinSpec> kPresets = {
+      {"tiny", preset(32, 2, 16, {2, 2}, {2, 4}, 4, 10)},
+      {"swin-t", preset(224, 4, 96, {2, 2, 6, 2}, {3, 6, 12, 24}, 7, 1000)},
+      {"swin-s", preset(224, 4, 96, {2, 2, 18, 2}, {3, 6, 12, 24}, 7, 1000)},
+      {"swin-b", preset(224, 4, 128, {2, 2, 18, 2}, {4, 8, 16, 32}, 7, 1000)},
+      {"swin-l", preset(224, 4, 192, {2, 2, 18, 2}, {6, 12, 24, 48}, 7, 1000)},
+      {"swin-1.8b", preset(640, 4, 512, {2, 2, 26, 2}, {16, 32, 64, 128}, 40, 1000)},
+      {"swin-6.6b", preset(640, 4, 768, {2, 2, 42, 2}, {24, 48, 96, 192}, 40, 1000)},
+      {"swin-6.6b-1536", preset(1536, 4, 768, {2, 2, 42, 2}, {24, 48, 96, 192}, 48, 1000)},
+  };
+  return kPresets;
+}
+
+Result<std::vector<int64_t>> int_list(const Config& config, const std::string& name,
+                                      const std::vector<int64_t>& fallback) {
+  if (!config.model.args.count(name)) return fallback;
+  std::vector<int64_t> out;
+  for (const std::string& field : split(config.model.args.at(name), ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(field.c_str(), &end, 10);
+    if (field.empty() || *end != '\0')
+      return config.error("model.args." + name,
+                          name + " must be a comma-separated list of integers, got '" +
+                              config.model.args.at(name) + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t SwinSpec::blocks() const {
+  int64_t n = 0;
+  for (int64_t d : depths) n += d;
+  return n;
+}
+
+int64_t SwinSpec::parameter_count() const {
+  int64_t n = patch * patch * channels * embed + embed + 2 * embed;  // patch embedding and norm
+  for (int64_t i = 0; i < stages(); ++i) {
+    const int64_t c = dim(i), w = window_at(i);
+    if (i > 0) n += 2 * 2 * c + 2 * c * c;  // merging: norm over 4 x (c/2), reduction to c
+    const int64_t block = 2 * c + 3 * (c * c + c) +
+                          (2 * w - 1) * (2 * w - 1) * heads[static_cast<size_t>(i)] + c * c + c +
+                          2 * c + 2 * mlp_ratio * c * c + mlp_ratio * c + c;
+    n += depths[static_cast<size_t>(i)] * block;
+  }
+  const int64_t last = dim(stages() - 1);
+  return n + 2 * last + last * classes + classes;
+}
+
+std::vector<std::string> swin_presets() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : presets()) out.push_back(k);
+  return out;
+}
+
+Result<SwinSpec> swin_spec(const Config& config) {
+  auto it = presets().find(config.model.preset);
+  if (it == presets().end()) {
+    std::string msg = "unknown Swin preset '" + config.model.preset + "'";
+    std::string close = closest_match(config.model.preset, swin_presets());
+    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+    return config.error("model.preset", msg + "; presets: " + join(swin_presets(), ", "));
+  }
+  SwinSpec s = it->second;
+  ModelArgs args(config);
+  LOOM_TRY(args.check_known({"image", "channels", "patch", "embed", "depths", "heads", "window",
+                             "mlp_ratio", "classes", "init_std", "ln_eps"}));
+  LOOM_ASSIGN_OR_RETURN(s.image, args.get_int("image", s.image));
+  LOOM_ASSIGN_OR_RETURN(s.channels, args.get_int("channels", s.channels));
+  LOOM_ASSIGN_OR_RETURN(s.patch, args.get_int("patch", s.patch));
+  LOOM_ASSIGN_OR_RETURN(s.embed, args.get_int("embed", s.embed));
+  LOOM_ASSIGN_OR_RETURN(s.depths, int_list(config, "depths", s.depths));
+  LOOM_ASSIGN_OR_RETURN(s.heads, int_list(config, "heads", s.heads));
+  LOOM_ASSIGN_OR_RETURN(s.window, args.get_int("window", s.window));
+  LOOM_ASSIGN_OR_RETURN(s.mlp_ratio, args.get_int("mlp_ratio", s.mlp_ratio));
+  LOOM_ASSIGN_OR_RETURN(s.classes, args.get_int("classes", s.classes));
+  LOOM_ASSIGN_OR_RETURN(s.init_std, args.get_double("init_std", s.init_std));
+  LOOM_ASSIGN_OR_RETURN(s.ln_eps, args.get_double("ln_eps", s.ln_eps));
+
+  auto key = [&](const std::string& name) {
+    return config.model.args.count(name) ? "model.args." + name : std::string("model.preset");
+  };
+  auto n = [](int64_t v) { return std::to_string(v); };
+  for (auto [name, value] : std::vector<std::pair<std::string, int64_t>>{{"image", s.image},
+                                                                         {"channels", s.channels},
+                                                                         {"patch", s.patch},
+                                                                         {"embed", s.embed},
+                                                                         {"window", s.window},
+                                                                         {"mlp_ratio", s.mlp_ratio},
+                                                                         {"classes", s.classes}})
+    if (value <= 0) return config.error(key(name), name + " must be positive, got " + n(value));
+  if (s.init_std <= 0) return config.error(key("init_std"), "init_std must be positive");
+  if (s.ln_eps <= 0) return config.error(key("ln_eps"), "ln_eps must be positive");
+  if (s.depths.empty()) return config.error(key("depths"), "depths must name at least one stage");
+  if (s.heads.size() != s.depths.size())
+    return config.error(key("heads"), "heads has " + n(static_cast<int64_t>(s.heads.size())) +
+                                          " entries but depths has " +
+                                          n(static_cast<int64_t>(s.depths.size())) +
+                                          " (one per stage)");
+  if (s.image % s.patch != 0)
+    return config.error(
+        key("patch"), "image (" + n(s.image) + ") is not divisible by patch (" + n(s.patch) + ")");
+  for (int64_t i = 0; i < s.stages(); ++i) {
+    const std::string at = " at stage " + n(i);
+    if (s.depths[static_cast<size_t>(i)] <= 0)
+      return config.error(key("depths"), "depths must be positive, got " +
+                                             n(s.depths[static_cast<size_t>(i)]) + at);
+    const int64_t heads = s.heads[static_cast<size_t>(i)];
+    if (heads <= 0 || s.dim(i) % heads != 0)
+      return config.error(
+          key("heads"),
+          "heads (" + n(heads) + ") must divide the stage's features (" + n(s.dim(i)) + ")" + at);
+    if (i > 0 && s.resolution(i - 1) % 2 != 0)
+      return config.error(key("image"), "patch merging needs an even resolution, got " +
+                                            n(s.resolution(i - 1)) + " tokens per side" + at);
+    if (s.resolution(i) % s.window_at(i) != 0)
+      return config.error(key("window"), "window (" + n(s.window_at(i)) +
+                                             ") does not divide the resolution (" +
+                                             n(s.resolution(i)) + " tokens per side)" + at);
+  }
+  return s;
+}
+
+Status check_swin_parallel(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(SwinSpec s, swin_spec(config));
+  const int64_t tp = config.parallel.tp;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  if (config.parallel.policy != "window")
+    for (int64_t i = 0; i < s.stages(); ++i)
+      for (auto [what, value] : std::vector<std::pair<const char*, int64_t>>{
+               {"heads", s.heads[static_cast<size_t>(i)]}, {"MLP width", s.mlp_ratio * s.dim(i)}})
+        if (value % tp != 0)
+          return config.error("parallel.tp", "tensor parallelism " + n(tp) + " needs the " + what +
+                                                 " of stage " + n(i) + " (" + n(value) +
+                                                 ") of model.preset (" + config.model.preset +
+                                                 ") to be divisible by " + n(tp));
+  const int64_t stages = config.parallel.pp * config.parallel.chunks;
+  if (stages > s.blocks())
+    return config.error("parallel.pp", "parallel.pp (" + n(config.parallel.pp) +
+                                           ") x parallel.chunks (" + n(config.parallel.chunks) +
+                                           ") = " + n(stages) + " stages, but the model has " +
+                                           n(s.blocks()) + " blocks");
+  return Status::success();
+}
+
+Result<graph::Graph> build_swin(const SwinSpec& s, int64_t batch,
+                                const graph::OpRegistry& registry) {
+  graph::GraphBuilder b(registry, "swin");
+  const double std = s.init_std;
+  const Attrs image4{{"ndim", int64_t{4}}};
+  auto with = [](Attrs a,
+                 std::initializer_list<std::pair<const std::string, graph::AttrValue>> more) {
+    for (const auto& [k, v] : more) a.set(k, v);
+    return a;
+  };
+  auto hints = [&](const char* tp, const char* wp) {
+    Attrs a = image4;
+    if (*tp) a.set("tp", std::string(tp));
+    if (*wp) a.set("wp", std::string(wp));
+    return a;
+  };
+
+  TensorId images = b.input("images", {batch, s.channels, s.image, s.image}, DType::kFloat32);
+  TensorId labels = b.input("labels", {batch}, DType::kInt64, s.classes);
+
+  // Linear layers on [b, y, x, features] (image layout) or [b, windows, tokens, features]: the
+  // window-parallel split `s` is image rows in one and windows in the other.
+  auto linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f,
+                    const char* tp, bool bias = true) {
+    TensorId w = b.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(std));
+    TensorId y = b.op1("linear", name, {in, w}, hints(tp, "s"));
+    if (!bias) return y;
+    TensorId bb = b.parameter(name + ".b", {out_f}, ParamInit::zeros());
+    return b.op1("bias_add", name + ".bias", {y, bb}, hints(tp, "s"));
+  };
+  auto layer_norm = [&](const std::string& name, TensorId in, int64_t features) {
+    TensorId g = b.parameter(name + ".w", {features}, ParamInit::ones());
+    TensorId beta = b.parameter(name + ".b", {features}, ParamInit::zeros());
+    return b.op1("layer_norm", name, {in, g, beta}, with(hints("", "s"), {{"eps", s.ln_eps}}));
+  };
+
+  b.set_layer(graph::kPreLayers);
+  TensorId x = b.op1("patchify", "embed.patches", {images},
+                     Attrs{{"ph", s.patch}, {"pw", s.patch}, {"wp", std::string("y")}});
+  x = linear("embed.proj", x, s.embed, s.patch * s.patch * s.channels, "");
+  x = layer_norm("embed.norm", x, s.embed);
+
+  int64_t layer = 0;
+  for (int64_t i = 0; i < s.stages(); ++i) {
+    const int64_t c = s.dim(i), heads = s.heads[static_cast<size_t>(i)];
+    const int64_t w = s.window_at(i), grid = s.resolution(i) / w;
+    const std::string stage = "s" + std::to_string(i) + ".";
+    if (i > 0) {
+      // Merging belongs to the first block of its stage, so a pipeline stage boundary between
+      // Swin stages sends the smaller, merged activation.
+      b.set_layer(layer);
+      x = b.op1("patch_merge", stage + "merge", {x}, Attrs{{"wp", std::string("y")}});
+      x = layer_norm(stage + "merge.norm", x, 2 * c);
+      x = linear(stage + "merge.reduce", x, c, 2 * c, "", false);
+    }
+    for (int64_t j = 0; j < s.depths[static_cast<size_t>(i)]; ++j) {
+      b.set_layer(layer++);
+      const std::string p = stage + "b" + std::to_string(j) + ".";
+      const int64_t shift = j % 2 == 1 ? s.shift_at(i) : 0;
+      // Shifted windows gather tokens from both ends of the image: split channels there.
+      const char* window_split = shift > 0 ? "c" : "gy";
+      const Attrs win{
+          {"wy", w}, {"wx", w}, {"gx", grid}, {"shift", shift}, {"wp", std::string(window_split)}};
+      TensorId h = layer_norm(p + "norm1", x, c);
+      h = b.op1("window_partition", p + "attn.windows", {h}, win);
+      TensorId q = linear(p + "attn.q", h, c, c, "column");
+      TensorId k = linear(p + "attn.k", h, c, c, "column");
+      TensorId v = linear(p + "attn.v", h, c, c, "column");
+      TensorId table = b.parameter(p + "attn.bias_table", {(2 * w - 1) * (2 * w - 1), heads},
+                                   ParamInit::normal(std));
+      TensorId a = b.op1("window_attention", p + "attn.core", {q, k, v, table},
+                         Attrs{{"d", c / heads},
+                               {"window", w},
+                               {"shift", shift},
+                               {"grid_y", grid},
+                               {"grid_x", grid},
+                               {"wp", std::string("s")}});
+      TensorId o = linear(p + "attn.proj", a, c, c, "row");
+      o = b.op1("window_reverse", p + "attn.unwindows", {o}, win);
+      x = b.op1("add", p + "attn.residual", {x, o}, hints("", "s"));
+      h = layer_norm(p + "norm2", x, c);
+      TensorId f = linear(p + "mlp.fc1", h, s.mlp_ratio * c, c, "column");
+      f = b.op1("gelu", p + "mlp.gelu", {f}, hints("column", "s"));
+      f = linear(p + "mlp.fc2", f, c, s.mlp_ratio * c, "row");
+      x = b.op1("add", p + "mlp.residual", {x, f}, hints("", "s"));
+    }
+  }
+
+  b.set_layer(graph::kPostLayers);
+  const int64_t last = s.dim(s.stages() - 1);
+  x = layer_norm("norm", x, last);
+  x = b.op1("mean_pool", "pool", {x}, Attrs{{"wp", std::string("y")}});
+  TensorId head_w = b.parameter("head.w", {s.classes, last}, ParamInit::normal(std));
+  TensorId head_b = b.parameter("head.b", {s.classes}, ParamInit::zeros());
+  TensorId logits = b.op1("linear", "head", {x, head_w}, Attrs{{"ndim", int64_t{2}}});
+  logits = b.op1("bias_add", "head.bias", {logits, head_b}, Attrs{{"ndim", int64_t{2}}});
+  TensorId loss =
+      b.op1("class_cross_entropy", "loss", {logits, labels}, Attrs{{"normalizer", batch}});
+  b.set_loss(loss);
+  return b.finish();
+}
+
+}  // namespace loom::models

@@ -1,0 +1,79 @@
+// `loom plan` at paper size: Swin C 768 (swin-6.6b, 640 px, window 40) on 32 virtual ranks under
+// window parallelism 8 x pipeline 4 completes and reports memory per rank.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code;
+  std::string output;
+};
+
+Outcome run(const std::string& args) {
+  std::string cmd = std::string(LOOM_BINARY_DIR) + "/bin/loom " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  int status = pclose(pipe);
+  return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// GiB in "12.3 GiB" (or MiB) as GiB.
+double gib(const std::string& number, const std::string& unit) {
+  const double v = std::stod(number);
+  return unit == "GiB"   ? v
+         : unit == "MiB" ? v / 1024
+         : unit == "TiB" ? v * 1024
+                         : v / (1024.0 * 1024 * 1024);
+}
+
+TEST(ModelPlan, SwinC768On32RanksReportsMemoryPerRank) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_swin_c768_plan";
+  fs::remove_all(dir);
+  const std::string config = std::string(LOOM_SOURCE_DIR) + "/configs/swin-6.6b.yaml";
+  Outcome r = run("plan " + config + " --out " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: swin swin-6.6b on 32 ranks (dp 1 x tp 8 x pp 4)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("est. step time"), std::string::npos) << r.output;
+  std::ifstream summary(dir / "summary.txt");
+  std::stringstream text;
+  text << summary.rdbuf();
+  // "   7     720.923M    19.6 GiB = 2.7 GiB + 2.7 GiB + 5.4 GiB + 8.9 GiB  52.2 GiB ..."
+  const std::regex row(
+      R"(^\s*(\d+)\s+([\d.]+)M\s+([\d.]+) (\w+) = ([\d.]+) (\w+) \+ ([\d.]+) (\w+) \+ ([\d.]+) (\w+) \+ ([\d.]+) (\w+))");
+  std::string line;
+  int rows = 0;
+  double params = 0;
+  while (std::getline(text, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, row)) continue;
+    EXPECT_EQ(std::stoi(m[1]), rows) << line;
+    const double peak = gib(m[3], m[4]);
+    const double parts = gib(m[5], m[6]) + gib(m[7], m[8]) + gib(m[9], m[10]) + gib(m[11], m[12]);
+    EXPECT_NEAR(peak, parts, 0.2) << line;
+    EXPECT_GT(gib(m[11], m[12]), 0.0) << "no activations: " << line;
+    // An 80 GB device holds every rank's share.
+    EXPECT_LT(peak, 75.0) << line;
+    params += std::stod(m[2]);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 32) << text.str();
+  // 32 ranks hold more than the model (window parallelism replicates early-stage weights) but
+  // far less than 8 full replicas per pipeline stage.
+  EXPECT_GT(params, 5866.0);
+  EXPECT_LT(params, 8 * 5867.0);
+}
+
+}  // namespace
