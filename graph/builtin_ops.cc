@@ -2,6 +2,7 @@
 #include "graph/op_registry.h"
 
 #include "core/strings.h"
+#include "graph/ops_evoformer.h"
 #include "graph/ops_vision.h"
 
 namespace loom::graph {
@@ -64,6 +65,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
   must(OpSchema::simple("logsumexp", "b s g^ -> b s"));
   must(OpSchema::simple("pick", "b s (g+ v^), b s -> b s"));
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
+  add_evoformer_ops(r);
   add_vision_ops(r);
   return r;
 }

@@ -1,12 +1,13 @@
 #include "models/model.h"
 
 #include "core/strings.h"
+#include "models/evoformer.h"
 #include "models/gpt.h"
 #include "models/swin.h"
 
 namespace loom::models {
 
-std::vector<std::string> model_types() { return {"gpt", "swin"}; }
+std::vector<std::string> model_types() { return {"evoformer", "gpt", "swin"}; }
 
 namespace {
 Error unknown_type(const Config& config) {
@@ -23,6 +24,10 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
     return build_gpt(spec, batch, registry);
   }
+  if (config.model.type == "evoformer") {
+    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
+    return build_evoformer(spec, batch, registry);
+  }
   if (config.model.type == "swin") {
     LOOM_ASSIGN_OR_RETURN(SwinSpec spec, swin_spec(config));
     return build_swin(spec, batch, registry);
@@ -31,6 +36,10 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
 }
 
 Status check_parallel(const Config& config) {
+  if (config.model.type == "evoformer") {
+    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
+    return check_evoformer_parallel(config, spec);
+  }
   if (config.model.type == "swin") return check_swin_parallel(config);
   if (config.model.type != "gpt") return unknown_type(config);
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
@@ -66,6 +75,10 @@ Result<SampleItems> items_per_sample(const Config& config) {
   if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
     return SampleItems{spec.seq, "tokens", "tok/s"};
+  }
+  if (config.model.type == "evoformer") {
+    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
+    return SampleItems{spec.residues, "residues", "res/s"};
   }
   if (config.model.type == "swin") return SampleItems{1, "images", "img/s"};
   return unknown_type(config);

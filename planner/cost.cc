@@ -21,6 +21,13 @@ double op_flops(const graph::Op& op) {
     return 4.0 * size("b") * size("s") * size("t") * size("t") * size("h") * size("d");
   if (t == "attention") return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
   if (t == "embedding") return size("b") * size("s") * size("h");
+  // The Evoformer's (graph/ops_evoformer.cc): scores and weighted sums, products over k or s.
+  if (t == "row_attention" || t == "column_attention")
+    return 4.0 * size("b") * size("x") * size("i") * size("j") * size("h") * size("d");
+  if (t == "triangle_outgoing" || t == "triangle_incoming")
+    return 2.0 * size("b") * size("i") * size("j") * size("k") * size("c");
+  if (t == "outer_product_mean")
+    return 2.0 * size("b") * size("s") * size("i") * size("j") * size("c") * size("e");
   // Otherwise: a few operations per element of the largest operand.
   double largest = 0;
   for (const auto& io : {&op.inputs, &op.outputs})

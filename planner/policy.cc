@@ -1,6 +1,7 @@
 #include "planner/policy.h"
 
 #include "core/strings.h"
+#include "planner/dap.h"
 
 namespace loom::planner {
 namespace {
@@ -35,6 +36,7 @@ PolicyRegistry PolicyRegistry::with_builtin_policies() {
   must("tp", restricted("tp", {"tp"}));
   must("sp", restricted("sp", {"tp"}));
   must("pp", restricted("pp", {"pp"}));
+  must("dap", dap_policy);
   must("window", window_policy);
   return r;
 }

@@ -57,6 +57,29 @@ const std::vector<ModelCase>& cases() {
        "model: {type: swin, preset: swin-6.6b-1536}\nbatch: {global: 32, micro: 1}\n",
        {{"tp8 x pp4", {"parallel.tp=8", "parallel.pp=4"}},
         {"window8 x pp4", {"parallel.policy=window", "parallel.tp=8", "parallel.pp=4"}}}},
+      // The Evoformer: dynamic axial parallelism (DAP) against dp, Megatron tp on the linears
+      // and pp over blocks; one sample per micro-batch, as AlphaFold2 trains, and the same
+      // samples per step under every plan.
+      {"evoformer tiny, 4 devices",
+       "model: {type: evoformer, preset: tiny}\nbatch: {global: 4, micro: 1}\n",
+       {{"dp4", {"parallel.dp=4"}},
+        {"tp4", {"parallel.tp=4"}},
+        {"dap4", {"parallel.policy=dap", "parallel.tp=4"}}},
+       true},
+      {"alphafold2 crop 256, 8 devices",
+       "model: {type: evoformer, preset: alphafold2}\nbatch: {global: 8, micro: 1}\n",
+       {{"dp8", {"parallel.dp=8"}},
+        {"tp8", {"parallel.tp=8"}},
+        {"pp8", {"parallel.pp=8"}},
+        {"dap8", {"parallel.policy=dap", "parallel.tp=8"}}}},
+      {"alphafold2 crop 256, 16 devices",
+       "model: {type: evoformer, preset: alphafold2}\nbatch: {global: 16, micro: 1}\n",
+       {{"dp16", {"parallel.dp=16"}},
+        {"tp16", {"parallel.tp=16"}},
+        {"pp16", {"parallel.pp=16"}},
+        {"dap16", {"parallel.policy=dap", "parallel.tp=16"}},
+        {"dap8 x pp2", {"parallel.policy=dap", "parallel.tp=8", "parallel.pp=2"}},
+        {"dap8 x dp2", {"parallel.policy=dap", "parallel.tp=8", "parallel.dp=2"}}}},
   };
   return kCases;
 }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 
+#include "exec/runtime/kernels_evoformer.h"
 #include "exec/runtime/kernels_vision.h"
 
 namespace loom::runtime {
@@ -109,6 +110,7 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
     Status s = r.add(type, kernel);
     LOOM_CHECK(s.ok()) << s.error().message;
   }
+  add_evoformer_kernels(r);
   add_vision_kernels(r);
   return r;
 }
