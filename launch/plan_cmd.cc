@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/config.h"
+#include "exec/lower/plan_file.h"
 #include "exec/lower/program.h"
 #include "exec/lower/schedule_order.h"
 #include "graph/op_registry.h"
@@ -79,10 +80,12 @@ int plan_main(const Args& args) {
   std::string config_path, out_dir;
   std::vector<std::string> overrides;
   int64_t world_size = 0;
+  bool no_plan_json = false;
   app.add_option("config", config_path, "the run's YAML config")->required();
   app.add_option("overrides", overrides, "key=value overrides");
   app.add_option("--world-size", world_size, "ranks to plan for (default: dp x tp x pp)");
   app.add_option("--out", out_dir, "directory for the plan files")->required();
+  app.add_flag("--no-plan-json", no_plan_json, "skip plan.json (the whole plan; large for thousands of ranks)");
   if (auto code = parse_args(app, args, "plan")) return *code;
   auto config = load_config(config_path, overrides);
   if (!config.ok()) return fail(config.error().message);
@@ -133,6 +136,26 @@ int plan_main(const Args& args) {
                                          lower::listing(*planned, *lowered, Rank(r)));
         !s.ok())
       return fail(s.error().message);
+  if (!no_plan_json) {
+    auto model = models::build_model(*config, ops);
+    if (!model.ok()) return fail(model.error().message);
+    lower::PlanFile plan;
+    plan.code_fingerprint =
+        lower::code_fingerprint(ops.types(), planner::PolicyRegistry::with_builtin_policies().names());
+    plan.model_digest = lower::model_digest(*model);
+    plan.hash = lower::plan_hash(*config, plan.model_digest, plan.code_fingerprint);
+    plan.config_yaml = to_yaml(*config);
+    plan.world_size = world_size;
+    plan.micro_batches = config->micro_batches();
+    plan.graph = std::move(*planned);
+    plan.lowered = std::move(*lowered);
+    plan.schedule_csv = csv;
+    auto json = lower::plan_to_json(plan);
+    if (!json.ok()) return fail(json.error().message);
+    if (Status s = write_file_atomically(out / "plan.json", *json); !s.ok()) return fail(s.error().message);
+    *planned = std::move(plan.graph);
+    *lowered = std::move(plan.lowered);
+  }
   if (!csv.empty()) (void)write_file_atomically(out / "schedule.csv", csv);
   if (!trace.empty()) (void)write_file_atomically(out / "timeline.json", trace);
   if (!svg.empty()) (void)write_file_atomically(out / "schedule.svg", svg);
@@ -192,8 +215,8 @@ int plan_main(const Args& args) {
   }
   if (Status s = write_file_atomically(out / "summary.txt", table.str()); !s.ok()) return fail(s.error().message);
   std::fputs(table.str().c_str(), stdout);
-  std::printf("loom plan: wrote %s (programs/rank_K.txt%s, summary.txt)\n", out.string().c_str(),
-              csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");
+  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt)\n", out.string().c_str(),
+              no_plan_json ? "" : "plan.json, ", csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");
   return kExitOk;
 }
 

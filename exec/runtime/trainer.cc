@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include "exec/comm/local_comm.h"
 #include "exec/comm/make_comm.h"
+#include "exec/lower/plan_file.h"
 #include "exec/lower/program.h"
 #include "exec/runtime/data.h"
 #include "exec/runtime/rank_executor.h"
@@ -42,7 +44,8 @@ Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
-                                                 std::shared_ptr<comm::Comm> world) {
+                                                 std::shared_ptr<comm::Comm> world,
+                                                 const lower::PlanFile* plan) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   LOOM_ASSIGN_OR_RETURN(impl->graph, models::build_model(config, impl->ops));
@@ -62,7 +65,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   LOOM_ASSIGN_OR_RETURN(impl->data, make_token_source(config, vocab_owner->shape[0], impl->seq));
 
   const int64_t world_size = config.parallel.world_size();
-  if (world_size == 1 && !world) {
+  const auto policies = planner::PolicyRegistry::with_builtin_policies();
+  if (plan)
+    LOOM_TRY(lower::check_plan_current(*plan, plan->source, config, lower::model_digest(impl->graph),
+                                       lower::code_fingerprint(impl->ops.types(), policies.names())));
+  if (world_size == 1 && !world && !plan) {
     impl->executor = std::make_unique<Executor>(impl->graph, impl->kernels,
                                                 static_cast<uint64_t>(config.run.seed));
     std::vector<bool> decay;
@@ -74,6 +81,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   }
 
   LOOM_TRY(models::check_parallel(config));
+  if (!world && plan && world_size == 1) world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
   if (!world) {
     // A worker process among others on this machine takes its share of the cores.
     comm::configure_worker_threads();
@@ -86,13 +94,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                            ") = " + std::to_string(world_size) + " ranks, but " +
                                            std::to_string(world->size()) + " processes were started");
   impl->world = world;
-  LOOM_ASSIGN_OR_RETURN(impl->planned,
-                        planner::plan_graph(impl->graph, {config, world_size},
-                                            planner::PolicyRegistry::with_builtin_policies()));
-  lower::PathFinder paths;
-  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
-  LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths,
-                                                    order.empty() ? nullptr : &order));
+  if (plan) {
+    if (plan->world_size != world_size || static_cast<int64_t>(plan->lowered.programs.size()) != world_size)
+      return Error::at(plan->source, plan->source + ": the plan is for " + std::to_string(plan->world_size) +
+                                         " ranks, this run has " + std::to_string(world_size));
+    impl->planned = plan->graph;
+    impl->lowered = plan->lowered;
+    LOOM_TRY(lower::check_deadlock_free(impl->planned, impl->lowered));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(impl->planned, planner::plan_graph(impl->graph, {config, world_size}, policies));
+    lower::PathFinder paths;
+    LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
+    LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths,
+                                                      order.empty() ? nullptr : &order));
+  }
   LOOM_ASSIGN_OR_RETURN(impl->rank_exec,
                         RankExecutor::create(impl->planned, impl->lowered, world, impl->kernels,
                                              static_cast<uint64_t>(config.run.seed)));

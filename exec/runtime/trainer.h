@@ -17,6 +17,9 @@ class RankExecutor;
 namespace loom::comm {
 class Comm;
 }  // namespace loom::comm
+namespace loom::lower {
+struct PlanFile;
+}  // namespace loom::lower
 namespace loom::runtime {
 
 struct StepStats {
@@ -34,9 +37,11 @@ class Trainer {
   // model arguments, data file) is returned as an error naming the key or file.
   // With parallel.dp x tp x pp > 1 the trainer is one rank of a plan: it plans, lowers and runs
   // this rank's program over `world` (by default the Comm made from comm.* and the launcher's
-  // environment).
+  // environment). With `plan` (read from plan.json) the trainer runs exactly that plan's
+  // programs instead of planning, after refusing it when it is stale for this config and code.
   static Result<std::unique_ptr<Trainer>> create(const Config& config,
-                                                 std::shared_ptr<comm::Comm> world = nullptr);
+                                                 std::shared_ptr<comm::Comm> world = nullptr,
+                                                 const lower::PlanFile* plan = nullptr);
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples.

@@ -162,6 +162,31 @@ TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
                   "= 2, but the world size is 4");
 }
 
+TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
+  std::string config = write("c.yaml", base_config());
+  const std::string plan = (dir_ / "plan" / "plan.json").string();
+  Outcome made = run("plan " + config + " --out " + (dir_ / "plan").string());
+  ASSERT_EQ(made.code, 0) << made.output;
+  ASSERT_TRUE(fs::exists(plan));
+  // Keys a plan does not depend on may change; the run uses the plan as written.
+  Outcome ok = run("train " + config + " run.steps=2 optimizer.lr=0.01 --plan " + plan);
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "metrics.jsonl"));
+  fs::remove_all(dir_ / "run");
+
+  expect_rejected("train " + config + " batch.micro=2 --plan " + plan,
+                  plan + ": stale plan: batch.micro was 4 in the plan, is 2 now");
+  expect_rejected("train " + config + " --plan " + (dir_ / "missing.json").string(), "cannot read plan file");
+  std::ifstream in(plan);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string damaged = text.str();
+  damaged.replace(damaged.find("\"hash\":\""), 8, "\"hash\":\"f");
+  expect_rejected("train " + config + " --plan " + write("edited.json", damaged), "edited.json: stale plan");
+  expect_rejected("train " + config + " --plan " + write("cut.json", text.str().substr(0, 500)),
+                  "cut.json: not a loom plan");
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
                   "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");

@@ -102,6 +102,24 @@ TEST(GlooRanks, Dp2Tp2Pp2) {
   expect_gloo_equal("dp2tp2pp2", {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}, 8);
 }
 
+// `loom plan` writes plan.json; workers started with --plan run exactly it (no planning of
+// their own) and still match the single device.
+TEST(GlooRanks, Tp2Pp2FromPlanJson) {
+  fs::path dir = fresh_dir("tp2pp2_plan");
+  // The workers' config (train_worker.cc): the keys a plan is made from must match.
+  std::ofstream(dir / "worker.yaml") << "model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n";
+  const std::string plan_cmd = std::string(LOOM_BINARY_DIR) + "/bin/loom plan " + (dir / "worker.yaml").string() +
+                               " parallel.tp=2 parallel.pp=2 --out " + (dir / "plan").string() + " > /dev/null";
+  ASSERT_EQ(std::system(plan_cmd.c_str()), 0);
+  auto results = comm::testing::spawn_workers(
+      kWorker, 4,
+      {"parallel.tp=2", "parallel.pp=2", "comm.backend=gloo", "--plan", (dir / "plan" / "plan.json").string(),
+       "--out", dir.string()},
+      120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  check_outputs(dir, 4);
+}
+
 void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides, int world_size) {
   if (comm::testing::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
   fs::path dir = fresh_dir("mpi_" + name);
