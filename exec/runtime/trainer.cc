@@ -12,6 +12,7 @@
 #include "exec/runtime/data.h"
 #include "exec/runtime/rank_executor.h"
 #include "exec/runtime/executor.h"
+#include "exec/runtime/extensions.h"
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/optimizer.h"
 #include "graph/verify.h"
@@ -45,14 +46,20 @@ Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                                  std::shared_ptr<comm::Comm> world,
-                                                 const lower::PlanFile* plan) {
+                                                 const lower::PlanFile* plan,
+                                                 std::shared_ptr<const Extensions> extensions) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  LOOM_ASSIGN_OR_RETURN(impl->graph, models::build_model(config, impl->ops));
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  impl->ops = extensions->ops;
+  impl->kernels = extensions->kernels;
+  const bool zoo_model = !extensions->model;
+  LOOM_ASSIGN_OR_RETURN(impl->graph, zoo_model ? models::build_model(config, impl->ops)
+                                               : extensions->model(config, impl->ops));
   LOOM_TRY(graph::verify(impl->graph, impl->ops));
   auto tokens = impl->graph.find_tensor("tokens");
   auto targets = impl->graph.find_tensor("targets");
-  LOOM_CHECK(tokens && targets) << "model graph has no tokens/targets inputs";
+  if (!tokens || !targets) return Error::at("model", "the model graph has no inputs named 'tokens' and 'targets'");
   impl->tokens_id = *tokens;
   impl->targets_id = *targets;
   const Shape& shape = impl->graph.tensor(*tokens).shape;
@@ -61,11 +68,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   const graph::FullTensor* vocab_owner = nullptr;
   for (const auto& op : impl->graph.ops())
     if (op.type() == "embedding") vocab_owner = &impl->graph.tensor(op.inputs[1].tensor);
-  LOOM_CHECK(vocab_owner) << "model graph has no embedding";
+  if (!vocab_owner) return Error::at("model", "the model graph has no 'embedding' op (its table sets the vocabulary)");
   LOOM_ASSIGN_OR_RETURN(impl->data, make_token_source(config, vocab_owner->shape[0], impl->seq));
 
   const int64_t world_size = config.parallel.world_size();
-  const auto policies = planner::PolicyRegistry::with_builtin_policies();
+  const auto& policies = extensions->policies;
   if (plan)
     LOOM_TRY(lower::check_plan_current(*plan, plan->source, config, lower::model_digest(impl->graph),
                                        lower::code_fingerprint(impl->ops.types(), policies.names())));
@@ -80,7 +87,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
     return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
   }
 
-  LOOM_TRY(models::check_parallel(config));
+  if (zoo_model) LOOM_TRY(models::check_parallel(config));
   if (!world && plan && world_size == 1) world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
   if (!world) {
     // A worker process among others on this machine takes its share of the cores.

@@ -13,6 +13,7 @@ namespace loom::runtime {
 
 class Executor;
 class RankExecutor;
+struct Extensions;
 }  // namespace loom::runtime
 namespace loom::comm {
 class Comm;
@@ -39,9 +40,11 @@ class Trainer {
   // this rank's program over `world` (by default the Comm made from comm.* and the launcher's
   // environment). With `plan` (read from plan.json) the trainer runs exactly that plan's
   // programs instead of planning, after refusing it when it is stale for this config and code.
+  // `extensions` adds user ops, kernels, policies and a model builder (exec/runtime/extensions.h).
   static Result<std::unique_ptr<Trainer>> create(const Config& config,
                                                  std::shared_ptr<comm::Comm> world = nullptr,
-                                                 const lower::PlanFile* plan = nullptr);
+                                                 const lower::PlanFile* plan = nullptr,
+                                                 std::shared_ptr<const Extensions> extensions = nullptr);
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples.
