@@ -187,6 +187,32 @@ TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
                   "cut.json: not a loom plan");
 }
 
+// Every parallel-config rejection, through the binary: exit code 2 and the numbers named.
+TEST_F(Cli, ParallelConfigRejections) {
+  const std::string config = write("c.yaml", base_config());
+  const std::string plan = "plan " + config + " --out " + (dir_ / "run").string() + " ";
+  // dp x tp x pp must be the world size.
+  expect_rejected(plan + "parallel.tp=2 parallel.pp=2 --world-size 8",
+                  "parallel.dp (1) x parallel.tp (2) x parallel.pp (2) = 4, but the world size is 8");
+  // batch.global must split into micro-batches of batch.micro on each of the dp replicas.
+  expect_rejected(plan + "batch.global=10", "batch.global (10) must be divisible by batch.micro (4) x parallel.dp (1)");
+  expect_rejected(plan + "parallel.dp=4", "batch.global (8) must be divisible by batch.micro (4) x parallel.dp (4)");
+  // The interleaved schedule needs the micro-batches to be a multiple of the pipeline depth.
+  expect_rejected(plan + "model.args.layers=4 parallel.pp=2 parallel.chunks=2 parallel.schedule=interleaved "
+                         "batch.global=12",
+                  "(m: the micro-batches per step, batch.global 12 / (batch.micro 4 x parallel.dp 1) = 3; p: "
+                  "parallel.pp 2)");
+  // Tensor parallelism must divide the heads (and with them the hidden size), the MLP width and
+  // the vocabulary groups.
+  expect_rejected(plan + "parallel.tp=8", "tensor parallelism 8 needs model.preset (tiny) heads (4) to be divisible by 8");
+  expect_rejected(plan + "parallel.tp=2 model.args.ffn_hidden=130 parallel.tp=4",
+                  "model.args.ffn_hidden (130) to be divisible by 4");
+  expect_rejected(plan + "parallel.tp=2 model.args.vocab_groups=1",
+                  "tensor parallelism 2 needs model.args.vocab_groups (1) to be divisible by 2");
+  // The same checks guard loom train before anything is written.
+  expect_rejected("train " + config + " parallel.tp=3", "heads (4) to be divisible by 3");
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
                   "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");
