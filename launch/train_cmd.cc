@@ -121,7 +121,8 @@ int train_main(const Args& args) {
     last_loss = st->loss;
     nlohmann::json line = {{"step", st->step},           {"loss", st->loss},
                            {"lr", st->lr},               {"grad_norm", st->grad_norm},
-                           {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s}};
+                           {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s},
+                           {"peak_mem_bytes", st->peak_mem_bytes}};
     metrics << line.dump() << "\n" << std::flush;
     const double eta = elapsed / static_cast<double>(i + 1) * static_cast<double>(total - i - 1);
     if (tty) {

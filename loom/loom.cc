@@ -127,7 +127,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, const Set
 
 Result<StepStats> Trainer::step() {
   LOOM_ASSIGN_OR_RETURN(runtime::StepStats s, impl_->step());
-  StepStats out{s.step, s.loss, s.lr, s.grad_norm, s.step_time_s, s.tokens_per_s};
+  StepStats out{s.step, s.loss, s.lr, s.grad_norm, s.step_time_s, s.tokens_per_s, s.peak_mem_bytes};
   for (const auto& hook : hooks_) hook(out);
   return out;
 }

@@ -14,6 +14,7 @@
 #include "exec/runtime/executor.h"
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/lr_schedule.h"
+#include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
 #include "graph/verify.h"
 #include "exec/lower/schedule_order.h"
@@ -48,6 +49,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                                  std::shared_ptr<comm::Comm> world,
                                                  const lower::PlanFile* plan,
                                                  std::shared_ptr<const Extensions> extensions) {
+  track_cpu_memory();  // before any parameter exists, so every live byte is counted
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   if (!extensions) extensions = std::make_shared<const Extensions>();
@@ -128,6 +130,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
   auto start = std::chrono::steady_clock::now();
+  reset_peak_cpu_bytes();
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
   s.buffer.resize(static_cast<size_t>(s.seq + 1));
@@ -179,6 +182,7 @@ Result<StepStats> Trainer::step() {
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   st.tokens_per_s = static_cast<double>(s.config.batch.global * s.seq) / st.step_time_s;
+  st.peak_mem_bytes = peak_cpu_bytes();
   return st;
 }
 

@@ -30,6 +30,7 @@ struct StepStats {
   double grad_norm = 0;    // before clipping
   double step_time_s = 0;
   double tokens_per_s = 0;
+  int64_t peak_mem_bytes = 0;  // most live CPU tensor bytes of this process during the step
 };
 
 class Trainer {

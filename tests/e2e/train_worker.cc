@@ -1,6 +1,6 @@
 // A training rank for the multi-process tests: GPT tiny from an inline config plus key=value
 // overrides, its Comm from the launcher's environment (gloo) or mpirun (mpi). Writes, per rank,
-// the losses and its parameter pieces to DIR/rank_K.json and DIR/rank_K.bin. With
+// the losses, the peak live tensor bytes of each step and its parameter pieces to DIR/rank_K.json and DIR/rank_K.bin. With
 // --die-at-step N --die-rank R, rank R kills itself with SIGKILL at the start of step N. With
 // --plan FILE it runs the plan.json in FILE.
 #include <signal.h>
@@ -60,6 +60,7 @@ comm: {timeout_s: 60}
   }
   const int64_t rank = (*trainer)->rank();
   std::vector<double> losses;
+  std::vector<int64_t> peaks;
   for (int i = 1; i <= steps; ++i) {
     if (i == die_step && rank == die_rank) raise(SIGKILL);
     auto st = (*trainer)->step();
@@ -68,10 +69,11 @@ comm: {timeout_s: 60}
       return 1;
     }
     losses.push_back(st->loss);
+    peaks.push_back(st->peak_mem_bytes);
   }
   if (out_dir.empty()) return 0;
   auto& exec = (*trainer)->rank_executor();
-  nlohmann::json index = {{"losses", losses}, {"params", nlohmann::json::array()}};
+  nlohmann::json index = {{"losses", losses}, {"peak_mem_bytes", peaks}, {"params", nlohmann::json::array()}};
   std::ofstream bin(out_dir + "/rank_" + std::to_string(rank) + ".bin", std::ios::binary);
   int64_t offset = 0;
   for (size_t i = 0; i < exec.parameters().size(); ++i) {
