@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "core/config.h"
 #include "exec/lower/plan_file.h"
@@ -60,6 +61,82 @@ void path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, i
   }
 }
 
+// Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
+double path_seconds(const lower::CommPath& path, int64_t rank) {
+  double t = 0;
+  for (const lower::CommStep& st : path.steps) {
+    bool in = false;
+    for (const auto& layout : {&st.before, &st.after})
+      for (DeviceId d : layout->devices) in = in || d.value() == rank;
+    if (in) t += st.cost_s;
+  }
+  return t;
+}
+
+// A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, over the
+// network when the group spans nodes.
+double all_reduce_seconds(const lower::CostModel& cost, const std::vector<DeviceId>& devices, double bytes) {
+  const double k = static_cast<double>(devices.size());
+  if (k < 2) return 0;
+  bool inter = false;
+  for (DeviceId d : devices) inter = inter || d.value() / cost.devices_per_node != devices[0].value() / cost.devices_per_node;
+  const double alpha = inter ? cost.inter_alpha_s : cost.intra_alpha_s;
+  const double beta = inter ? cost.inter_beta_s_per_byte : cost.intra_beta_s_per_byte;
+  return 2 * (k - 1) * (alpha + bytes / k * beta);
+}
+
+// Adds a "communication" track under every pipeline device of the chrome trace: after each
+// forward (backward) block, the cost-model time of the adapters' forward (gradient) paths the
+// device's slowest rank takes part in for one micro-batch. The simulated blocks do not wait
+// for it: the track shows how much communication each block brings, not a re-simulation.
+std::string with_comm_track(const std::string& trace, const lower::Lowered& lowered, int64_t ranks_per_stage) {
+  auto json = nlohmann::json::parse(trace, nullptr, false);
+  if (json.is_discarded() || !json.contains("traceEvents")) return trace;
+  const int64_t world = static_cast<int64_t>(lowered.programs.size());
+  std::map<int64_t, std::pair<double, double>> per_device;  // pp index -> (forward s, backward s)
+  for (int64_t r = 0; r < world; ++r) {
+    double f = 0, b = 0;
+    for (const auto& a : lowered.adapters) {
+      f += path_seconds(a.forward, r);
+      b += path_seconds(a.backward, r);
+    }
+    auto& slot = per_device[r / ranks_per_stage];
+    slot.first = std::max(slot.first, f);
+    slot.second = std::max(slot.second, b);
+  }
+  nlohmann::json added = nlohmann::json::array();
+  std::set<int64_t> named;
+  for (const auto& e : json["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string cat = e.value("cat", "");
+    if (cat != "F" && cat != "B") continue;
+    const int64_t pid = e.value("pid", 0);
+    const auto it = per_device.find(pid);
+    const double dur_us = it == per_device.end() ? 0 : (cat == "F" ? it->second.first : it->second.second) * 1e6;
+    if (dur_us <= 0) continue;
+    if (named.insert(pid).second)
+      added.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 1},
+                       {"args", {{"name", "communication"}}}});
+    added.push_back({{"name", "comm after " + e.value("name", std::string())},
+                     {"cat", "comm"},
+                     {"ph", "X"},
+                     {"pid", pid},
+                     {"tid", 1},
+                     {"ts", e.value("ts", 0.0) + e.value("dur", 0.0)},
+                     {"dur", dur_us}});
+  }
+  for (auto& e : added) json["traceEvents"].push_back(std::move(e));
+  return json.dump(1);
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
 std::string human(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -102,25 +179,51 @@ int plan_main(const Args& args) {
                               order->empty() ? nullptr : &*order);
   if (!lowered.ok()) return fail(lowered.error().message);
 
-  // Pipeline schedule with forward 1 and backward 2 time units per stage.
+  // Compute time per micro-batch from the cost model: forward FLOPs of each rank's ops at the
+  // device's sustained rate, backward twice that. A pipeline stage takes as long as its slowest
+  // rank; the simulated schedule (in microseconds) gives the step's compute time and bubbles.
   const auto& par = config->parallel;
-  std::vector<double> peak_units(static_cast<size_t>(par.pp), 1.0);
+  const lower::CostModel cost;
+  const double m = static_cast<double>(config->micro_batches());
+  std::vector<double> fwd_s(static_cast<size_t>(world_size), 0);
+  for (const auto& op : planned->ops())
+    fwd_s[static_cast<size_t>(op.device.value())] += planner::op_flops(op) / cost.device_flops_per_s;
+  const int64_t ranks_per_stage = par.tp * par.dp;
+  double unit_s = 0;  // the slowest stage's forward per micro-batch
+  for (double f : fwd_s) unit_s = std::max(unit_s, f);
+  // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines; all
+  // of them without one when several ranks run (the lowered program runs every forward before
+  // the backwards); one in the single-process executor.
+  const double flat_units = world_size > 1 ? m : 1.0;
+  std::vector<double> peak_units(static_cast<size_t>(par.pp), flat_units);
+  std::vector<double> compute_s(static_cast<size_t>(world_size), 0), bubble_of(static_cast<size_t>(world_size), 0);
+  for (int64_t r = 0; r < world_size; ++r) compute_s[static_cast<size_t>(r)] = 3 * m * fwd_s[static_cast<size_t>(r)];
   double bubble = 0;
   std::string csv, trace, svg;
   if (par.pp > 1 || par.chunks > 1) {
     auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
     if (kind.ok()) {
-      auto schedule = sched::build_predefined(
-          *kind, sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config->micro_batches()),
-                                         static_cast<int>(par.chunks)));
+      auto spec = sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config->micro_batches()),
+                                          static_cast<int>(par.chunks));
+      // The renderer draws one time unit as 1 ms: simulate in milliseconds.
+      const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
+      spec.fwd = unit_ms;
+      spec.bwd = 2 * unit_ms;
+      auto schedule = sched::build_predefined(*kind, spec);
       if (!schedule.ok()) return fail(config->where("parallel.schedule") + ": parallel.schedule: " + schedule.error().message);
       auto timeline = sched::simulate(*schedule);
       if (timeline.ok()) {
         for (size_t d = 0; d < peak_units.size() && d < timeline->peak_memory.size(); ++d)
           peak_units[d] = timeline->peak_memory[d];
         bubble = timeline->bubble_ratio;
+        for (int64_t r = 0; r < world_size; ++r) {
+          const size_t d = static_cast<size_t>(r / ranks_per_stage);
+          compute_s[static_cast<size_t>(r)] = timeline->makespan * 1e-3;
+          if (d < timeline->busy.size() && timeline->makespan > 0)
+            bubble_of[static_cast<size_t>(r)] = 1 - timeline->busy[d] / timeline->makespan;
+        }
         if (auto c = sched::to_csv(*schedule); c.ok()) csv = *c;
-        trace = sched::to_chrome_trace(*schedule, *timeline);
+        trace = with_comm_track(sched::to_chrome_trace(*schedule, *timeline), *lowered, ranks_per_stage);
         svg = sched::to_svg(*schedule, *timeline);
       }
     }
@@ -174,7 +277,17 @@ int plan_main(const Args& args) {
         params[r] += static_cast<double>(numel(in.shape()));
     }
   }
-  const double m = static_cast<double>(config->micro_batches());
+  // Communication time: each adapter's forward and gradient paths per micro-batch (the steps
+  // this rank takes part in), and the gradient all-reduces once per step, from the cost model.
+  std::vector<double> comm_s(static_cast<size_t>(world_size), 0);
+  for (int64_t r = 0; r < world_size; ++r) {
+    for (const auto& a : lowered->adapters)
+      comm_s[static_cast<size_t>(r)] += m * (path_seconds(a.forward, r) + path_seconds(a.backward, r));
+    for (int64_t id : lowered->programs[static_cast<size_t>(r)].grad_syncs) {
+      const auto& g = lowered->grad_syncs[static_cast<size_t>(id)];
+      comm_s[static_cast<size_t>(r)] += all_reduce_seconds(cost, g.devices, static_cast<double>(numel(g.piece.shape()) * 4));
+    }
+  }
   for (int64_t r = 0; r < world_size; ++r) {
     for (const auto& a : lowered->adapters) {
       const auto& t = planned->tensor(a.tensor);
@@ -193,8 +306,13 @@ int plan_main(const Args& args) {
         << " ranks (dp " << par.dp << " x tp " << par.tp << " x pp " << par.pp << "), "
         << config->micro_batches() << " micro-batches per step, schedule " << par.schedule;
   if (par.pp > 1) table << ", bubble ratio " << bubble;
-  table << "\n";
-  table << "rank  parameters  est. peak memory (params+grads+optimizer+activations)  sent per step\n";
+  double step_s = 0;
+  for (int64_t r = 0; r < world_size; ++r)
+    step_s = std::max(step_s, compute_s[static_cast<size_t>(r)] + comm_s[static_cast<size_t>(r)]);
+  table << ", est. step time " << seconds(step_s) << " at " << cost.device_flops_per_s / 1e12
+        << " TFLOP/s per device\n";
+  table << "rank  parameters  est. peak memory (params+grads+optimizer+activations)  est. step (compute + comm, "
+           "bubble)  sent per step\n";
   for (int64_t r = 0; r < world_size; ++r) {
     const size_t i = static_cast<size_t>(r);
     const double p_bytes = params[i] * 4;
@@ -207,10 +325,12 @@ int plan_main(const Args& args) {
       total_sent += b;
       kinds += " " + k + " " + human(b) + ";";
     }
-    char line[256];
-    std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s", static_cast<long long>(r),
-                  params[i] / 1e6, human(peak).c_str(), human(p_bytes).c_str(), human(p_bytes).c_str(),
-                  human(p_bytes * opt_copies).c_str(), human(acts[i] * units).c_str(), human(total_sent).c_str());
+    char line[384];
+    std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s (%s + %s, %.2f)  %s",
+                  static_cast<long long>(r), params[i] / 1e6, human(peak).c_str(), human(p_bytes).c_str(),
+                  human(p_bytes).c_str(), human(p_bytes * opt_copies).c_str(), human(acts[i] * units).c_str(),
+                  seconds(compute_s[i] + comm_s[i]).c_str(), seconds(compute_s[i]).c_str(),
+                  seconds(comm_s[i]).c_str(), bubble_of[i], human(total_sent).c_str());
     table << line << (kinds.empty() ? "" : "  (" + kinds.substr(1) + ")") << "\n";
   }
   if (Status s = write_file_atomically(out / "summary.txt", table.str()); !s.ok()) return fail(s.error().message);

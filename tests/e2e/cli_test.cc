@@ -213,6 +213,66 @@ TEST_F(Cli, ParallelConfigRejections) {
   expect_rejected("train " + config + " parallel.tp=3", "heads (4) to be divisible by 3");
 }
 
+// `loom plan` output for GPT tiny plans against golden files (tests/e2e/golden/plan-NAME/):
+// the summary, the schedule and every rank's program. LOOM_UPDATE_GOLDEN=1 rewrites them.
+void expect_plan_golden(Outcome (*run_loom)(const std::string&), const fs::path& dir, const std::string& name,
+                        const std::string& overrides, int world) {
+  const fs::path out = dir / ("plan-" + name);
+  Outcome r = run_loom("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml " + overrides + " --out " +
+                       out.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const fs::path golden = fs::path(LOOM_SOURCE_DIR) / "tests" / "e2e" / "golden" / ("plan-" + name);
+  std::vector<std::string> files = {"summary.txt"};
+  if (fs::exists(out / "schedule.csv")) files.push_back("schedule.csv");
+  for (int k = 0; k < world; ++k) files.push_back("programs/rank_" + std::to_string(k) + ".txt");
+  const bool update = std::getenv("LOOM_UPDATE_GOLDEN") != nullptr;
+  for (const auto& f : files) {
+    std::ifstream got_in(out / f);
+    std::stringstream got;
+    got << got_in.rdbuf();
+    if (update) {
+      fs::create_directories((golden / f).parent_path());
+      std::ofstream(golden / f) << got.str();
+      continue;
+    }
+    std::ifstream want_in(golden / f);
+    ASSERT_TRUE(want_in) << "missing golden file " << (golden / f) << " (run with LOOM_UPDATE_GOLDEN=1)";
+    std::stringstream want;
+    want << want_in.rdbuf();
+    EXPECT_EQ(got.str(), want.str()) << name << ": " << f << " differs from its golden file";
+  }
+  // The summary is also what the command printed.
+  std::ifstream summary(out / "summary.txt");
+  std::stringstream text;
+  text << summary.rdbuf();
+  EXPECT_NE(r.output.find(text.str()), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, PlanGoldenTp2Pp2) { expect_plan_golden(run, dir_, "tp2-pp2", "parallel.tp=2 parallel.pp=2", 4); }
+TEST_F(Cli, PlanGoldenDp2) { expect_plan_golden(run, dir_, "dp2", "parallel.dp=2", 2); }
+TEST_F(Cli, PlanGoldenTp2Sp) { expect_plan_golden(run, dir_, "tp2-sp", "parallel.tp=2 parallel.sp=true", 2); }
+
+TEST_F(Cli, PlanTimelineHasACommunicationTrack) {
+  Outcome r = run("plan " + write("c.yaml", base_config()) + " parallel.tp=2 parallel.pp=2 --out " +
+                  (dir_ / "plan").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(dir_ / "plan" / "timeline.json");
+  nlohmann::json trace = nlohmann::json::parse(in);
+  int comm = 0, blocks = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    const std::string cat = e.value("cat", "");
+    if (cat == "comm") {
+      ++comm;
+      EXPECT_EQ(e["tid"], 1);
+      EXPECT_GT(e["dur"].get<double>(), 0);
+    }
+    blocks += cat == "F" || cat == "B";
+  }
+  EXPECT_EQ(blocks, 2 * 2 * 2);  // 2 stages x 2 micro-batches x (F, B)
+  EXPECT_EQ(comm, blocks);       // tensor parallelism communicates in every block
+  EXPECT_NE(r.output.find("est. step time"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
                   "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");
