@@ -129,6 +129,18 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   return json.dump(1);
 }
 
+// Bytes an op keeps for its backward pass besides its outputs: attention keeps its softmax
+// probabilities [b, h, s, t] and contiguous per-head copies of q, k and v.
+double saved_extra_bytes(const graph::Op& op) {
+  if (op.type() != "attention" || op.inputs.size() < 3) return 0;
+  const Shape q = op.inputs[0].shape(), k = op.inputs[1].shape();
+  const int64_t d = op.attrs().get_or<int64_t>("d", 0);
+  if (q.size() != 3 || k.size() != 3 || d <= 0) return 0;
+  const double heads = static_cast<double>(q[2] / d);
+  const double probs = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]) * static_cast<double>(k[1]);
+  return 4 * (probs + 3 * static_cast<double>(numel(q)));
+}
+
 std::string seconds(double s) {
   char buf[32];
   if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
@@ -264,19 +276,41 @@ int plan_main(const Args& args) {
   if (!svg.empty()) (void)write_file_atomically(out / "schedule.svg", svg);
 
   // Per-rank figures.
-  const double opt_copies = config->optimizer.type == "adamw" ? 2 : config->optimizer.momentum > 0 ? 1 : 0;
+  // The optimizer keeps two moments (AdamW) or one buffer (SGD, allocated with or without
+  // momentum); its step makes temporaries the size of the piece it updates: AdamW's sqrt and
+  // denominator, SGD's decayed gradient.
+  const bool adamw = config->optimizer.type == "adamw";
+  const double opt_copies = adamw ? 2 : 1;
+  const double opt_temporaries = adamw ? 2 : config->optimizer.weight_decay != 0 ? 1 : 0;
+  std::vector<double> largest_piece(static_cast<size_t>(world_size), 0);
   std::vector<double> params(static_cast<size_t>(world_size), 0), acts(static_cast<size_t>(world_size), 0);
   std::vector<std::map<std::string, double>> sent(static_cast<size_t>(world_size));
   std::vector<std::set<std::string>> seen(static_cast<size_t>(world_size));
   for (const auto& op : planned->ops()) {
     const size_t r = static_cast<size_t>(op.device.value());
-    acts[r] += planner::op_output_bytes(*planned, op);
+    acts[r] += planner::op_output_bytes(*planned, op) + saved_extra_bytes(op);
     for (const auto& in : op.inputs) {
       const auto& t = planned->tensor(in.tensor);
-      if (t.role == graph::TensorRole::kParameter && seen[r].insert(t.name + in.ranges_string()).second)
+      if (t.role == graph::TensorRole::kParameter && seen[r].insert(t.name + in.ranges_string()).second) {
         params[r] += static_cast<double>(numel(in.shape()));
+        largest_piece[r] = std::max(largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
+      }
     }
   }
+  // What an adapter delivers is a new tensor on each consumer rank (an all-reduced sum, a
+  // gathered or received piece), held while its micro-batch is in flight like an op output.
+  for (const auto& a : lowered->adapters) {
+    const auto& t = planned->tensor(a.tensor);
+    for (int64_t pos = 0; pos < a.to.size(); ++pos)
+      acts[static_cast<size_t>(a.to.devices[static_cast<size_t>(pos)].value())] +=
+          static_cast<double>(numel(a.to.piece(pos, a.tensor, t.shape).shape()) * size_bytes(t.dtype));
+  }
+  // The flat buffer each gradient all-reduce bucket is copied into while it is reduced.
+  std::vector<double> sync_buffer(static_cast<size_t>(world_size), 0);
+  for (int64_t r = 0; r < world_size; ++r)
+    for (int64_t id : lowered->programs[static_cast<size_t>(r)].grad_syncs)
+      sync_buffer[static_cast<size_t>(r)] +=
+          static_cast<double>(numel(lowered->grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
   // Communication time: each adapter's forward and gradient paths per micro-batch (the steps
   // this rank takes part in), and the gradient all-reduces once per step, from the cost model.
   std::vector<double> comm_s(static_cast<size_t>(world_size), 0);
@@ -311,14 +345,23 @@ int plan_main(const Args& args) {
     step_s = std::max(step_s, compute_s[static_cast<size_t>(r)] + comm_s[static_cast<size_t>(r)]);
   table << ", est. step time " << seconds(step_s) << " at " << cost.device_flops_per_s / 1e12
         << " TFLOP/s per device\n";
-  table << "rank  parameters  est. peak memory (params+grads+optimizer+activations)  est. step (compute + comm, "
-           "bubble)  sent per step\n";
+  table << "rank  parameters  est. peak memory (params+grads+optimizer+working set: the largest of activations, "
+           "grad buckets, optimizer temporaries)  est. step (compute + comm, bubble)  sent per step\n";
+  nlohmann::json ranks_json = nlohmann::json::array();
   for (int64_t r = 0; r < world_size; ++r) {
     const size_t i = static_cast<size_t>(r);
     const double p_bytes = params[i] * 4;
     const double pp_index = static_cast<double>(r / (par.tp * par.dp));
-    const double units = peak_units[static_cast<size_t>(pp_index)];
-    const double peak = p_bytes * (2 + opt_copies) + acts[i] * units;
+    // A pipeline stage also holds, while it runs a backward, about half a micro-batch more: the
+    // received output gradients and the boundary tensors of the blocks around it (measured on
+    // GPT tiny; tests/e2e/multiprocess_test.cc checks the estimate on a gpt2-124m variant).
+    const double units = peak_units[static_cast<size_t>(pp_index)] + (par.pp > 1 ? 0.5 : 0.0);
+    // Gradient buckets are reduced after the last backward, when activations are gone.
+    // Activations, gradient buckets and the optimizer's temporaries come one after the other.
+    // The backward also holds a parameter's incoming gradient before it is accumulated.
+    const double working =
+        std::max({sync_buffer[i], acts[i] * units + largest_piece[i], opt_temporaries * largest_piece[i]});
+    const double peak = p_bytes * (2 + opt_copies) + working;
     double total_sent = 0;
     std::string kinds;
     for (const auto& [k, b] : sent[i]) {
@@ -328,14 +371,34 @@ int plan_main(const Args& args) {
     char line[384];
     std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s (%s + %s, %.2f)  %s",
                   static_cast<long long>(r), params[i] / 1e6, human(peak).c_str(), human(p_bytes).c_str(),
-                  human(p_bytes).c_str(), human(p_bytes * opt_copies).c_str(), human(acts[i] * units).c_str(),
+                  human(p_bytes).c_str(), human(p_bytes * opt_copies).c_str(), human(working).c_str(),
                   seconds(compute_s[i] + comm_s[i]).c_str(), seconds(compute_s[i]).c_str(),
                   seconds(comm_s[i]).c_str(), bubble_of[i], human(total_sent).c_str());
     table << line << (kinds.empty() ? "" : "  (" + kinds.substr(1) + ")") << "\n";
+    ranks_json.push_back({{"rank", r},
+                          {"parameters", params[i]},
+                          {"param_bytes", p_bytes},
+                          {"grad_bytes", p_bytes},
+                          {"optimizer_bytes", p_bytes * opt_copies},
+                          {"grad_bucket_bytes", sync_buffer[i]},
+                          {"activation_bytes", acts[i] * units},
+                          {"optimizer_temporary_bytes", opt_temporaries * largest_piece[i]},
+                          {"working_set_bytes", working},
+                          {"micro_batches_in_flight", units},
+                          {"peak_bytes", peak},
+                          {"compute_s", compute_s[i]},
+                          {"comm_s", comm_s[i]},
+                          {"step_s", compute_s[i] + comm_s[i]},
+                          {"bubble", bubble_of[i]},
+                          {"sent_bytes", sent[i]}});
   }
+  nlohmann::json summary = {{"world_size", world_size}, {"micro_batches", config->micro_batches()},
+                            {"schedule", par.schedule}, {"bubble_ratio", bubble}, {"step_s", step_s},
+                            {"device_flops_per_s", cost.device_flops_per_s}, {"ranks", ranks_json}};
+  if (Status s = write_file_atomically(out / "summary.json", summary.dump(1)); !s.ok()) return fail(s.error().message);
   if (Status s = write_file_atomically(out / "summary.txt", table.str()); !s.ok()) return fail(s.error().message);
   std::fputs(table.str().c_str(), stdout);
-  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt)\n", out.string().c_str(),
+  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt, summary.json)\n", out.string().c_str(),
               no_plan_json ? "" : "plan.json, ", csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");
   return kExitOk;
 }
