@@ -283,6 +283,9 @@ int plan_main(const Args& args) {
   const double opt_copies = adamw ? 2 : 1;
   const double opt_temporaries = adamw ? 2 : config->optimizer.weight_decay != 0 ? 1 : 0;
   std::vector<double> largest_piece(static_cast<size_t>(world_size), 0);
+  // Autograd sums the gradients of a parameter read by several ops (a tied embedding and LM
+  // head) in its input buffer before accumulating: the two incoming gradients and their sum.
+  std::vector<std::map<std::string, std::pair<double, int>>> uses(static_cast<size_t>(world_size));
   std::vector<double> params(static_cast<size_t>(world_size), 0), acts(static_cast<size_t>(world_size), 0);
   std::vector<std::map<std::string, double>> sent(static_cast<size_t>(world_size));
   std::vector<std::set<std::string>> seen(static_cast<size_t>(world_size));
@@ -291,6 +294,11 @@ int plan_main(const Args& args) {
     acts[r] += planner::op_output_bytes(*planned, op) + saved_extra_bytes(op);
     for (const auto& in : op.inputs) {
       const auto& t = planned->tensor(in.tensor);
+      if (t.role == graph::TensorRole::kParameter) {
+        auto& u = uses[r][t.name + in.ranges_string()];
+        u.first = static_cast<double>(numel(in.shape()) * 4);
+        ++u.second;
+      }
       if (t.role == graph::TensorRole::kParameter && seen[r].insert(t.name + in.ranges_string()).second) {
         params[r] += static_cast<double>(numel(in.shape()));
         largest_piece[r] = std::max(largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
@@ -358,9 +366,11 @@ int plan_main(const Args& args) {
     const double units = peak_units[static_cast<size_t>(pp_index)] + (par.pp > 1 ? 0.5 : 0.0);
     // Gradient buckets are reduced after the last backward, when activations are gone.
     // Activations, gradient buckets and the optimizer's temporaries come one after the other.
-    // The backward also holds a parameter's incoming gradient before it is accumulated.
+    // The backward also holds a parameter's incoming gradients before they are accumulated.
+    double incoming = 0;  // the largest transient parameter gradient of the backward
+    for (const auto& [name, u] : uses[i]) incoming = std::max(incoming, u.first * (u.second > 1 ? 2 : 1));
     const double working =
-        std::max({sync_buffer[i], acts[i] * units + largest_piece[i], opt_temporaries * largest_piece[i]});
+        std::max({sync_buffer[i], acts[i] * units + incoming, opt_temporaries * largest_piece[i]});
     const double peak = p_bytes * (2 + opt_copies) + working;
     double total_sent = 0;
     std::string kinds;

@@ -167,6 +167,18 @@ TEST(MemoryEstimate, Tp2Pp2) {
   expect_memory_estimate("tp2pp2", {"parallel.tp=2", "parallel.pp=2"}, 4);
 }
 
+// gpt2-124m's widths with 2 layers and 32 tokens (the 50304-token vocabulary splits over tp):
+// parameters, the tied embedding's gradients and the optimizer dominate.
+const std::vector<std::string> k124m = {"model.preset=gpt2-124m", "model.args.layers=2", "model.args.seq=32",
+                                        "model.args.vocab=50304"};
+std::vector<std::string> with_124m(std::vector<std::string> plan) {
+  plan.insert(plan.begin(), k124m.begin(), k124m.end());
+  return plan;
+}
+TEST(MemoryEstimate, Gpt2Tp2) { expect_memory_estimate("124m_tp2", with_124m({"parallel.tp=2"}), 2); }
+TEST(MemoryEstimate, Gpt2Pp2) { expect_memory_estimate("124m_pp2", with_124m({"parallel.pp=2"}), 2); }
+TEST(MemoryEstimate, Gpt2Dp2) { expect_memory_estimate("124m_dp2", with_124m({"parallel.dp=2"}), 2); }
+
 void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides,
                       int world_size) {
   if (comm::testing::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
