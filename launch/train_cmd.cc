@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@
 #include "launch/files.h"
 
 #if LOOM_HAVE_RUNTIME
+#include "exec/lower/plan_file.h"
 #include "exec/runtime/trainer.h"
 #include "models/model.h"
 #endif
@@ -51,9 +53,11 @@ int train_main(const Args& args) {
   CLI::App app{"Train a model from a YAML config. Trailing key=value arguments override keys.",
                "loom train"};
   std::string config_path;
+  std::string plan_path;
   std::vector<std::string> overrides;
   app.add_option("config", config_path, "the run's YAML config")->required();
   app.add_option("overrides", overrides, "key=value overrides, e.g. run.steps=5 parallel.tp=2");
+  app.add_option("--plan", plan_path, "run the plan in this plan.json (from `loom plan`) instead of planning");
   if (auto code = parse_args(app, args, "train")) return *code;
 
   auto loaded = load_config(config_path, overrides);
@@ -62,7 +66,13 @@ int train_main(const Args& args) {
   if (Status s = init_logging(-1, config.logging.level); !s.ok()) return bad_input(s.error().message);
 
 #if LOOM_HAVE_RUNTIME
-  auto created = runtime::Trainer::create(config);
+  std::optional<lower::PlanFile> plan;
+  if (!plan_path.empty()) {
+    auto loaded_plan = lower::load_plan_file(plan_path);
+    if (!loaded_plan.ok()) return bad_input(loaded_plan.error().message);
+    plan = std::move(*loaded_plan);
+  }
+  auto created = runtime::Trainer::create(config, nullptr, plan ? &*plan : nullptr);
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;
   const bool lead = trainer.rank() == 0;  // only rank 0 writes the run directory and reports
@@ -117,7 +127,8 @@ int train_main(const Args& args) {
     last_loss = st->loss;
     nlohmann::json line = {{"step", st->step},           {"loss", st->loss},
                            {"lr", st->lr},               {"grad_norm", st->grad_norm},
-                           {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s}};
+                           {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s},
+                           {"peak_mem_bytes", st->peak_mem_bytes}};
     metrics << line.dump() << "\n" << std::flush;
     const double eta = elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
     if (tty) {

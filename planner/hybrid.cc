@@ -56,7 +56,9 @@ std::string tp_label(const Op& op, bool sp) {
   if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
   if (t == "linear") return hint == "column" ? "n" : hint == "row" ? "k" : "";
   if (t == "bias_add" && hint == "column") return "n";
-  if (t == "gelu" && hint == "column") return "h";
+  // Any op after a column-parallel layer that keeps its feature dimension "h" splittable (gelu,
+  // or a user's element-wise op) runs on the features each rank holds.
+  if (hint == "column" && has_label(op, "h") && op.annotation().kind_of("h") == LabelKind::kSplit) return "h";
   // Outside attention and the MLP, sequence parallelism splits the sequence instead of
   // replicating (norms, residual adds, the bias after a row-parallel layer).
   if (sp && (t == "layer_norm" || t == "add" || t == "add_position" || t == "bias_add") &&

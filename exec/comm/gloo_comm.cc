@@ -1,5 +1,10 @@
 #include "exec/comm/gloo_comm.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -33,6 +38,30 @@ std::string without_source_location(const std::string& message) {
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// The address of the interface this host would use to reach `master_addr` (no packet is sent:
+// a UDP socket is only connected). Peers on other nodes reach this rank there; the hostname may
+// resolve to another interface, or to none. Empty when there is no route.
+std::string local_address_towards(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(master_addr.c_str(), "9", &hints, &found) != 0 || !found) return "";
+  std::string out;
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char text[INET_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof text))
+      out = text;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return out;
 }
 
 class GlooOp : public PendingOp {
@@ -229,9 +258,10 @@ Result<std::shared_ptr<Comm>> make_gloo_comm(std::shared_ptr<RendezvousStore> st
   auto world = std::make_shared<GlooWorld>();
   world->store = std::move(store);
   try {
-    world->device = is_loopback(master_addr)
-                        ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                        : c10d::ProcessGroupGloo::createDefaultDevice();
+    const std::string local =
+        is_loopback(master_addr) ? "127.0.0.1" : local_address_towards(master_addr);
+    world->device = local.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                  : c10d::ProcessGroupGloo::createDeviceForHostname(local);
   } catch (const std::exception& e) {
     return Error{"gloo could not open a network device: " + exception_message(e), {}};
   }

@@ -48,7 +48,7 @@ Result<CostModel> CostModel::parse(const std::string& yaml, const std::string& s
   const std::pair<const char*, double*> reals[] = {
       {"intra_alpha_s", &m.intra_alpha_s}, {"intra_beta_s_per_byte", &m.intra_beta_s_per_byte},
       {"inter_alpha_s", &m.inter_alpha_s}, {"inter_beta_s_per_byte", &m.inter_beta_s_per_byte},
-      {"local_beta_s_per_byte", &m.local_beta_s_per_byte}};
+      {"local_beta_s_per_byte", &m.local_beta_s_per_byte}, {"device_flops_per_s", &m.device_flops_per_s}};
   std::vector<std::string> known = {"devices_per_node"};
   for (const auto& [k, p] : reals) known.push_back(k);
   for (const auto& kv : root) {

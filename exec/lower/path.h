@@ -24,6 +24,7 @@ struct CostModel {
   double inter_beta_s_per_byte = 1.0 / 12.5e9;  // 100 Gb/s network
   double local_beta_s_per_byte = 1.0 / 500e9;   // a local copy
   int64_t devices_per_node = 8;
+  double device_flops_per_s = 100e12;  // sustained per device (an A100 at ~30% of bf16 peak)
 
   // Reads configs/cost-model.yaml style text; errors name the key and line.
   static Result<CostModel> parse(const std::string& yaml, const std::string& source);

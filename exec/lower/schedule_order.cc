@@ -28,7 +28,13 @@ Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& conf
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);
     auto o = sched::device_orders(*kind, pp, m, v);
-    if (!o.ok()) return config.error("parallel.schedule", o.error().message);
+    if (!o.ok())
+      return config.error("parallel.schedule",
+                          o.error().message + " (m: the micro-batches per step, batch.global " +
+                              std::to_string(config.batch.global) + " / (batch.micro " +
+                              std::to_string(config.batch.micro) + " x parallel.dp " +
+                              std::to_string(p.dp) + ") = " + std::to_string(m) +
+                              "; p: parallel.pp " + std::to_string(pp) + ")");
     orders = std::move(o).value();
   }
   // Ranks are laid out tp fastest, then dp, then pp (planner/mesh.h).

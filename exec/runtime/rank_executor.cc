@@ -169,8 +169,14 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
   const auto& ops = s.graph.ops();
   s.micro.assign(inputs.size(), Impl::Micro{});
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
+  // A micro-batch's tensors are released after its last block on this rank (only its loss
+  // value stays for the step's total), so a rank holds what its schedule has in flight.
+  std::vector<size_t> last_block(inputs.size(), 0);
+  for (size_t i = 0; i < prog.blocks.size(); ++i)
+    last_block[static_cast<size_t>(prog.blocks[i].micro_batch.value())] = i;
   try {
-    for (const lower::ProgramBlock& block : prog.blocks) {
+    for (size_t block_index = 0; block_index < prog.blocks.size(); ++block_index) {
+      const lower::ProgramBlock& block = prog.blocks[block_index];
       const int64_t mb = block.micro_batch.value();
       Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
       const lower::Segment* seg = nullptr;
@@ -273,6 +279,11 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
         if (!s.consumed[block.stage.value()].count(tensor)) continue;
         auto& slot = m.pending[s.producer_stage.at(tensor).value()][tensor];
         slot = {m.env.at(tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
+      }
+      if (block_index == last_block[static_cast<size_t>(mb)]) {
+        at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();
+        m = Impl::Micro{};
+        m.loss = loss;
       }
     }
     check(s.runner->flush());

@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include "exec/comm/local_comm.h"
 #include "exec/comm/make_comm.h"
+#include "exec/lower/plan_file.h"
 #include "exec/lower/program.h"
 #include "exec/runtime/checkpoint.h"
 #include "exec/runtime/data.h"
@@ -13,7 +15,9 @@
 #include "exec/runtime/inputs.h"
 #include "exec/runtime/rank_executor.h"
 #include "exec/runtime/executor.h"
+#include "exec/runtime/extensions.h"
 #include "exec/runtime/lr_schedule.h"
+#include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
 #include "graph/verify.h"
 #include "exec/lower/schedule_order.h"
@@ -74,17 +78,31 @@ Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
-                                                 std::shared_ptr<comm::Comm> world) {
+                                                 std::shared_ptr<comm::Comm> world,
+                                                 const lower::PlanFile* plan,
+                                                 std::shared_ptr<const Extensions> extensions) {
+  track_cpu_memory();  // before any parameter exists, so every live byte is counted
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  LOOM_ASSIGN_OR_RETURN(impl->graph, models::build_model(config, impl->ops));
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  impl->ops = extensions->ops;
+  impl->kernels = extensions->kernels;
+  const bool zoo_model = !extensions->model;
+  LOOM_ASSIGN_OR_RETURN(impl->graph, zoo_model ? models::build_model(config, impl->ops)
+                                               : extensions->model(config, impl->ops));
   LOOM_TRY(graph::verify(impl->graph, impl->ops));
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
-  LOOM_ASSIGN_OR_RETURN(models::SampleItems items, models::items_per_sample(config));
-  impl->items_per_sample = items.per_sample;
+  if (zoo_model) {  // a model built from code counts samples
+    LOOM_ASSIGN_OR_RETURN(models::SampleItems items, models::items_per_sample(config));
+    impl->items_per_sample = items.per_sample;
+  }
 
   const int64_t world_size = config.parallel.world_size();
-  if (world_size == 1 && !world) {
+  const auto& policies = extensions->policies;
+  if (plan)
+    LOOM_TRY(lower::check_plan_current(*plan, plan->source, config, lower::model_digest(impl->graph),
+                                       lower::code_fingerprint(impl->ops.types(), policies.names())));
+  if (world_size == 1 && !world && !plan) {
     impl->executor = std::make_unique<Executor>(impl->graph, impl->kernels,
                                                 static_cast<uint64_t>(config.run.seed));
     std::vector<bool> decay;
@@ -95,7 +113,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
     return resume(std::move(impl));
   }
 
-  LOOM_TRY(models::check_parallel(config));
+  if (zoo_model) LOOM_TRY(models::check_parallel(config));
+  if (!world && plan && world_size == 1) world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
   if (!world) {
     // A worker process among others on this machine takes its share of the cores.
     comm::configure_worker_threads();
@@ -108,13 +127,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                            ") = " + std::to_string(world_size) + " ranks, but " +
                                            std::to_string(world->size()) + " processes were started");
   impl->world = world;
-  LOOM_ASSIGN_OR_RETURN(impl->planned,
-                        planner::plan_graph(impl->graph, {config, world_size},
-                                            planner::PolicyRegistry::with_builtin_policies()));
-  lower::PathFinder paths;
-  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
-  LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths,
-                                                    order.empty() ? nullptr : &order));
+  if (plan) {
+    if (plan->world_size != world_size || static_cast<int64_t>(plan->lowered.programs.size()) != world_size)
+      return Error::at(plan->source, plan->source + ": the plan is for " + std::to_string(plan->world_size) +
+                                         " ranks, this run has " + std::to_string(world_size));
+    impl->planned = plan->graph;
+    impl->lowered = plan->lowered;
+    LOOM_TRY(lower::check_deadlock_free(impl->planned, impl->lowered));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(impl->planned, planner::plan_graph(impl->graph, {config, world_size}, policies));
+    lower::PathFinder paths;
+    LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
+    LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths,
+                                                      order.empty() ? nullptr : &order));
+  }
   LOOM_ASSIGN_OR_RETURN(impl->rank_exec,
                         RankExecutor::create(impl->planned, impl->lowered, world, impl->kernels,
                                              static_cast<uint64_t>(config.run.seed)));
@@ -128,6 +154,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
   auto start = std::chrono::steady_clock::now();
+  reset_peak_cpu_bytes();
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
   // Every rank reads the whole micro-batch (cheap) and cuts the pieces its ops read.
@@ -144,10 +171,14 @@ Result<StepStats> Trainer::step() {
     // The global norm counts each element once: replicated pieces share their square.
     const auto& params = s.rank_exec->parameters();
     const auto& replicas = s.rank_exec->parameter_replicas();
-    at::Tensor sq = at::zeros({}, at::kDouble);
+    // One norm per piece: no copy of a gradient (a double copy of a 150 MB embedding costs 600 MB).
+    double local = 0;
     for (size_t i = 0; i < params.size(); ++i)
-      if (params[i].grad().defined())
-        sq += params[i].grad().to(at::kDouble).pow(2).sum() / static_cast<double>(replicas[i]);
+      if (params[i].grad().defined()) {
+        const double n = params[i].grad().norm().item<double>();
+        local += n * n / static_cast<double>(replicas[i]);
+      }
+    at::Tensor sq = at::full({}, local, at::kDouble);
     LOOM_TRY(s.rank_exec->world().all_reduce(sq));
     norm = std::sqrt(sq.item<double>());
   } else {
@@ -175,6 +206,7 @@ Result<StepStats> Trainer::step() {
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   st.tokens_per_s = static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
+  st.peak_mem_bytes = peak_cpu_bytes();
   return st;
 }
 

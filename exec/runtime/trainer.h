@@ -13,10 +13,14 @@ namespace loom::runtime {
 
 class Executor;
 class RankExecutor;
+struct Extensions;
 }  // namespace loom::runtime
 namespace loom::comm {
 class Comm;
 }  // namespace loom::comm
+namespace loom::lower {
+struct PlanFile;
+}  // namespace loom::lower
 namespace loom::runtime {
 
 struct StepStats {
@@ -26,6 +30,7 @@ struct StepStats {
   double grad_norm = 0;    // before clipping
   double step_time_s = 0;
   double tokens_per_s = 0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
+  int64_t peak_mem_bytes = 0;  // most live CPU tensor bytes of this process during the step
 };
 
 class Trainer {
@@ -34,9 +39,13 @@ class Trainer {
   // model arguments, data file) is returned as an error naming the key or file.
   // With parallel.dp x tp x pp > 1 the trainer is one rank of a plan: it plans, lowers and runs
   // this rank's program over `world` (by default the Comm made from comm.* and the launcher's
-  // environment).
+  // environment). With `plan` (read from plan.json) the trainer runs exactly that plan's
+  // programs instead of planning, after refusing it when it is stale for this config and code.
+  // `extensions` adds user ops, kernels, policies and a model builder (exec/runtime/extensions.h).
   static Result<std::unique_ptr<Trainer>> create(const Config& config,
-                                                 std::shared_ptr<comm::Comm> world = nullptr);
+                                                 std::shared_ptr<comm::Comm> world = nullptr,
+                                                 const lower::PlanFile* plan = nullptr,
+                                                 std::shared_ptr<const Extensions> extensions = nullptr);
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples.

@@ -162,6 +162,117 @@ TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
                   "= 2, but the world size is 4");
 }
 
+TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
+  std::string config = write("c.yaml", base_config());
+  const std::string plan = (dir_ / "plan" / "plan.json").string();
+  Outcome made = run("plan " + config + " --out " + (dir_ / "plan").string());
+  ASSERT_EQ(made.code, 0) << made.output;
+  ASSERT_TRUE(fs::exists(plan));
+  // Keys a plan does not depend on may change; the run uses the plan as written.
+  Outcome ok = run("train " + config + " run.steps=2 optimizer.lr=0.01 --plan " + plan);
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "metrics.jsonl"));
+  fs::remove_all(dir_ / "run");
+
+  expect_rejected("train " + config + " batch.micro=2 --plan " + plan,
+                  plan + ": stale plan: batch.micro was 4 in the plan, is 2 now");
+  expect_rejected("train " + config + " --plan " + (dir_ / "missing.json").string(), "cannot read plan file");
+  std::ifstream in(plan);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string damaged = text.str();
+  damaged.replace(damaged.find("\"hash\":\""), 8, "\"hash\":\"f");
+  expect_rejected("train " + config + " --plan " + write("edited.json", damaged), "edited.json: stale plan");
+  expect_rejected("train " + config + " --plan " + write("cut.json", text.str().substr(0, 500)),
+                  "cut.json: not a loom plan");
+}
+
+// Every parallel-config rejection, through the binary: exit code 2 and the numbers named.
+TEST_F(Cli, ParallelConfigRejections) {
+  const std::string config = write("c.yaml", base_config());
+  const std::string plan = "plan " + config + " --out " + (dir_ / "run").string() + " ";
+  // dp x tp x pp must be the world size.
+  expect_rejected(plan + "parallel.tp=2 parallel.pp=2 --world-size 8",
+                  "parallel.dp (1) x parallel.tp (2) x parallel.pp (2) = 4, but the world size is 8");
+  // batch.global must split into micro-batches of batch.micro on each of the dp replicas.
+  expect_rejected(plan + "batch.global=10", "batch.global (10) must be divisible by batch.micro (4) x parallel.dp (1)");
+  expect_rejected(plan + "parallel.dp=4", "batch.global (8) must be divisible by batch.micro (4) x parallel.dp (4)");
+  // The interleaved schedule needs the micro-batches to be a multiple of the pipeline depth.
+  expect_rejected(plan + "model.args.layers=4 parallel.pp=2 parallel.chunks=2 parallel.schedule=interleaved "
+                         "batch.global=12",
+                  "(m: the micro-batches per step, batch.global 12 / (batch.micro 4 x parallel.dp 1) = 3; p: "
+                  "parallel.pp 2)");
+  // Tensor parallelism must divide the heads (and with them the hidden size), the MLP width and
+  // the vocabulary groups.
+  expect_rejected(plan + "parallel.tp=8", "tensor parallelism 8 needs model.preset (tiny) heads (4) to be divisible by 8");
+  expect_rejected(plan + "parallel.tp=2 model.args.ffn_hidden=130 parallel.tp=4",
+                  "model.args.ffn_hidden (130) to be divisible by 4");
+  expect_rejected(plan + "parallel.tp=2 model.args.vocab_groups=1",
+                  "tensor parallelism 2 needs model.args.vocab_groups (1) to be divisible by 2");
+  // The same checks guard loom train before anything is written.
+  expect_rejected("train " + config + " parallel.tp=3", "heads (4) to be divisible by 3");
+}
+
+// `loom plan` output for GPT tiny plans against golden files (tests/e2e/golden/plan-NAME/):
+// the summary, the schedule and every rank's program. LOOM_UPDATE_GOLDEN=1 rewrites them.
+void expect_plan_golden(Outcome (*run_loom)(const std::string&), const fs::path& dir, const std::string& name,
+                        const std::string& overrides, int world) {
+  const fs::path out = dir / ("plan-" + name);
+  Outcome r = run_loom("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml " + overrides + " --out " +
+                       out.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const fs::path golden = fs::path(LOOM_SOURCE_DIR) / "tests" / "e2e" / "golden" / ("plan-" + name);
+  std::vector<std::string> files = {"summary.txt"};
+  if (fs::exists(out / "schedule.csv")) files.push_back("schedule.csv");
+  for (int k = 0; k < world; ++k) files.push_back("programs/rank_" + std::to_string(k) + ".txt");
+  const bool update = std::getenv("LOOM_UPDATE_GOLDEN") != nullptr;
+  for (const auto& f : files) {
+    std::ifstream got_in(out / f);
+    std::stringstream got;
+    got << got_in.rdbuf();
+    if (update) {
+      fs::create_directories((golden / f).parent_path());
+      std::ofstream(golden / f) << got.str();
+      continue;
+    }
+    std::ifstream want_in(golden / f);
+    ASSERT_TRUE(want_in) << "missing golden file " << (golden / f) << " (run with LOOM_UPDATE_GOLDEN=1)";
+    std::stringstream want;
+    want << want_in.rdbuf();
+    EXPECT_EQ(got.str(), want.str()) << name << ": " << f << " differs from its golden file";
+  }
+  // The summary is also what the command printed.
+  std::ifstream summary(out / "summary.txt");
+  std::stringstream text;
+  text << summary.rdbuf();
+  EXPECT_NE(r.output.find(text.str()), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, PlanGoldenTp2Pp2) { expect_plan_golden(run, dir_, "tp2-pp2", "parallel.tp=2 parallel.pp=2", 4); }
+TEST_F(Cli, PlanGoldenDp2) { expect_plan_golden(run, dir_, "dp2", "parallel.dp=2", 2); }
+TEST_F(Cli, PlanGoldenTp2Sp) { expect_plan_golden(run, dir_, "tp2-sp", "parallel.tp=2 parallel.sp=true", 2); }
+
+TEST_F(Cli, PlanTimelineHasACommunicationTrack) {
+  Outcome r = run("plan " + write("c.yaml", base_config()) + " parallel.tp=2 parallel.pp=2 --out " +
+                  (dir_ / "plan").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(dir_ / "plan" / "timeline.json");
+  nlohmann::json trace = nlohmann::json::parse(in);
+  int comm = 0, blocks = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    const std::string cat = e.value("cat", "");
+    if (cat == "comm") {
+      ++comm;
+      EXPECT_EQ(e["tid"], 1);
+      EXPECT_GT(e["dur"].get<double>(), 0);
+    }
+    blocks += cat == "F" || cat == "B";
+  }
+  EXPECT_EQ(blocks, 2 * 2 * 2);  // 2 stages x 2 micro-batches x (F, B)
+  EXPECT_EQ(comm, blocks);       // tensor parallelism communicates in every block
+  EXPECT_NE(r.output.find("est. step time"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
                   "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");

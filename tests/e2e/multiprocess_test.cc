@@ -2,11 +2,11 @@
 // mpirun), GPT tiny, 10 steps; every rank's losses and parameter pieces against the
 // single-device run computed here. And a rank killed mid-step: the others stop within the
 // configured timeout, naming the collective and the rank.
-#include <filesystem>
-#include <fstream>
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "exec/runtime/executor.h"
@@ -34,7 +34,8 @@ const Reference& single_device() {
 model: {type: gpt, preset: tiny}
 batch: {global: 8, micro: 2}
 optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
-)", "ref.yaml");
+)",
+                          "ref.yaml");
     auto t = runtime::Trainer::create(*c);
     for (int i = 0; i < 10; ++i) ref.losses.push_back((*t)->step()->loss);
     for (const auto& tensor : (*t)->graph().tensors())
@@ -59,7 +60,8 @@ void check_outputs(const fs::path& dir, int world_size) {
     ASSERT_TRUE(idx) << "rank " << r << " wrote no results";
     nlohmann::json index = nlohmann::json::parse(idx);
     std::ifstream bin(dir / ("rank_" + std::to_string(r) + ".bin"), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(bin)), std::istreambuf_iterator<char>());
+    std::vector<char> bytes((std::istreambuf_iterator<char>(bin)),
+                            std::istreambuf_iterator<char>());
     const float* data = reinterpret_cast<const float*>(bytes.data());
     auto losses = index["losses"].get<std::vector<double>>();
     ASSERT_EQ(losses.size(), ref.losses.size());
@@ -72,15 +74,17 @@ void check_outputs(const fs::path& dir, int world_size) {
       graph::SubTensor piece;
       for (const auto& range : p["ranges"]) piece.ranges.push_back({range[0], range[1]});
       at::Tensor want = runtime::cut_piece(ref.params.at(name), piece);
-      at::Tensor got = at::from_blob(const_cast<float*>(data) + p["offset"].get<int64_t>(), want.sizes(),
-                                     at::kFloat);
-      double err = (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
+      at::Tensor got = at::from_blob(const_cast<float*>(data) + p["offset"].get<int64_t>(),
+                                     want.sizes(), at::kFloat);
+      double err =
+          (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
       EXPECT_LE(err, 1e-5) << "rank " << r << " " << name << piece.ranges_string();
     }
   }
 }
 
-void expect_gloo_equal(const std::string& name, const std::vector<std::string>& overrides, int world_size) {
+void expect_gloo_equal(const std::string& name, const std::vector<std::string>& overrides,
+                       int world_size) {
   fs::path dir = fresh_dir(name);
   std::vector<std::string> args = overrides;
   args.push_back("comm.backend=gloo");
@@ -105,7 +109,81 @@ TEST(GlooRanks, Dp2Tp2Pp2) {
   expect_gloo_equal("dp2tp2pp2", {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}, 8);
 }
 
-void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides, int world_size) {
+// `loom plan` writes plan.json; workers started with --plan run exactly it (no planning of
+// their own) and still match the single device.
+TEST(GlooRanks, Tp2Pp2FromPlanJson) {
+  fs::path dir = fresh_dir("tp2pp2_plan");
+  // The workers' config (train_worker.cc): the keys a plan is made from must match.
+  std::ofstream(dir / "worker.yaml")
+      << "model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n";
+  const std::string plan_cmd =
+      std::string(LOOM_BINARY_DIR) + "/bin/loom plan " + (dir / "worker.yaml").string() +
+      " parallel.tp=2 parallel.pp=2 --out " + (dir / "plan").string() + " > /dev/null";
+  ASSERT_EQ(std::system(plan_cmd.c_str()), 0);
+  auto results =
+      comm::testing::spawn_workers(kWorker, 4,
+                                   {"parallel.tp=2", "parallel.pp=2", "comm.backend=gloo", "--plan",
+                                    (dir / "plan" / "plan.json").string(), "--out", dir.string()},
+                                   120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  check_outputs(dir, 4);
+}
+
+// The memory `loom plan` estimates for each rank (summary.json) against the peak of live tensor
+// bytes the rank measured while training (its own process): within 15%.
+void expect_memory_estimate(const std::string& name, const std::vector<std::string>& overrides,
+                            int world_size) {
+  fs::path dir = fresh_dir("mem_" + name);
+  std::ofstream(dir / "worker.yaml")
+      << "model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n"
+         "optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: "
+         "1.0}\n";
+  std::string plan_cmd =
+      std::string(LOOM_BINARY_DIR) + "/bin/loom plan " + (dir / "worker.yaml").string();
+  for (const auto& o : overrides) plan_cmd += " " + o;
+  plan_cmd += " --no-plan-json --out " + (dir / "plan").string() + " > /dev/null";
+  ASSERT_EQ(std::system(plan_cmd.c_str()), 0);
+  std::ifstream summary_in(dir / "plan" / "summary.json");
+  nlohmann::json summary = nlohmann::json::parse(summary_in);
+
+  std::vector<std::string> args = overrides;
+  for (const char* a : {"comm.backend=gloo", "--steps", "3", "--out"}) args.push_back(a);
+  args.push_back(dir.string());
+  auto results = comm::testing::spawn_workers(kWorker, world_size, args, 120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  for (int r = 0; r < world_size; ++r) {
+    std::ifstream idx(dir / ("rank_" + std::to_string(r) + ".json"));
+    nlohmann::json index = nlohmann::json::parse(idx);
+    double measured = 0;
+    for (const auto& p : index["peak_mem_bytes"]) measured = std::max(measured, p.get<double>());
+    const double estimate = summary["ranks"][r]["peak_bytes"].get<double>();
+    EXPECT_GT(measured, 0) << "rank " << r;
+    EXPECT_LE(std::abs(estimate - measured) / measured, 0.15)
+        << name << " rank " << r << ": estimated " << estimate << " bytes, measured " << measured;
+  }
+}
+
+TEST(MemoryEstimate, Tp2) { expect_memory_estimate("tp2", {"parallel.tp=2"}, 2); }
+TEST(MemoryEstimate, Pp2) { expect_memory_estimate("pp2", {"parallel.pp=2"}, 2); }
+TEST(MemoryEstimate, Dp2) { expect_memory_estimate("dp2", {"parallel.dp=2"}, 2); }
+TEST(MemoryEstimate, Tp2Pp2) {
+  expect_memory_estimate("tp2pp2", {"parallel.tp=2", "parallel.pp=2"}, 4);
+}
+
+// gpt2-124m's widths with 2 layers and 32 tokens (the 50304-token vocabulary splits over tp):
+// parameters, the tied embedding's gradients and the optimizer dominate.
+const std::vector<std::string> k124m = {"model.preset=gpt2-124m", "model.args.layers=2", "model.args.seq=32",
+                                        "model.args.vocab=50304"};
+std::vector<std::string> with_124m(std::vector<std::string> plan) {
+  plan.insert(plan.begin(), k124m.begin(), k124m.end());
+  return plan;
+}
+TEST(MemoryEstimate, Gpt2Tp2) { expect_memory_estimate("124m_tp2", with_124m({"parallel.tp=2"}), 2); }
+TEST(MemoryEstimate, Gpt2Pp2) { expect_memory_estimate("124m_pp2", with_124m({"parallel.pp=2"}), 2); }
+TEST(MemoryEstimate, Gpt2Dp2) { expect_memory_estimate("124m_dp2", with_124m({"parallel.dp=2"}), 2); }
+
+void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides,
+                      int world_size) {
   if (comm::testing::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
   fs::path dir = fresh_dir("mpi_" + name);
   comm::testing::Launch launch;
@@ -124,9 +202,11 @@ TEST(MpiRanks, Tp2) { expect_mpi_equal("tp2", {"parallel.tp=2"}, 2); }
 TEST(MpiRanks, Pp2) { expect_mpi_equal("pp2", {"parallel.pp=2"}, 2); }
 
 TEST(Faults, AKilledRankStopsTheOthersWithinTheTimeout) {
-  auto results = comm::testing::spawn_workers(
-      kWorker, 2, {"parallel.dp=2", "comm.backend=gloo", "comm.timeout_s=4", "--die-at-step", "3", "--die-rank", "1"},
-      60);
+  auto results =
+      comm::testing::spawn_workers(kWorker, 2,
+                                   {"parallel.dp=2", "comm.backend=gloo", "comm.timeout_s=4",
+                                    "--die-at-step", "3", "--die-rank", "1"},
+                                   60);
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[1].signal, 9) << results[1].describe();
   const ProcessResult& survivor = results[0];

@@ -1,0 +1,20 @@
+// Live tensor bytes on the CPU, measured: an allocator that wraps LibTorch's CPU allocator and
+// counts bytes allocated minus bytes freed, with the peak since the last reset. LibTorch keeps
+// one allocator per device type for the whole process, so this is process-wide by nature: one
+// rank per process (loomrun, mpirun) measures one rank.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::runtime {
+
+// Puts the counting allocator in front of LibTorch's CPU allocator (once; later calls do
+// nothing). Tensors allocated before are not counted when freed.
+void track_cpu_memory();
+bool cpu_memory_tracked();
+
+int64_t live_cpu_bytes();
+int64_t peak_cpu_bytes();     // the most live bytes since the last reset
+void reset_peak_cpu_bytes();  // the peak restarts from the bytes live now
+
+}  // namespace loom::runtime

@@ -1,0 +1,157 @@
+#include "loom/loom.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "exec/lower/schedule_order.h"
+#include "exec/runtime/extensions.h"
+#include "exec/runtime/trainer.h"
+#include "loom/kernel.h"
+#include "models/model.h"
+#include "scheduler/csv.h"
+#include "scheduler/predefined.h"
+
+namespace loom {
+namespace {
+
+Status write_atomically(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Error::at(path.string(), "cannot write '" + tmp.string() + "'");
+    out << text;
+    out.flush();
+    if (!out) return Error::at(path.string(), "failed writing '" + tmp.string() + "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Error::at(path.string(), "cannot rename '" + tmp.string() + "': " + ec.message());
+  return Status::success();
+}
+
+Result<graph::Graph> build_single(const Config& config, const runtime::Extensions& ext) {
+  if (ext.model) return ext.model(config, ext.ops);
+  LOOM_ASSIGN_OR_RETURN(graph::Graph model, models::build_model(config, ext.ops));
+  if (config.parallel.world_size() > 1) LOOM_TRY(models::check_parallel(config));
+  return model;
+}
+
+}  // namespace
+
+Setup::Setup() : ext_(std::make_shared<runtime::Extensions>()) {}
+Setup::Setup(const Setup& other) : ext_(std::make_shared<runtime::Extensions>(*other.ext_)) {}
+Setup& Setup::operator=(const Setup& other) {
+  if (this != &other) ext_ = std::make_shared<runtime::Extensions>(*other.ext_);
+  return *this;
+}
+Setup::~Setup() = default;
+
+Status Setup::add_op(graph::OpSchema schema) { return ext_->ops.add(std::move(schema)); }
+Status Setup::add_policy(const std::string& name, planner::Policy policy) {
+  return ext_->policies.add(name, std::move(policy));
+}
+void Setup::set_model(ModelBuilder builder) { ext_->model = std::move(builder); }
+const graph::OpRegistry& Setup::ops() const { return ext_->ops; }
+const planner::PolicyRegistry& Setup::policies() const { return ext_->policies; }
+runtime::Extensions& Setup::extensions() { return *ext_; }
+std::shared_ptr<const runtime::Extensions> Setup::shared() const { return ext_; }
+
+Status add_kernel(Setup& setup, const std::string& type, Kernel kernel) {
+  if (!setup.ops().find(type))
+    return Error::at(
+        type, "kernel for op type '" + type + "', which is not registered (Setup::add_op first)");
+  return setup.extensions().kernels.add(type, std::move(kernel));
+}
+
+Result<lower::PlanFile> make_plan(const Config& config, const Setup& setup) {
+  const runtime::Extensions& ext = *setup.shared();
+  const int64_t world = config.parallel.world_size();
+  LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_single(config, ext));
+  lower::PlanFile plan;
+  plan.code_fingerprint = lower::code_fingerprint(ext.ops.types(), ext.policies.names());
+  plan.model_digest = lower::model_digest(model);
+  plan.hash = lower::plan_hash(config, plan.model_digest, plan.code_fingerprint);
+  plan.config_yaml = to_yaml(config);
+  plan.world_size = world;
+  plan.micro_batches = config.micro_batches();
+  LOOM_ASSIGN_OR_RETURN(plan.graph, planner::plan_graph(model, {config, world}, ext.policies));
+  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
+  lower::PathFinder paths;
+  LOOM_ASSIGN_OR_RETURN(plan.lowered, lower::lower(plan.graph, world, config.micro_batches(), paths,
+                                                   order.empty() ? nullptr : &order));
+  const auto& par = config.parallel;
+  if (par.pp > 1 || par.chunks > 1) {
+    auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
+    if (kind.ok()) {
+      auto schedule = sched::build_predefined(
+          *kind, sched::PipelineSpec::of(static_cast<int>(par.pp),
+                                         static_cast<int>(config.micro_batches()),
+                                         static_cast<int>(par.chunks)));
+      if (schedule.ok())
+        if (auto csv = sched::to_csv(*schedule); csv.ok()) plan.schedule_csv = *csv;
+    }
+  }
+  return plan;
+}
+
+Status write_plan(const lower::PlanFile& plan, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / "programs", ec);
+  if (ec) return Error::at(dir, "cannot create '" + dir + "': " + ec.message());
+  LOOM_ASSIGN_OR_RETURN(std::string json, lower::plan_to_json(plan));
+  LOOM_TRY(write_atomically(fs::path(dir) / "plan.json", json));
+  for (int64_t r = 0; r < plan.world_size; ++r)
+    LOOM_TRY(write_atomically(fs::path(dir) / "programs" / ("rank_" + std::to_string(r) + ".txt"),
+                              lower::listing(plan.graph, plan.lowered, Rank(r))));
+  return Status::success();
+}
+
+Trainer::Trainer(std::unique_ptr<runtime::Trainer> impl, Setup setup)
+    : impl_(std::move(impl)), setup_(std::move(setup)) {}
+Trainer::~Trainer() = default;
+
+Result<std::unique_ptr<Trainer>> Trainer::from_file(const std::string& config_path,
+                                                    const std::vector<std::string>& overrides,
+                                                    const Setup& setup) {
+  LOOM_ASSIGN_OR_RETURN(Config config, load_config(config_path, overrides));
+  return create(config, setup);
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, const Setup& setup) {
+  LOOM_ASSIGN_OR_RETURN(auto impl,
+                        runtime::Trainer::create(config, nullptr, nullptr, setup.shared()));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl), setup));
+}
+
+Result<StepStats> Trainer::step() {
+  LOOM_ASSIGN_OR_RETURN(runtime::StepStats s, impl_->step());
+  StepStats out{s.step, s.loss, s.lr, s.grad_norm, s.step_time_s, s.tokens_per_s, s.peak_mem_bytes};
+  for (const auto& hook : hooks_) hook(out);
+  return out;
+}
+
+Status Trainer::fit(int64_t steps) {
+  const int64_t until = steps < 0 ? impl_->config().run.steps : impl_->steps_done() + steps;
+  while (impl_->steps_done() < until) LOOM_TRY(step());
+  return Status::success();
+}
+
+void Trainer::on_step(std::function<void(const StepStats&)> hook) {
+  hooks_.push_back(std::move(hook));
+}
+
+Result<lower::PlanFile> Trainer::plan() const { return make_plan(impl_->config(), setup_); }
+
+Status Trainer::dump_plan(const std::string& dir) const {
+  LOOM_ASSIGN_OR_RETURN(lower::PlanFile plan, this->plan());
+  return write_plan(plan, dir);
+}
+
+int64_t Trainer::rank() const { return impl_->rank(); }
+int64_t Trainer::world_size() const { return impl_->config().parallel.world_size(); }
+int64_t Trainer::steps_done() const { return impl_->steps_done(); }
+const Config& Trainer::config() const { return impl_->config(); }
+
+}  // namespace loom

@@ -1,0 +1,88 @@
+// The embedding API in-process: a trainer from a config file with step hooks, fit, plan and
+// dump_plan; user additions that are refused name what is wrong; a Setup copy is independent.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "loom/kernel.h"
+#include "loom/loom.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path config_file() {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_api_test";
+  fs::create_directories(dir);
+  std::ofstream(dir / "c.yaml")
+      << "run: {steps: 3}\nmodel: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 4}\n";
+  return dir / "c.yaml";
+}
+
+TEST(Api, FitRunsTheStepsAndCallsEveryHook) {
+  auto trainer = Trainer::from_file(config_file().string());
+  ASSERT_TRUE(trainer.ok()) << trainer.error().message;
+  std::vector<int64_t> seen;
+  std::vector<double> losses;
+  (*trainer)->on_step([&](const StepStats& s) { seen.push_back(s.step); });
+  (*trainer)->on_step([&](const StepStats& s) { losses.push_back(s.loss); });
+  ASSERT_TRUE((*trainer)->fit().ok());
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_GT(losses[0], 0);
+  ASSERT_TRUE((*trainer)->fit(2).ok());  // two more
+  EXPECT_EQ((*trainer)->steps_done(), 5);
+  EXPECT_EQ(seen.back(), 5);
+}
+
+TEST(Api, PlanAndDumpPlanMatchTheConfig) {
+  auto trainer = Trainer::from_file(config_file().string(), {"run.steps=1"});
+  ASSERT_TRUE(trainer.ok()) << trainer.error().message;
+  auto plan = (*trainer)->plan();
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(plan->world_size, 1);
+  EXPECT_EQ(plan->micro_batches, 2);
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_api_plan";
+  fs::remove_all(dir);
+  ASSERT_TRUE((*trainer)->dump_plan(dir.string()).ok());
+  auto back = lower::load_plan_file((dir / "plan.json").string());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->hash, plan->hash);
+  EXPECT_TRUE(fs::exists(dir / "programs" / "rank_0.txt"));
+  // A config the plan was not made for: the plan is stale.
+  auto other = make_plan(
+      *parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n", "x.yaml"));
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->hash, plan->hash);
+}
+
+TEST(Api, RefusedAdditionsSayWhy) {
+  loom::Setup setup;
+  Status s = add_kernel(setup, "swish",
+                        [](const KernelContext&, const std::vector<at::Tensor>& in) { return in; });
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("'swish', which is not registered"), std::string::npos)
+      << s.error().message;
+  EXPECT_FALSE(
+      setup.add_op(graph::OpSchema::simple("linear", "m k+, k+ n -> m n")).ok());  // built in
+  ASSERT_TRUE(setup.add_op(graph::OpSchema::simple("swish", "b s h -> b s h")).ok());
+  loom::Setup copy = setup;
+  ASSERT_TRUE(copy.add_op(graph::OpSchema::simple("mish", "b s h -> b s h")).ok());
+  EXPECT_NE(copy.ops().find("mish"), nullptr);
+  EXPECT_EQ(setup.ops().find("mish"), nullptr);  // copies share nothing
+  // A model builder that does not produce the trainer's inputs is an error, not a crash.
+  setup.set_model([](const Config&, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+    graph::GraphBuilder b(ops, "empty");
+    auto x = b.input("x", {}, DType::kFloat32);
+    b.set_loss(x);
+    return b.finish();
+  });
+  auto trainer = Trainer::from_file(config_file().string(), {}, setup);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.error().message.find("tokens"), std::string::npos) << trainer.error().message;
+}
+
+}  // namespace
+}  // namespace loom
