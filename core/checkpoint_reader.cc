@@ -138,18 +138,9 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
   }
   const int64_t elem = safetensors_dtype_size(dtype);
   if (elem == 0) return Error::at(tensor, what + " has unknown dtype '" + dtype + "'");
-  // A region bigger than everything stored cannot be covered; fail before allocating it.
-  uint64_t stored = 0, file_bytes = 0;
-  for (const auto& s : manifest_.slices)
-    if (s.tensor == tensor && s.kind == kind && s.value_chunks == 1)
-      stored += static_cast<uint64_t>(numel(s.shape()));
-  for (const auto& f : manifest_.files) file_bytes += f.bytes;
-  if (static_cast<uint64_t>(count) > stored || static_cast<uint64_t>(count * elem) > file_bytes)
-    return Error::at(
-        tensor, what + ": only " + std::to_string(stored) + " of the " + std::to_string(count) +
-                    " elements needed are stored (a missing shard, or only value-partial pieces)");
-  std::string out(static_cast<size_t>(count * elem), '\0');
-  std::vector<unsigned char> covered(static_cast<size_t>(count), 0);
+  // The overlapping slices, each checked against its shard (CRC-32, format, key, shape) first.
+  std::vector<std::pair<const CheckpointSlice*, std::string_view>> sources;
+  uint64_t stored = 0;  // elements those shards really hold: bounds the allocation below
   for (const auto& s : manifest_.slices) {
     if (s.tensor != tensor || s.kind != kind || s.value_chunks != 1) continue;
     if (s.global != global || s.dtype != dtype)
@@ -169,8 +160,17 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
       return Error::at(file, "tensor '" + s.key + "' in shard '" + file + "' has shape " +
                                  to_string(t->shape) + " " + t->dtype + " but the manifest says " +
                                  to_string(s.shape()) + " " + dtype);
-    copy_overlap(f->data(*t).data(), s.ranges, out.data(), ranges, elem, covered.data());
+    sources.emplace_back(&s, f->data(*t));
+    stored += static_cast<uint64_t>(numel(t->shape));
   }
+  if (static_cast<uint64_t>(count) > stored)
+    return Error::at(
+        tensor, what + ": only " + std::to_string(stored) + " of the " + std::to_string(count) +
+                    " elements needed are stored (a missing shard, or only value-partial pieces)");
+  std::string out(static_cast<size_t>(count * elem), '\0');
+  std::vector<unsigned char> covered(static_cast<size_t>(count), 0);
+  for (const auto& [s, data] : sources)
+    copy_overlap(data.data(), s->ranges, out.data(), ranges, elem, covered.data());
   if (std::find(covered.begin(), covered.end(), 0) != covered.end())
     return Error::at(tensor,
                      what +

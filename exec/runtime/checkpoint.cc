@@ -219,6 +219,14 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
     if (!t.graph->find_tensor(name))
       return Error::at(name, where + " holds parameter '" + name +
                                  "', which the model does not have (another model?)");
+  // The trainer reads sample step * batch.global next: another batch size would skip or repeat
+  // data.
+  if (m.samples_seen != m.step * config.batch.global)
+    return config.error(
+        "batch.global",
+        where + " was saved after " + std::to_string(m.samples_seen) + " samples at step " +
+            std::to_string(m.step) + "; batch.global " + std::to_string(config.batch.global) +
+            " would resume at another data position (use the batch.global it was saved with)");
   const bool with_optimizer = t.optimizer != nullptr;
   if (with_optimizer && m.optimizer != t.optimizer->type())
     return config.error("optimizer.type", where + " was saved with optimizer " + m.optimizer +

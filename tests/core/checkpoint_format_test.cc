@@ -88,7 +88,9 @@ TEST(SafeTensors, MalformedFilesNameTheFileAndProblem) {
 class Reader : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / "loom_reader_test";
+    dir_ = fs::path(::testing::TempDir()) /
+           ("loom_reader_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     for (int r = 0; r < 2; ++r) {
@@ -143,7 +145,7 @@ TEST_F(Reader, ARegionStoredNowhereOrOnlyAsPartialSumsIsAnError) {
 }
 
 TEST_F(Reader, LatestIsTheNewestCompleteCheckpoint) {
-  const fs::path root = dir_.parent_path() / "loom_reader_latest";
+  const fs::path root = dir_ / "root";
   fs::remove_all(root);
   fs::create_directories(root / checkpoint_dir_name(3));
   fs::create_directories(root / checkpoint_dir_name(9));  // no manifest: incomplete

@@ -300,7 +300,7 @@ void expect_resume_matches(const fs::path& root, const std::vector<double>& want
 class CheckpointWriterKilled : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fresh_dir("writer_killed");
+    dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     config_ = dir_ / "run.yaml";
     std::ofstream(config_) << kYaml;
     auto c = parse_config(kYaml, "ref.yaml", {"model.args.layers=2"});
