@@ -35,6 +35,25 @@ TEST(Crc32, CheckValue) {
   EXPECT_EQ(crc32(std::string_view("6789"), crc32(std::string_view("12345"))), 0xCBF43926u);
 }
 
+TEST(Crc32, EightBytesAtATimeEqualsBitByBit) {
+  auto bitwise = [](const std::string& s) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (unsigned char b : s) {
+      c ^= b;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+  };
+  std::string data;
+  uint32_t x = 12345;
+  for (int i = 0; i < 1000; ++i)
+    data.push_back(static_cast<char>((x = x * 1103515245u + 12345u) >> 24));
+  for (size_t len : {0, 1, 7, 8, 9, 63, 64, 65, 999})
+    for (size_t off : {0, 1, 3})
+      EXPECT_EQ(crc32(std::string_view(data).substr(off, len)), bitwise(data.substr(off, len)))
+          << len << " " << off;
+}
+
 TEST(SafeTensors, RoundTrip) {
   SafeTensorsWriter w;
   w.add("a", "F32", {2, 3}, floats({0, 1, 2, 3, 4, 5}));
