@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/checkpoint_merge.h"
 #include "core/crc32.h"
 #include "core/durable_file.h"
 
@@ -14,6 +15,20 @@ namespace fs = std::filesystem;
 Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
   const fs::path manifest_path = dir / kManifestName;
   std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) {  // a merged, plan-free checkpoint
+    LOOM_ASSIGN_OR_RETURN(std::string bytes, read_whole_file(dir));
+    const uint64_t size = bytes.size();
+    const uint32_t crc = crc32(bytes);
+    LOOM_ASSIGN_OR_RETURN(SafeTensorsFile f,
+                          SafeTensorsFile::parse(std::move(bytes), dir.string()));
+    LOOM_ASSIGN_OR_RETURN(CheckpointManifest m,
+                          merged_manifest(f, dir.filename().string(), size, crc, dir.string()));
+    CheckpointReader r;
+    r.dir_ = dir.parent_path();
+    r.manifest_ = std::move(m);
+    r.shards_[dir.filename().string()] = std::make_shared<SafeTensorsFile>(std::move(f));
+    return r;
+  }
   if (!fs::is_directory(dir, ec))
     return Error::at(dir.string(), "checkpoint '" + dir.string() + "' is not a directory");
   if (!fs::exists(manifest_path, ec))

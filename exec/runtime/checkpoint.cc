@@ -107,11 +107,13 @@ Result<fs::path> resume_path(const Config& config) {
   if (r == "none") return fs::path();
   if (r == "latest") return latest_checkpoint(checkpoint_root(config));
   std::error_code ec;
+  if (fs::is_regular_file(r, ec)) return fs::path(r);  // a merged checkpoint
   if (!fs::is_directory(r, ec))
-    return config.error("checkpoint.resume",
-                        "checkpoint.resume: '" + r +
-                            "' is not a checkpoint directory "
-                            "(use none, latest, or the path of a step_N directory)");
+    return config.error(
+        "checkpoint.resume",
+        "checkpoint.resume: '" + r +
+            "' is not a checkpoint (use none, latest, a step_N directory, a checkpoint "
+            "root, or a merged .safetensors file)");
   // The root of a run's checkpoints resumes from its newest.
   if (!fs::exists(fs::path(r) / kManifestName, ec)) {
     fs::path latest = latest_checkpoint(r);

@@ -149,6 +149,28 @@ TEST_F(Reader, AssemblesAnyRegionFromTheOverlappingShards) {
     for (int j = 0; j < 6; ++j) EXPECT_EQ(all[static_cast<size_t>(6 * i + j)], 10 * i + j);
 }
 
+TEST_F(Reader, AMergedFileIsACheckpointToo) {
+  auto r = CheckpointReader::open(dir_);
+  ASSERT_TRUE(r.ok());
+  auto merged = merge_checkpoint(*r);
+  ASSERT_TRUE(merged.ok());
+  ASSERT_TRUE(write_file_durably(dir_ / "merged.safetensors", *merged).ok());
+  auto m = CheckpointReader::open(dir_ / "merged.safetensors");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto rows = m->read("w", kSliceParam, {{1, 3}, {2, 5}});
+  ASSERT_TRUE(rows.ok()) << rows.error().message;
+  EXPECT_EQ(as_floats(*rows), (std::vector<float>{12, 13, 14, 22, 23, 24}));
+  // A safetensors file that loom did not merge is refused, naming it.
+  SafeTensorsWriter foreign;
+  foreign.add("w", "F32", {1}, floats({1}));
+  ASSERT_TRUE(write_file_durably(dir_ / "foreign.safetensors", foreign.finish()).ok());
+  auto f = CheckpointReader::open(dir_ / "foreign.safetensors");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("foreign.safetensors"), std::string::npos) << f.error().message;
+  EXPECT_NE(f.error().message.find("not a merged loom checkpoint"), std::string::npos)
+      << f.error().message;
+}
+
 TEST_F(Reader, ARegionStoredNowhereOrOnlyAsPartialSumsIsAnError) {
   m_.slices[1].value_chunks = 2;
   write_manifest();

@@ -210,6 +210,15 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
   }
   EXPECT_EQ(tensors.size(), static_cast<size_t>(2 * params));  // parameters and momentum (sgd)
 
+  // The merged file is a checkpoint too: one rank resumes from it with the uninterrupted losses.
+  auto from_merged = parse_config(kYaml, "merged.yaml", {"checkpoint.resume=" + out.string()});
+  auto resumed = runtime::Trainer::create(*from_merged);
+  ASSERT_TRUE(resumed.ok()) << resumed.error().message;
+  ASSERT_EQ((*resumed)->steps_done(), 5);
+  std::map<int64_t, double> losses;
+  for (int64_t s = 6; s <= 10; ++s) losses[s] = (*resumed)->step()->loss;
+  expect_equal_losses(losses, 6, 10, 1e-6, "resumed from the merged file");
+
   comm::testing::Launch inspect;
   inspect.argv = {kLoom, "checkpoint", "inspect", ckpt.string()};
   auto listing = comm::testing::run_processes({inspect}, 60)[0];
