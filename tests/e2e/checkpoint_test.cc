@@ -5,6 +5,7 @@
 // with a safetensors reader written here. The writer killed at every
 // point of writing, and at random instants, leaves the previous checkpoint loadable.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -309,6 +310,8 @@ void expect_resume_matches(const fs::path& root, const std::vector<double>& want
 class CheckpointWriterKilled : public testing::Test {
  protected:
   void SetUp() override {
+    // One intra-op thread, as the `loom train` processes use: then the same plan is bitwise equal.
+    at::set_num_threads(1);
     dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     config_ = dir_ / "run.yaml";
     std::ofstream(config_) << kYaml;
