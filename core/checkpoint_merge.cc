@@ -1,11 +1,58 @@
 #include "core/checkpoint_merge.h"
 
+#include <cerrno>
+#include <cstdlib>
+
 #include "core/safetensors.h"
 
 namespace loom {
 
 std::string merged_name(const std::string& kind, const std::string& name) {
   return kind == kSliceParam ? name : "optimizer." + kind + "." + name;
+}
+
+Result<CheckpointManifest> merged_manifest(const SafeTensorsFile& file, const std::string& name,
+                                           uint64_t bytes, uint32_t crc, const std::string& path) {
+  const auto& meta = file.metadata();
+  auto bad = [&](const std::string& what) {
+    return Error::at(path, "'" + path + "' is not a merged loom checkpoint: " + what);
+  };
+  if (!meta.count("format") || meta.at("format") != "loom-merged")
+    return bad("__metadata__.format is not loom-merged");
+  auto integer = [&](const char* key) -> Result<int64_t> {
+    auto it = meta.find(key);
+    if (it == meta.end()) return bad(std::string("__metadata__.") + key + " is missing");
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(it->second.c_str(), &end, 10);
+    if (errno != 0 || it->second.empty() || *end != '\0' || v < 0)
+      return bad(std::string("__metadata__.") + key + " is not a non-negative integer");
+    return static_cast<int64_t>(v);
+  };
+  CheckpointManifest m;
+  LOOM_ASSIGN_OR_RETURN(m.step, integer("step"));
+  LOOM_ASSIGN_OR_RETURN(m.samples_seen, integer("samples_seen"));
+  LOOM_ASSIGN_OR_RETURN(m.seed, integer("seed"));
+  LOOM_ASSIGN_OR_RETURN(m.optimizer_steps, integer("optimizer_steps"));
+  m.optimizer = meta.count("optimizer") ? meta.at("optimizer") : "";
+  m.config_yaml = meta.count("config") ? meta.at("config") : "";
+  m.plan = "merged";
+  m.files.push_back({name, bytes, crc});
+  for (const auto& t : file.tensors()) {
+    std::string kind = kSliceParam, tensor = t.name;
+    for (const char* k : {kSliceExpAvgSq, kSliceExpAvg}) {
+      const std::string prefix = "optimizer." + std::string(k) + ".";
+      if (t.name.rfind(prefix, 0) == 0) {
+        kind = k;
+        tensor = t.name.substr(prefix.size());
+        break;
+      }
+    }
+    SliceRanges all;
+    for (int64_t d : t.shape) all.emplace_back(0, d);
+    m.slices.push_back({tensor, kind, t.dtype, t.shape, all, 0, 1, name, t.name});
+  }
+  return m;
 }
 
 Result<std::string> merge_checkpoint(CheckpointReader& reader) {

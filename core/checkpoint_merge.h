@@ -6,6 +6,7 @@
 
 #include "core/checkpoint_reader.h"
 #include "core/result.h"
+#include "core/safetensors.h"
 
 namespace loom {
 
@@ -15,6 +16,12 @@ namespace loom {
 // plan it was saved under and the resolved config. Fails naming the tensor and file when a
 // shard is corrupt or a tensor is incomplete.
 Result<std::string> merge_checkpoint(CheckpointReader& reader);
+
+// The manifest of a merged file (for resuming from one): one full slice per tensor, in file
+// `name` of `bytes` bytes with CRC-32 `crc`. Fails naming the file when it is no merged loom
+// checkpoint.
+Result<CheckpointManifest> merged_manifest(const SafeTensorsFile& file, const std::string& name,
+                                           uint64_t bytes, uint32_t crc, const std::string& path);
 
 // Name of optimizer state `kind` of parameter `name` in a merged file.
 std::string merged_name(const std::string& kind, const std::string& name);

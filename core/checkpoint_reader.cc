@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/checkpoint_merge.h"
 #include "core/crc32.h"
 #include "core/durable_file.h"
 
@@ -14,6 +15,20 @@ namespace fs = std::filesystem;
 Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
   const fs::path manifest_path = dir / kManifestName;
   std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) {  // a merged, plan-free checkpoint
+    LOOM_ASSIGN_OR_RETURN(std::string bytes, read_whole_file(dir));
+    const uint64_t size = bytes.size();
+    const uint32_t crc = crc32(bytes);
+    LOOM_ASSIGN_OR_RETURN(SafeTensorsFile f,
+                          SafeTensorsFile::parse(std::move(bytes), dir.string()));
+    LOOM_ASSIGN_OR_RETURN(CheckpointManifest m,
+                          merged_manifest(f, dir.filename().string(), size, crc, dir.string()));
+    CheckpointReader r;
+    r.dir_ = dir.parent_path();
+    r.manifest_ = std::move(m);
+    r.shards_[dir.filename().string()] = std::make_shared<SafeTensorsFile>(std::move(f));
+    return r;
+  }
   if (!fs::is_directory(dir, ec))
     return Error::at(dir.string(), "checkpoint '" + dir.string() + "' is not a directory");
   if (!fs::exists(manifest_path, ec))
@@ -138,18 +153,9 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
   }
   const int64_t elem = safetensors_dtype_size(dtype);
   if (elem == 0) return Error::at(tensor, what + " has unknown dtype '" + dtype + "'");
-  // A region bigger than everything stored cannot be covered; fail before allocating it.
-  uint64_t stored = 0, file_bytes = 0;
-  for (const auto& s : manifest_.slices)
-    if (s.tensor == tensor && s.kind == kind && s.value_chunks == 1)
-      stored += static_cast<uint64_t>(numel(s.shape()));
-  for (const auto& f : manifest_.files) file_bytes += f.bytes;
-  if (static_cast<uint64_t>(count) > stored || static_cast<uint64_t>(count * elem) > file_bytes)
-    return Error::at(
-        tensor, what + ": only " + std::to_string(stored) + " of the " + std::to_string(count) +
-                    " elements needed are stored (a missing shard, or only value-partial pieces)");
-  std::string out(static_cast<size_t>(count * elem), '\0');
-  std::vector<unsigned char> covered(static_cast<size_t>(count), 0);
+  // The overlapping slices, each checked against its shard (CRC-32, format, key, shape) first.
+  std::vector<std::pair<const CheckpointSlice*, std::string_view>> sources;
+  uint64_t stored = 0;  // elements those shards really hold: bounds the allocation below
   for (const auto& s : manifest_.slices) {
     if (s.tensor != tensor || s.kind != kind || s.value_chunks != 1) continue;
     if (s.global != global || s.dtype != dtype)
@@ -169,8 +175,17 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
       return Error::at(file, "tensor '" + s.key + "' in shard '" + file + "' has shape " +
                                  to_string(t->shape) + " " + t->dtype + " but the manifest says " +
                                  to_string(s.shape()) + " " + dtype);
-    copy_overlap(f->data(*t).data(), s.ranges, out.data(), ranges, elem, covered.data());
+    sources.emplace_back(&s, f->data(*t));
+    stored += static_cast<uint64_t>(numel(t->shape));
   }
+  if (static_cast<uint64_t>(count) > stored)
+    return Error::at(
+        tensor, what + ": only " + std::to_string(stored) + " of the " + std::to_string(count) +
+                    " elements needed are stored (a missing shard, or only value-partial pieces)");
+  std::string out(static_cast<size_t>(count * elem), '\0');
+  std::vector<unsigned char> covered(static_cast<size_t>(count), 0);
+  for (const auto& [s, data] : sources)
+    copy_overlap(data.data(), s->ranges, out.data(), ranges, elem, covered.data());
   if (std::find(covered.begin(), covered.end(), 0) != covered.end())
     return Error::at(tensor,
                      what +

@@ -19,7 +19,7 @@ namespace loom {
 class CheckpointReader {
  public:
   // Reads and validates `dir`/manifest.json; every listed shard must exist with its size.
-  // Errors name the file.
+  // `dir` may also be a merged safetensors file (`loom checkpoint merge`). Errors name the file.
   static Result<CheckpointReader> open(const std::filesystem::path& dir);
 
   const CheckpointManifest& manifest() const { return manifest_; }

@@ -343,6 +343,11 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
 
   // Relations between keys.
   const auto& b = config.batch;
+  const auto& p = config.parallel;
+  int64_t product = 0;
+  if (__builtin_mul_overflow(p.dp, p.tp, &product) || __builtin_mul_overflow(product, p.pp, &product) ||
+      __builtin_mul_overflow(b.micro, p.dp, &product))
+    return config.error("parallel.dp", "parallel.dp x tp x pp, or batch.micro x parallel.dp, is too large");
   if (b.global % (b.micro * config.parallel.dp) != 0)
     return config.error("batch.global", "batch.global (" + std::to_string(b.global) +
                                             ") must be divisible by batch.micro (" +

@@ -1,11 +1,11 @@
 #include "core/durable_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 namespace loom {
 namespace {
@@ -65,10 +65,26 @@ Status write_file_durably(const std::filesystem::path& path, std::string_view co
 }
 
 Result<std::string> read_whole_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error::at(path.string(), "cannot open '" + path.string() + "'");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return Error::at(path.string(), "cannot read '" + path.string() + "'");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return os_error(path, "cannot open");
+  std::string bytes;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Error e = os_error(path, "cannot read");
+      ::close(fd);
+      return e;
+    }
+    if (n == 0) break;
+    if (bytes.empty()) {  // one allocation for the usual case of a regular file
+      struct stat st {};
+      if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+    }
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
   return bytes;
 }
 

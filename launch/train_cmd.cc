@@ -32,14 +32,14 @@ int bad_input(const std::string& message) {
   return kExitBadInput;
 }
 
-std::string format_duration(double seconds) {
+[[maybe_unused]] std::string format_duration(double seconds) {
   long s = std::lround(std::max(0.0, seconds));
   char buf[32];
   std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
   return buf;
 }
 
-std::string format_rate(double per_s) {
+[[maybe_unused]] std::string format_rate(double per_s) {
   char buf[32];
   if (per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", per_s / 1e6);
   else if (per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);

@@ -107,11 +107,13 @@ Result<fs::path> resume_path(const Config& config) {
   if (r == "none") return fs::path();
   if (r == "latest") return latest_checkpoint(checkpoint_root(config));
   std::error_code ec;
+  if (fs::is_regular_file(r, ec)) return fs::path(r);  // a merged checkpoint
   if (!fs::is_directory(r, ec))
-    return config.error("checkpoint.resume",
-                        "checkpoint.resume: '" + r +
-                            "' is not a checkpoint directory "
-                            "(use none, latest, or the path of a step_N directory)");
+    return config.error(
+        "checkpoint.resume",
+        "checkpoint.resume: '" + r +
+            "' is not a checkpoint (use none, latest, a step_N directory, a checkpoint "
+            "root, or a merged .safetensors file)");
   // The root of a run's checkpoints resumes from its newest.
   if (!fs::exists(fs::path(r) / kManifestName, ec)) {
     fs::path latest = latest_checkpoint(r);
@@ -219,6 +221,14 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
     if (!t.graph->find_tensor(name))
       return Error::at(name, where + " holds parameter '" + name +
                                  "', which the model does not have (another model?)");
+  // The trainer reads sample step * batch.global next: another batch size would skip or repeat
+  // data.
+  if (m.samples_seen != m.step * config.batch.global)
+    return config.error(
+        "batch.global",
+        where + " was saved after " + std::to_string(m.samples_seen) + " samples at step " +
+            std::to_string(m.step) + "; batch.global " + std::to_string(config.batch.global) +
+            " would resume at another data position (use the batch.global it was saved with)");
   const bool with_optimizer = t.optimizer != nullptr;
   if (with_optimizer && m.optimizer != t.optimizer->type())
     return config.error("optimizer.type", where + " was saved with optimizer " + m.optimizer +

@@ -35,6 +35,25 @@ TEST(Crc32, CheckValue) {
   EXPECT_EQ(crc32(std::string_view("6789"), crc32(std::string_view("12345"))), 0xCBF43926u);
 }
 
+TEST(Crc32, EightBytesAtATimeEqualsBitByBit) {
+  auto bitwise = [](const std::string& s) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (unsigned char b : s) {
+      c ^= b;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+  };
+  std::string data;
+  uint32_t x = 12345;
+  for (int i = 0; i < 1000; ++i)
+    data.push_back(static_cast<char>((x = x * 1103515245u + 12345u) >> 24));
+  for (size_t len : {0, 1, 7, 8, 9, 63, 64, 65, 999})
+    for (size_t off : {0, 1, 3})
+      EXPECT_EQ(crc32(std::string_view(data).substr(off, len)), bitwise(data.substr(off, len)))
+          << len << " " << off;
+}
+
 TEST(SafeTensors, RoundTrip) {
   SafeTensorsWriter w;
   w.add("a", "F32", {2, 3}, floats({0, 1, 2, 3, 4, 5}));
@@ -88,7 +107,9 @@ TEST(SafeTensors, MalformedFilesNameTheFileAndProblem) {
 class Reader : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / "loom_reader_test";
+    dir_ = fs::path(::testing::TempDir()) /
+           ("loom_reader_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     for (int r = 0; r < 2; ++r) {
@@ -128,6 +149,28 @@ TEST_F(Reader, AssemblesAnyRegionFromTheOverlappingShards) {
     for (int j = 0; j < 6; ++j) EXPECT_EQ(all[static_cast<size_t>(6 * i + j)], 10 * i + j);
 }
 
+TEST_F(Reader, AMergedFileIsACheckpointToo) {
+  auto r = CheckpointReader::open(dir_);
+  ASSERT_TRUE(r.ok());
+  auto merged = merge_checkpoint(*r);
+  ASSERT_TRUE(merged.ok());
+  ASSERT_TRUE(write_file_durably(dir_ / "merged.safetensors", *merged).ok());
+  auto m = CheckpointReader::open(dir_ / "merged.safetensors");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto rows = m->read("w", kSliceParam, {{1, 3}, {2, 5}});
+  ASSERT_TRUE(rows.ok()) << rows.error().message;
+  EXPECT_EQ(as_floats(*rows), (std::vector<float>{12, 13, 14, 22, 23, 24}));
+  // A safetensors file that loom did not merge is refused, naming it.
+  SafeTensorsWriter foreign;
+  foreign.add("w", "F32", {1}, floats({1}));
+  ASSERT_TRUE(write_file_durably(dir_ / "foreign.safetensors", foreign.finish()).ok());
+  auto f = CheckpointReader::open(dir_ / "foreign.safetensors");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("foreign.safetensors"), std::string::npos) << f.error().message;
+  EXPECT_NE(f.error().message.find("not a merged loom checkpoint"), std::string::npos)
+      << f.error().message;
+}
+
 TEST_F(Reader, ARegionStoredNowhereOrOnlyAsPartialSumsIsAnError) {
   m_.slices[1].value_chunks = 2;
   write_manifest();
@@ -143,7 +186,7 @@ TEST_F(Reader, ARegionStoredNowhereOrOnlyAsPartialSumsIsAnError) {
 }
 
 TEST_F(Reader, LatestIsTheNewestCompleteCheckpoint) {
-  const fs::path root = dir_.parent_path() / "loom_reader_latest";
+  const fs::path root = dir_ / "root";
   fs::remove_all(root);
   fs::create_directories(root / checkpoint_dir_name(3));
   fs::create_directories(root / checkpoint_dir_name(9));  // no manifest: incomplete

@@ -102,7 +102,7 @@ TEST(Fuzz, SafeTensorsAndManifest) {
 // A two-shard checkpoint on disk with one file mutated per iteration; the CRC is updated half
 // of the time so the safetensors parser and the region assembly are reached too.
 TEST(Fuzz, CheckpointDirectory) {
-  const fs::path dir = fs::path(::testing::TempDir()) / "loom_fuzz_ckpt";
+  const fs::path dir = fs::path(::testing::TempDir()) / "loom_fuzz_checkpoint_directory";
   fs::remove_all(dir);
   fs::create_directories(dir);
   CheckpointManifest m;

@@ -165,6 +165,10 @@ TEST_F(Checkpoint, AnotherOptimizer) {
   expect_refused({"optimizer.type", "adamw", "sgd"}, {"optimizer.type=sgd"});
 }
 
+TEST_F(Checkpoint, AnotherBatchSizeWouldMoveTheDataPosition) {
+  expect_refused({"batch.global", "12 samples"}, {"batch.global=8"});
+}
+
 TEST_F(Checkpoint, ASliceStoredNowhere) {
   auto j = manifest();
   nlohmann::json kept = nlohmann::json::array();

@@ -1,0 +1,95 @@
+// Checkpoint cost against baselines measured in the same run, one process: a save (shard,
+// index and manifest, each fsynced, plus pruning) against a training step and against one
+// durable write of the same number of bytes; a resume (Trainer::create with checkpoint.resume)
+// against Trainer::create without one. Medians of several repetitions.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/durable_file.h"
+#include "exec/runtime/trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+double seconds(F f) {
+  auto start = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+uint64_t dir_bytes(const fs::path& dir) {
+  uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) n += e.file_size();
+  return n;
+}
+
+void run(const std::string& label, const std::vector<std::string>& overrides, int reps) {
+  const fs::path root = fs::temp_directory_path() / "loom_bench_checkpoint";
+  fs::remove_all(root);
+  std::vector<std::string> base = overrides;
+  base.push_back("checkpoint.dir=" + root.string());
+  auto config = loom::parse_config("run: {steps: 1000}\n", "bench.yaml", base);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.error().message.c_str());
+    std::exit(2);
+  }
+  // Step times without checkpoints, then the same steps with a checkpoint after each.
+  std::vector<double> step, step_and_save, create, create_resume, raw;
+  {
+    auto t = loom::runtime::Trainer::create(*config);
+    (void)(*t)->step();
+    for (int i = 0; i < reps; ++i) step.push_back(seconds([&] { (void)(*t)->step(); }));
+  }
+  auto with_ckpt = *config;
+  with_ckpt.checkpoint.every = 1;
+  {
+    auto t = loom::runtime::Trainer::create(with_ckpt);
+    (void)(*t)->step();
+    for (int i = 0; i < reps; ++i) step_and_save.push_back(seconds([&] { (void)(*t)->step(); }));
+  }
+  const uint64_t bytes = dir_bytes(root) / 2;  // keep = 2 checkpoints on disk
+  const std::string payload(bytes, '\x5a');
+  for (int i = 0; i < reps; ++i)
+    raw.push_back(seconds([&] { (void)loom::write_file_durably(root / "raw.bin", payload); }));
+  auto resume = *config;
+  resume.checkpoint.resume = "latest";
+  for (int i = 0; i < reps; ++i) {
+    create.push_back(seconds([&] { (void)loom::runtime::Trainer::create(*config); }));
+    create_resume.push_back(seconds([&] { (void)loom::runtime::Trainer::create(resume); }));
+  }
+  const double s = median(step), save = median(step_and_save) - s, w = median(raw);
+  const double c = median(create), load = median(create_resume) - c;
+  std::printf(
+      "%-28s checkpoint %6.2f MB | step %8.2f ms | save %8.2f ms (save/step %.2f, save/durable "
+      "write %.2f) "
+      "| create %8.2f ms, resume +%7.2f ms (resume/create %.2f)\n",
+      label.c_str(), static_cast<double>(bytes) / 1e6, s * 1e3, save * 1e3, save / s, save / w,
+      c * 1e3, load * 1e3, (c + load) / c);
+  fs::remove_all(root);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  run("gpt tiny", {"model.preset=tiny", "batch.global=8", "batch.micro=8"}, quick ? 3 : 15);
+  if (!quick)
+    run("gpt h256 x 4 layers",
+        {"model.preset=tiny", "model.args.hidden=256", "model.args.layers=4",
+         "model.args.vocab=4096", "batch.global=8", "batch.micro=8"},
+        9);
+  return 0;
+}
