@@ -20,6 +20,7 @@
 #include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/files.h"
+#include "launch/plan_figures.h"
 #include "models/model.h"
 #include "planner/cost.h"
 #include "scheduler/csv.h"
@@ -33,32 +34,6 @@ namespace {
 int fail(const std::string& message) {
   std::fprintf(stderr, "loom plan: error: %s\n", message.c_str());
   return kExitBadInput;
-}
-
-// Bytes this rank sends in the steps of `path` it takes part in.
-void path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
-                double times, std::map<std::string, double>& out) {
-  for (const lower::CommStep& st : path.steps) {
-    int64_t pos = -1;
-    for (size_t p = 0; p < st.before.devices.size(); ++p)
-      if (st.before.devices[p].value() == rank) pos = static_cast<int64_t>(p);
-    if (pos < 0) continue;
-    const double piece = static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
-    const double k = static_cast<double>(st.k);
-    double bytes = 0;
-    switch (st.primitive) {
-      case lower::Primitive::kAllReduce: bytes = 2 * (k - 1) / k * piece; break;
-      case lower::Primitive::kAllGather: bytes = (k - 1) * piece; break;
-      case lower::Primitive::kReduceScatter:
-      case lower::Primitive::kAllToAll: bytes = (k - 1) / k * piece; break;
-      case lower::Primitive::kSendRecv:
-        for (const auto& pair : st.groups)
-          if (pair[0].value() == rank && pair[1].value() != rank) bytes += piece;
-        break;
-      default: break;
-    }
-    if (bytes > 0) out[lower::to_string(st.primitive)] += bytes * times;
-  }
 }
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
@@ -146,18 +121,6 @@ std::string seconds(double s) {
   if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
   else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
   else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-  return buf;
-}
-
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
   return buf;
 }
 
@@ -333,8 +296,8 @@ int plan_main(const Args& args) {
   for (int64_t r = 0; r < world_size; ++r) {
     for (const auto& a : lowered->adapters) {
       const auto& t = planned->tensor(a.tensor);
-      path_bytes(a.forward, t.shape, size_bytes(t.dtype), r, m, sent[static_cast<size_t>(r)]);
-      path_bytes(a.backward, t.shape, size_bytes(t.dtype), r, m, sent[static_cast<size_t>(r)]);
+      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), r, m, sent[static_cast<size_t>(r)]);
+      add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), r, m, sent[static_cast<size_t>(r)]);
     }
     for (int64_t id : lowered->programs[static_cast<size_t>(r)].grad_syncs) {
       const auto& s = lowered->grad_syncs[static_cast<size_t>(id)];
@@ -376,14 +339,14 @@ int plan_main(const Args& args) {
     std::string kinds;
     for (const auto& [k, b] : sent[i]) {
       total_sent += b;
-      kinds += " " + k + " " + human(b) + ";";
+      kinds += " " + k + " " + human_bytes(b) + ";";
     }
     char line[384];
     std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s (%s + %s, %.2f)  %s",
-                  static_cast<long long>(r), params[i] / 1e6, human(peak).c_str(), human(p_bytes).c_str(),
-                  human(p_bytes).c_str(), human(p_bytes * opt_copies).c_str(), human(working).c_str(),
+                  static_cast<long long>(r), params[i] / 1e6, human_bytes(peak).c_str(), human_bytes(p_bytes).c_str(),
+                  human_bytes(p_bytes).c_str(), human_bytes(p_bytes * opt_copies).c_str(), human_bytes(working).c_str(),
                   seconds(compute_s[i] + comm_s[i]).c_str(), seconds(compute_s[i]).c_str(),
-                  seconds(comm_s[i]).c_str(), bubble_of[i], human(total_sent).c_str());
+                  seconds(comm_s[i]).c_str(), bubble_of[i], human_bytes(total_sent).c_str());
     table << line << (kinds.empty() ? "" : "  (" + kinds.substr(1) + ")") << "\n";
     ranks_json.push_back({{"rank", r},
                           {"parameters", params[i]},

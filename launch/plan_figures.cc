@@ -9,45 +9,18 @@
 namespace loom::cli {
 namespace {
 
-// Bytes this rank sends in the steps of `path` it takes part in, and the seconds those steps
-// cost (their alpha-beta cost from the path search).
+// The seconds of the steps of `path` that `rank` takes part in (their alpha-beta cost from the
+// path search) and the bytes it sends in them.
 void path_share(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
                 double times, RankFigures& out) {
   for (const lower::CommStep& st : path.steps) {
-    int64_t pos = -1;
-    for (size_t p = 0; p < st.before.devices.size(); ++p)
-      if (st.before.devices[p].value() == rank) pos = static_cast<int64_t>(p);
-    bool in_pair = false;
+    bool in = false;
+    for (DeviceId d : st.before.devices) in |= d.value() == rank;
     if (st.primitive == lower::Primitive::kSendRecv)
-      for (const auto& pair : st.groups)
-        in_pair |= pair[0].value() == rank || pair[1].value() == rank;
-    if (pos < 0 && !in_pair) continue;
-    out.comm_s += st.cost_s;
-    if (pos < 0) continue;
-    const double piece =
-        static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
-    const double k = static_cast<double>(st.k);
-    double bytes = 0;
-    switch (st.primitive) {
-      case lower::Primitive::kAllReduce:
-        bytes = 2 * (k - 1) / k * piece;
-        break;
-      case lower::Primitive::kAllGather:
-        bytes = (k - 1) * piece;
-        break;
-      case lower::Primitive::kReduceScatter:
-      case lower::Primitive::kAllToAll:
-        bytes = (k - 1) / k * piece;
-        break;
-      case lower::Primitive::kSendRecv:
-        for (const auto& pair : st.groups)
-          if (pair[0].value() == rank && pair[1].value() != rank) bytes += piece;
-        break;
-      default:
-        break;
-    }
-    if (bytes > 0) out.sent[lower::to_string(st.primitive)] += bytes * times;
+      for (const auto& pair : st.groups) in |= pair[0].value() == rank || pair[1].value() == rank;
+    if (in) out.comm_s += st.cost_s;
   }
+  add_path_bytes(path, shape, elem, rank, times, out.sent);
 }
 
 }  // namespace
@@ -133,6 +106,39 @@ std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
   return buf;
+}
+
+void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
+                    double times, std::map<std::string, double>& out) {
+  for (const lower::CommStep& st : path.steps) {
+    int64_t pos = -1;
+    for (size_t p = 0; p < st.before.devices.size(); ++p)
+      if (st.before.devices[p].value() == rank) pos = static_cast<int64_t>(p);
+    if (pos < 0) continue;
+    const double piece =
+        static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
+    const double k = static_cast<double>(st.k);
+    double bytes = 0;
+    switch (st.primitive) {
+      case lower::Primitive::kAllReduce:
+        bytes = 2 * (k - 1) / k * piece;
+        break;
+      case lower::Primitive::kAllGather:
+        bytes = (k - 1) * piece;
+        break;
+      case lower::Primitive::kReduceScatter:
+      case lower::Primitive::kAllToAll:
+        bytes = (k - 1) / k * piece;
+        break;
+      case lower::Primitive::kSendRecv:
+        for (const auto& pair : st.groups)
+          if (pair[0].value() == rank && pair[1].value() != rank) bytes += piece;
+        break;
+      default:
+        break;
+    }
+    if (bytes > 0) out[lower::to_string(st.primitive)] += bytes * times;
+  }
 }
 
 }  // namespace loom::cli

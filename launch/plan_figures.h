@@ -47,4 +47,9 @@ PlanFigures plan_figures(const Config& config, const graph::Graph& planned,
 
 std::string human_bytes(double bytes);  // "1.5 GiB"
 
+// Adds to `out`, per primitive, the bytes `rank` sends in the steps of `path` it takes part in,
+// `times` over (once per micro-batch, say).
+void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
+                    double times, std::map<std::string, double>& out);
+
 }  // namespace loom::cli

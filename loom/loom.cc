@@ -7,28 +7,13 @@
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
+#include "core/durable_file.h"
 #include "models/model.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
 
 namespace loom {
 namespace {
-
-Status write_atomically(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return Error::at(path.string(), "cannot write '" + tmp.string() + "'");
-    out << text;
-    out.flush();
-    if (!out) return Error::at(path.string(), "failed writing '" + tmp.string() + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Error::at(path.string(), "cannot rename '" + tmp.string() + "': " + ec.message());
-  return Status::success();
-}
 
 Result<graph::Graph> build_single(const Config& config, const runtime::Extensions& ext) {
   if (ext.model) return ext.model(config, ext.ops);
@@ -101,9 +86,9 @@ Status write_plan(const lower::PlanFile& plan, const std::string& dir) {
   fs::create_directories(fs::path(dir) / "programs", ec);
   if (ec) return Error::at(dir, "cannot create '" + dir + "': " + ec.message());
   LOOM_ASSIGN_OR_RETURN(std::string json, lower::plan_to_json(plan));
-  LOOM_TRY(write_atomically(fs::path(dir) / "plan.json", json));
+  LOOM_TRY(write_file_durably(fs::path(dir) / "plan.json", json));
   for (int64_t r = 0; r < plan.world_size; ++r)
-    LOOM_TRY(write_atomically(fs::path(dir) / "programs" / ("rank_" + std::to_string(r) + ".txt"),
+    LOOM_TRY(write_file_durably(fs::path(dir) / "programs" / ("rank_" + std::to_string(r) + ".txt"),
                               lower::listing(plan.graph, plan.lowered, Rank(r))));
   return Status::success();
 }
