@@ -3,17 +3,7 @@
 // SGD with momentum keeps a parameter's error proportional to its gradient's; Adam divides by
 // the gradient's magnitude, so rounding noise in near-zero gradients (summed in another order
 // by a split) becomes a full-size step: the AdamW case checks losses and a looser bound.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <gtest/gtest.h>
-
-#include <mutex>
-
-#include "exec/comm/local_comm.h"
-#include "exec/runtime/executor.h"
-#include "exec/runtime/oracle.h"
-#include "exec/runtime/rank_executor.h"
-#include "exec/runtime/trainer.h"
+#include "tests/exec/local_ranks.h"
 
 namespace loom {
 namespace {
@@ -32,70 +22,26 @@ comm: {timeout_s: 60}
   return *c;
 }
 
-struct Reference {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> params;
-};
+// The key projection's bias cannot change the output (softmax ignores a shift shared by all
+// keys): its gradient is rounding noise, which Adam amplifies; see gpt_reference_test.
+const std::vector<std::string> kNoise = {"attn.k.b"};
 
-const Reference& single_device(const std::vector<std::string>& optimizer) {
-  static std::map<std::vector<std::string>, Reference> cache;
+const testing_support::Reference& single_device(const std::vector<std::string>& optimizer) {
+  static std::map<std::vector<std::string>, testing_support::Reference> cache;
   auto it = cache.find(optimizer);
-  if (it != cache.end()) return it->second;
-  Reference& r = cache[optimizer];
-  {
-    auto t = runtime::Trainer::create(config(optimizer));
-    EXPECT_TRUE(t.ok()) << t.error().message;
-    for (int i = 0; i < kSteps; ++i) r.losses.push_back((*t)->step()->loss);
-    for (const auto& tensor : (*t)->graph().tensors())
-      if (tensor.role == graph::TensorRole::kParameter)
-        r.params[tensor.name] = (*t)->executor().parameter(tensor.name).detach().clone();
-  }
-  return r;
-}
-
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-6);
+  if (it == cache.end())
+    it = cache.emplace(optimizer, testing_support::train_single_device(config(optimizer), kSteps))
+             .first;
+  return it->second;
 }
 
 void expect_equal_to_single_device(std::vector<std::string> overrides, int world_size,
                                    double param_tolerance = 1e-5,
                                    const std::vector<std::string>& optimizer = {}) {
-  const Reference& ref = single_device(optimizer);
+  const testing_support::Reference& ref = single_device(optimizer);
   overrides.insert(overrides.end(), optimizer.begin(), optimizer.end());
-  Config c = config(overrides);
-  comm::LocalWorld world(world_size, 60);
-  std::mutex mu;
-  std::vector<std::vector<double>> losses(world_size);
-  std::vector<std::string> problems;
-  auto statuses = world.run([&](comm::Comm& comm) -> Status {
-    at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
-    const int64_t rank = comm.world_rank().value();
-    for (int i = 0; i < kSteps; ++i) {
-      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
-      losses[rank].push_back(st.loss);
-    }
-    auto& exec = trainer->rank_executor();
-    std::lock_guard<std::mutex> lock(mu);
-    for (size_t i = 0; i < exec.parameters().size(); ++i) {
-      const graph::SubTensor& piece = exec.parameter_pieces()[i];
-      const std::string& name = trainer->graph().tensor(piece.tensor).name;
-      // The key projection's bias cannot change the output (softmax ignores a shift shared by all
-      // keys): its gradient is rounding noise, which Adam amplifies; see gpt_reference_test.
-      if (name.find("attn.k.b") != std::string::npos) continue;
-      double err = rel(exec.parameters()[i].detach(), runtime::cut_piece(ref.params.at(name), piece));
-      if (err > param_tolerance)
-        problems.push_back("rank " + std::to_string(rank) + " " + name + piece.ranges_string() +
-                           ": relative error " + std::to_string(err));
-    }
-    return Status::success();
-  });
-  for (int r = 0; r < world_size; ++r) ASSERT_TRUE(statuses[r].ok()) << statuses[r].error().message;
-  for (int r = 0; r < world_size; ++r)
-    for (int i = 0; i < kSteps; ++i)
-      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], 1e-5)
-          << "rank " << r << " step " << i + 1 << ": " << losses[r][i] << " vs " << ref.losses[i];
-  EXPECT_TRUE(problems.empty()) << problems.size() << " pieces differ, first: " << problems[0];
+  testing_support::expect_equal_to_single_device(ref, config(overrides), world_size,
+                                                 param_tolerance, kNoise);
 }
 
 TEST(LocalRanks, Dp2) { expect_equal_to_single_device({"parallel.dp=2"}, 2); }
@@ -110,9 +56,10 @@ TEST(LocalRanks, Dp2Tp2Pp2) {
 }
 // Pipeline schedules from the scheduler drive each rank's order of blocks.
 void expect_schedule(const std::string& schedule, int pp, int chunks) {
-  expect_equal_to_single_device({"parallel.pp=" + std::to_string(pp), "parallel.chunks=" + std::to_string(chunks),
-                                 "parallel.schedule=" + schedule},
-                                pp, 1e-5, {"model.args.layers=8"});
+  expect_equal_to_single_device(
+      {"parallel.pp=" + std::to_string(pp), "parallel.chunks=" + std::to_string(chunks),
+       "parallel.schedule=" + schedule},
+      pp, 1e-5, {"model.args.layers=8"});
 }
 TEST(Schedules, GPipePp2) { expect_schedule("gpipe", 2, 1); }
 TEST(Schedules, OneFOneBPp2) { expect_schedule("1f1b", 2, 1); }
@@ -127,13 +74,15 @@ TEST(Schedules, SearchPp2) { expect_schedule("search", 2, 1); }
 TEST(Schedules, ChimeraPp2) { expect_schedule("chimera", 2, 1); }
 TEST(Schedules, ChimeraPp4) { expect_schedule("chimera", 4, 1); }
 TEST(Schedules, ChimeraDp2Pp2) {
-  expect_equal_to_single_device({"parallel.dp=2", "parallel.pp=2", "parallel.schedule=chimera", "batch.micro=1"}, 4);
+  expect_equal_to_single_device(
+      {"parallel.dp=2", "parallel.pp=2", "parallel.schedule=chimera", "batch.micro=1"}, 4);
 }
 TEST(Schedules, SearchPp4) { expect_schedule("search", 4, 1); }
 
 TEST(LocalRanks, Dp2Tp2Pp2SpAdamW) {
-  expect_equal_to_single_device({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "parallel.sp=true"}, 8,
-                                1e-4, {"optimizer.type=adamw", "optimizer.lr=0.002"});
+  expect_equal_to_single_device(
+      {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "parallel.sp=true"}, 8, 1e-4,
+      {"optimizer.type=adamw", "optimizer.lr=0.002"});
 }
 
 }  // namespace

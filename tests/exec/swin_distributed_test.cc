@@ -1,19 +1,6 @@
 // Swin tiny under dp, tp, pp and window parallelism equals one device: ranks as threads over the
 // local backend, 5 steps; losses and every parameter piece against the single-device run.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <gtest/gtest.h>
-
-#include <mutex>
-
-#include "exec/comm/local_comm.h"
-#include "exec/runtime/executor.h"
-#include "exec/runtime/inputs.h"
-#include "exec/runtime/oracle.h"
-#include "exec/runtime/rank_executor.h"
-#include "exec/runtime/trainer.h"
-#include "graph/verify.h"
-#include "models/model.h"
+#include "tests/exec/local_ranks.h"
 
 namespace loom {
 namespace {
@@ -32,68 +19,12 @@ comm: {timeout_s: 60}
   return *c;
 }
 
-struct Reference {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> params;
-};
-
-const Reference& single_device() {
-  static Reference r = [] {
-    Reference out;
-    auto t = runtime::Trainer::create(config({}));
-    EXPECT_TRUE(t.ok()) << t.error().message;
-    for (int i = 0; i < kSteps; ++i) out.losses.push_back((*t)->step()->loss);
-    for (const auto& tensor : (*t)->graph().tensors())
-      if (tensor.role == graph::TensorRole::kParameter)
-        out.params[tensor.name] = (*t)->executor().parameter(tensor.name).detach().clone();
-    return out;
-  }();
-  return r;
-}
-
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-6);
-}
-
 void expect_equal_to_single_device(const std::vector<std::string>& overrides, int world_size) {
-  const Reference& ref = single_device();
-  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
-  // The losses move, so equal curves are not equal by accident.
-  EXPECT_NE(ref.losses.front(), ref.losses.back());
-  Config c = config(overrides);
-  comm::LocalWorld world(world_size, 60);
-  std::mutex mu;
-  std::vector<std::vector<double>> losses(world_size);
-  std::vector<std::string> problems;
-  auto statuses = world.run([&](comm::Comm& comm) -> Status {
-    at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
-    const int64_t rank = comm.world_rank().value();
-    for (int i = 0; i < kSteps; ++i) {
-      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
-      losses[rank].push_back(st.loss);
-    }
-    auto& exec = trainer->rank_executor();
-    std::lock_guard<std::mutex> lock(mu);
-    for (size_t i = 0; i < exec.parameters().size(); ++i) {
-      const graph::SubTensor& piece = exec.parameter_pieces()[i];
-      const std::string& name = trainer->graph().tensor(piece.tensor).name;
-      // The key bias cannot change the output (softmax ignores a shift shared by all keys).
-      if (name.find("attn.k.b") != std::string::npos) continue;
-      double err =
-          rel(exec.parameters()[i].detach(), runtime::cut_piece(ref.params.at(name), piece));
-      if (err > 1e-5)
-        problems.push_back("rank " + std::to_string(rank) + " " + name + piece.ranges_string() +
-                           ": relative error " + std::to_string(err));
-    }
-    return Status::success();
-  });
-  for (int r = 0; r < world_size; ++r) ASSERT_TRUE(statuses[r].ok()) << statuses[r].error().message;
-  for (int r = 0; r < world_size; ++r)
-    for (int i = 0; i < kSteps; ++i)
-      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], 1e-5)
-          << "rank " << r << " step " << i + 1 << ": " << losses[r][i] << " vs " << ref.losses[i];
-  EXPECT_TRUE(problems.empty()) << problems.size() << " pieces differ, first: " << problems[0];
+  static const testing_support::Reference ref =
+      testing_support::train_single_device(config({}), kSteps);
+  // The key bias cannot change the output (softmax ignores a shift shared by all keys).
+  testing_support::expect_equal_to_single_device(ref, config(overrides), world_size, 1e-5,
+                                                 {"attn.k.b"});
 }
 
 TEST(SwinLocalRanks, Dp2) { expect_equal_to_single_device({"parallel.dp=2"}, 2); }
@@ -115,30 +46,8 @@ TEST(SwinLocalRanks, WindowParallel2Pp2) {
   expect_equal_to_single_device({"parallel.policy=window", "parallel.tp=2", "parallel.pp=2"}, 4);
 }
 
-// The per-op oracle: every sub-operator computes exactly the piece of the single-device run
-// it claims (before any communication exists).
 void expect_ops_correct(const std::vector<std::string>& overrides) {
-  Config c = config(overrides);
-  auto ops = graph::OpRegistry::with_builtin_ops();
-  auto kernels = runtime::KernelRegistry::with_builtin_kernels();
-  auto single = models::build_model(c, ops);
-  ASSERT_TRUE(single.ok()) << single.error().message;
-  auto feeder = runtime::InputFeeder::create(c, *single);
-  ASSERT_TRUE(feeder.ok()) << feeder.error().message;
-  auto inputs = (*feeder)->micro_batch(0);
-  ASSERT_TRUE(inputs.ok());
-  runtime::Executor exec(*single, kernels, 11);
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> values = exec.forward_all(*inputs);
-  auto plan = models::build_plan(c, ops, planner::PolicyRegistry::with_builtin_policies(),
-                                 c.parallel.world_size());
-  ASSERT_TRUE(plan.ok()) << plan.error().message;
-  Status v = graph::verify(*plan, ops);
-  EXPECT_TRUE(v.ok()) << v.error().message;
-  runtime::OracleReport report = runtime::check_plan_ops(*plan, values, kernels);
-  EXPECT_TRUE(report.ok()) << report.mismatches.size() << " mismatches, first: "
-                           << (report.mismatches.empty() ? "" : report.mismatches[0]);
-  EXPECT_EQ(report.ops_checked, static_cast<int64_t>(plan->ops().size()));
+  testing_support::expect_ops_correct(config(overrides));
 }
 
 TEST(SwinOracle, Tp2Pp2) { expect_ops_correct({"parallel.tp=2", "parallel.pp=2"}); }

@@ -1,0 +1,127 @@
+// Test support: a plan is correct when its losses and parameters equal the single-device run's.
+// Trains a config on one device, then on several ranks as threads over the local backend, and
+// compares every rank's losses and every parameter piece. Shared by the model tests.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "exec/comm/local_comm.h"
+#include "exec/runtime/executor.h"
+#include "exec/runtime/inputs.h"
+#include "exec/runtime/oracle.h"
+#include "exec/runtime/rank_executor.h"
+#include "exec/runtime/trainer.h"
+#include "graph/verify.h"
+#include "models/model.h"
+
+namespace loom::testing_support {
+
+struct Reference {
+  std::vector<double> losses;                // per step
+  std::map<std::string, at::Tensor> params;  // after the last step, by FullTensor name
+};
+
+inline Reference train_single_device(const Config& config, int steps) {
+  Reference r;
+  auto t = runtime::Trainer::create(config);
+  EXPECT_TRUE(t.ok()) << t.error().message;
+  if (!t.ok()) return r;
+  for (int i = 0; i < steps; ++i) r.losses.push_back((*t)->step()->loss);
+  for (const auto& tensor : (*t)->graph().tensors())
+    if (tensor.role == graph::TensorRole::kParameter)
+      r.params[tensor.name] = (*t)->executor().parameter(tensor.name).detach().clone();
+  return r;
+}
+
+inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-6);
+}
+
+// Trains `config` (world_size ranks) for as many steps as `ref` has losses; every rank's loss
+// must be within 1e-5 (relative) of the reference and every parameter piece within
+// `param_tolerance`. Parameters whose name contains one of `noise` are not compared: their
+// gradients are rounding noise by construction (a bias that shifts every softmax score alike).
+inline void expect_equal_to_single_device(const Reference& ref, const Config& config,
+                                          int world_size, double param_tolerance = 1e-5,
+                                          const std::vector<std::string>& noise = {}) {
+  const int steps = static_cast<int>(ref.losses.size());
+  ASSERT_GT(steps, 1);
+  // The losses move, so equal curves are not equal constants.
+  ASSERT_NE(ref.losses.front(), ref.losses.back());
+  comm::LocalWorld world(world_size, 60);
+  std::mutex mu;
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
+  std::vector<std::string> problems;
+  std::set<std::string> held;  // every parameter some rank holds
+  auto statuses = world.run([&](comm::Comm& comm) -> Status {
+    at::set_num_threads(1);
+    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(config, comm.shared_from_this()));
+    const int64_t rank = comm.world_rank().value();
+    for (int i = 0; i < steps; ++i) {
+      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
+      losses[static_cast<size_t>(rank)].push_back(st.loss);
+    }
+    auto& exec = trainer->rank_executor();
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < exec.parameters().size(); ++i) {
+      const graph::SubTensor& piece = exec.parameter_pieces()[i];
+      const std::string& name = trainer->graph().tensor(piece.tensor).name;
+      held.insert(name);
+      bool skip = false;
+      for (const auto& n : noise) skip |= name.find(n) != std::string::npos;
+      if (skip) continue;
+      const double err = relative_error(exec.parameters()[i].detach(),
+                                        runtime::cut_piece(ref.params.at(name), piece));
+      if (err > param_tolerance)
+        problems.push_back("rank " + std::to_string(rank) + " " + name + piece.ranges_string() +
+                           ": relative error " + std::to_string(err));
+    }
+    return Status::success();
+  });
+  for (int r = 0; r < world_size; ++r) ASSERT_TRUE(statuses[r].ok()) << statuses[r].error().message;
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_EQ(losses[static_cast<size_t>(r)].size(), ref.losses.size()) << "rank " << r;
+    for (int i = 0; i < steps; ++i)
+      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], 1e-5)
+          << "rank " << r << " step " << i + 1 << ": " << losses[r][i] << " vs " << ref.losses[i];
+  }
+  // Every parameter of the model is held (and so compared) somewhere.
+  EXPECT_EQ(held.size(), ref.params.size());
+  EXPECT_TRUE(problems.empty()) << problems.size() << " pieces differ, first: " << problems[0];
+}
+
+// The per-op oracle: every sub-operator of the plan computes exactly the piece of the
+// single-device run it claims (before any communication exists), on the first micro-batch of
+// the trainer's inputs.
+inline void expect_ops_correct(const Config& config) {
+  auto ops = graph::OpRegistry::with_builtin_ops();
+  auto kernels = runtime::KernelRegistry::with_builtin_kernels();
+  auto single = models::build_model(config, ops);
+  ASSERT_TRUE(single.ok()) << single.error().message;
+  auto feeder = runtime::InputFeeder::create(config, *single);
+  ASSERT_TRUE(feeder.ok()) << feeder.error().message;
+  auto inputs = (*feeder)->micro_batch(0);
+  ASSERT_TRUE(inputs.ok()) << inputs.error().message;
+  runtime::Executor exec(*single, kernels, 11);
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> values = exec.forward_all(*inputs);
+  auto plan = models::build_plan(config, ops, planner::PolicyRegistry::with_builtin_policies(),
+                                 config.parallel.world_size());
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  Status v = graph::verify(*plan, ops);
+  EXPECT_TRUE(v.ok()) << v.error().message;
+  runtime::OracleReport report = runtime::check_plan_ops(*plan, values, kernels);
+  EXPECT_TRUE(report.ok()) << report.mismatches.size() << " mismatches, first: "
+                           << (report.mismatches.empty() ? "" : report.mismatches[0]);
+  EXPECT_EQ(report.ops_checked, static_cast<int64_t>(plan->ops().size()));
+}
+
+}  // namespace loom::testing_support
