@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -19,6 +20,10 @@ namespace {
 
 namespace pb = loom::planpb;
 constexpr const char* kFormat = "loom-plan";
+// Bounds that no plan loom makes comes near: a damaged file cannot make the runtime index past
+// its tables (the executor tags messages with up to 1024 micro-batches).
+constexpr int64_t kMaxStages = 1 << 20;
+constexpr int64_t kMaxMicroBatches = 1024;
 
 // FNV-1a, 64 bits: stable across builds and platforms (std::hash is not).
 uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
@@ -364,6 +369,7 @@ class Reader {
         op.outputs.push_back(std::move(sub_tensor));
       }
       for (const auto& pp : po.parts()) op.parts.push_back({pp.index(), pp.count()});
+      LOOM_TRY(in_range(po.stage(), kMaxStages, f + ".stage"));
       op.device = DeviceId(po.device());
       op.stage = StageId(po.stage());
       g.add_op(std::move(op));
@@ -373,7 +379,9 @@ class Reader {
     return g;
   }
 
-  Result<Lowered> lowered(const pb::Lowered& p, int64_t world, int64_t tensors, int64_t ops) const {
+  // `stages`: one more than the graph's largest stage; `micro_batches`: per step.
+  Result<Lowered> lowered(const pb::Lowered& p, int64_t world, int64_t tensors, int64_t ops,
+                          int64_t stages, int64_t micro_batches) const {
     Lowered l;
     const int64_t adapters = p.adapters_size();
     for (int64_t i = 0; i < adapters; ++i) {
@@ -387,6 +395,8 @@ class Reader {
       a.tensor = TensorId(pa.tensor());
       a.consumer = pa.consumer();
       a.consumers.assign(pa.consumers().begin(), pa.consumers().end());
+      LOOM_TRY(in_range(pa.producer_stage(), stages, f + ".producer_stage"));
+      LOOM_TRY(in_range(pa.consumer_stage(), stages, f + ".consumer_stage"));
       a.producer_stage = StageId(pa.producer_stage());
       a.consumer_stage = StageId(pa.consumer_stage());
       LOOM_ASSIGN_OR_RETURN(a.from, layout(pa.from(), world, f + ".from"));
@@ -418,8 +428,13 @@ class Reader {
       if (pp.rank() != r) return bad(f + ".rank", "is " + std::to_string(pp.rank()));
       Program prog;
       prog.rank = Rank(pp.rank());
+      std::set<int64_t> segment_stages;
       for (const auto& ps : pp.segments()) {
         Segment seg;
+        LOOM_TRY(in_range(ps.stage(), stages, f + ".segments.stage"));
+        if (!segment_stages.insert(ps.stage()).second)
+          return bad(f + ".segments.stage",
+                     "stage " + std::to_string(ps.stage()) + " appears twice");
         seg.stage = StageId(ps.stage());
         for (const auto& pi : ps.items()) {
           const bool is_op = pi.kind() == pb::SegmentItem::OP;
@@ -429,10 +444,15 @@ class Reader {
         }
         prog.segments.push_back(std::move(seg));
       }
-      for (const auto& pb_block : pp.blocks())
+      for (const auto& pb_block : pp.blocks()) {
+        LOOM_TRY(in_range(pb_block.micro_batch(), micro_batches, f + ".blocks.micro_batch"));
+        if (!segment_stages.count(pb_block.stage()))
+          return bad(f + ".blocks.stage", "stage " + std::to_string(pb_block.stage()) +
+                                              " has no segment on rank " + std::to_string(r));
         prog.blocks.push_back(
             {pb_block.kind() == pb::Block::FORWARD ? BlockKind::kForward : BlockKind::kBackward,
              StageId(pb_block.stage()), MicroBatch(pb_block.micro_batch())});
+      }
       for (int64_t id : pp.grad_syncs()) {
         LOOM_TRY(in_range(id, static_cast<int64_t>(l.grad_syncs.size()), f + ".grad_syncs"));
         prog.grad_syncs.push_back(id);
@@ -529,10 +549,15 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
   plan.micro_batches = p.micro_batches();
   plan.schedule_csv = p.schedule_csv();
   LOOM_ASSIGN_OR_RETURN(plan.graph, reader.graph(p.graph(), plan.world_size));
-  LOOM_ASSIGN_OR_RETURN(plan.lowered,
-                        reader.lowered(p.lowered(), plan.world_size,
-                                       static_cast<int64_t>(plan.graph.tensors().size()),
-                                       static_cast<int64_t>(plan.graph.ops().size())));
+  if (p.micro_batches() < 1 || p.micro_batches() > kMaxMicroBatches)
+    return reader.bad("micro_batches", std::to_string(p.micro_batches()));
+  int64_t stages = 0;
+  for (const auto& op : plan.graph.ops()) stages = std::max(stages, op.stage.value() + 1);
+  LOOM_ASSIGN_OR_RETURN(
+      plan.lowered,
+      reader.lowered(p.lowered(), plan.world_size,
+                     static_cast<int64_t>(plan.graph.tensors().size()),
+                     static_cast<int64_t>(plan.graph.ops().size()), stages, plan.micro_batches));
   return plan;
 }
 

@@ -128,9 +128,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                            std::to_string(world->size()) + " processes were started");
   impl->world = world;
   if (plan) {
-    if (plan->world_size != world_size || static_cast<int64_t>(plan->lowered.programs.size()) != world_size)
+    if (plan->world_size != world_size)
       return Error::at(plan->source, plan->source + ": the plan is for " + std::to_string(plan->world_size) +
                                          " ranks, this run has " + std::to_string(world_size));
+    if (plan->micro_batches != config.micro_batches())
+      return Error::at(plan->source, plan->source + ": the plan runs " + std::to_string(plan->micro_batches) +
+                                         " micro-batches per step, this config " +
+                                         std::to_string(config.micro_batches()));
     impl->planned = plan->graph;
     impl->lowered = plan->lowered;
     LOOM_TRY(lower::check_deadlock_free(impl->planned, impl->lowered));
