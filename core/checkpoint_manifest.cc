@@ -25,6 +25,19 @@ Shape CheckpointSlice::shape() const {
   return s;
 }
 
+std::optional<int64_t> parse_checkpoint_dir_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "step_";
+  if (name.size() < kPrefix.size() + 8 || name.size() > kPrefix.size() + 18 ||
+      name.substr(0, 5) != kPrefix)
+    return std::nullopt;
+  int64_t step = 0;
+  for (char c : name.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
 std::string checkpoint_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));

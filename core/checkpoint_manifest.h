@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -66,7 +67,9 @@ std::string to_json(const CheckpointManifest& manifest);
 // Validates structure and types; errors name `file` and the field or slice.
 Result<CheckpointManifest> parse_manifest(std::string_view text, const std::string& file);
 
-// "step_00000005".
+// "step_00000005" (at least eight digits).
 std::string checkpoint_dir_name(int64_t step);
+// The step a checkpoint directory's name stands for, or nothing for any other name.
+std::optional<int64_t> parse_checkpoint_dir_name(std::string_view name);
 
 }  // namespace loom

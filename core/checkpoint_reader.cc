@@ -198,11 +198,10 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& r
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() != 13 || name.rfind("step_", 0) != 0) continue;
-    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    if (!fs::exists(it->path() / kManifestName, ec)) continue;
-    out.emplace_back(std::stoll(name.substr(5)), it->path());
+    const auto step = parse_checkpoint_dir_name(it->path().filename().string());
+    std::error_code exists_ec;
+    if (!step || !fs::exists(it->path() / kManifestName, exists_ec)) continue;
+    out.emplace_back(*step, it->path());
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -24,10 +24,11 @@ Result<graph::Graph> add_up_pipeline(const graph::Graph& down, const DeviceMesh&
   for (size_t i = 0; i < n; ++i) {
     graph::Op op = ops[i];
     DeviceMesh::Coord c = mesh.coord(Rank(op.device.value()));
-    if (op.stage.value() != c.pp || c.pp >= p)
+    if (op.stage.value() != c.pp)
       return Error::at(op.name(), "chimera: op '" + op.name() + "' of stage " +
-                                      op.stage.to_string() + " is not on pipeline rank " +
-                                      op.stage.to_string());
+                                      op.stage.to_string() + " is on pipeline rank " +
+                                      std::to_string(c.pp) +
+                                      "; chimera needs stage s on pipeline rank s");
     auto def = std::make_shared<graph::OpDef>(*op.def);
     def->name += kUpPipelineSuffix;
     op.def = std::move(def);

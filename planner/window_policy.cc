@@ -39,10 +39,12 @@ std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const Config& co
 Result<graph::Graph> window_policy(const graph::Graph& g, const PlanRequest& request) {
   const auto heavy = activation_heavy(g, request.config);
   return hybrid_policy_with(
-      g, request, [&heavy](const graph::Op& op, int64_t degree) -> std::string {
+      g, request,
+      [&heavy, sp = request.config.parallel.sp](const graph::Op& op,
+                                                int64_t degree) -> std::string {
         const std::string wp = op.attrs().get_or<std::string>("wp", "");
         if (!wp.empty() && heavy.at(op.layer()) && graph::split_op(op, wp, degree).ok()) return wp;
-        const std::string tp = tp_label(op, false);
+        const std::string tp = tp_label(op, sp);
         if (!tp.empty() && graph::split_op(op, tp, degree).ok()) return tp;
         return "";
       });

@@ -86,11 +86,11 @@ Status prune(const fs::path& root, int64_t keep, int64_t newest) {
     fs::remove_all(complete[i].second, ec);
   }
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind("step_", 0) != 0 || name.size() != 13 || fs::exists(it->path() / kManifestName))
-      continue;
-    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    if (std::stoll(name.substr(5)) < newest) fs::remove_all(it->path(), ec);
+    // Unfinished checkpoints older than the newest complete one: a writer died in them.
+    const auto step = parse_checkpoint_dir_name(it->path().filename().string());
+    std::error_code exists_ec;
+    if (!step || fs::exists(it->path() / kManifestName, exists_ec)) continue;
+    if (*step < newest) fs::remove_all(it->path(), ec);
   }
   return sync_directory(root);
 }

@@ -193,6 +193,17 @@ TEST_F(Reader, LatestIsTheNewestCompleteCheckpoint) {
   std::ofstream(root / checkpoint_dir_name(3) / kManifestName) << "{}";
   EXPECT_EQ(latest_checkpoint(root), root / "step_00000003");
   EXPECT_TRUE(latest_checkpoint(root / "absent").empty());
+  // Past 10^8 steps the name grows a digit and still counts, and sorts by step, not by name.
+  fs::create_directories(root / checkpoint_dir_name(123456789));
+  std::ofstream(root / checkpoint_dir_name(123456789) / kManifestName) << "{}";
+  EXPECT_EQ(latest_checkpoint(root), root / "step_123456789");
+}
+
+TEST(CheckpointDirName, RoundTripsAndRefusesOtherNames) {
+  for (int64_t step : {0LL, 5LL, 99999999LL, 100000000LL, 123456789012LL})
+    EXPECT_EQ(parse_checkpoint_dir_name(checkpoint_dir_name(step)), step);
+  for (const char* other : {"step_1", "step_0000000x", "stop_00000001", "step_", "rank_00000001"})
+    EXPECT_FALSE(parse_checkpoint_dir_name(other).has_value()) << other;
 }
 
 TEST(Manifest, RoundTripAndErrors) {
