@@ -36,6 +36,16 @@ uint64_t dir_bytes(const fs::path& dir) {
   return n;
 }
 
+// A benchmark on a failed trainer would time nothing: stop naming the error.
+template <class T>
+T must(loom::Result<T> r) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "bench_checkpoint: %s\n", r.error().message.c_str());
+    std::exit(2);
+  }
+  return std::move(r).value();
+}
+
 void run(const std::string& label, const std::vector<std::string>& overrides, int reps) {
   const fs::path root = fs::temp_directory_path() / "loom_bench_checkpoint";
   fs::remove_all(root);
@@ -49,26 +59,27 @@ void run(const std::string& label, const std::vector<std::string>& overrides, in
   // Step times without checkpoints, then the same steps with a checkpoint after each.
   std::vector<double> step, step_and_save, create, create_resume, raw;
   {
-    auto t = loom::runtime::Trainer::create(*config);
-    (void)(*t)->step();
-    for (int i = 0; i < reps; ++i) step.push_back(seconds([&] { (void)(*t)->step(); }));
+    auto t = must(loom::runtime::Trainer::create(*config));
+    must(t->step());
+    for (int i = 0; i < reps; ++i) step.push_back(seconds([&] { must(t->step()); }));
   }
   auto with_ckpt = *config;
   with_ckpt.checkpoint.every = 1;
   {
-    auto t = loom::runtime::Trainer::create(with_ckpt);
-    (void)(*t)->step();
-    for (int i = 0; i < reps; ++i) step_and_save.push_back(seconds([&] { (void)(*t)->step(); }));
+    auto t = must(loom::runtime::Trainer::create(with_ckpt));
+    must(t->step());
+    for (int i = 0; i < reps; ++i) step_and_save.push_back(seconds([&] { must(t->step()); }));
   }
-  const uint64_t bytes = dir_bytes(root) / 2;  // keep = 2 checkpoints on disk
+  const uint64_t bytes =
+      dir_bytes(root) / static_cast<uint64_t>(with_ckpt.checkpoint.keep);  // one checkpoint
   const std::string payload(bytes, '\x5a');
   for (int i = 0; i < reps; ++i)
     raw.push_back(seconds([&] { (void)loom::write_file_durably(root / "raw.bin", payload); }));
   auto resume = *config;
   resume.checkpoint.resume = "latest";
   for (int i = 0; i < reps; ++i) {
-    create.push_back(seconds([&] { (void)loom::runtime::Trainer::create(*config); }));
-    create_resume.push_back(seconds([&] { (void)loom::runtime::Trainer::create(resume); }));
+    create.push_back(seconds([&] { must(loom::runtime::Trainer::create(*config)); }));
+    create_resume.push_back(seconds([&] { must(loom::runtime::Trainer::create(resume)); }));
   }
   const double s = median(step), save = median(step_and_save) - s, w = median(raw);
   const double c = median(create), load = median(create_resume) - c;

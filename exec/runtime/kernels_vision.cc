@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <tuple>
+#include <utility>
 
 namespace loom::runtime {
 namespace {
@@ -77,17 +78,19 @@ Tensors window_attention(const Ctx& ctx, const Tensors& in) {
   };
   at::Tensor scores = at::matmul(heads(q) * (1.0 / std::sqrt(static_cast<double>(d))),
                                  heads(in[1]).transpose(-2, -1));  // b s h t t
-  // Constant per shape and thread: the position index and the masks.
-  thread_local std::map<int64_t, at::Tensor> indices;
-  at::Tensor& index = indices[w];
-  if (!index.defined()) index = relative_position_index(w);
+  // Constant per shape, device, dtype and thread: the position index and the masks.
+  const int64_t where = static_cast<int64_t>(q.device().type()) * 4096 + q.device().index() + 1;
+  thread_local std::map<std::pair<int64_t, int64_t>, at::Tensor> indices;
+  at::Tensor& index = indices[{w, where}];
+  if (!index.defined()) index = relative_position_index(w).to(q.device());
   at::Tensor bias = in[3].index_select(0, index).view({t, t, h}).permute({2, 0, 1});
   scores = scores + bias;
   if (shift > 0) {
-    thread_local std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, at::Tensor> masks;
+    thread_local std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>, at::Tensor>
+        masks;
     const int64_t gy = attrs.get<int64_t>("grid_y"), gx = attrs.get<int64_t>("grid_x");
-    at::Tensor& mask = masks[{w, shift, gy, gx}];
-    if (!mask.defined()) mask = shift_mask(w, shift, gy, gx);
+    at::Tensor& mask = masks[{w, shift, gy, gx, where, static_cast<int>(scores.scalar_type())}];
+    if (!mask.defined()) mask = shift_mask(w, shift, gy, gx).to(scores.options());
     const int64_t first = ctx.op.inputs[0].ranges[1].start;
     scores = scores + mask.slice(0, first, first + s).view({1, s, 1, t, t});
   }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
 #include "loom/loom.h"
 
@@ -52,10 +53,18 @@ TEST(Api, PlanAndDumpPlanMatchTheConfig) {
   EXPECT_EQ(back->hash, plan->hash);
   EXPECT_TRUE(fs::exists(dir / "programs" / "rank_0.txt"));
   // A config the plan was not made for: the plan is stale.
-  auto other = make_plan(
-      *parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n", "x.yaml"));
+  const Config other_config =
+      *parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n", "x.yaml");
+  auto other = make_plan(other_config);
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->hash, plan->hash);
+  // and running it under that config is refused, naming the key that differs.
+  auto stale = runtime::Trainer::create(other_config, nullptr, &*back);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_NE(stale.error().message.find("stale plan"), std::string::npos) << stale.error().message;
+  EXPECT_NE(stale.error().message.find("batch.micro was 4 in the plan, is 2 now"),
+            std::string::npos)
+      << stale.error().message;
 }
 
 TEST(Api, RefusedAdditionsSayWhy) {
