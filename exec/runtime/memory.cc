@@ -5,8 +5,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_map>
-#include <utility>
 
 namespace loom::runtime {
 namespace {
@@ -22,51 +20,38 @@ void add(int64_t n) {
   }
 }
 
-// Sizes and base deleters of live counted allocations, by pointer. LibTorch's raw_allocate
-// needs a DataPtr whose context is its data pointer, so the size cannot travel in the context.
-struct Ledger {
-  std::mutex mutex;
-  std::unordered_map<void*, std::pair<int64_t, c10::DeleterFnPtr>> live;
+// Each counted allocation carries a header in front of the data with its size and the base
+// allocator's deleter, so freeing needs no shared table (no lock on the allocation path).
+// 64 bytes keep the data at LibTorch's CPU alignment.
+constexpr size_t kHeader = 64;
+struct Header {
+  int64_t bytes;
+  c10::DeleterFnPtr base_deleter;
 };
-
-Ledger& ledger() {
-  static Ledger* l = new Ledger();  // never destroyed: tensors may be freed during exit
-  return *l;
-}
+static_assert(sizeof(Header) <= kHeader);
 
 void release(void* ptr) {
   if (!ptr) return;
-  std::pair<int64_t, c10::DeleterFnPtr> entry{0, nullptr};
-  {
-    Ledger& l = ledger();
-    std::lock_guard<std::mutex> lock(l.mutex);
-    auto it = l.live.find(ptr);
-    if (it == l.live.end()) return;
-    entry = it->second;
-    l.live.erase(it);
-  }
-  g_live.fetch_sub(entry.first);
-  if (entry.second) entry.second(ptr);
+  char* base = static_cast<char*>(ptr) - kHeader;
+  const Header h = *reinterpret_cast<Header*>(base);
+  g_live.fetch_sub(h.bytes);
+  h.base_deleter(base);
 }
 
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    // LibTorch's CPU allocator keeps the data pointer as the context: take it over.
-    if (!data || inner.get_context() != data) return inner;
-    const c10::DeleterFnPtr base_deleter = inner.get_deleter();
+    c10::DataPtr inner = base_->allocate(n + kHeader);
+    char* base = static_cast<char*>(inner.get());
+    // LibTorch's CPU allocator keeps the data pointer as the context: take it over. Another
+    // allocator's memory is handed out as it is, uncounted.
+    if (!base || inner.get_context() != base) return inner;
     const c10::Device device = inner.device();
+    *reinterpret_cast<Header*>(base) = Header{static_cast<int64_t>(n), inner.get_deleter()};
     inner.release_context();
-    {
-      Ledger& l = ledger();
-      std::lock_guard<std::mutex> lock(l.mutex);
-      l.live[data] = {static_cast<int64_t>(n), base_deleter};
-    }
     add(static_cast<int64_t>(n));
-    return c10::DataPtr(data, data, &release, device);
+    return c10::DataPtr(base + kHeader, base + kHeader, &release, device);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
