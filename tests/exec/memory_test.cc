@@ -49,6 +49,11 @@ TEST(CpuMemory, AStepReportsAtLeastParametersGradientsAndAdamState) {
   EXPECT_GE(st->peak_mem_bytes, 4 * param_bytes);
   // Activations come on top: GPT tiny's logits alone are 4 x 32 x 256 floats.
   EXPECT_GE(st->peak_mem_bytes, 4 * param_bytes + 4 * 32 * 256 * 4);
+  // Steady state: what a step frees is subtracted, so live bytes do not grow from step to step
+  // (estimate-vs-measured bounds from above are MemoryEstimate's, in the multi-process tests).
+  const int64_t after_two = live_cpu_bytes();
+  ASSERT_TRUE((*t)->step().ok());
+  EXPECT_EQ(live_cpu_bytes(), after_two);
 }
 
 }  // namespace
