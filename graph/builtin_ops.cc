@@ -1,7 +1,6 @@
 // loom's built-in op types and their annotations. The kernels live in exec/runtime.
-#include "graph/op_registry.h"
-
 #include "core/strings.h"
+#include "graph/op_registry.h"
 #include "graph/ops_evoformer.h"
 #include "graph/ops_vision.h"
 
@@ -40,19 +39,26 @@ OpRegistry OpRegistry::with_builtin_ops() {
   // Elementwise ops over any rank (attribute ndim, default 3).
   must(ranked("add", [](const std::string& l) { return l + " h, " + l + " h -> " + l + " h"; }));
   must(ranked("gelu", [](const std::string& l) { return l + " h -> " + l + " h"; }));
-  must(ranked("layer_norm",
-              [](const std::string& l) { return l + " h^, h^, h^ -> " + l + " h^"; }));
+  must(
+      ranked("layer_norm", [](const std::string& l) { return l + " h^, h^, h^ -> " + l + " h^"; }));
   // y = x W^T with W of shape [out, in], as torch.nn.Linear stores it; the bias is its own op
   // so that a split of `k` (row-parallel) stays a plain partial sum.
   must(ranked("linear", [](const std::string& l) { return l + " k+, n k+ -> " + l + " n"; }));
   must(ranked("bias_add", [](const std::string& l) { return l + " n, n -> " + l + " n"; }));
   // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
   // head size, so splitting heads keeps whole heads together.
-  must(OpSchema::simple("attention",
-                        "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)"));
+  must(OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)"));
   // Sum of token losses divided by attribute `normalizer` (the token count of the full
   // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
-  must(OpSchema::simple("cross_entropy", "b+ s+ v^, b+ s+ -> "));
+  // Cross-entropy over the last dimension (classes) of logits of any rank (attribute ndim,
+  // default 3: [b, s, v]); every other dimension is summed over, so splitting it makes partial
+  // sums.
+  must(ranked("cross_entropy", [](const std::string& l) {
+    std::string summed;
+    for (const std::string& label : split(l, ' '))
+      summed += (summed.empty() ? "" : " ") + label + "+";
+    return summed + " v^, " + summed + " -> ";
+  }));
 
   // Cross-entropy in pieces that split over the vocabulary (Megatron's vocab-parallel loss)
   // with sum-only partials: the vocabulary is cut into g groups of v (attribute v);

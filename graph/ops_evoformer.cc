@@ -54,9 +54,6 @@ void add_evoformer_ops(OpRegistry& r) {
   // (per channel).
   must(OpSchema::simple("triangle_outgoing", "b i k^ c, b j k^ c -> b i j c"));
   must(OpSchema::simple("triangle_incoming", "b k^ i c, b k^ j c -> b i j c"));
-  // Cross-entropy over the bins of every residue pair, summed and divided by attribute
-  // `normalizer` (the pair count of the full micro-batch).
-  must(OpSchema::simple("pair_cross_entropy", "b+ i+ j+ v^, b+ i+ j+ -> "));
 }
 
 }  // namespace loom::graph

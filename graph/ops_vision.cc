@@ -48,10 +48,6 @@ void add_vision_ops(OpRegistry& r) {
   // Mean over the spatial dimensions [b, y, x, c] -> [b, c]; pieces of y or x are partial sums
   // (each divides by the full token count).
   must(OpSchema::simple("mean_pool", "b y+ x+ c -> b c"));
-
-  // Sum over samples of the cross-entropy of logits [b, classes] against labels [b], divided by
-  // attribute `normalizer` (the micro-batch's sample count).
-  must(OpSchema::simple("class_cross_entropy", "b+ v^, b+ -> "));
 }
 
 }  // namespace loom::graph

@@ -249,8 +249,9 @@ Result<graph::Graph> build_evoformer(const EvoformerSpec& s, int64_t batch,
   b.set_layer(graph::kPostLayers);
   w.set_axis(kColumns);
   TensorId logits = w.linear("distogram", z, s.bins, s.c_z);
-  TensorId loss = w.op("pair_cross_entropy", "loss", {logits, targets},
-                       Attrs{{"normalizer", batch * s.residues * s.residues}});
+  TensorId loss =
+      w.op("cross_entropy", "loss", {logits, targets},
+           Attrs{{"normalizer", batch * s.residues * s.residues}, {"ndim", int64_t{4}}});
   b.set_loss(loss);
   return b.finish();
 }

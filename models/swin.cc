@@ -271,8 +271,8 @@ Result<graph::Graph> build_swin(const SwinSpec& s, int64_t batch,
   TensorId head_b = b.parameter("head.b", {s.classes}, ParamInit::zeros());
   TensorId logits = b.op1("linear", "head", {x, head_w}, Attrs{{"ndim", int64_t{2}}});
   logits = b.op1("bias_add", "head.bias", {logits, head_b}, Attrs{{"ndim", int64_t{2}}});
-  TensorId loss =
-      b.op1("class_cross_entropy", "loss", {logits, labels}, Attrs{{"normalizer", batch}});
+  TensorId loss = b.op1("cross_entropy", "loss", {logits, labels},
+                        Attrs{{"normalizer", batch}, {"ndim", int64_t{2}}});
   b.set_loss(loss);
   return b.finish();
 }

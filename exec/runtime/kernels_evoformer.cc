@@ -67,14 +67,6 @@ Tensors triangle_incoming(const Ctx&, const Tensors& in) {
   return {at::einsum("bkic,bkjc->bijc", {in[0], in[1]})};
 }
 
-Tensors pair_cross_entropy(const Ctx& ctx, const Tensors& in) {
-  const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
-  const at::Tensor& logits = in[0];
-  at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                           in[1].reshape({-1}), {}, at::Reduction::Sum);
-  return {loss / static_cast<double>(normalizer)};
-}
-
 }  // namespace
 
 void add_evoformer_kernels(KernelRegistry& r) {
@@ -86,7 +78,6 @@ void add_evoformer_kernels(KernelRegistry& r) {
       {"outer_product_mean", outer_product_mean},
       {"triangle_outgoing", triangle_outgoing},
       {"triangle_incoming", triangle_incoming},
-      {"pair_cross_entropy", pair_cross_entropy},
   };
   for (const auto& [type, kernel] : kernels) {
     Status s = r.add(type, kernel);

@@ -110,12 +110,6 @@ Tensors mean_pool(const Ctx& ctx, const Tensors& in) {
   return {in[0].sum({1, 2}) / tokens};
 }
 
-Tensors class_cross_entropy(const Ctx& ctx, const Tensors& in) {
-  const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
-  at::Tensor loss = at::cross_entropy_loss(in[0], in[1], {}, at::Reduction::Sum);
-  return {loss / static_cast<double>(normalizer)};
-}
-
 }  // namespace
 
 void add_vision_kernels(KernelRegistry& r) {
@@ -126,7 +120,6 @@ void add_vision_kernels(KernelRegistry& r) {
       {"window_attention", window_attention},
       {"patch_merge", patch_merge},
       {"mean_pool", mean_pool},
-      {"class_cross_entropy", class_cross_entropy},
   };
   for (const auto& [type, kernel] : kernels) {
     Status s = r.add(type, kernel);

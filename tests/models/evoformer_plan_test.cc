@@ -47,7 +47,7 @@ TEST(EvoformerGraph, TinyBuildsVerifiesAndHintsEveryOp) {
   EXPECT_EQ(types["outer_product_mean"], 2);
   EXPECT_EQ(types["triangle_outgoing"], 2);
   EXPECT_EQ(types["triangle_incoming"], 2);
-  EXPECT_EQ(types["pair_cross_entropy"], 1);
+  EXPECT_EQ(types["cross_entropy"], 1);
   EXPECT_EQ(g->tensor(*g->find_tensor("msa_feat")).shape, (Shape{2, 4, 8, 7}));  // micro 2
 }
 
