@@ -26,6 +26,7 @@ Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
     CheckpointReader r;
     r.dir_ = dir.parent_path();
     r.manifest_ = std::move(m);
+    r.index_slices();
     r.shards_[dir.filename().string()] = std::make_shared<SafeTensorsFile>(std::move(f));
     return r;
   }
@@ -49,21 +50,38 @@ Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
   CheckpointReader r;
   r.dir_ = dir;
   r.manifest_ = std::move(m);
+  r.index_slices();
   return r;
 }
 
+void CheckpointReader::index_slices() {
+  for (size_t i = 0; i < manifest_.slices.size(); ++i) {
+    const CheckpointSlice& s = manifest_.slices[i];
+    auto& list = slices_[{s.kind, s.tensor}];
+    if (list.empty()) names_[s.kind].push_back(s.tensor);
+    list.push_back(i);
+  }
+}
+
+const std::vector<size_t>& CheckpointReader::slices_of(const std::string& tensor,
+                                                       const std::string& kind) const {
+  static const std::vector<size_t> kNone;
+  auto it = slices_.find({kind, tensor});
+  return it == slices_.end() ? kNone : it->second;
+}
+
 std::vector<std::string> CheckpointReader::tensors(const std::string& kind) const {
-  std::vector<std::string> out;
-  for (const auto& s : manifest_.slices)
-    if (s.kind == kind && std::find(out.begin(), out.end(), s.tensor) == out.end())
-      out.push_back(s.tensor);
-  return out;
+  auto it = names_.find(kind);
+  return it == names_.end() ? std::vector<std::string>{} : it->second;
 }
 
 Result<std::pair<Shape, std::string>> CheckpointReader::describe(const std::string& tensor,
                                                                  const std::string& kind) const {
-  for (const auto& s : manifest_.slices)
-    if (s.tensor == tensor && s.kind == kind) return std::make_pair(s.global, s.dtype);
+  const auto& slices = slices_of(tensor, kind);
+  if (!slices.empty()) {
+    const CheckpointSlice& s = manifest_.slices[slices.front()];
+    return std::make_pair(s.global, s.dtype);
+  }
   return Error::at(tensor,
                    "checkpoint '" + dir_.string() + "' has no " + kind + " '" + tensor + "'");
 }
@@ -156,8 +174,9 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
   // The overlapping slices, each checked against its shard (CRC-32, format, key, shape) first.
   std::vector<std::pair<const CheckpointSlice*, std::string_view>> sources;
   uint64_t stored = 0;  // elements those shards really hold: bounds the allocation below
-  for (const auto& s : manifest_.slices) {
-    if (s.tensor != tensor || s.kind != kind || s.value_chunks != 1) continue;
+  for (size_t index : slices_of(tensor, kind)) {
+    const CheckpointSlice& s = manifest_.slices[index];
+    if (s.value_chunks != 1) continue;
     if (s.global != global || s.dtype != dtype)
       return Error::at(tensor,
                        what + " is stored with different shapes or dtypes in different shards");

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/checkpoint_manifest.h"
@@ -38,10 +39,16 @@ class CheckpointReader {
 
  private:
   Result<const SafeTensorsFile*> shard(const std::string& name);
+  void index_slices();  // fills slices_ and names_ from manifest_
+  const std::vector<size_t>& slices_of(const std::string& tensor, const std::string& kind) const;
 
   std::filesystem::path dir_;
   CheckpointManifest manifest_;
   std::map<std::string, std::shared_ptr<SafeTensorsFile>> shards_;  // verified, by file name
+  // Slices of each (kind, tensor), as indices into manifest_.slices, and the tensor names of
+  // each kind in manifest order: lookups per tensor instead of scans of every slice.
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> slices_;
+  std::map<std::string, std::vector<std::string>> names_;
 };
 
 // Complete checkpoints (those with a manifest) under `root`, by step, oldest first.
