@@ -367,6 +367,17 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
   if (!in) return Error::at(path, "cannot read config file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
+  // A file with no sections (0 bytes, only comments, or a bare `~`) is a mistake, not a request
+  // for every default: training GPT tiny on defaults would hide it.
+  bool empty = false;
+  try {
+    empty = YAML::Load(text.str()).IsNull();
+  } catch (const YAML::Exception&) {
+    // parse_config reports the malformed YAML with its line.
+  }
+  if (empty)
+    return Error::at(path, path + ": the config is empty (no sections such as run, model, "
+                                  "parallel); write at least `model: {type: gpt}`");
   return parse_config(text.str(), path, overrides);
 }
 

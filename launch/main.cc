@@ -21,6 +21,7 @@ const Command kCommands[] = {
     {"checkpoint", "inspect or merge a checkpoint: loom checkpoint inspect DIR | merge DIR OUT",
      loom::cli::checkpoint_main},
     {"config", "print the resolved config: loom config CONFIG [key=value ...]", loom::cli::config_main},
+    {"env", "print what results depend on: LibTorch, CPU kernels, BLAS, threads", loom::cli::env_main},
 };
 
 void usage(FILE* out) {

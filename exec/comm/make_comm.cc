@@ -203,6 +203,14 @@ Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLooku
 }
 
 int configure_worker_threads(const EnvLookup& env) {
+  if (std::optional<std::string> omp = env("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(omp->c_str(), &end, 10);
+    if (end != omp->c_str() && *end == '\0' && n > 0 && n <= 4096) {
+      at::set_num_threads(static_cast<int>(n));
+      return static_cast<int>(n);
+    }
+  }
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);

@@ -7,6 +7,7 @@
 //                              for mpi, which otherwise picks rank 0's host and a free port)
 //   LOCAL_RANK                 the CUDA device of this worker (nccl)
 //   LOCAL_WORLD_SIZE           workers on this machine (configure_worker_threads)
+//   OMP_NUM_THREADS            intra-op threads of this worker, when set (configure_worker_threads)
 //   OMPI_COMM_WORLD_RANK/SIZE  set by Open MPI's mpirun; `auto` then picks mpi
 //   PMI_RANK/PMI_SIZE          set by srun/MPICH; `auto` then picks mpi
 #pragma once
@@ -38,8 +39,9 @@ Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config,
 // The backends compiled into this build ("local", "gloo", and "mpi", "nccl" when found).
 std::vector<std::string> built_backends();
 
-// Sets LibTorch's intra-op threads to max(1, cores / LOCAL_WORLD_SIZE) so that workers sharing a
-// machine do not oversubscribe it; returns the number set.
+// Sets LibTorch's intra-op threads to OMP_NUM_THREADS when that is a positive integer (as PyTorch
+// does: the user or the launcher chose), else to max(1, cores / LOCAL_WORLD_SIZE) so that workers
+// sharing a machine do not oversubscribe it; returns the number set.
 int configure_worker_threads(const EnvLookup& env = process_env());
 
 }  // namespace loom::comm

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace loom {
 namespace {
 
@@ -69,6 +71,20 @@ TEST(Config, ResolvedYamlRoundTrips) {
   EXPECT_EQ(to_yaml(back), to_yaml(c));
   EXPECT_EQ(back.parallel.stages.size(), 2u);
   EXPECT_EQ(back.model.args.at("layers"), "3");
+}
+
+// A config file with no sections is refused naming the file; a file with `{}` asks for defaults.
+TEST(ConfigErrors, EmptyFileIsRefused) {
+  const std::string path = ::testing::TempDir() + "/loom_empty_config.yaml";
+  for (const char* text : {"", "# only a comment\n", "~\n"}) {
+    std::ofstream(path) << text;
+    auto c = load_config(path);
+    ASSERT_FALSE(c.ok()) << "an empty config was accepted: '" << text << "'";
+    EXPECT_NE(c.error().message.find(path + ": the config is empty"), std::string::npos)
+        << c.error().message;
+  }
+  std::ofstream(path) << "{}\n";
+  EXPECT_TRUE(load_config(path).ok());
 }
 
 TEST(ConfigErrors, MalformedYamlNamesTheLine) {

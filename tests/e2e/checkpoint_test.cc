@@ -20,6 +20,7 @@
 #include "exec/runtime/executor.h"
 #include "exec/runtime/trainer.h"
 #include "tests/exec/comm/spawn.h"
+#include "tests/support/reference_run.h"
 
 namespace loom {
 namespace {
@@ -54,6 +55,22 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// The thread settings of every `loom train` these tests compare bitwise: pinned, so the
+// processes run the same code whatever the machine's cores (see tests/README.md).
+const std::map<std::string, std::string> kPinnedThreads = {{"OMP_NUM_THREADS", "1"},
+                                                           {"OPENBLAS_NUM_THREADS", "1"}};
+
+// The losses in a run directory's metrics.jsonl, by step (the last line of a step counts).
+std::map<int64_t, double> metrics_losses(const fs::path& run) {
+  std::ifstream metrics(run / "metrics.jsonl");
+  std::map<int64_t, double> losses;
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return losses;
 }
 
 // Rank 0's losses, by step.
@@ -93,7 +110,7 @@ TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
               {"parallel.dp=2", "parallel.tp=2", "checkpoint.dir=" + ckpt.string(),
                "checkpoint.every=5", "--steps", "5"},
               saved);
-  expect_equal_losses(worker_losses(saved), 1, 5, 1e-5, "dp2 x tp2");
+  expect_equal_losses(worker_losses(saved), 1, 5, testing_support::kLossRelTolerance, "dp2 x tp2");
   ASSERT_TRUE(fs::exists(ckpt / "step_00000005" / "manifest.json"));
   auto reader = CheckpointReader::open(ckpt / "step_00000005");
   ASSERT_TRUE(reader.ok()) << reader.error().message;
@@ -105,7 +122,7 @@ TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
   run_workers(4, {"parallel.pp=4", "checkpoint.resume=" + ckpt.string(), "--steps", "10"}, pp4);
   auto pp4_losses = worker_losses(pp4);
   EXPECT_EQ(pp4_losses.begin()->first, 6);
-  expect_equal_losses(pp4_losses, 6, 10, 1e-6, "resumed under pp4");
+  expect_equal_losses(pp4_losses, 6, 10, testing_support::kLossRelTolerance, "resumed under pp4");
 
   // One rank, in this process.
   auto c =
@@ -116,7 +133,7 @@ TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
   ASSERT_EQ((*t)->steps_done(), 5);
   std::map<int64_t, double> one;
   for (int64_t s = 6; s <= 10; ++s) one[s] = (*t)->step()->loss;
-  expect_equal_losses(one, 6, 10, 1e-6, "resumed on one rank");
+  expect_equal_losses(one, 6, 10, testing_support::kLossRelTolerance, "resumed on one rank");
 
   expect_merged_equals_single_device(ckpt);
 }
@@ -191,21 +208,21 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
   EXPECT_EQ(metadata["step"], "5");
 
   auto c = parse_config(kYaml, "ref.yaml");
-  auto t = runtime::Trainer::create(*c);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*t)->step().ok());
+  const testing_support::Reference ref = testing_support::train_single_device(*c, 5);
+  const testing_support::ParameterTolerance tol = testing_support::parameter_tolerance(ref.trace);
   int params = 0;
+  auto t = runtime::Trainer::create(*c);
   for (const auto& full : (*t)->graph().tensors()) {
     if (full.role != graph::TensorRole::kParameter) continue;
     ++params;
     ASSERT_TRUE(tensors.count(full.name)) << full.name << " is not in the merged file";
     const IndependentTensor& got = tensors.at(full.name);
     EXPECT_EQ(got.shape, full.shape) << full.name;
-    at::Tensor want = (*t)->executor().parameter(full.name).detach().contiguous();
+    const at::Tensor& want = ref.params.at(full.name);
     at::Tensor have =
         at::from_blob(const_cast<float*>(got.values.data()), want.sizes(), at::kFloat);
-    const double err =
-        (have - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
-    EXPECT_LE(err, 1e-5) << full.name;
+    const auto differs = testing_support::compare_parameter(have, want, ref.init.at(full.name), tol);
+    EXPECT_FALSE(differs) << full.name << ": " << differs.value_or("");
     ASSERT_TRUE(tensors.count("optimizer.exp_avg." + full.name)) << full.name;
     EXPECT_EQ(tensors.at("optimizer.exp_avg." + full.name).shape, full.shape) << full.name;
   }
@@ -218,7 +235,8 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
   ASSERT_EQ((*resumed)->steps_done(), 5);
   std::map<int64_t, double> losses;
   for (int64_t s = 6; s <= 10; ++s) losses[s] = (*resumed)->step()->loss;
-  expect_equal_losses(losses, 6, 10, 1e-6, "resumed from the merged file");
+  expect_equal_losses(losses, 6, 10, testing_support::kLossRelTolerance,
+                      "resumed from the merged file");
 
   comm::testing::Launch inspect;
   inspect.argv = {kLoom, "checkpoint", "inspect", ckpt.string()};
@@ -259,14 +277,9 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
   EXPECT_NE(results[0].output.find("resumed from step 4"), std::string::npos)
       << results[0].describe();
   // metrics.jsonl holds both attempts; the last line of each step is the one that counts.
-  std::ifstream metrics(dir / "run" / "metrics.jsonl");
-  std::map<int64_t, double> losses;
-  for (std::string line; std::getline(metrics, line);) {
-    auto j = nlohmann::json::parse(line);
-    losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
+  const std::map<int64_t, double> losses = metrics_losses(dir / "run");
   ASSERT_EQ(losses.size(), 10u);
-  expect_equal_losses(losses, 1, 10, 1e-5, "after the restart");
+  expect_equal_losses(losses, 1, 10, testing_support::kLossRelTolerance, "after the restart");
   auto kept = complete_checkpoints(dir / "run" / "checkpoints");
   ASSERT_EQ(kept.size(), 2u);  // checkpoint.keep
   EXPECT_EQ(kept.back().first, 10);
@@ -293,49 +306,51 @@ int64_t check_complete_checkpoints(const fs::path& root) {
   return newest;
 }
 
-// Resumes `root`'s latest checkpoint in this process and trains to step 3: the losses must be
-// the uninterrupted run's (same plan: exactly).
-void expect_resume_matches(const fs::path& root, const std::vector<double>& want,
-                           const std::string& what) {
-  auto c = parse_config(
-      kYaml, "resume.yaml",
-      {"model.args.layers=2", "checkpoint.resume=latest", "checkpoint.dir=" + root.string()});
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  auto t = runtime::Trainer::create(*c);
-  ASSERT_TRUE(t.ok()) << what << ": " << t.error().message;
-  for (int64_t s = (*t)->steps_done() + 1; s <= 3; ++s)
-    EXPECT_EQ((*t)->step()->loss, want[static_cast<size_t>(s - 1)]) << what << " step " << s;
+// `loom train` on the writer tests' config for 3 steps into `run`, plus `extra`.
+comm::testing::Launch train_steps(const fs::path& config, const fs::path& run,
+                                  const std::vector<std::string>& extra) {
+  comm::testing::Launch l;
+  l.argv = {kLoom, "train", config.string(), "model.args.layers=2", "run.steps=3",
+            "run.output_dir=" + run.string()};
+  l.argv.insert(l.argv.end(), extra.begin(), extra.end());
+  l.env = kPinnedThreads;
+  return l;
+}
+
+// Resumes `root`'s latest checkpoint in a `loom train` started like the one that wrote it and
+// trains to step 3: the losses must be the uninterrupted run's exactly (same plan, same code,
+// same threads).
+void expect_resume_matches(const fs::path& config, const fs::path& root,
+                           const std::map<int64_t, double>& want, const std::string& what) {
+  const fs::path out = root.parent_path() / "resumed";
+  fs::remove_all(out);
+  auto r = comm::testing::run_processes(
+      {train_steps(config, out, {"checkpoint.resume=latest", "checkpoint.dir=" + root.string()})},
+      60)[0];
+  ASSERT_TRUE(r.ok()) << what << ": " << r.describe();
+  for (const auto& [step, loss] : metrics_losses(out))
+    EXPECT_EQ(loss, want.at(step)) << what << " step " << step;
 }
 
 class CheckpointWriterKilled : public testing::Test {
  protected:
   void SetUp() override {
-    // One intra-op thread, as the `loom train` processes use: then the same plan is bitwise equal.
-    at::set_num_threads(1);
     dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     config_ = dir_ / "run.yaml";
     std::ofstream(config_) << kYaml;
-    auto c = parse_config(kYaml, "ref.yaml", {"model.args.layers=2"});
-    auto t = runtime::Trainer::create(*c);
-    for (int i = 0; i < 3; ++i) want_.push_back((*t)->step()->loss);
+    // The uninterrupted losses, from a process started as the killed ones are.
+    auto r = comm::testing::run_processes({train_steps(config_, dir_ / "uninterrupted", {})}, 60)[0];
+    ASSERT_TRUE(r.ok()) << r.describe();
+    want_ = metrics_losses(dir_ / "uninterrupted");
+    ASSERT_EQ(want_.size(), 3u);
   }
   // `loom train` for 3 steps with a checkpoint after each (keep 2) into a fresh `run`.
   comm::testing::Launch train(const fs::path& run) const {
     fs::remove_all(run);
-    comm::testing::Launch l;
-    l.argv = {kLoom,
-              "train",
-              config_.string(),
-              "model.args.layers=2",
-              "run.steps=3",
-              "checkpoint.every=1",
-              "checkpoint.keep=2",
-              "run.output_dir=" + run.string()};
-    l.env = {{"OMP_NUM_THREADS", "1"}};
-    return l;
+    return train_steps(config_, run, {"checkpoint.every=1", "checkpoint.keep=2"});
   }
   fs::path dir_, config_;
-  std::vector<double> want_;
+  std::map<int64_t, double> want_;
 };
 
 // Stops the writer at each point of writing in turn (each file half-written, synced and renamed;
@@ -357,7 +372,8 @@ TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
     EXPECT_GE(now, newest) << "crash point " << point << " lost a complete checkpoint";
     newest = now;
     if (now > 0)
-      expect_resume_matches(run / "checkpoints", want_, "crash point " + std::to_string(point));
+      expect_resume_matches(config_, run / "checkpoints", want_,
+                            "crash point " + std::to_string(point));
   }
   EXPECT_TRUE(finished) << "the writer never got through";
   EXPECT_EQ(newest, 3);
@@ -379,7 +395,8 @@ TEST_F(CheckpointWriterKilled, AtRandomInstantsThePreviousCheckpointStaysLoadabl
     SCOPED_TRACE("seed " + std::to_string(seed) + ", killed after " + std::to_string(at_s) + " s");
     check_complete_checkpoints(run / "checkpoints");
     if (!latest_checkpoint(run / "checkpoints").empty())
-      expect_resume_matches(run / "checkpoints", want_, "killed at " + std::to_string(at_s) + " s");
+      expect_resume_matches(config_, run / "checkpoints", want_,
+                            "killed at " + std::to_string(at_s) + " s");
   }
   std::printf("writer killed mid-run in %d of 8 runs\n", killed);
 }

@@ -90,6 +90,15 @@ TEST_F(Cli, MalformedYaml) {
   expect_rejected("train " + write("d.yaml", "run:\n  steps: [1, 2\nmodel: {}\n"), "malformed YAML");
 }
 
+// An empty file (0 bytes, only comments, a bare `~`) is refused naming it, not trained on defaults.
+TEST_F(Cli, EmptyConfigIsRefused) {
+  for (const char* text : {"", "# nothing here yet\n\n# still nothing\n", "~\n"}) {
+    const std::string path = write("empty.yaml", text);
+    expect_rejected("train " + path, path + ": the config is empty");
+    expect_rejected("plan " + path + " --out " + (dir_ / "run").string(), "the config is empty");
+  }
+}
+
 TEST_F(Cli, UnknownKeySuggestsTheClosest) {
   expect_rejected("train " + write("c.yaml", base_config() + "parallel:\n  tpp: 2\n"),
                   "c.yaml:15: unknown key 'parallel.tpp' (did you mean 'parallel.tp'?)");

@@ -8,10 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "exec/runtime/executor.h"
-#include "exec/runtime/oracle.h"
-#include "exec/runtime/trainer.h"
 #include "tests/exec/comm/spawn.h"
+#include "tests/support/reference_run.h"
 
 namespace loom {
 namespace {
@@ -25,14 +23,8 @@ const std::vector<std::string> kEvoformer = {"model.type=evoformer", "model.pres
                                              "batch.global=4",       "batch.micro=2",
                                              "optimizer.lr=0.2",     "optimizer.weight_decay=0"};
 
-struct Reference {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> params;
-};
-
-const Reference& single_device() {
-  static Reference r = [] {
-    Reference ref;
+const testing_support::Reference& single_device() {
+  static const testing_support::Reference r = [] {
     auto c = parse_config(R"(run: {seed: 3, steps: 10}
 model: {type: evoformer, preset: tiny}
 batch: {global: 4, micro: 2}
@@ -40,19 +32,13 @@ optimizer: {type: sgd, lr: 0.2, momentum: 0.9, weight_decay: 0, clip_grad_norm: 
 )",
                           "ref.yaml");
     EXPECT_TRUE(c.ok()) << c.error().message;
-    auto t = runtime::Trainer::create(*c);
-    EXPECT_TRUE(t.ok()) << t.error().message;
-    for (int i = 0; i < kSteps; ++i) ref.losses.push_back((*t)->step()->loss);
-    for (const auto& tensor : (*t)->graph().tensors())
-      if (tensor.role == graph::TensorRole::kParameter)
-        ref.params[tensor.name] = (*t)->executor().parameter(tensor.name).detach().clone();
-    return ref;
+    return testing_support::train_single_device(*c, kSteps);
   }();
   return r;
 }
 
 TEST(EvoformerGlooRanks, Dap2) {
-  const Reference& ref = single_device();
+  const testing_support::Reference& ref = single_device();
   ASSERT_GT(std::abs(ref.losses.front() - ref.losses.back()), 1e-3) << "training did not move";
   fs::path dir = fs::path(testing::TempDir()) / "loom_mp_evoformer_dap2";
   fs::remove_all(dir);
@@ -65,36 +51,8 @@ TEST(EvoformerGlooRanks, Dap2) {
   auto results = comm::testing::spawn_workers(kWorker, 2, args, 120);
   for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
 
-  for (int r = 0; r < 2; ++r) {
-    std::ifstream idx(dir / ("rank_" + std::to_string(r) + ".json"));
-    ASSERT_TRUE(idx) << "rank " << r << " wrote no results";
-    nlohmann::json index = nlohmann::json::parse(idx);
-    std::ifstream bin(dir / ("rank_" + std::to_string(r) + ".bin"), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(bin)),
-                            std::istreambuf_iterator<char>());
-    const float* data = reinterpret_cast<const float*>(bytes.data());
-    auto losses = index["losses"].get<std::vector<double>>();
-    ASSERT_EQ(losses.size(), ref.losses.size());
-    for (size_t i = 0; i < losses.size(); ++i)
-      EXPECT_LE(std::abs(losses[i] - ref.losses[i]) / ref.losses[i], 1e-5)
-          << "rank " << r << " step " << i + 1 << ": " << losses[i] << " vs " << ref.losses[i];
-    int checked = 0;
-    for (const auto& p : index["params"]) {
-      const std::string name = p["name"];
-      // Rounding noise only; see tests/exec/evoformer_reference_test.cc.
-      if (name.find("msa_row.pair_ln.b") != std::string::npos) continue;
-      graph::SubTensor piece;
-      for (const auto& range : p["ranges"]) piece.ranges.push_back({range[0], range[1]});
-      at::Tensor want = runtime::cut_piece(ref.params.at(name), piece);
-      at::Tensor got = at::from_blob(const_cast<float*>(data) + p["offset"].get<int64_t>(),
-                                     want.sizes(), at::kFloat);
-      double err =
-          (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
-      EXPECT_LE(err, 1e-5) << "rank " << r << " " << name << piece.ranges_string();
-      ++checked;
-    }
-    EXPECT_GT(checked, 100) << "rank " << r;
-  }
+  // The pair norm's shift only follows rounding noise; see tests/exec/evoformer_reference_test.cc.
+  EXPECT_GT(testing_support::expect_worker_results_equal(ref, dir, 2, {"msa_row.pair_ln.b"}), 200);
 }
 
 }  // namespace

@@ -9,10 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "exec/runtime/executor.h"
-#include "exec/runtime/oracle.h"
-#include "exec/runtime/trainer.h"
 #include "tests/exec/comm/spawn.h"
+#include "tests/support/reference_run.h"
 
 namespace loom {
 namespace {
@@ -22,26 +20,16 @@ using comm::testing::ProcessResult;
 
 const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/train_worker";
 
-struct Reference {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> params;
-};
-
-const Reference& single_device() {
-  static Reference r = [] {
-    Reference ref;
+const testing_support::Reference& single_device() {
+  static const testing_support::Reference r = [] {
     auto c = parse_config(R"(run: {seed: 3, steps: 10}
 model: {type: gpt, preset: tiny}
 batch: {global: 8, micro: 2}
 optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
 )",
                           "ref.yaml");
-    auto t = runtime::Trainer::create(*c);
-    for (int i = 0; i < 10; ++i) ref.losses.push_back((*t)->step()->loss);
-    for (const auto& tensor : (*t)->graph().tensors())
-      if (tensor.role == graph::TensorRole::kParameter)
-        ref.params[tensor.name] = (*t)->executor().parameter(tensor.name).detach().clone();
-    return ref;
+    EXPECT_TRUE(c.ok()) << c.error().message;
+    return testing_support::train_single_device(*c, 10);
   }();
   return r;
 }
@@ -54,33 +42,10 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 void check_outputs(const fs::path& dir, int world_size) {
-  const Reference& ref = single_device();
-  for (int r = 0; r < world_size; ++r) {
-    std::ifstream idx(dir / ("rank_" + std::to_string(r) + ".json"));
-    ASSERT_TRUE(idx) << "rank " << r << " wrote no results";
-    nlohmann::json index = nlohmann::json::parse(idx);
-    std::ifstream bin(dir / ("rank_" + std::to_string(r) + ".bin"), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(bin)),
-                            std::istreambuf_iterator<char>());
-    const float* data = reinterpret_cast<const float*>(bytes.data());
-    auto losses = index["losses"].get<std::vector<double>>();
-    ASSERT_EQ(losses.size(), ref.losses.size());
-    for (size_t i = 0; i < losses.size(); ++i)
-      EXPECT_LE(std::abs(losses[i] - ref.losses[i]) / ref.losses[i], 1e-5)
-          << "rank " << r << " step " << i + 1 << ": " << losses[i] << " vs " << ref.losses[i];
-    for (const auto& p : index["params"]) {
-      const std::string name = p["name"];
-      if (name.find("attn.k.b") != std::string::npos) continue;  // see distributed_test.cc
-      graph::SubTensor piece;
-      for (const auto& range : p["ranges"]) piece.ranges.push_back({range[0], range[1]});
-      at::Tensor want = runtime::cut_piece(ref.params.at(name), piece);
-      at::Tensor got = at::from_blob(const_cast<float*>(data) + p["offset"].get<int64_t>(),
-                                     want.sizes(), at::kFloat);
-      double err =
-          (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-6);
-      EXPECT_LE(err, 1e-5) << "rank " << r << " " << name << piece.ranges_string();
-    }
-  }
+  // The key bias only follows rounding noise; see distributed_test.cc.
+  EXPECT_GT(testing_support::expect_worker_results_equal(single_device(), dir, world_size,
+                                                         {"attn.k.b"}),
+            0);
 }
 
 void expect_gloo_equal(const std::string& name, const std::vector<std::string>& overrides,

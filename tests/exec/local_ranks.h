@@ -21,41 +21,23 @@
 #include "exec/runtime/trainer.h"
 #include "graph/verify.h"
 #include "models/model.h"
+#include "tests/support/reference_run.h"
 
 namespace loom::testing_support {
 
-struct Reference {
-  std::vector<double> losses;                // per step
-  std::map<std::string, at::Tensor> params;  // after the last step, by FullTensor name
-};
-
-inline Reference train_single_device(const Config& config, int steps) {
-  Reference r;
-  auto t = runtime::Trainer::create(config);
-  EXPECT_TRUE(t.ok()) << t.error().message;
-  if (!t.ok()) return r;
-  for (int i = 0; i < steps; ++i) r.losses.push_back((*t)->step()->loss);
-  for (const auto& tensor : (*t)->graph().tensors())
-    if (tensor.role == graph::TensorRole::kParameter)
-      r.params[tensor.name] = (*t)->executor().parameter(tensor.name).detach().clone();
-  return r;
-}
-
-inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-6);
-}
-
 // Trains `config` (world_size ranks) for as many steps as `ref` has losses; every rank's loss
-// must be within 1e-5 (relative) of the reference and every parameter piece within
-// `param_tolerance`. Parameters whose name contains one of `noise` are not compared: their
-// gradients are rounding noise by construction (a bias that shifts every softmax score alike).
+// must be within kLossRelTolerance of the reference and every parameter piece within the
+// policy's bound for the reference's optimizer (tests/support/tolerance.h). Parameters whose name
+// contains one of `noise` are not compared: their gradients are rounding noise by construction
+// (a bias that shifts every softmax score alike).
 inline void expect_equal_to_single_device(const Reference& ref, const Config& config,
-                                          int world_size, double param_tolerance = 1e-5,
+                                          int world_size,
                                           const std::vector<std::string>& noise = {}) {
   const int steps = static_cast<int>(ref.losses.size());
   ASSERT_GT(steps, 1);
   // The losses move, so equal curves are not equal constants.
   ASSERT_NE(ref.losses.front(), ref.losses.back());
+  const ParameterTolerance tol = parameter_tolerance(ref.trace);
   comm::LocalWorld world(world_size, 60);
   std::mutex mu;
   std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
@@ -78,11 +60,12 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
       bool skip = false;
       for (const auto& n : noise) skip |= name.find(n) != std::string::npos;
       if (skip) continue;
-      const double err = relative_error(exec.parameters()[i].detach(),
-                                        runtime::cut_piece(ref.params.at(name), piece));
-      if (err > param_tolerance)
+      const auto differs = compare_parameter(exec.parameters()[i],
+                                             runtime::cut_piece(ref.params.at(name), piece),
+                                             runtime::cut_piece(ref.init.at(name), piece), tol);
+      if (differs)
         problems.push_back("rank " + std::to_string(rank) + " " + name + piece.ranges_string() +
-                           ": relative error " + std::to_string(err));
+                           ": " + *differs);
     }
     return Status::success();
   });
@@ -90,7 +73,7 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
   for (int r = 0; r < world_size; ++r) {
     ASSERT_EQ(losses[static_cast<size_t>(r)].size(), ref.losses.size()) << "rank " << r;
     for (int i = 0; i < steps; ++i)
-      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], 1e-5)
+      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], kLossRelTolerance)
           << "rank " << r << " step " << i + 1 << ": " << losses[r][i] << " vs " << ref.losses[i];
   }
   // Every parameter of the model is held (and so compared) somewhere.

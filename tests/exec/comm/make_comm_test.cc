@@ -181,5 +181,17 @@ TEST(WorkerThreads, SplitsTheCoresAmongLocalWorkers) {
   EXPECT_EQ(configure_worker_threads(env_of({{"SLURM_NTASKS_PER_NODE", "1000"}})), 1);
 }
 
+TEST(WorkerThreads, AnExplicitOmpNumThreadsWins) {
+  EXPECT_EQ(configure_worker_threads(env_of({{"OMP_NUM_THREADS", "3"}, {"LOCAL_WORLD_SIZE", "2"}})),
+            3);
+  EXPECT_EQ(at::get_num_threads(), 3);
+  // Not a positive integer: ignored, the cores are split as without it.
+  const int split = configure_worker_threads(env_of({{"LOCAL_WORLD_SIZE", "1000"}}));
+  for (const char* bad : {"0", "-2", "two", ""})
+    EXPECT_EQ(configure_worker_threads(env_of({{"OMP_NUM_THREADS", bad}, {"LOCAL_WORLD_SIZE", "1000"}})),
+              split)
+        << bad;
+}
+
 }  // namespace
 }  // namespace loom::comm

@@ -1,0 +1,141 @@
+// The numerical policy of loom's tests (tests/README.md): what "a parallel run equals the
+// single-device run" can promise on any x86-64 CPU, whatever ATen's vector kernels
+// (ATEN_CPU_CAPABILITY), OpenBLAS's kernels and the thread counts are.
+//
+// A plan sums the same terms in another order (a split reduction, an all-reduce, a gradient
+// accumulated from pieces), so its float results differ from one device's in the last bits. What
+// those differences become after T optimizer steps is bounded here per parameter tensor, from the
+// optimizer's own arithmetic; every bound is a sum of named terms so a failure says which one was
+// exceeded and by how much.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace loom::testing_support {
+
+// float's machine epsilon (2^-23): one rounding moves a value by at most half of it, relatively.
+constexpr double kFp32Eps = 1.1920929e-7;
+
+// A loss is a mean over thousands of token losses; summed in another order its relative change is
+// a few eps (1e-7 .. 1e-6 measured on default, avx2 and avx512 kernels). 1e-5 leaves a decade for
+// the drift of the parameters it is computed from, and is still 100x below what a real bug moves
+// (a dropped all-reduce or a mis-sliced shard changes step 2's loss by 1e-3 or more).
+constexpr double kLossRelTolerance = 1e-5;
+
+// What the single-device run knows about its own updates, to bound how far rounding can carry
+// a parameter.
+struct OptimizerTrace {
+  std::string type;                 // sgd | adamw
+  double momentum = 0;              // sgd
+  std::vector<double> lr;           // per step, as applied
+  std::vector<double> applied_norm; // per step: the global gradient norm after clipping
+};
+
+inline OptimizerTrace optimizer_trace(const OptimizerConfig& opt, const std::vector<double>& lr,
+                                      const std::vector<double>& grad_norm) {
+  OptimizerTrace t;
+  t.type = opt.type;
+  t.momentum = opt.type == "sgd" ? opt.momentum : 0;
+  t.lr = lr;
+  for (double n : grad_norm)
+    t.applied_norm.push_back(opt.clip_grad_norm > 0 ? std::min(n, opt.clip_grad_norm) : n);
+  return t;
+}
+
+// The bound on max|got - want| for one parameter tensor after the traced steps:
+//   moved * max|want - init|  +  stored * max|want|  +  floor
+struct ParameterTolerance {
+  // Relative error of the distance a parameter travelled. SGD is linear in the gradient, so a
+  // gradient summed in another order (relative change ~1e-6: a few eps times log2 of the terms)
+  // moves the update by the same relative amount; 1e-5 leaves a decade. A gradient scaled by
+  // 1.001 (a shard counted wrong) misses it by 100x, a dropped all-reduce by 10^4.
+  double moved = 1e-5;
+  // Rounding of the stored float: each step's p - lr*v rounds to the nearest float of p, and two
+  // runs whose updates differ in the last bit may round apart: one eps of |p| per step.
+  double stored = 0;
+  // Absolute floor for elements whose gradient is a sum that cancels to near zero (a norm's shift,
+  // a bias feeding a softmax): their rounding is relative to the terms summed, not to the result.
+  double floor = 0;
+  std::string why;  // the floor's derivation, printed with a failure
+
+  double bound(double max_moved, double max_abs) const {
+    return moved * max_moved + stored * max_abs + floor;
+  }
+};
+
+// Rounding of a gradient element relative to the global gradient norm: a gradient element sums
+// at most a few thousand products (batch x positions) whose partial sums are bounded by the norm,
+// so summed in another order it moves by at most ~log2(4096) * eps = 1.4e-6 of it; 3e-6 is twice
+// that. (Measured: below 2.2e-7 for GPT, Swin and the Evoformer under every plan of the tests,
+// with ATen's default, avx2 and avx512 kernels.)
+constexpr double kGradRoundingOfNorm = 3e-6;
+
+// AdamW's update is m / (sqrt(v) + eps), about lr * sign(g) whatever |g| is, and invariant to the
+// gradient's scale: rounding that moves every gradient alike changes nothing, and an element's
+// update moves by its own gradient's relative rounding. That is eps (~1e-7) of the terms the
+// element sums, so 1e-3 of the element where they cancel down to 1e-4 of their size: the floor
+// lets every element's update differ by 1e-3 of a full step (lr) at every step. (Measured: at
+// most 1.4e-4 of sum(lr).) An element whose gradient cancels further, down to rounding noise,
+// could take a whole step the other way (2 lr): the tensors where that happens by construction
+// are named and skipped by the tests.
+constexpr double kAdamStepRounding = 1e-3;
+
+inline ParameterTolerance parameter_tolerance(const OptimizerTrace& t) {
+  ParameterTolerance tol;
+  const size_t steps = t.lr.size();
+  tol.stored = static_cast<double>(steps) * kFp32Eps;
+  if (t.type == "adamw") {
+    tol.moved = 1e-4;  // sqrt(v)'s normalisation drifts with the parameters it came from
+    double lr_sum = 0;
+    for (double lr : t.lr) lr_sum += lr;
+    tol.floor = kAdamStepRounding * lr_sum;
+    tol.why = "AdamW: " + std::to_string(kAdamStepRounding) + " of a step of lr, every step (" +
+              std::to_string(lr_sum) + ")";
+    return tol;
+  }
+  // SGD with momentum mu: the velocity after step t is sum_{s<=t} mu^(t-s) g_s, so an error e_s
+  // in step s's gradient moves the parameter by lr * sum_{t>=s} mu^(t-s) e_s at the end. With
+  // e_s = kGradRoundingOfNorm * |g_s| (the norm as applied, after clipping):
+  double distance = 0;
+  for (size_t s = 0; s < steps; ++s) {
+    double carried = 0, weight = 1;
+    for (size_t u = s; u < steps; ++u, weight *= t.momentum) carried += t.lr[u] * weight;
+    distance += carried * t.applied_norm[s];
+  }
+  tol.floor = kGradRoundingOfNorm * distance;
+  tol.why = "SGD: " + std::to_string(kGradRoundingOfNorm) + " of the gradient norm carried over " +
+            std::to_string(steps) + " steps by lr and momentum (" + std::to_string(distance) + ")";
+  return tol;
+}
+
+// nullopt when `got` is within `tol` of `want`; otherwise what differs and which term failed.
+inline std::optional<std::string> compare_parameter(const at::Tensor& got, const at::Tensor& want,
+                                                    const at::Tensor& init,
+                                                    const ParameterTolerance& tol) {
+  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
+  const double err = (g - w).abs().max().item<double>();
+  const double max_moved = (w - init.detach().to(at::kDouble)).abs().max().item<double>();
+  const double max_abs = w.abs().max().item<double>();
+  const double bound = tol.bound(max_moved, max_abs);
+  if (std::getenv("LOOM_TEST_TOLERANCE_REPORT") != nullptr)
+    std::fprintf(stderr, "tolerance: err %.3e bound %.3e (moved %.3e abs %.3e floor %.3e) %.4f\n",
+                 err, bound, max_moved, max_abs, tol.floor, err / bound);
+  if (err <= bound && std::isfinite(err)) return std::nullopt;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "max |difference| %.3e > bound %.3e = %.0e x moved %.3e + %.1e x |p| %.3e + "
+                "floor %.3e (%s)",
+                err, bound, tol.moved, max_moved, tol.stored, max_abs, tol.floor, tol.why.c_str());
+  return std::string(buf);
+}
+
+}  // namespace loom::testing_support
