@@ -209,7 +209,6 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
 
   auto c = parse_config(kYaml, "ref.yaml");
   const testing_support::Reference ref = testing_support::train_single_device(*c, 5);
-  const testing_support::ParameterTolerance tol = testing_support::parameter_tolerance(ref.trace);
   int params = 0;
   auto t = runtime::Trainer::create(*c);
   for (const auto& full : (*t)->graph().tensors()) {
@@ -221,7 +220,9 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
     const at::Tensor& want = ref.params.at(full.name);
     at::Tensor have =
         at::from_blob(const_cast<float*>(got.values.data()), want.sizes(), at::kFloat);
-    const auto differs = testing_support::compare_parameter(have, want, ref.init.at(full.name), tol);
+    const auto differs = testing_support::compare_parameter(
+        have, want, ref.init.at(full.name),
+        testing_support::parameter_tolerance(ref.trace, full.name));
     EXPECT_FALSE(differs) << full.name << ": " << differs.value_or("");
     ASSERT_TRUE(tensors.count("optimizer.exp_avg." + full.name)) << full.name;
     EXPECT_EQ(tensors.at("optimizer.exp_avg." + full.name).shape, full.shape) << full.name;

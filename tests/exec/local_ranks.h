@@ -37,7 +37,6 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
   ASSERT_GT(steps, 1);
   // The losses move, so equal curves are not equal constants.
   ASSERT_NE(ref.losses.front(), ref.losses.back());
-  const ParameterTolerance tol = parameter_tolerance(ref.trace);
   comm::LocalWorld world(world_size, 60);
   std::mutex mu;
   std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
@@ -57,12 +56,10 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
       const graph::SubTensor& piece = exec.parameter_pieces()[i];
       const std::string& name = trainer->graph().tensor(piece.tensor).name;
       held.insert(name);
-      bool skip = false;
-      for (const auto& n : noise) skip |= name.find(n) != std::string::npos;
-      if (skip) continue;
-      const auto differs = compare_parameter(exec.parameters()[i],
-                                             runtime::cut_piece(ref.params.at(name), piece),
-                                             runtime::cut_piece(ref.init.at(name), piece), tol);
+      if (is_noise(name, noise)) continue;
+      const auto differs = compare_parameter(
+          exec.parameters()[i], runtime::cut_piece(ref.params.at(name), piece),
+          runtime::cut_piece(ref.init.at(name), piece), parameter_tolerance(ref.trace, name));
       if (differs)
         problems.push_back("rank " + std::to_string(rank) + " " + name + piece.ranges_string() +
                            ": " + *differs);

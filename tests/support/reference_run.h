@@ -41,17 +41,22 @@ inline Reference train_single_device(const Config& config, int steps) {
   EXPECT_TRUE(t.ok()) << t.error().message;
   if (!t.ok()) return r;
   r.init = parameters_of(**t);
-  std::vector<double> lr, norm;
+  r.trace.type = config.optimizer.type;
+  r.trace.momentum = config.optimizer.type == "sgd" ? config.optimizer.momentum : 0;
   for (int i = 0; i < steps; ++i) {
     auto st = (*t)->step();
     EXPECT_TRUE(st.ok()) << st.error().message;
     if (!st.ok()) return r;
     r.losses.push_back(st->loss);
-    lr.push_back(st->lr);
-    norm.push_back(st->grad_norm);
+    r.trace.lr.push_back(st->lr);
+    // The gradients stay on the parameters, clipped as applied, until the next step begins.
+    for (const auto& tensor : (*t)->graph().tensors()) {
+      if (tensor.role != graph::TensorRole::kParameter) continue;
+      const at::Tensor& g = (*t)->executor().parameter(tensor.name).grad();
+      r.trace.grad_max[tensor.name].push_back(g.defined() ? g.abs().max().item<double>() : 0.0);
+    }
   }
   r.params = parameters_of(**t);
-  r.trace = optimizer_trace(config.optimizer, lr, norm);
   return r;
 }
 
@@ -66,7 +71,6 @@ inline bool is_noise(const std::string& name, const std::vector<std::string>& no
 // many pieces were compared, over all ranks.
 inline int expect_worker_results_equal(const Reference& ref, const std::filesystem::path& dir,
                                        int world_size, const std::vector<std::string>& noise) {
-  const ParameterTolerance tol = parameter_tolerance(ref.trace);
   int checked = 0;
   for (int r = 0; r < world_size; ++r) {
     std::ifstream idx(dir / ("rank_" + std::to_string(r) + ".json"));
@@ -92,8 +96,8 @@ inline int expect_worker_results_equal(const Reference& ref, const std::filesyst
       EXPECT_LE((offset + want.numel()) * 4, static_cast<int64_t>(bytes.size())) << name;
       if ((offset + want.numel()) * 4 > static_cast<int64_t>(bytes.size())) continue;
       at::Tensor got = at::from_blob(const_cast<float*>(data) + offset, want.sizes(), at::kFloat);
-      const auto differs =
-          compare_parameter(got, want, runtime::cut_piece(ref.init.at(name), piece), tol);
+      const auto differs = compare_parameter(got, want, runtime::cut_piece(ref.init.at(name), piece),
+                                             parameter_tolerance(ref.trace, name));
       EXPECT_FALSE(differs) << "rank " << r << " " << name << piece.ranges_string() << ": "
                             << differs.value_or("");
       ++checked;
