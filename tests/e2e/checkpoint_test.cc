@@ -311,8 +311,9 @@ int64_t check_complete_checkpoints(const fs::path& root) {
 comm::testing::Launch train_steps(const fs::path& config, const fs::path& run,
                                   const std::vector<std::string>& extra) {
   comm::testing::Launch l;
-  l.argv = {kLoom, "train", config.string(), "model.args.layers=2", "run.steps=3",
-            "run.output_dir=" + run.string()};
+  l.argv = {kLoom,           "train",
+            config.string(), "model.args.layers=2",
+            "run.steps=3",   "run.output_dir=" + run.string()};
   l.argv.insert(l.argv.end(), extra.begin(), extra.end());
   l.env = kPinnedThreads;
   return l;
@@ -340,7 +341,8 @@ class CheckpointWriterKilled : public testing::Test {
     config_ = dir_ / "run.yaml";
     std::ofstream(config_) << kYaml;
     // The uninterrupted losses, from a process started as the killed ones are.
-    auto r = comm::testing::run_processes({train_steps(config_, dir_ / "uninterrupted", {})}, 60)[0];
+    auto r =
+        comm::testing::run_processes({train_steps(config_, dir_ / "uninterrupted", {})}, 60)[0];
     ASSERT_TRUE(r.ok()) << r.describe();
     want_ = metrics_losses(dir_ / "uninterrupted");
     ASSERT_EQ(want_.size(), 3u);

@@ -96,8 +96,9 @@ inline int expect_worker_results_equal(const Reference& ref, const std::filesyst
       EXPECT_LE((offset + want.numel()) * 4, static_cast<int64_t>(bytes.size())) << name;
       if ((offset + want.numel()) * 4 > static_cast<int64_t>(bytes.size())) continue;
       at::Tensor got = at::from_blob(const_cast<float*>(data) + offset, want.sizes(), at::kFloat);
-      const auto differs = compare_parameter(got, want, runtime::cut_piece(ref.init.at(name), piece),
-                                             parameter_tolerance(ref.trace, name));
+      const auto differs =
+          compare_parameter(got, want, runtime::cut_piece(ref.init.at(name), piece),
+                            parameter_tolerance(ref.trace, name));
       EXPECT_FALSE(differs) << "rank " << r << " " << name << piece.ranges_string() << ": "
                             << differs.value_or("");
       ++checked;

@@ -68,11 +68,11 @@ struct ParameterTolerance {
 // Rounding of a gradient element relative to the largest element of the same tensor's gradient.
 // An element sums a few thousand products (batch x positions); summed in another order it moves
 // by a few eps of the terms, and where the terms cancel (a norm's shift, a bias feeding a softmax)
-// that is more than eps of the element itself, while the tensor's largest element is at least as
-// large as the partial sums that round. Measured: at most 3.7e-6 for GPT, Swin and the Evoformer under every plan of the tests,
-// with ATen's default, avx2 and avx512 kernels; 2e-5 leaves 5x. A gradient shard scaled by 1.001
-// (a piece counted wrong) measures 2.5e-4 of it and fails the whole bound by 10x; a dropped
-// all-reduce (GPT tp2, a norm's weight) by 1600x.
+// that is more than eps of the element itself but stays small against the tensor's largest
+// element, which is of the size of the terms. Measured: at most 3.7e-6 for GPT, Swin and the
+// Evoformer under every plan of the tests, with ATen's default, avx2 and avx512 kernels; 2e-5
+// leaves 5x. A gradient shard scaled by 1.001 (a piece counted wrong) measures 2.5e-4 of it and
+// fails the whole bound by 10x; a dropped all-reduce (GPT tp2, a norm's weight) by 1600x.
 constexpr double kGradRoundingOfMax = 2e-5;
 
 // AdamW's update is m / (sqrt(v) + eps), about lr * sign(g) whatever |g| is, and invariant to the
