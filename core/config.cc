@@ -105,6 +105,17 @@ void visit_fields(Config& c, V& v) {
   v("checkpoint", "every", c.checkpoint.every, non_negative());
   v("checkpoint", "keep", c.checkpoint.keep, positive());
   v("checkpoint", "resume", c.checkpoint.resume, non_empty());
+
+  v("cost", "preset", c.cost.preset, Check<std::string>());
+  v("cost", "file", c.cost.file, Check<std::string>());
+  v("cost", "device_flops_per_s", c.cost.device_flops_per_s, non_negative_real());
+  v("cost", "device_memory_bytes", c.cost.device_memory_bytes, non_negative_real());
+  v("cost", "intra_alpha_s", c.cost.intra_alpha_s, non_negative_real());
+  v("cost", "intra_beta_s_per_byte", c.cost.intra_beta_s_per_byte, non_negative_real());
+  v("cost", "inter_alpha_s", c.cost.inter_alpha_s, non_negative_real());
+  v("cost", "inter_beta_s_per_byte", c.cost.inter_beta_s_per_byte, non_negative_real());
+  v("cost", "local_beta_s_per_byte", c.cost.local_beta_s_per_byte, non_negative_real());
+  v("cost", "devices_per_node", c.cost.devices_per_node, non_negative());
 }
 
 std::string type_name(const int64_t*) { return "an integer"; }
@@ -195,7 +206,8 @@ struct KeyLister {
 };
 
 std::vector<std::string> sections() {
-  return {"run", "model", "parallel", "batch", "optimizer", "data", "logging", "comm", "checkpoint"};
+  return {"run",  "model", "parallel", "batch",      "optimizer",
+          "data", "logging", "comm",   "checkpoint", "cost"};
 }
 
 // Rejects keys the loader does not know, suggesting the closest known one.

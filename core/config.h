@@ -74,6 +74,22 @@ struct CommConfig {
   double timeout_s = 300;
 };
 
+// The run's cost model (core/cost_model.h): a preset of configs/cost-model.yaml (or of `file`),
+// with any value replaced by a positive cost.<key>.
+struct CostConfig {
+  std::string preset;  // empty: the file's default preset
+  std::string file;    // empty: configs/cost-model.yaml as built into loom
+  // 0: the preset's value.
+  double device_flops_per_s = 0;
+  double device_memory_bytes = 0;
+  double intra_alpha_s = 0;
+  double intra_beta_s_per_byte = 0;
+  double inter_alpha_s = 0;
+  double inter_beta_s_per_byte = 0;
+  double local_beta_s_per_byte = 0;
+  int64_t devices_per_node = 0;
+};
+
 struct CheckpointConfig {
   std::string dir;              // empty: <run.output_dir>/checkpoints
   int64_t every = 0;            // 0: never
@@ -92,6 +108,7 @@ class Config {
   LoggingConfig logging;
   CommConfig comm;
   CheckpointConfig checkpoint;
+  CostConfig cost;
 
   // Where a key's value came from: "file.yaml:12", "command line (key=value)" or "default".
   std::string where(const std::string& key) const;

@@ -25,8 +25,11 @@ Status sync_directory(const std::filesystem::path& dir) {
   return Status::success();
 }
 
-Status write_file_durably(const std::filesystem::path& path, std::string_view content,
-                          const WriteHook& hook) {
+namespace {
+
+// tmp + write (+ fsync) + rename (+ fsync of the directory).
+Status write_via_temporary(const std::filesystem::path& path, std::string_view content,
+                           const WriteHook& hook, bool sync) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -47,7 +50,7 @@ Status write_file_durably(const std::filesystem::path& path, std::string_view co
     done += static_cast<size_t>(n);
     if (hook && done == half) hook("half-written");
   }
-  if (::fsync(fd) != 0) {
+  if (sync && ::fsync(fd) != 0) {
     Error e = os_error(tmp, "cannot fsync");
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -61,7 +64,18 @@ Status write_file_durably(const std::filesystem::path& path, std::string_view co
     return e;
   }
   if (hook) hook("renamed");
-  return sync_directory(path.parent_path());
+  return sync ? sync_directory(path.parent_path()) : Status::success();
+}
+
+}  // namespace
+
+Status write_file_durably(const std::filesystem::path& path, std::string_view content,
+                          const WriteHook& hook) {
+  return write_via_temporary(path, content, hook, /*sync=*/true);
+}
+
+Status write_file_atomically(const std::filesystem::path& path, std::string_view content) {
+  return write_via_temporary(path, content, {}, /*sync=*/false);
 }
 
 Result<std::string> read_whole_file(const std::filesystem::path& path) {

@@ -19,6 +19,10 @@ using WriteHook = std::function<void(const char* stage)>;
 // The error names `path`.
 Status write_file_durably(const std::filesystem::path& path, std::string_view content,
                           const WriteHook& hook = {});
+// Writes `content` to `path` atomically (tmp + rename) without fsync: a reader never sees a
+// half-written file, but a power loss may lose the newest content. For outputs that are cheap
+// to make again (a plan dump of thousands of programs), where an fsync per file would dominate.
+Status write_file_atomically(const std::filesystem::path& path, std::string_view content);
 // Fsyncs a directory so the names created or removed in it are durable.
 Status sync_directory(const std::filesystem::path& dir);
 // Reads a whole file; the error names `path`.

@@ -6,8 +6,8 @@
 #include <map>
 #include <string>
 
-#include "core/checkpoint_merge.h"
-#include "core/checkpoint_reader.h"
+#include "checkpoint/merge.h"
+#include "checkpoint/reader.h"
 #include "core/durable_file.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"

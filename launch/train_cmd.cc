@@ -16,7 +16,7 @@
 #include "core/log.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
-#include "launch/files.h"
+#include "core/durable_file.h"
 
 #if LOOM_HAVE_RUNTIME
 #include "exec/lower/plan_file.h"

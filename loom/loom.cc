@@ -3,26 +3,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "exec/lower/schedule_order.h"
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
 #include "core/durable_file.h"
-#include "models/model.h"
-#include "scheduler/csv.h"
-#include "scheduler/predefined.h"
+#include "plan/plan.h"
 
 namespace loom {
-namespace {
-
-Result<graph::Graph> build_single(const Config& config, const runtime::Extensions& ext) {
-  if (ext.model) return ext.model(config, ext.ops);
-  LOOM_ASSIGN_OR_RETURN(graph::Graph model, models::build_model(config, ext.ops));
-  if (config.parallel.world_size() > 1) LOOM_TRY(models::check_parallel(config));
-  return model;
-}
-
-}  // namespace
 
 Setup::Setup() : ext_(std::make_shared<runtime::Extensions>()) {}
 Setup::Setup(const Setup& other) : ext_(std::make_shared<runtime::Extensions>(*other.ext_)) {}
@@ -35,6 +22,10 @@ Setup::~Setup() = default;
 Status Setup::add_op(graph::OpSchema schema) { return ext_->ops.add(std::move(schema)); }
 Status Setup::add_policy(const std::string& name, planner::Policy policy) {
   return ext_->policies.add(name, std::move(policy));
+}
+Status Setup::add_model(const std::string& name, ModelBuilder builder,
+                        std::function<Status(const Config&)> check_parallel) {
+  return ext_->models.add({name, std::move(builder), std::move(check_parallel), {}});
 }
 void Setup::set_model(ModelBuilder builder) { ext_->model = std::move(builder); }
 const graph::OpRegistry& Setup::ops() const { return ext_->ops; }
@@ -50,34 +41,8 @@ Status add_kernel(Setup& setup, const std::string& type, Kernel kernel) {
 }
 
 Result<lower::PlanFile> make_plan(const Config& config, const Setup& setup) {
-  const runtime::Extensions& ext = *setup.shared();
-  const int64_t world = config.parallel.world_size();
-  LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_single(config, ext));
-  lower::PlanFile plan;
-  plan.code_fingerprint = lower::code_fingerprint(ext.ops.types(), ext.policies.names());
-  plan.model_digest = lower::model_digest(model);
-  plan.hash = lower::plan_hash(config, plan.model_digest, plan.code_fingerprint);
-  plan.config_yaml = to_yaml(config);
-  plan.world_size = world;
-  plan.micro_batches = config.micro_batches();
-  LOOM_ASSIGN_OR_RETURN(plan.graph, planner::plan_graph(model, {config, world}, ext.policies));
-  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
-  lower::PathFinder paths;
-  LOOM_ASSIGN_OR_RETURN(plan.lowered, lower::lower(plan.graph, world, config.micro_batches(), paths,
-                                                   order.empty() ? nullptr : &order));
-  const auto& par = config.parallel;
-  if (par.pp > 1 || par.chunks > 1) {
-    auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
-    if (kind.ok()) {
-      auto schedule = sched::build_predefined(
-          *kind, sched::PipelineSpec::of(static_cast<int>(par.pp),
-                                         static_cast<int>(config.micro_batches()),
-                                         static_cast<int>(par.chunks)));
-      if (schedule.ok())
-        if (auto csv = sched::to_csv(*schedule); csv.ok()) plan.schedule_csv = *csv;
-    }
-  }
-  return plan;
+  LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, *setup.shared()));
+  return std::move(plan.file);
 }
 
 Status write_plan(const lower::PlanFile& plan, const std::string& dir) {

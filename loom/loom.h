@@ -64,6 +64,10 @@ class Setup {
   Status add_op(graph::OpSchema schema);
   // A parallel policy, chosen with parallel.policy=NAME.
   Status add_policy(const std::string& name, planner::Policy policy);
+  // A model family selected with model.type=NAME, next to loom's zoo (gpt, swin, evoformer):
+  // `check_parallel` may refuse degrees the model cannot split (empty: any the policy accepts).
+  Status add_model(const std::string& name, ModelBuilder builder,
+                   std::function<Status(const Config&)> check_parallel = {});
   // Replaces the model zoo (model.type) with `builder`.
   void set_model(ModelBuilder builder);
 

@@ -1,47 +1,15 @@
 #include "models/model.h"
 
+#include "core/check.h"
 #include "core/strings.h"
 #include "models/evoformer.h"
 #include "models/gpt.h"
 #include "models/swin.h"
 
 namespace loom::models {
-
-std::vector<std::string> model_types() { return {"evoformer", "gpt", "swin"}; }
-
 namespace {
-Error unknown_type(const Config& config) {
-  std::string msg = "unknown model type '" + config.model.type + "'";
-  std::string close = closest_match(config.model.type, model_types());
-  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
-  return config.error("model.type", msg + "; types: " + join(model_types(), ", "));
-}
-}  // namespace
 
-Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
-  int64_t batch = config.batch.micro * config.parallel.dp;
-  if (config.model.type == "gpt") {
-    LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-    return build_gpt(spec, batch, registry);
-  }
-  if (config.model.type == "evoformer") {
-    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
-    return build_evoformer(spec, batch, registry);
-  }
-  if (config.model.type == "swin") {
-    LOOM_ASSIGN_OR_RETURN(SwinSpec spec, swin_spec(config));
-    return build_swin(spec, batch, registry);
-  }
-  return unknown_type(config);
-}
-
-Status check_parallel(const Config& config) {
-  if (config.model.type == "evoformer") {
-    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
-    return check_evoformer_parallel(config, spec);
-  }
-  if (config.model.type == "swin") return check_swin_parallel(config);
-  if (config.model.type != "gpt") return unknown_type(config);
+Status check_gpt_parallel(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
   const int64_t tp = config.parallel.tp;
   auto key = [&](const std::string& name) {
@@ -64,24 +32,111 @@ Status check_parallel(const Config& config) {
   return Status::success();
 }
 
+int64_t replicas_batch(const Config& config) { return config.batch.micro * config.parallel.dp; }
+
+ModelType gpt_type() {
+  return {"gpt",
+          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+            LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(c));
+            return build_gpt(spec, replicas_batch(c), ops);
+          },
+          check_gpt_parallel,
+          [](const Config& c) -> Result<SampleItems> {
+            LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(c));
+            return SampleItems{spec.seq, "tokens", "tok/s"};
+          }};
+}
+
+ModelType evoformer_type() {
+  return {"evoformer",
+          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+            LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
+            return build_evoformer(spec, replicas_batch(c), ops);
+          },
+          [](const Config& c) -> Status {
+            LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
+            return check_evoformer_parallel(c, spec);
+          },
+          [](const Config& c) -> Result<SampleItems> {
+            LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
+            return SampleItems{spec.residues, "residues", "res/s"};
+          }};
+}
+
+ModelType swin_type() {
+  return {"swin",
+          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+            LOOM_ASSIGN_OR_RETURN(SwinSpec spec, swin_spec(c));
+            return build_swin(spec, replicas_batch(c), ops);
+          },
+          check_swin_parallel,
+          [](const Config&) -> Result<SampleItems> { return SampleItems{1, "images", "img/s"}; }};
+}
+
+const ModelRegistry& zoo() {
+  static const ModelRegistry kZoo = ModelRegistry::with_builtin_models();
+  return kZoo;
+}
+
+}  // namespace
+
+ModelRegistry ModelRegistry::with_builtin_models() {
+  ModelRegistry r;
+  for (ModelType t : {evoformer_type(), gpt_type(), swin_type()}) LOOM_CHECK(r.add(std::move(t)).ok());
+  return r;
+}
+
+Status ModelRegistry::add(ModelType type) {
+  if (type.name.empty() || !type.build)
+    return Error::at("model.type", "a model type needs a name and a builder");
+  if (find(type.name))
+    return Error::at(type.name, "model type '" + type.name + "' is already registered");
+  types_.push_back(std::move(type));
+  return Status::success();
+}
+
+const ModelType* ModelRegistry::find(const std::string& name) const {
+  for (const auto& t : types_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> ModelRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& t : types_) out.push_back(t.name);
+  return out;
+}
+
+Result<const ModelType*> ModelRegistry::of(const Config& config) const {
+  if (const ModelType* t = find(config.model.type)) return t;
+  std::string msg = "unknown model type '" + config.model.type + "'";
+  std::string close = closest_match(config.model.type, names());
+  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  return config.error("model.type", msg + "; types: " + join(names(), ", "));
+}
+
+std::vector<std::string> model_types() { return zoo().names(); }
+
+Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
+  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
+  return type->build(config, registry);
+}
+
+Status check_parallel(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
+  return type->check_parallel ? type->check_parallel(config) : Status::success();
+}
+
+Result<SampleItems> items_per_sample(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
+  return type->items ? type->items(config) : SampleItems{};
+}
+
 Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
                                 const planner::PolicyRegistry& policies, int64_t world_size) {
   LOOM_ASSIGN_OR_RETURN(graph::Graph single, build_model(config, registry));
   LOOM_TRY(check_parallel(config));
   return planner::plan_graph(single, {config, world_size}, policies);
-}
-
-Result<SampleItems> items_per_sample(const Config& config) {
-  if (config.model.type == "gpt") {
-    LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-    return SampleItems{spec.seq, "tokens", "tok/s"};
-  }
-  if (config.model.type == "evoformer") {
-    LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(config));
-    return SampleItems{spec.residues, "residues", "res/s"};
-  }
-  if (config.model.type == "swin") return SampleItems{1, "images", "img/s"};
-  return unknown_type(config);
 }
 
 }  // namespace loom::models

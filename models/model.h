@@ -1,6 +1,9 @@
-// The model zoo: builds the graph named by model.type from a config.
+// The model registry: each model family (model.type) is one entry that builds its graph from a
+// config, checks the parallel degrees against it and says what its throughput counts. loom's
+// zoo (GPT, Swin Transformer, the AlphaFold2 Evoformer) registers here like a user's model.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,24 +15,49 @@
 
 namespace loom::models {
 
-std::vector<std::string> model_types();
-// The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
-Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
-// Checks that the configured parallel degrees fit the model (e.g. tensor parallelism divides
-// the heads, the MLP width and the vocabulary groups), naming the keys and numbers.
-Status check_parallel(const Config& config);
-// Builds the model, checks the parallel config against it and runs the configured policy for
-// `world_size` ranks.
-Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
-                                const planner::PolicyRegistry& policies, int64_t world_size);
-
-// What a throughput figure counts for the configured model: tokens for a language model
-// (per_sample = sequence length), images for a vision model (per_sample = 1).
+// What a throughput figure counts for a model: tokens for a language model (per_sample =
+// sequence length), images for a vision model (per_sample = 1).
 struct SampleItems {
   int64_t per_sample = 1;
   std::string unit = "samples";
   std::string rate_label = "samples/s";  // how progress lines print the rate: tok/s, img/s
 };
+
+struct ModelType {
+  std::string name;  // the model.type that selects it
+  // The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
+  std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)> build;
+  // Checks that the parallel degrees fit the model (e.g. tensor parallelism divides the heads),
+  // naming the keys and numbers. Empty: any degrees the policy accepts.
+  std::function<Status(const Config&)> check_parallel;
+  // Empty: samples.
+  std::function<Result<SampleItems>(const Config&)> items;
+};
+
+class ModelRegistry {
+ public:
+  static ModelRegistry with_builtin_models();  // gpt, swin, evoformer
+
+  // Refuses an entry without a name or a builder, or a name already registered.
+  Status add(ModelType type);
+  const ModelType* find(const std::string& name) const;
+  std::vector<std::string> names() const;
+  // The entry of config.model.type, or an error naming model.type, its line and the types.
+  Result<const ModelType*> of(const Config& config) const;
+
+ private:
+  std::vector<ModelType> types_;
+};
+
+// The zoo's types (ModelRegistry::with_builtin_models().names()).
+std::vector<std::string> model_types();
+// The zoo's entry for config.model.type: its graph, its parallel check, its items.
+Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
+Status check_parallel(const Config& config);
 Result<SampleItems> items_per_sample(const Config& config);
+// Builds the model, checks the parallel config against it and runs the configured policy for
+// `world_size` ranks (the planning chain without lowering: policy tests and plan_scale).
+Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
+                                const planner::PolicyRegistry& policies, int64_t world_size);
 
 }  // namespace loom::models

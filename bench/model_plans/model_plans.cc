@@ -1,6 +1,6 @@
 // bench/model_plans: paper-size models under plain and structure-aware plans on virtual devices:
-// each plan's estimated step time and peak memory per rank, from the same figures `loom plan`
-// prints (launch/plan_figures.h). The first plan of each case is its baseline; the ratios show
+// each plan's estimated step time and peak memory per rank, from the same estimate `loom plan`
+// prints (plan/plan.h's make_plan on the built-in default cost model). The first plan of each case is its baseline; the ratios show
 // what a structure-aware plan (window parallelism for Swin) gains over plain dp and tp.
 // Table-driven: a model adds one entry to kCases.
 #include <algorithm>
@@ -10,12 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "exec/lower/program.h"
-#include "exec/lower/schedule_order.h"
-#include "launch/plan_figures.h"
-#include "models/model.h"
-#include "scheduler/predefined.h"
-#include "scheduler/simulator.h"
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/plan.h"
 
 namespace {
 
@@ -85,55 +84,43 @@ const std::vector<ModelCase>& cases() {
 }
 
 struct Outcome {
-  cli::PlanFigures figures;
+  plan::Estimate estimate;
   double plan_s = 0;
   std::string error;
 };
 
-Outcome evaluate(const ModelCase& c, const PlanRow& row) {
-  Outcome out;
+Outcome evaluate(const ModelCase& c, const PlanRow& row, const CostModel& cost) {
   auto config = parse_config(c.yaml, c.label, row.overrides);
   if (!config.ok()) return {{}, 0, config.error().message};
   const auto start = std::chrono::steady_clock::now();
-  const int64_t world = config->parallel.world_size();
-  auto planned = models::build_plan(*config, graph::OpRegistry::with_builtin_ops(),
-                                    planner::PolicyRegistry::with_builtin_policies(), world);
-  if (!planned.ok()) return {{}, 0, planned.error().message};
-  auto order = lower::pipeline_order(*config, config->micro_batches());
-  if (!order.ok()) return {{}, 0, order.error().message};
-  lower::PathFinder paths;
-  auto lowered = lower::lower(*planned, world, config->micro_batches(), paths,
-                              order->empty() ? nullptr : &*order);
-  if (!lowered.ok()) return {{}, 0, lowered.error().message};
-  const auto& par = config->parallel;
-  std::vector<double> peak_units(static_cast<size_t>(par.pp), 1.0);
-  double bubble = 0;
-  if (par.pp > 1) {
-    auto kind = sched::parse_schedule_kind(par.schedule);
-    if (!kind.ok()) return {{}, 0, kind.error().message};
-    auto schedule = sched::build_predefined(
-        *kind, sched::PipelineSpec::of(static_cast<int>(par.pp),
-                                       static_cast<int>(config->micro_batches()), 1));
-    if (!schedule.ok()) return {{}, 0, schedule.error().message};
-    auto timeline = sched::simulate(*schedule);
-    if (!timeline.ok()) return {{}, 0, timeline.error().message};
-    for (size_t d = 0; d < peak_units.size() && d < timeline->peak_memory.size(); ++d)
-      peak_units[d] = timeline->peak_memory[d];
-    bubble = timeline->bubble_ratio;
-  }
-  out.figures = cli::plan_figures(*config, *planned, *lowered, peak_units, bubble);
-  out.plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return out;
+  auto made = plan::make_plan(*config, plan::Registries{}, cost);
+  if (!made.ok()) return {{}, 0, made.error().message};
+  return {made->estimate, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), ""};
 }
 
 }  // namespace
 
+// bench_model_plans [--quick] [--json FILE]: --json also writes every row's config and figures
+// (tests/e2e/model_plan_test.cc checks them against `loom plan`'s summary.json).
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_model_plans [--quick] [--json FILE]\n");
+      return 2;
+    }
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  const CostModel cost = resolve_cost_model(Config{}).value();  // the built-in default preset
   std::printf(
-      "bench/model_plans: estimated step time (at %.0f TFLOP/s per device, alpha-beta links) and "
-      "memory per rank; ratios against each case's first plan\n",
-      cli::kDeviceFlops / 1e12);
+      "bench/model_plans: estimated step time (cost model %s: %.0f TFLOP/s per device, alpha-beta "
+      "links) and memory per rank; ratios against each case's first plan\n",
+      cost.name.c_str(), cost.device_flops_per_s / 1e12);
   int failures = 0;
   for (const ModelCase& c : cases()) {
     if (quick && !c.quick) continue;
@@ -142,28 +129,26 @@ int main(int argc, char** argv) {
                 "peak mem", "activations", "params/rank", "sent/step", "plan time");
     double base = 0;
     for (const PlanRow& row : c.plans) {
-      Outcome o = evaluate(c, row);
+      Outcome o = evaluate(c, row, cost);
       if (!o.error.empty()) {
         std::printf("  %-15s failed: %s\n", row.name.c_str(), o.error.c_str());
         ++failures;
         continue;
       }
-      // The busiest rank's figures.
-      double acts = 0, params = 0, sent = 0;
-      for (const auto& r : o.figures.ranks) {
-        acts = std::max(acts, r.activation_bytes);
-        params = std::max(params, r.parameters);
-        double s = 0;
-        for (const auto& [k, b] : r.sent) s += b;
-        sent = std::max(sent, s);
-      }
-      if (base == 0) base = o.figures.step_time_s;
-      std::printf("  %-15s %10.3f s %8.2f %12s %12s %11.0fM %12s %7.2f s\n", row.name.c_str(),
-                  o.figures.step_time_s, o.figures.step_time_s / base,
-                  cli::human_bytes(o.figures.max_peak_bytes()).c_str(),
-                  cli::human_bytes(acts).c_str(), params / 1e6, cli::human_bytes(sent).c_str(),
-                  o.plan_s);
+      const plan::Estimate& e = o.estimate;
+      rows.push_back({{"case", c.label},
+                      {"plan", row.name},
+                      {"yaml", c.yaml},
+                      {"overrides", row.overrides},
+                      {"step_s", e.step_s},
+                      {"max_peak_bytes", e.max_peak_bytes()}});
+      if (base == 0) base = e.step_s;
+      std::printf("  %-15s %12s %8.2f %12s %12s %11.0fM %12s %7.2f s\n", row.name.c_str(),
+                  plan::human_seconds(e.step_s).c_str(), e.step_s / base, plan::human_bytes(e.max_peak_bytes()).c_str(),
+                  plan::human_bytes(e.max_activation_bytes()).c_str(), e.max_parameters() / 1e6,
+                  plan::human_bytes(e.max_sent_bytes()).c_str(), o.plan_s);
     }
   }
+  if (!json_path.empty()) std::ofstream(json_path) << rows.dump(1);
   return failures == 0 ? 0 : 1;
 }

@@ -35,54 +35,6 @@ std::string CommPath::to_string() const {
   return join(parts, "; ");
 }
 
-Result<CostModel> CostModel::parse(const std::string& yaml, const std::string& source) {
-  CostModel m;
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::Exception& e) {
-    return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
-  }
-  if (root.IsNull()) return m;
-  if (!root.IsMap()) return Error::at(source, source + ": expected a mapping");
-  const std::pair<const char*, double*> reals[] = {
-      {"intra_alpha_s", &m.intra_alpha_s}, {"intra_beta_s_per_byte", &m.intra_beta_s_per_byte},
-      {"inter_alpha_s", &m.inter_alpha_s}, {"inter_beta_s_per_byte", &m.inter_beta_s_per_byte},
-      {"local_beta_s_per_byte", &m.local_beta_s_per_byte}, {"device_flops_per_s", &m.device_flops_per_s}};
-  std::vector<std::string> known = {"devices_per_node"};
-  for (const auto& [k, p] : reals) known.push_back(k);
-  for (const auto& kv : root) {
-    std::string key = kv.first.as<std::string>();
-    std::string where = source + ":" + std::to_string(kv.first.Mark().line + 1) + ": " + key;
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
-      std::string close = closest_match(key, known);
-      return Error::at(key, where + ": unknown key" + (close.empty() ? "" : " (did you mean '" + close + "'?)"));
-    }
-    try {
-      if (key == "devices_per_node") {
-        m.devices_per_node = kv.second.as<int64_t>();
-        if (m.devices_per_node < 1) return Error::at(key, where + ": must be positive");
-        continue;
-      }
-      double value = kv.second.as<double>();
-      if (!(value >= 0)) return Error::at(key, where + ": must be zero or positive");
-      for (const auto& [k, p] : reals)
-        if (key == k) *p = value;
-    } catch (const YAML::Exception&) {
-      return Error::at(key, where + ": expected a number");
-    }
-  }
-  return m;
-}
-
-Result<CostModel> CostModel::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Error::at(path, "cannot read cost model '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path);
-}
-
 const std::vector<PrimitiveRule>& primitive_rules() {
   // Collective libraries pick their algorithm by size (ring, recursive halving and doubling,
   // Bruck), so a collective costs log2(k) latencies and the bandwidth term of the ring: a single

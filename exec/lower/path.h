@@ -11,25 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "core/cost_model.h"
 #include "core/result.h"
 #include "exec/lower/layout.h"
 
 namespace loom::lower {
-
-// Alpha-beta link parameters: a message of b bytes costs alpha + b * beta seconds.
-struct CostModel {
-  double intra_alpha_s = 5e-6;
-  double intra_beta_s_per_byte = 1.0 / 100e9;  // NVLink-class
-  double inter_alpha_s = 20e-6;
-  double inter_beta_s_per_byte = 1.0 / 12.5e9;  // 100 Gb/s network
-  double local_beta_s_per_byte = 1.0 / 500e9;   // a local copy
-  int64_t devices_per_node = 8;
-  double device_flops_per_s = 100e12;  // sustained per device (an A100 at ~30% of bf16 peak)
-
-  // Reads configs/cost-model.yaml style text; errors name the key and line.
-  static Result<CostModel> parse(const std::string& yaml, const std::string& source);
-  static Result<CostModel> load(const std::string& path);
-};
 
 enum class Primitive { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kChunk, kValueChunk, kPad, kSendRecv };
 std::string to_string(Primitive p);

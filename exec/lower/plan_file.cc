@@ -21,9 +21,8 @@ namespace {
 namespace pb = loom::planpb;
 constexpr const char* kFormat = "loom-plan";
 // Bounds that no plan loom makes comes near: a damaged file cannot make the runtime index past
-// its tables (the executor tags messages with up to 1024 micro-batches).
+// its tables (micro-batches: the message tags' limit, kMaxMicroBatches of program.h).
 constexpr int64_t kMaxStages = 1 << 20;
-constexpr int64_t kMaxMicroBatches = 1024;
 
 // FNV-1a, 64 bits: stable across builds and platforms (std::hash is not).
 uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
@@ -69,9 +68,9 @@ std::map<std::string, std::string> flatten_yaml(const std::string& yaml) {
   return out;
 }
 
-// The config keys a plan is made from.
+// The config keys a plan is made from (the cost model chooses the communication paths).
 bool shapes_plan(const std::string& key) {
-  for (const char* section : {"model.", "parallel.", "batch."})
+  for (const char* section : {"model.", "parallel.", "batch.", "cost."})
     if (key.rfind(section, 0) == 0) return true;
   return false;
 }

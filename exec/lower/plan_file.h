@@ -1,7 +1,7 @@
 // plan.json: the whole plan of a run (planned graph, lowered programs, schedule) serialised
 // through core/plan.proto with Protobuf's JSON printer, so `loom train --plan` runs exactly the
 // plan `loom plan` wrote. A plan carries a hash of what it was made from: the config keys that
-// shape a plan (model.*, parallel.*, batch.*), the single-device model graph, and the code
+// shape a plan (model.*, parallel.*, batch.*, cost.*), the single-device model graph, and the code
 // fingerprint (loom version, plan format, op types, policies). A plan whose hash differs from
 // the one computed for this run is stale and refused, naming what differs.
 #pragma once

@@ -39,6 +39,10 @@ bool same_piece(const SubTensor& a, const SubTensor& b) {
 Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
                       PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
   Lowered out;
+  if (micro_batches < 1 || micro_batches > kMaxMicroBatches)
+    return Error::at("batch.global", "a step of " + std::to_string(micro_batches) +
+                                         " micro-batches per data-parallel replica; loom runs 1 to " +
+                                         std::to_string(kMaxMicroBatches) + " (batch.global / (batch.micro x parallel.dp))");
   const auto& ops = g.ops();
   for (const auto& op : ops)
     if (op.device.value() < 0 || op.device.value() >= world_size)
@@ -246,22 +250,14 @@ struct Event {
   Primitive primitive;
 };
 
-int64_t step_key(int64_t adapter, bool forward, int64_t mb, size_t step) {
-  return (((adapter * 2 + (forward ? 0 : 1)) * 4096 + mb) * 64 + static_cast<int64_t>(step));
-}
 
 std::string describe(const Event& e, const Lowered& lowered, const graph::Graph& g) {
   if (e.key < 0) {
     const GradSync& s = lowered.grad_syncs[static_cast<size_t>(-e.key - 1)];
     return "all_reduce of the gradients of '" + g.tensor(s.tensor).name + "'";
   }
-  int64_t k = e.key;
-  const int64_t step = k % 64;
-  k /= 64;
-  const int64_t mb = k % 4096;
-  k /= 4096;
-  const bool forward = k % 2 == 0;
-  const Adapter& a = lowered.adapters[static_cast<size_t>(k / 2)];
+  const auto [adapter, forward, mb, step] = message_tag_parts(e.key);
+  const Adapter& a = lowered.adapters[static_cast<size_t>(adapter)];
   std::string what = e.kind == Event::Kind::kSend ? "send to rank " + e.peer.to_string()
                      : e.kind == Event::Kind::kRecv ? "recv from rank " + e.peer.to_string()
                                                     : to_string(e.primitive);
@@ -293,7 +289,7 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
   bool after_send = false;
   for (size_t i = 0; i < path.steps.size(); ++i) {
     const CommStep& st = path.steps[i];
-    const int64_t key = step_key(adapter, forward, mb, i);
+    const int64_t key = message_tag(adapter, forward, mb, i);
     if (st.primitive == Primitive::kSendRecv) {
       for (const auto& pair : st.groups) {
         if (pair[0].value() == rank && side != 2)

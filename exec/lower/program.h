@@ -82,6 +82,32 @@ struct Lowered {
   std::vector<Program> programs;  // by rank
 };
 
+// The one encoding of a message tag: step `step` of adapter `adapter`'s forward (or gradient)
+// path for micro-batch `mb`. Every party of an exchange computes the same tag, the runtime
+// sends with it and the deadlock check matches events by it.
+constexpr int64_t kMaxMicroBatches = 1024;  // per step, per data-parallel replica
+constexpr int64_t kMaxPathSteps = 64;       // steps of one communication path
+inline int64_t message_tag(int64_t adapter, bool forward, int64_t mb, int64_t step = 0) {
+  return (((adapter * 2 + (forward ? 0 : 1)) * kMaxMicroBatches + mb) * kMaxPathSteps + step);
+}
+// The parts of a message tag, for messages that name a stuck exchange.
+struct MessageTagParts {
+  int64_t adapter = 0;
+  bool forward = true;
+  int64_t mb = 0;
+  int64_t step = 0;
+};
+inline MessageTagParts message_tag_parts(int64_t tag) {
+  MessageTagParts p;
+  p.step = tag % kMaxPathSteps;
+  tag /= kMaxPathSteps;
+  p.mb = tag % kMaxMicroBatches;
+  tag /= kMaxMicroBatches;
+  p.forward = tag % 2 == 0;
+  p.adapter = tag / 2;
+  return p;
+}
+
 // Lowers `graph` (placed on `world_size` ranks) with `micro_batches` micro-batches per step in
 // GPipe order (all forwards, then all backwards in reverse), or in `order` when given: per rank,
 // its (kind, stage, micro-batch) blocks. Fails naming the tensor when pieces do not form

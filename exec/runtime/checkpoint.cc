@@ -6,10 +6,10 @@
 
 #include <cstring>
 
-#include "core/checkpoint_reader.h"
-#include "core/crc32.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/crc32.h"
 #include "core/durable_file.h"
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "exec/comm/comm.h"
 #include "exec/runtime/debug_env.h"
 #include "exec/runtime/optimizer.h"

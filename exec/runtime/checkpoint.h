@@ -1,7 +1,7 @@
 // Saving and loading training state under any plan. Each rank writes one safetensors shard
 // with its parameter and optimizer-state pieces (FullTensor name, global shape, slice, value
 // chunk) and its generator state; rank 0 writes the manifest last, once every shard is durable
-// (see core/checkpoint_manifest.h for the layout). Loading reads, for every local piece, the
+// (see checkpoint/manifest.h for the layout). Loading reads, for every local piece, the
 // overlapping slices of whatever shards exist, so a checkpoint saved under one plan and world
 // size loads under any other.
 #pragma once

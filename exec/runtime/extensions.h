@@ -10,6 +10,7 @@
 #include "exec/runtime/kernels.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "plan/plan.h"
 #include "planner/policy.h"
 
 namespace loom::runtime {
@@ -17,13 +18,11 @@ namespace loom::runtime {
 // Builds the single-device graph of one micro-batch across all data-parallel replicas
 // (batch.micro x parallel.dp samples). The trainer feeds inputs named "tokens" and "targets"
 // ([samples, seq] int64) and reads the vocabulary from the first "embedding" op's table.
-using ModelBuilder = std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)>;
+using ModelBuilder = plan::ModelBuilder;
 
-struct Extensions {
-  graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
+// What plans are made with (ops, policies, model: plan::Registries) and the kernels that run them.
+struct Extensions : plan::Registries {
   KernelRegistry kernels = KernelRegistry::with_builtin_kernels();
-  planner::PolicyRegistry policies = planner::PolicyRegistry::with_builtin_policies();
-  ModelBuilder model;  // empty: the model zoo (model.type)
 };
 
 }  // namespace loom::runtime

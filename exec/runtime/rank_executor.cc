@@ -69,8 +69,8 @@ struct RankExecutor::Impl {
   }
 
   int64_t tag(const Adapter& a, int direction, int64_t mb) const {
-    LOOM_CHECK(mb < 1024) << "more than 1024 micro-batches";
-    return ((a.id * 2 + direction) * 1024 + mb) * 64;
+    LOOM_CHECK(mb < lower::kMaxMicroBatches) << "micro-batch " << mb << " past the lowering's limit";
+    return lower::message_tag(a.id, direction == 0, mb);
   }
 
   const Shape& shape_of(TensorId t) const { return graph.tensor(t).shape; }

@@ -19,9 +19,8 @@
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
-#include "graph/verify.h"
-#include "exec/lower/schedule_order.h"
 #include "models/model.h"
+#include "plan/plan.h"
 
 namespace loom::runtime {
 
@@ -79,30 +78,56 @@ Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                                  std::shared_ptr<comm::Comm> world,
-                                                 const lower::PlanFile* plan,
+                                                 const lower::PlanFile* plan_file,
+                                                 std::shared_ptr<const Extensions> extensions) {
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  const plan::Registries& registries = *extensions;
+  if (!plan_file) {
+    LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, registries));
+    return create(config, std::move(plan), std::move(world), std::move(extensions));
+  }
+  const int64_t world_size = config.parallel.world_size();
+  plan::Plan plan;
+  LOOM_ASSIGN_OR_RETURN(plan.model, plan::build_model(config, registries, world_size));
+  LOOM_TRY(lower::check_plan_current(*plan_file, plan_file->source, config, lower::model_digest(plan.model),
+                                     lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
+  if (plan_file->world_size != world_size)
+    return Error::at(plan_file->source, plan_file->source + ": the plan is for " +
+                                            std::to_string(plan_file->world_size) + " ranks, this run has " +
+                                            std::to_string(world_size));
+  if (plan_file->micro_batches != config.micro_batches())
+    return Error::at(plan_file->source, plan_file->source + ": the plan runs " +
+                                            std::to_string(plan_file->micro_batches) +
+                                            " micro-batches per step, this config " +
+                                            std::to_string(config.micro_batches()));
+  LOOM_TRY(lower::check_deadlock_free(plan_file->graph, plan_file->lowered));
+  plan.file = *plan_file;
+  // A plan read from a file runs over a Comm even on one rank.
+  if (!world && world_size == 1) world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
+  return create(config, std::move(plan), std::move(world), std::move(extensions));
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Plan plan,
+                                                 std::shared_ptr<comm::Comm> world,
                                                  std::shared_ptr<const Extensions> extensions) {
   track_cpu_memory();  // before any parameter exists, so every live byte is counted
+  if (!extensions) extensions = std::make_shared<const Extensions>();
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  if (!extensions) extensions = std::make_shared<const Extensions>();
   impl->ops = extensions->ops;
   impl->kernels = extensions->kernels;
-  const bool zoo_model = !extensions->model;
-  LOOM_ASSIGN_OR_RETURN(impl->graph, zoo_model ? models::build_model(config, impl->ops)
-                                               : extensions->model(config, impl->ops));
-  LOOM_TRY(graph::verify(impl->graph, impl->ops));
+  impl->graph = std::move(plan.model);
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
-  if (zoo_model) {  // a model built from code counts samples
-    LOOM_ASSIGN_OR_RETURN(models::SampleItems items, models::items_per_sample(config));
-    impl->items_per_sample = items.per_sample;
+  if (!extensions->model) {  // a model set to replace every type counts samples
+    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, extensions->models.of(config));
+    if (type->items) {
+      LOOM_ASSIGN_OR_RETURN(models::SampleItems items, type->items(config));
+      impl->items_per_sample = items.per_sample;
+    }
   }
 
-  const int64_t world_size = config.parallel.world_size();
-  const auto& policies = extensions->policies;
-  if (plan)
-    LOOM_TRY(lower::check_plan_current(*plan, plan->source, config, lower::model_digest(impl->graph),
-                                       lower::code_fingerprint(impl->ops.types(), policies.names())));
-  if (world_size == 1 && !world && !plan) {
+  const int64_t world_size = plan.world_size();
+  if (world_size == 1 && !world) {
     impl->executor = std::make_unique<Executor>(impl->graph, impl->kernels,
                                                 static_cast<uint64_t>(config.run.seed));
     std::vector<bool> decay;
@@ -113,8 +138,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
     return resume(std::move(impl));
   }
 
-  if (zoo_model) LOOM_TRY(models::check_parallel(config));
-  if (!world && plan && world_size == 1) world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
   if (!world) {
     // A worker process among others on this machine takes its share of the cores.
     comm::configure_worker_threads();
@@ -127,24 +150,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                            ") = " + std::to_string(world_size) + " ranks, but " +
                                            std::to_string(world->size()) + " processes were started");
   impl->world = world;
-  if (plan) {
-    if (plan->world_size != world_size)
-      return Error::at(plan->source, plan->source + ": the plan is for " + std::to_string(plan->world_size) +
-                                         " ranks, this run has " + std::to_string(world_size));
-    if (plan->micro_batches != config.micro_batches())
-      return Error::at(plan->source, plan->source + ": the plan runs " + std::to_string(plan->micro_batches) +
-                                         " micro-batches per step, this config " +
-                                         std::to_string(config.micro_batches()));
-    impl->planned = plan->graph;
-    impl->lowered = plan->lowered;
-    LOOM_TRY(lower::check_deadlock_free(impl->planned, impl->lowered));
-  } else {
-    LOOM_ASSIGN_OR_RETURN(impl->planned, planner::plan_graph(impl->graph, {config, world_size}, policies));
-    lower::PathFinder paths;
-    LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
-    LOOM_ASSIGN_OR_RETURN(impl->lowered, lower::lower(impl->planned, world_size, config.micro_batches(), paths,
-                                                      order.empty() ? nullptr : &order));
-  }
+  impl->planned = std::move(plan.file.graph);
+  impl->lowered = std::move(plan.file.lowered);
   LOOM_ASSIGN_OR_RETURN(impl->rank_exec,
                         RankExecutor::create(impl->planned, impl->lowered, world, impl->kernels,
                                              static_cast<uint64_t>(config.run.seed)));

@@ -21,6 +21,9 @@ class Comm;
 namespace loom::lower {
 struct PlanFile;
 }  // namespace loom::lower
+namespace loom::plan {
+struct Plan;
+}  // namespace loom::plan
 namespace loom::runtime {
 
 struct StepStats {
@@ -35,16 +38,20 @@ struct StepStats {
 
 class Trainer {
  public:
-  // Builds the model and data and materialises the parameters. Every user mistake (config,
-  // model arguments, data file) is returned as an error naming the key or file.
-  // With parallel.dp x tp x pp > 1 the trainer is one rank of a plan: it plans, lowers and runs
-  // this rank's program over `world` (by default the Comm made from comm.* and the launcher's
-  // environment). With `plan` (read from plan.json) the trainer runs exactly that plan's
-  // programs instead of planning, after refusing it when it is stale for this config and code.
-  // `extensions` adds user ops, kernels, policies and a model builder (exec/runtime/extensions.h).
+  // Runs `plan` (plan/plan.h's make_plan of `config`): builds the data, materialises this rank's
+  // parameters and optimizer. With parallel.dp x tp x pp > 1 the trainer is one rank of the
+  // plan and runs its program over `world` (by default the Comm made from comm.* and the
+  // launcher's environment). Every user mistake (config, data file, a world of the wrong size)
+  // is returned as an error naming the key or file.
+  static Result<std::unique_ptr<Trainer>> create(const Config& config, plan::Plan plan,
+                                                 std::shared_ptr<comm::Comm> world,
+                                                 std::shared_ptr<const Extensions> extensions);
+  // The same for the plan make_plan makes of `config`, or for `plan_file` (read from plan.json)
+  // after refusing it when it is stale for this config and code. `extensions` adds user ops,
+  // kernels, policies and a model builder (exec/runtime/extensions.h).
   static Result<std::unique_ptr<Trainer>> create(const Config& config,
                                                  std::shared_ptr<comm::Comm> world = nullptr,
-                                                 const lower::PlanFile* plan = nullptr,
+                                                 const lower::PlanFile* plan_file = nullptr,
                                                  std::shared_ptr<const Extensions> extensions = nullptr);
   ~Trainer();
 

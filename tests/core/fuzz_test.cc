@@ -7,12 +7,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/checkpoint_merge.h"
-#include "core/checkpoint_reader.h"
+#include "checkpoint/merge.h"
+#include "checkpoint/reader.h"
 #include "core/config.h"
-#include "core/crc32.h"
+#include "checkpoint/crc32.h"
 #include "core/durable_file.h"
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "tests/core/mutator.h"
 
 namespace loom {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "core/checkpoint_reader.h"
+#include "checkpoint/reader.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/trainer.h"
 #include "tests/exec/comm/spawn.h"
@@ -138,7 +138,7 @@ TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
   expect_merged_equals_single_device(ckpt);
 }
 
-// A safetensors reader written from the format's description alone (not core/safetensors.h):
+// A safetensors reader written from the format's description alone (not checkpoint/safetensors.h):
 // 8 bytes little-endian header length, a JSON header, raw little-endian data.
 struct IndependentTensor {
   std::string dtype;
@@ -220,9 +220,13 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
     const at::Tensor& want = ref.params.at(full.name);
     at::Tensor have =
         at::from_blob(const_cast<float*>(got.values.data()), want.sizes(), at::kFloat);
-    const auto differs = testing_support::compare_parameter(
-        have, want, ref.init.at(full.name),
-        testing_support::parameter_tolerance(ref.trace, full.name));
+    // The key bias's gradient is rounding noise by construction (it shifts every softmax score
+    // alike): its value is not compared, only its presence and shape.
+    const auto differs =
+        testing_support::is_noise(full.name, {"attn.k.b"})
+            ? std::nullopt
+            : testing_support::compare_parameter(have, want, ref.init.at(full.name),
+                                                 testing_support::parameter_tolerance(ref.trace, full.name));
     EXPECT_FALSE(differs) << full.name << ": " << differs.value_or("");
     ASSERT_TRUE(tensors.count("optimizer.exp_avg." + full.name)) << full.name;
     EXPECT_EQ(tensors.at("optimizer.exp_avg." + full.name).shape, full.shape) << full.name;

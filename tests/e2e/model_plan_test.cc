@@ -1,6 +1,7 @@
 // `loom plan` at paper size: Swin C 768 (swin-6.6b, 640 px, window 40) on 32 virtual ranks under
 // window parallelism 8 x pipeline 4 completes and reports memory per rank.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -89,6 +90,42 @@ TEST(ModelPlan, BadSwinArgumentNamesTheKey) {
     EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir)) << "plan written for " << bad;
   }
+}
+
+// `loom plan` and bench/model_plans estimate a plan with the same function (plan/plan.h) on the
+// same built-in cost model: for every row of the bench's quick run, `loom plan` of the same
+// config prints the same step time and peak memory, to the bit (one computation, not two
+// that agree within a tolerance).
+TEST(ModelPlan, LoomPlanAndTheBenchPrintTheSameFigures) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_plan_vs_bench";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string bench = std::string(LOOM_BINARY_DIR) + "/bin/bench_model_plans";
+  ASSERT_TRUE(fs::exists(bench)) << bench << " is not built";
+  const std::string cmd = bench + " --quick --json " + (dir / "bench.json").string() + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(dir / "bench.json");
+  const nlohmann::json rows = nlohmann::json::parse(in);
+  ASSERT_GE(rows.size(), 4u);
+  int compared = 0;
+  for (const auto& row : rows) {
+    const fs::path config = dir / ("config_" + std::to_string(compared) + ".yaml");
+    std::ofstream(config) << row["yaml"].get<std::string>();
+    std::string args = "plan " + config.string();
+    for (const auto& o : row["overrides"]) args += " " + o.get<std::string>();
+    const fs::path out = dir / ("plan_" + std::to_string(compared));
+    Outcome r = run(args + " --no-plan-json --out " + out.string());
+    ASSERT_EQ(r.code, 0) << args << "\n" << r.output;
+    std::ifstream summary_in(out / "summary.json");
+    const nlohmann::json summary = nlohmann::json::parse(summary_in);
+    double peak = 0;
+    for (const auto& rank : summary["ranks"]) peak = std::max(peak, rank["peak_bytes"].get<double>());
+    EXPECT_EQ(summary["step_s"].get<double>(), row["step_s"].get<double>()) << row["case"] << " " << row["plan"];
+    EXPECT_EQ(peak, row["max_peak_bytes"].get<double>()) << row["case"] << " " << row["plan"];
+    EXPECT_GT(peak, 0) << row["plan"];
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(rows.size()));
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ using namespace std::string_literals;
 
 #include <nlohmann/json.hpp>
 
-#include "core/crc32.h"
+#include "checkpoint/crc32.h"
 #include "core/durable_file.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/trainer.h"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "exec/comm/local_comm.h"
+#include "exec/lower/plan_file.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/inputs.h"
 #include "exec/runtime/oracle.h"
@@ -30,9 +31,11 @@ namespace loom::testing_support {
 // policy's bound for the reference's optimizer (tests/support/tolerance.h). Parameters whose name
 // contains one of `noise` are not compared: their gradients are rounding noise by construction
 // (a bias that shifts every softmax score alike).
+// With `plan`, the ranks run that plan (read from plan.json) instead of making one.
 inline void expect_equal_to_single_device(const Reference& ref, const Config& config,
                                           int world_size,
-                                          const std::vector<std::string>& noise = {}) {
+                                          const std::vector<std::string>& noise = {},
+                                          const lower::PlanFile* plan = nullptr) {
   const int steps = static_cast<int>(ref.losses.size());
   ASSERT_GT(steps, 1);
   // The losses move, so equal curves are not equal constants.
@@ -44,7 +47,7 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
   std::set<std::string> held;  // every parameter some rank holds
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(config, comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(config, comm.shared_from_this(), plan));
     const int64_t rank = comm.world_rank().value();
     for (int i = 0; i < steps; ++i) {
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());

@@ -8,6 +8,7 @@
 #include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
 #include "loom/loom.h"
+#include "models/model.h"
 
 namespace loom {
 namespace {
@@ -92,6 +93,43 @@ TEST(Api, RefusedAdditionsSayWhy) {
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.error().message.find("no op writes the loss 'x'"), std::string::npos)
       << trainer.error().message;
+}
+
+// A model type added from code is selected by model.type like the zoo's, and planned for
+// several ranks like them: its parallel check refuses what it cannot split, naming the key.
+TEST(Api, AnAddedModelTypeIsFirstClass) {
+  loom::Setup setup;
+  auto gpt_of = [](const Config& c, const graph::OpRegistry& ops) {
+    Config gpt = c;
+    gpt.model.type = "gpt";
+    return models::build_model(gpt, ops);
+  };
+  ASSERT_TRUE(setup
+                  .add_model("my-lm", gpt_of,
+                             [](const Config& c) -> Status {
+                               if (c.parallel.tp > 2) return c.error("parallel.tp", "my-lm splits in two at most");
+                               return Status::success();
+                             })
+                  .ok());
+  EXPECT_FALSE(setup.add_model("gpt", gpt_of).ok());  // the zoo's name
+  auto trainer = Trainer::from_file(config_file().string(), {"model.type=my-lm", "run.steps=2"}, setup);
+  ASSERT_TRUE(trainer.ok()) << trainer.error().message;
+  ASSERT_TRUE((*trainer)->fit().ok());
+  EXPECT_EQ((*trainer)->steps_done(), 2);
+  const Config tp2 = *parse_config("model: {type: my-lm}\nparallel: {tp: 2}\n", "c.yaml");
+  auto plan = make_plan(tp2, setup);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(plan->world_size, 2);
+  const Config tp4 = *parse_config("model: {type: my-lm}\nparallel: {tp: 4}\n", "c.yaml");
+  auto refused = make_plan(tp4, setup);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("my-lm splits in two at most"), std::string::npos)
+      << refused.error().message;
+  // Without the Setup, the type is unknown and the error lists the types there are.
+  auto unknown = make_plan(tp2);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("unknown model type 'my-lm'"), std::string::npos)
+      << unknown.error().message;
 }
 
 }  // namespace

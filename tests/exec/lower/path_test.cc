@@ -185,17 +185,5 @@ TEST(Path, RandomLayoutsAcrossGroups) {
   }
 }
 
-TEST(CostModel, ParsesAndRejects) {
-  auto m = CostModel::parse("intra_alpha_s: 1e-6\ndevices_per_node: 4\n", "c.yaml");
-  ASSERT_TRUE(m.ok());
-  EXPECT_EQ(m->devices_per_node, 4);
-  EXPECT_DOUBLE_EQ(m->intra_alpha_s, 1e-6);
-  auto bad = CostModel::parse("intra_alpha: 1\n", "c.yaml");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("c.yaml:1: intra_alpha: unknown key (did you mean 'intra_alpha_s'?)"),
-            std::string::npos);
-  EXPECT_FALSE(CostModel::parse("devices_per_node: 0\n", "c.yaml").ok());
-}
-
 }  // namespace
 }  // namespace loom::lower

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "exec/lower/schedule_order.h"
 #include "models/model.h"
 
@@ -177,6 +179,24 @@ TEST(GradLayout, SwapsReplicasAndValueChunks) {
     EXPECT_EQ(a.ranges, b.ranges);  // same slice, now a value chunk
   }
   EXPECT_EQ(grad_layout(g), l);
+}
+
+// One tag encoding for the runtime's messages and the deadlock check: every part comes back, and
+// neighbouring parts never share a tag.
+TEST(MessageTag, PartsComeBackAndTagsAreDistinct) {
+  std::set<int64_t> seen;
+  for (int64_t adapter : {0, 1, 777})
+    for (bool forward : {true, false})
+      for (int64_t mb : {int64_t{0}, int64_t{1}, kMaxMicroBatches - 1})
+        for (int64_t step : {int64_t{0}, kMaxPathSteps - 1}) {
+          const int64_t tag = message_tag(adapter, forward, mb, step);
+          EXPECT_TRUE(seen.insert(tag).second) << tag;
+          const MessageTagParts p = message_tag_parts(tag);
+          EXPECT_EQ(p.adapter, adapter);
+          EXPECT_EQ(p.forward, forward);
+          EXPECT_EQ(p.mb, mb);
+          EXPECT_EQ(p.step, step);
+        }
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
-#include "core/checkpoint_merge.h"
+#include "checkpoint/merge.h"
 
 #include <cerrno>
 #include <cstdlib>
 
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "core/checkpoint_manifest.h"
+#include "checkpoint/manifest.h"
 
 #include <cstdio>
 #include <nlohmann/json.hpp>

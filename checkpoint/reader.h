@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/checkpoint_manifest.h"
+#include "checkpoint/manifest.h"
 #include "core/result.h"
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace loom {
 

@@ -8,12 +8,12 @@
 #include <fstream>
 #include <string_view>
 
-#include "core/checkpoint_manifest.h"
-#include "core/checkpoint_merge.h"
-#include "core/checkpoint_reader.h"
-#include "core/crc32.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/merge.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/crc32.h"
 #include "core/durable_file.h"
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace loom {
 namespace {

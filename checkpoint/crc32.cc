@@ -1,4 +1,4 @@
-#include "core/crc32.h"
+#include "checkpoint/crc32.h"
 
 #include <array>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,11 +1,11 @@
-#include "core/checkpoint_reader.h"
+#include "checkpoint/reader.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
-#include "core/checkpoint_merge.h"
-#include "core/crc32.h"
+#include "checkpoint/merge.h"
+#include "checkpoint/crc32.h"
 #include "core/durable_file.h"
 
 namespace loom {

@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "core/checkpoint_reader.h"
+#include "checkpoint/reader.h"
 #include "core/result.h"
-#include "core/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace loom {
 

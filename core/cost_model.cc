@@ -1,0 +1,196 @@
+#include "core/cost_model.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/check.h"
+#include "core/config.h"
+#include "core/cost_model_builtin.h"  // generated from configs/cost-model.yaml
+#include "core/strings.h"
+
+namespace loom {
+namespace {
+
+// The one table of cost-model values; the file reader, the cost.* config keys and the listing
+// of known keys all walk it.
+struct RealField {
+  const char* key;
+  double CostModel::*field;
+  double CostConfig::*override;  // cost.<key>: 0 keeps the preset's value
+};
+const std::vector<RealField>& real_fields() {
+  static const std::vector<RealField> kFields = {
+      {"device_flops_per_s", &CostModel::device_flops_per_s, &CostConfig::device_flops_per_s},
+      {"device_memory_bytes", &CostModel::device_memory_bytes, &CostConfig::device_memory_bytes},
+      {"intra_alpha_s", &CostModel::intra_alpha_s, &CostConfig::intra_alpha_s},
+      {"intra_beta_s_per_byte", &CostModel::intra_beta_s_per_byte, &CostConfig::intra_beta_s_per_byte},
+      {"inter_alpha_s", &CostModel::inter_alpha_s, &CostConfig::inter_alpha_s},
+      {"inter_beta_s_per_byte", &CostModel::inter_beta_s_per_byte, &CostConfig::inter_beta_s_per_byte},
+      {"local_beta_s_per_byte", &CostModel::local_beta_s_per_byte, &CostConfig::local_beta_s_per_byte}};
+  return kFields;
+}
+constexpr const char* kDevicesPerNode = "devices_per_node";
+
+std::string at_line(const std::string& source, const YAML::Node& node) {
+  return source + ":" + std::to_string(node.Mark().line + 1);
+}
+
+// Reads one model's mapping over the defaults in `m`.
+Result<CostModel> read_model(const YAML::Node& map, const std::string& source, CostModel m) {
+  if (!map.IsMap()) return Error::at(source, at_line(source, map) + ": expected a mapping of cost-model keys");
+  const std::vector<std::string> known = cost_model_keys();
+  for (const auto& kv : map) {
+    if (!kv.first.IsScalar()) return Error::at(source, at_line(source, kv.first) + ": a key must be a plain name");
+    const std::string key = kv.first.Scalar();
+    const std::string where = at_line(source, kv.first) + ": " + key;
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      const std::string close = closest_match(key, known);
+      return Error::at(key, where + ": unknown key" + (close.empty() ? "" : " (did you mean '" + close + "'?)"));
+    }
+    try {
+      if (key == kDevicesPerNode) {
+        m.devices_per_node = kv.second.as<int64_t>();
+        if (m.devices_per_node < 1) return Error::at(key, where + ": must be positive");
+        continue;
+      }
+      const double value = kv.second.as<double>();
+      if (!(value >= 0)) return Error::at(key, where + ": must be zero or positive");
+      for (const auto& f : real_fields())
+        if (key == f.key) m.*f.field = value;
+    } catch (const YAML::Exception&) {
+      return Error::at(key, where + ": expected a number");
+    }
+  }
+  return m;
+}
+
+Result<YAML::Node> load_yaml(const std::string& yaml, const std::string& source) {
+  try {
+    return YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+  }
+}
+
+Result<std::string> read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Error::at(path, "cannot read cost model '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+std::vector<std::string> cost_model_keys() {
+  std::vector<std::string> keys;
+  for (const auto& f : real_fields()) keys.push_back(f.key);
+  keys.push_back(kDevicesPerNode);
+  return keys;
+}
+
+Result<CostModel> CostModel::parse(const std::string& yaml, const std::string& source) {
+  LOOM_ASSIGN_OR_RETURN(YAML::Node root, load_yaml(yaml, source));
+  if (root.IsNull()) return CostModel{};
+  LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(root, source, CostModel{}));
+  m.name = source;
+  return m;
+}
+
+Result<CostModel> CostModel::load(const std::string& path) {
+  LOOM_ASSIGN_OR_RETURN(std::string text, read_text(path));
+  return parse(text, path);
+}
+
+Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::string& source) {
+  LOOM_ASSIGN_OR_RETURN(YAML::Node root, load_yaml(yaml, source));
+  if (!root.IsMap()) return Error::at(source, source + ": expected a mapping (presets: and default:, or cost-model keys)");
+  CostModelFile file;
+  if (!root["presets"]) {  // one flat model
+    LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(root, source, CostModel{}));
+    file.default_preset = "custom";
+    file.presets.emplace_back("custom", m);
+    return file;
+  }
+  for (const auto& kv : root) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (key != "presets" && key != "default")
+      return Error::at(source, at_line(source, kv.first) + ": unknown key '" + key +
+                                   "' (a file of presets has presets: and default:)");
+  }
+  const YAML::Node presets = root["presets"];
+  if (!presets.IsMap() || presets.size() == 0)
+    return Error::at(source, at_line(source, presets) + ": presets: expected a mapping of named cost models");
+  for (const auto& kv : presets) {
+    const std::string name = kv.first.Scalar();
+    LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(kv.second, source, CostModel{}));
+    file.presets.emplace_back(name, m);
+  }
+  if (root["default"]) {
+    file.default_preset = root["default"].IsScalar() ? root["default"].Scalar() : "";
+  } else {
+    file.default_preset = file.presets.front().first;
+  }
+  bool found = false;
+  for (const auto& [name, m] : file.presets) found |= name == file.default_preset;
+  if (!found)
+    return Error::at(source, at_line(source, root["default"]) + ": default: no preset named '" +
+                                 file.default_preset + "'");
+  return file;
+}
+
+const CostModelFile& builtin_cost_models() {
+  static const CostModelFile kFile = [] {
+    auto f = parse_cost_model_file(kBuiltinCostModelYaml, "configs/cost-model.yaml");
+    LOOM_CHECK(f.ok()) << "the built-in cost model does not parse: " << f.error().message;
+    return std::move(f).value();
+  }();
+  return kFile;
+}
+
+Result<CostModel> resolve_cost_model(const Config& config) {
+  const CostConfig& c = config.cost;
+  CostModelFile from_file;
+  std::string source = "the built-in configs/cost-model.yaml";
+  if (!c.file.empty()) {
+    auto text = read_text(c.file);
+    if (!text.ok()) return config.error("cost.file", text.error().message);
+    auto parsed = parse_cost_model_file(*text, c.file);
+    if (!parsed.ok()) return config.error("cost.file", parsed.error().message);
+    from_file = std::move(parsed).value();
+    source = c.file;
+  }
+  const CostModelFile& file = c.file.empty() ? builtin_cost_models() : from_file;
+  const std::string preset = c.preset.empty() ? file.default_preset : c.preset;
+  const CostModel* chosen = nullptr;
+  std::vector<std::string> names;
+  for (const auto& [name, m] : file.presets) {
+    names.push_back(name);
+    if (name == preset) chosen = &m;
+  }
+  if (!chosen) {
+    std::string msg = "no cost-model preset '" + preset + "' in " + source + "; presets: " + join(names, ", ");
+    const std::string close = closest_match(preset, names);
+    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+    return config.error("cost.preset", msg);
+  }
+  CostModel m = *chosen;
+  m.name = preset + " from " + source;
+  std::vector<std::string> changed;
+  for (const auto& f : real_fields())
+    if (const double v = c.*f.override; v > 0) {
+      m.*f.field = v;
+      changed.push_back(f.key);
+    }
+  if (c.devices_per_node > 0) {
+    m.devices_per_node = c.devices_per_node;
+    changed.push_back(kDevicesPerNode);
+  }
+  if (!changed.empty()) m.name += " with cost." + join(changed, ", cost.") + " set";
+  return m;
+}
+
+}  // namespace loom

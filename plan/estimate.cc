@@ -1,0 +1,261 @@
+#include "plan/estimate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "planner/cost.h"
+
+namespace loom::plan {
+namespace {
+
+// Bytes an op keeps for its backward pass besides its outputs: attention keeps its softmax
+// probabilities [b, h, s, t] and contiguous per-head copies of q, k and v.
+double saved_extra_bytes(const graph::Op& op) {
+  if (op.type() != "attention" || op.inputs.size() < 3) return 0;
+  const Shape q = op.inputs[0].shape(), k = op.inputs[1].shape();
+  const int64_t d = op.attrs().get_or<int64_t>("d", 0);
+  if (q.size() != 3 || k.size() != 3 || d <= 0) return 0;
+  const double heads = static_cast<double>(q[2] / d);
+  const double probs = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]) * static_cast<double>(k[1]);
+  return 4 * (probs + 3 * static_cast<double>(numel(q)));
+}
+
+// A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, over the
+// network when the group spans nodes.
+double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& devices, double bytes) {
+  const double k = static_cast<double>(devices.size());
+  if (k < 2) return 0;
+  bool inter = false;
+  for (DeviceId d : devices)
+    inter = inter || d.value() / cost.devices_per_node != devices[0].value() / cost.devices_per_node;
+  const double alpha = inter ? cost.inter_alpha_s : cost.intra_alpha_s;
+  const double beta = inter ? cost.inter_beta_s_per_byte : cost.intra_beta_s_per_byte;
+  return 2 * (k - 1) * (alpha + bytes / k * beta);
+}
+
+// What each rank holds and keeps, from its sub-operators, the adapters and the gradient syncs.
+struct Holdings {
+  std::vector<double> params, acts, largest_piece, incoming, sync_buffer;
+};
+
+Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, int64_t world) {
+  const size_t n = static_cast<size_t>(world);
+  Holdings h{std::vector<double>(n, 0), std::vector<double>(n, 0), std::vector<double>(n, 0),
+             std::vector<double>(n, 0), std::vector<double>(n, 0)};
+  // Autograd sums the gradients of a parameter read by several ops (a tied embedding and LM
+  // head) in its input buffer before accumulating: the two incoming gradients and their sum.
+  std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
+  std::vector<std::set<std::string>> seen(n);
+  for (const auto& op : planned.ops()) {
+    const size_t r = static_cast<size_t>(op.device.value());
+    h.acts[r] += planner::op_output_bytes(planned, op) + saved_extra_bytes(op);
+    for (const auto& in : op.inputs) {
+      const auto& t = planned.tensor(in.tensor);
+      if (t.role != graph::TensorRole::kParameter) continue;
+      const std::string key = t.name + in.ranges_string();
+      auto& u = uses[r][key];
+      u.first = static_cast<double>(numel(in.shape()) * 4);
+      ++u.second;
+      if (seen[r].insert(key).second) {
+        h.params[r] += static_cast<double>(numel(in.shape()));
+        h.largest_piece[r] = std::max(h.largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
+      }
+    }
+  }
+  for (size_t r = 0; r < n; ++r)
+    for (const auto& [name, u] : uses[r]) h.incoming[r] = std::max(h.incoming[r], u.first * (u.second > 1 ? 2 : 1));
+  // What an adapter delivers is a new tensor on each consumer rank (an all-reduced sum, a
+  // gathered or received piece), held while its micro-batch is in flight like an op output.
+  for (const auto& a : lowered.adapters) {
+    const auto& t = planned.tensor(a.tensor);
+    for (int64_t pos = 0; pos < a.to.size(); ++pos)
+      h.acts[static_cast<size_t>(a.to.devices[static_cast<size_t>(pos)].value())] +=
+          static_cast<double>(numel(a.to.piece(pos, a.tensor, t.shape).shape()) * size_bytes(t.dtype));
+  }
+  // The flat buffer each gradient all-reduce bucket is copied into while it is reduced.
+  for (size_t r = 0; r < n; ++r)
+    for (int64_t id : lowered.programs[r].grad_syncs)
+      h.sync_buffer[r] += static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
+  return h;
+}
+
+}  // namespace
+
+double Estimate::max_peak_bytes() const {
+  double m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.peak_bytes);
+  return m;
+}
+double Estimate::max_activation_bytes() const {
+  double m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.activation_bytes);
+  return m;
+}
+double Estimate::max_parameters() const {
+  double m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.parameters);
+  return m;
+}
+double Estimate::max_sent_bytes() const {
+  double m = 0;
+  for (const auto& r : ranks) {
+    double s = 0;
+    for (const auto& [k, b] : r.sent) s += b;
+    m = std::max(m, s);
+  }
+  return m;
+}
+
+std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size, const CostModel& cost) {
+  std::vector<double> fwd(static_cast<size_t>(world_size), 0);
+  for (const auto& op : planned.ops())
+    fwd[static_cast<size_t>(op.device.value())] += planner::op_flops(op) / cost.device_flops_per_s;
+  return fwd;
+}
+
+Estimate estimate_plan(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
+                       const CostModel& cost, const PipelineTimes& pipeline) {
+  const auto& par = config.parallel;
+  const int64_t world = static_cast<int64_t>(lowered.programs.size());
+  const size_t n = static_cast<size_t>(world);
+  const double m = static_cast<double>(config.micro_batches());
+  const int64_t ranks_per_stage = par.tp * par.dp;
+  const std::vector<double> fwd = forward_seconds(planned, world, cost);
+  const Holdings h = holdings(planned, lowered, world);
+  const bool pipelined = !pipeline.busy_s.empty();
+
+  // The optimizer keeps two moments (AdamW) or one buffer (SGD, allocated with or without
+  // momentum); its step makes temporaries the size of the piece it updates: AdamW's sqrt and
+  // denominator, SGD's decayed gradient.
+  const bool adamw = config.optimizer.type == "adamw";
+  const double opt_copies = adamw ? 2 : 1;
+  const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
+  // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines; all
+  // of them without one when several ranks run (the lowered program runs every forward before
+  // the backwards); one in the single-process executor.
+  const double flat_units = world > 1 ? m : 1.0;
+
+  Estimate e;
+  e.bubble_ratio = pipeline.bubble_ratio;
+  e.ranks.resize(n);
+  for (size_t r = 0; r < n; ++r) {
+    RankEstimate& re = e.ranks[r];
+    const size_t stage = static_cast<size_t>(static_cast<int64_t>(r) / ranks_per_stage);
+    // Compute: forward + backward (twice the forward) of every micro-batch, or the pipeline
+    // schedule's makespan with this rank's stage idle for its bubble.
+    re.compute_s = 3 * m * fwd[r];
+    if (pipelined) {
+      re.compute_s = pipeline.makespan_s;
+      if (stage < pipeline.busy_s.size() && pipeline.makespan_s > 0)
+        re.bubble = 1 - pipeline.busy_s[stage] / pipeline.makespan_s;
+    }
+    // Communication: each adapter's forward and gradient paths per micro-batch (the steps this
+    // rank takes part in), and the gradient all-reduces once per step.
+    for (const auto& a : lowered.adapters) {
+      re.comm_s += m * (path_seconds(a.forward, static_cast<int64_t>(r)) + path_seconds(a.backward, static_cast<int64_t>(r)));
+      const auto& t = planned.tensor(a.tensor);
+      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
+      add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
+    }
+    for (int64_t id : lowered.programs[r].grad_syncs) {
+      const auto& g = lowered.grad_syncs[static_cast<size_t>(id)];
+      const double bytes = static_cast<double>(numel(g.piece.shape()) * 4);
+      re.comm_s += all_reduce_seconds(cost, g.devices, bytes);
+      const double k = static_cast<double>(g.devices.size());
+      re.sent["grad all_reduce"] += 2 * (k - 1) / k * bytes;
+    }
+    re.step_s = re.compute_s + re.comm_s;
+
+    // Memory. A pipeline stage also holds, while it runs a backward, about half a micro-batch
+    // more: the received output gradients and the boundary tensors of the blocks around it
+    // (measured on GPT tiny; tests/e2e/multiprocess_test.cc checks the estimate on a gpt2-124m
+    // variant). Activations, gradient buckets (reduced after the last backward, when
+    // activations are gone) and the optimizer's temporaries come one after the other; the
+    // backward also holds a parameter's incoming gradients before they are accumulated.
+    const double in_flight = pipelined && stage < pipeline.peak_micro_batches.size()
+                                 ? pipeline.peak_micro_batches[stage]
+                                 : flat_units;
+    re.micro_batches_in_flight = in_flight + (par.pp > 1 ? 0.5 : 0.0);
+    re.parameters = h.params[r];
+    re.param_bytes = h.params[r] * 4;
+    re.grad_bytes = re.param_bytes;
+    re.optimizer_bytes = re.param_bytes * opt_copies;
+    re.grad_bucket_bytes = h.sync_buffer[r];
+    re.activation_bytes = h.acts[r] * re.micro_batches_in_flight;
+    re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
+    re.working_set_bytes =
+        std::max({re.grad_bucket_bytes, re.activation_bytes + h.incoming[r], re.optimizer_temporary_bytes});
+    re.peak_bytes = re.param_bytes * (2 + opt_copies) + re.working_set_bytes;
+    e.step_s = std::max(e.step_s, re.step_s);
+  }
+  return e;
+}
+
+double path_seconds(const lower::CommPath& path, int64_t rank) {
+  double t = 0;
+  for (const lower::CommStep& st : path.steps) {
+    bool in = false;
+    for (const auto& layout : {&st.before, &st.after})
+      for (DeviceId d : layout->devices) in = in || d.value() == rank;
+    if (in) t += st.cost_s;
+  }
+  return t;
+}
+
+void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
+                    double times, std::map<std::string, double>& out) {
+  for (const lower::CommStep& st : path.steps) {
+    int64_t pos = -1;
+    for (size_t p = 0; p < st.before.devices.size(); ++p)
+      if (st.before.devices[p].value() == rank) pos = static_cast<int64_t>(p);
+    if (pos < 0) continue;
+    const double piece = static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
+    const double k = static_cast<double>(st.k);
+    double bytes = 0;
+    switch (st.primitive) {
+      case lower::Primitive::kAllReduce:
+        bytes = 2 * (k - 1) / k * piece;
+        break;
+      case lower::Primitive::kAllGather:
+        bytes = (k - 1) * piece;
+        break;
+      case lower::Primitive::kReduceScatter:
+      case lower::Primitive::kAllToAll:
+        bytes = (k - 1) / k * piece;
+        break;
+      case lower::Primitive::kSendRecv:
+        for (const auto& pair : st.groups)
+          if (pair[0].value() == rank && pair[1].value() != rank) bytes += piece;
+        break;
+      default:
+        break;
+    }
+    if (bytes > 0) out[lower::to_string(st.primitive)] += bytes * times;
+  }
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string human_seconds(double s) {
+  char buf[32];
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+}  // namespace loom::plan

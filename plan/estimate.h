@@ -1,0 +1,74 @@
+// The one estimator of what a plan costs, on the one cost model (core/cost_model.h): per rank,
+// the parameters held, peak memory by part, compute and communication time per step and the
+// bytes sent by primitive. `loom plan` prints it, bench/model_plans compares plans with it and
+// the planner ranks candidates by it. LibTorch-free.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/cost_model.h"
+#include "exec/lower/path.h"
+#include "exec/lower/program.h"
+#include "graph/graph.h"
+
+namespace loom::plan {
+
+// The pipeline schedule a plan runs, simulated at the cost model's block durations.
+struct PipelineTimes {
+  double bubble_ratio = 0;       // idle device-time / (devices x makespan)
+  double makespan_s = 0;         // one step's blocks, first start to last end
+  std::vector<double> busy_s;    // per pipeline device
+  std::vector<double> peak_micro_batches;  // per pipeline device: most forwards held at once
+};
+
+struct RankEstimate {
+  double parameters = 0;  // elements held
+  double param_bytes = 0;
+  double grad_bytes = 0;
+  double optimizer_bytes = 0;   // AdamW: two moments; SGD: one buffer
+  double grad_bucket_bytes = 0;  // flat buffers of the gradient all-reduces
+  double activation_bytes = 0;   // one micro-batch's saved tensors x micro-batches in flight
+  double optimizer_temporary_bytes = 0;
+  double working_set_bytes = 0;  // the largest of activations, buckets, optimizer temporaries
+  double micro_batches_in_flight = 0;
+  double peak_bytes = 0;  // params + grads + optimizer + working set
+  double compute_s = 0;   // per step, the schedule's makespan under pipelining
+  double comm_s = 0;      // per step: adapters per micro-batch and the gradient all-reduces
+  double step_s = 0;      // compute + comm
+  double bubble = 0;      // this rank's idle fraction of the schedule
+  std::map<std::string, double> sent;  // bytes per step by primitive
+};
+
+struct Estimate {
+  std::vector<RankEstimate> ranks;
+  double bubble_ratio = 0;
+  double step_s = 0;  // the slowest rank's
+  double max_peak_bytes() const;
+  double max_activation_bytes() const;
+  double max_parameters() const;
+  double max_sent_bytes() const;  // the busiest sender's bytes per step
+};
+
+// Forward seconds of each rank's sub-operators for one micro-batch at the device's FLOP rate.
+std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size, const CostModel& cost);
+
+// The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
+Estimate estimate_plan(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
+                       const CostModel& cost, const PipelineTimes& pipeline);
+
+// Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
+double path_seconds(const lower::CommPath& path, int64_t rank);
+
+// Adds to `out`, per primitive, the bytes `rank` sends in the steps of `path` it takes part in,
+// `times` over (once per micro-batch, say).
+void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
+                    double times, std::map<std::string, double>& out);
+
+std::string human_bytes(double bytes);  // "1.5 GiB"
+std::string human_seconds(double s);    // "2.31 ms"
+
+}  // namespace loom::plan

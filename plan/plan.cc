@@ -1,0 +1,143 @@
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "exec/lower/schedule_order.h"
+#include "graph/verify.h"
+#include "scheduler/csv.h"
+#include "scheduler/predefined.h"
+#include "scheduler/render.h"
+#include "scheduler/simulator.h"
+
+namespace loom::plan {
+namespace {
+
+// Adds a "communication" track under every pipeline device of the chrome trace: after each
+// forward (backward) block, the cost-model time of the adapters' forward (gradient) paths the
+// device's slowest rank takes part in for one micro-batch. The simulated blocks do not wait
+// for it: the track shows how much communication each block brings, not a re-simulation.
+std::string with_comm_track(const std::string& trace, const lower::Lowered& lowered, int64_t ranks_per_stage) {
+  auto json = nlohmann::json::parse(trace, nullptr, false);
+  if (json.is_discarded() || !json.contains("traceEvents")) return trace;
+  const int64_t world = static_cast<int64_t>(lowered.programs.size());
+  std::map<int64_t, std::pair<double, double>> per_device;  // pp index -> (forward s, backward s)
+  for (int64_t r = 0; r < world; ++r) {
+    double f = 0, b = 0;
+    for (const auto& a : lowered.adapters) {
+      f += path_seconds(a.forward, r);
+      b += path_seconds(a.backward, r);
+    }
+    auto& slot = per_device[r / ranks_per_stage];
+    slot.first = std::max(slot.first, f);
+    slot.second = std::max(slot.second, b);
+  }
+  nlohmann::json added = nlohmann::json::array();
+  std::set<int64_t> named;
+  for (const auto& e : json["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string cat = e.value("cat", "");
+    if (cat != "F" && cat != "B") continue;
+    const int64_t pid = e.value("pid", 0);
+    const auto it = per_device.find(pid);
+    const double dur_us = it == per_device.end() ? 0 : (cat == "F" ? it->second.first : it->second.second) * 1e6;
+    if (dur_us <= 0) continue;
+    if (named.insert(pid).second)
+      added.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 1},
+                       {"args", {{"name", "communication"}}}});
+    added.push_back({{"name", "comm after " + e.value("name", std::string())},
+                     {"cat", "comm"},
+                     {"ph", "X"},
+                     {"pid", pid},
+                     {"tid", 1},
+                     {"ts", e.value("ts", 0.0) + e.value("dur", 0.0)},
+                     {"dur", dur_us}});
+  }
+  for (auto& e : added) json["traceEvents"].push_back(std::move(e));
+  return json.dump(1);
+}
+
+// Simulates the pipeline schedule at the cost model's block durations: a forward takes the
+// slowest rank's forward time per stage chunk, a backward twice that. A searched schedule is
+// drawn and timed as 1F1B, whose steady state it matches on uniform stages.
+Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
+                         const lower::Lowered& lowered, Plan& plan) {
+  const auto& par = config.parallel;
+  if (par.pp == 1 && par.chunks == 1) return Status::success();
+  auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
+  if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
+  double unit_s = 0;  // the slowest stage's forward per micro-batch
+  for (double f : forward_s) unit_s = std::max(unit_s, f);
+  auto spec = sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
+                                      static_cast<int>(par.chunks));
+  // The renderer draws one time unit as 1 ms: simulate in milliseconds.
+  const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
+  spec.fwd = unit_ms;
+  spec.bwd = 2 * unit_ms;
+  auto schedule = sched::build_predefined(*kind, spec);
+  if (!schedule.ok()) return config.error("parallel.schedule", schedule.error().message);
+  auto timeline = sched::simulate(*schedule);
+  if (!timeline.ok()) return Status::success();
+  plan.pipeline.bubble_ratio = timeline->bubble_ratio;
+  plan.pipeline.makespan_s = timeline->makespan * 1e-3;
+  for (double b : timeline->busy) plan.pipeline.busy_s.push_back(b * 1e-3);
+  plan.pipeline.peak_micro_batches = timeline->peak_memory;
+  if (auto csv = sched::to_csv(*schedule); csv.ok()) plan.schedule.csv = *csv;
+  plan.schedule.chrome_trace =
+      with_comm_track(sched::to_chrome_trace(*schedule, *timeline), lowered, par.tp * par.dp);
+  plan.schedule.svg = sched::to_svg(*schedule, *timeline);
+  return Status::success();
+}
+
+}  // namespace
+
+Result<graph::Graph> build_model(const Config& config, const Registries& registries, int64_t world_size) {
+  graph::Graph model;
+  if (registries.model) {
+    LOOM_ASSIGN_OR_RETURN(model, registries.model(config, registries.ops));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+    LOOM_ASSIGN_OR_RETURN(model, type->build(config, registries.ops));
+    if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
+  }
+  LOOM_TRY(graph::verify(model, registries.ops));
+  return model;
+}
+
+Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
+                       int64_t world_size) {
+  if (world_size == 0) world_size = config.parallel.world_size();
+  if (world_size < 1) return Error::at("world_size", "the world size must be positive, got " + std::to_string(world_size));
+  Plan plan;
+  plan.cost = cost;
+  LOOM_ASSIGN_OR_RETURN(plan.model, build_model(config, registries, world_size));
+
+  lower::PlanFile& file = plan.file;
+  file.code_fingerprint = lower::code_fingerprint(registries.ops.types(), registries.policies.names());
+  file.model_digest = lower::model_digest(plan.model);
+  file.hash = lower::plan_hash(config, file.model_digest, file.code_fingerprint);
+  file.config_yaml = to_yaml(config);
+  file.world_size = world_size;
+  file.micro_batches = config.micro_batches();
+
+  LOOM_ASSIGN_OR_RETURN(file.graph, planner::plan_graph(plan.model, {config, world_size}, registries.policies));
+  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
+  lower::PathFinder paths(cost);
+  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(), paths,
+                                                   order.empty() ? nullptr : &order));
+
+  LOOM_TRY(simulate_pipeline(config, forward_seconds(file.graph, world_size, cost), file.lowered, plan));
+  file.schedule_csv = plan.schedule.csv;
+  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
+  return plan;
+}
+
+Result<Plan> make_plan(const Config& config, const Registries& registries) {
+  LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
+  return make_plan(config, registries, cost);
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,65 @@
+// The one way from a config to a plan: build the single-device model, check it, plan it (the
+// policy), verify, order the pipeline, lower to per-rank programs with their communication,
+// prove the programs deadlock-free and estimate what the plan costs, on one cost model.
+// `loom train`, `loom plan`, the embedding API and the benches all call make_plan; the runtime
+// receives the Plan and runs it. LibTorch-free: a plan for thousands of ranks is made here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/config.h"
+#include "core/cost_model.h"
+#include "core/result.h"
+#include "exec/lower/plan_file.h"
+#include "graph/graph.h"
+#include "graph/op_registry.h"
+#include "models/model.h"
+#include "plan/estimate.h"
+#include "planner/policy.h"
+
+namespace loom::plan {
+
+// Builds a user's single-device model (the embedding API's Setup::set_model).
+using ModelBuilder = std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)>;
+
+// What plans are made with: the op types, the policies and the model types (model.type picks
+// one; `model`, when set, builds every run's model instead).
+struct Registries {
+  graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
+  planner::PolicyRegistry policies = planner::PolicyRegistry::with_builtin_policies();
+  models::ModelRegistry models = models::ModelRegistry::with_builtin_models();
+  ModelBuilder model;
+};
+
+// The pipeline schedule of a plan, as files a user reads: empty without pipeline parallelism.
+struct ScheduleFiles {
+  std::string csv;           // torch.distributed.pipelining's action-per-cell format
+  std::string chrome_trace;  // chrome://tracing, Perfetto: blocks and a communication track
+  std::string svg;           // a Gantt chart
+};
+
+struct Plan {
+  graph::Graph model;    // the single-device graph the plan was made from
+  lower::PlanFile file;  // the planned graph and per-rank programs, hashed: plan.json
+  CostModel cost;
+  PipelineTimes pipeline;
+  ScheduleFiles schedule;
+  Estimate estimate;
+
+  int64_t world_size() const { return file.world_size; }
+};
+
+// The single-device graph of `config` (registries.model's, or model.type's entry), its parallel
+// degrees checked against the model when `world_size` > 1, verified.
+Result<graph::Graph> build_model(const Config& config, const Registries& registries, int64_t world_size);
+
+// The plan of `config` for `world_size` ranks (0: parallel.dp x tp x pp). Every user mistake
+// (config, model arguments, degrees that do not divide the model) is an error naming the key.
+Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
+                       int64_t world_size = 0);
+// The same on the config's own cost model (cost.*).
+Result<Plan> make_plan(const Config& config, const Registries& registries = {});
+
+}  // namespace loom::plan

@@ -1,0 +1,107 @@
+#include "core/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/config.h"
+
+namespace loom {
+namespace {
+
+TEST(CostModel, ParsesAndRejects) {
+  auto m = CostModel::parse("intra_alpha_s: 1e-6\ndevices_per_node: 4\n", "c.yaml");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->devices_per_node, 4);
+  EXPECT_DOUBLE_EQ(m->intra_alpha_s, 1e-6);
+  auto bad = CostModel::parse("intra_alpha: 1\n", "c.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("c.yaml:1: intra_alpha: unknown key (did you mean 'intra_alpha_s'?)"),
+            std::string::npos);
+  EXPECT_FALSE(CostModel::parse("devices_per_node: 0\n", "c.yaml").ok());
+  EXPECT_FALSE(CostModel::parse("device_flops_per_s: fast\n", "c.yaml").ok());
+}
+
+// configs/cost-model.yaml is built in with a preset per device class loom plans for.
+TEST(CostModel, BuiltInPresets) {
+  const CostModelFile& file = builtin_cost_models();
+  std::vector<std::string> names;
+  for (const auto& [name, m] : file.presets) names.push_back(name);
+  for (const char* want : {"cpu", "a100", "h100", "h200"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  EXPECT_EQ(file.default_preset, "a100");
+  for (const auto& [name, m] : file.presets) {
+    EXPECT_GT(m.device_flops_per_s, 0) << name;
+    EXPECT_GT(m.device_memory_bytes, 0) << name;
+    EXPECT_GT(m.intra_beta_s_per_byte, 0) << name;
+    // The network is never faster than the links within a node.
+    EXPECT_GE(m.inter_beta_s_per_byte, m.intra_beta_s_per_byte) << name;
+  }
+}
+
+TEST(CostModel, ResolvedFromTheConfig) {
+  auto c = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.preset=h200", "cost.inter_alpha_s=1e-3"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto m = resolve_cost_model(*c);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_DOUBLE_EQ(m->inter_alpha_s, 1e-3);
+  EXPECT_DOUBLE_EQ(m->device_memory_bytes, 141e9);  // the H200's HBM
+  EXPECT_NE(m->name.find("h200"), std::string::npos) << m->name;
+  EXPECT_NE(m->name.find("cost.inter_alpha_s"), std::string::npos) << m->name;
+
+  auto plain = parse_config("model: {type: gpt}\n", "c.yaml");
+  ASSERT_TRUE(plain.ok());
+  auto a100 = resolve_cost_model(*plain);
+  ASSERT_TRUE(a100.ok());
+  EXPECT_DOUBLE_EQ(a100->device_flops_per_s, 100e12);
+  EXPECT_EQ(a100->name, "a100 from the built-in configs/cost-model.yaml");
+}
+
+TEST(CostModel, AnUnknownPresetNamesTheKeyAndTheChoices) {
+  auto c = parse_config("model: {type: gpt}\ncost: {preset: h10}\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto m = resolve_cost_model(*c);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("c.yaml:2"), std::string::npos) << m.error().message;
+  EXPECT_NE(m.error().message.find("did you mean 'h100'"), std::string::npos) << m.error().message;
+  EXPECT_NE(m.error().message.find("presets: a100, h100, h200, cpu"), std::string::npos) << m.error().message;
+}
+
+TEST(CostModel, AUserFileOfOneModelOrOfPresets) {
+  const auto dir = std::filesystem::temp_directory_path() / "loom_cost_model_test";
+  std::filesystem::create_directories(dir);
+  const auto flat = dir / "flat.yaml", presets = dir / "presets.yaml", bad = dir / "bad.yaml";
+  std::ofstream(flat) << "device_flops_per_s: 2e12\n";
+  std::ofstream(presets) << "default: slow\npresets:\n  slow: {device_flops_per_s: 1e9}\n  fast: {device_flops_per_s: 1e15}\n";
+  std::ofstream(bad) << "presets:\n  x: {device_flop_per_s: 1}\n";
+
+  auto c1 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + flat.string()});
+  ASSERT_TRUE(c1.ok());
+  auto m1 = resolve_cost_model(*c1);
+  ASSERT_TRUE(m1.ok()) << m1.error().message;
+  EXPECT_DOUBLE_EQ(m1->device_flops_per_s, 2e12);
+
+  auto c2 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + presets.string()});
+  auto m2 = resolve_cost_model(*c2);
+  ASSERT_TRUE(m2.ok()) << m2.error().message;
+  EXPECT_DOUBLE_EQ(m2->device_flops_per_s, 1e9);
+  auto c3 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + presets.string(), "cost.preset=fast"});
+  auto m3 = resolve_cost_model(*c3);
+  ASSERT_TRUE(m3.ok()) << m3.error().message;
+  EXPECT_DOUBLE_EQ(m3->device_flops_per_s, 1e15);
+
+  auto c4 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + bad.string()});
+  auto m4 = resolve_cost_model(*c4);
+  ASSERT_FALSE(m4.ok());
+  EXPECT_NE(m4.error().message.find("bad.yaml:2: device_flop_per_s: unknown key"), std::string::npos)
+      << m4.error().message;
+  EXPECT_NE(m4.error().message.find("cost.file"), std::string::npos) << m4.error().message;
+
+  auto c5 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + (dir / "missing.yaml").string()});
+  EXPECT_FALSE(resolve_cost_model(*c5).ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom
