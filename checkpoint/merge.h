@@ -5,8 +5,8 @@
 #include <string>
 
 #include "checkpoint/reader.h"
-#include "core/result.h"
 #include "checkpoint/safetensors.h"
+#include "core/result.h"
 
 namespace loom {
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/check.h"
-#include "checkpoint/merge.h"
 #include "checkpoint/crc32.h"
+#include "checkpoint/merge.h"
+#include "core/check.h"
 #include "core/durable_file.h"
 
 namespace loom {

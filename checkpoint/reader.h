@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "checkpoint/manifest.h"
-#include "core/result.h"
 #include "checkpoint/safetensors.h"
+#include "core/result.h"
 
 namespace loom {
 

@@ -1,11 +1,11 @@
 #include "core/config.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
-
-#include <yaml-cpp/yaml.h>
 
 #include "core/strings.h"
 
@@ -206,8 +206,8 @@ struct KeyLister {
 };
 
 std::vector<std::string> sections() {
-  return {"run",  "model", "parallel", "batch",      "optimizer",
-          "data", "logging", "comm",   "checkpoint", "cost"};
+  return {"run",  "model",   "parallel", "batch",      "optimizer",
+          "data", "logging", "comm",     "checkpoint", "cost"};
 }
 
 // Rejects keys the loader does not know, suggesting the closest known one.
@@ -216,8 +216,8 @@ Status check_unknown_keys(const YAML::Node& root, const Config& config,
   std::set<std::string> known_set(known.begin(), known.end());
   // A complex key (`? {a: 1}: ...`) is no name; reading it as text would throw.
   auto not_a_name = [&](const YAML::Node& key) {
-    return Error::at(config.source, line_of(config.source, key) + ": a key must be a plain name, got " +
-                                        describe(key));
+    return Error::at(config.source, line_of(config.source, key) +
+                                        ": a key must be a plain name, got " + describe(key));
   };
   for (const auto& kv : root) {
     if (!kv.first.IsScalar()) return not_a_name(kv.first);
@@ -239,7 +239,8 @@ Status check_unknown_keys(const YAML::Node& root, const Config& config,
       if (full == "model.args") {
         if (!field.second.IsNull() && !field.second.IsMap())
           return Error::at(full, line_of(config.source, field.second) +
-                                     ": model.args: expected a mapping, got " + describe(field.second));
+                                     ": model.args: expected a mapping, got " +
+                                     describe(field.second));
         for (const auto& arg : field.second)
           if (!arg.first.IsScalar()) return not_a_name(arg.first);
         continue;
@@ -267,7 +268,8 @@ Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrid
     std::string key(trim(text.substr(0, eq)));
     std::string value(trim(text.substr(eq + 1)));
     auto parts = split(key, '.');
-    bool is_arg = parts.size() == 3 && parts[0] == "model" && parts[1] == "args" && !parts[2].empty();
+    bool is_arg =
+        parts.size() == 3 && parts[0] == "model" && parts[1] == "args" && !parts[2].empty();
     if (!is_arg && std::find(known.begin(), known.end(), key) == known.end()) {
       std::string msg = "command line override '" + text + "': unknown key '" + key + "'";
       std::string close = closest_match(key, known);
@@ -280,7 +282,8 @@ Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrid
     } catch (const YAML::Exception&) {
       parsed = YAML::Node(value);
     }
-    if (!root[parts[0]] || !root[parts[0]].IsMap()) root[parts[0]] = YAML::Node(YAML::NodeType::Map);
+    if (!root[parts[0]] || !root[parts[0]].IsMap())
+      root[parts[0]] = YAML::Node(YAML::NodeType::Map);
     if (is_arg) {
       YAML::Node sec = root[parts[0]];
       if (!sec["args"] || !sec["args"].IsMap()) sec["args"] = YAML::Node(YAML::NodeType::Map);
@@ -323,14 +326,15 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
   try {
     root = YAML::Load(yaml);
   } catch (const YAML::ParserException& e) {
-    return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) +
-                                 ": malformed YAML: " + e.msg);
+    return Error::at(source,
+                     source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   } catch (const YAML::Exception& e) {
     return Error::at(source, source + ": malformed YAML: " + e.msg);
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap())
-    return Error::at(source, source + ": expected a mapping of sections (run, model, parallel, ...)");
+    return Error::at(source,
+                     source + ": expected a mapping of sections (run, model, parallel, ...)");
 
   const std::vector<std::string> known = known_config_keys();
   LOOM_TRY(check_unknown_keys(root, config, known));
@@ -341,7 +345,8 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
   visit_fields(config, reader);
   if (reader.error) return *reader.error;
 
-  if (YAML::Node args = root["model"] ? root["model"]["args"] : YAML::Node(); args && args.IsMap()) {
+  if (YAML::Node args = root["model"] ? root["model"]["args"] : YAML::Node();
+      args && args.IsMap()) {
     for (const auto& kv : args) {
       std::string name = kv.first.as<std::string>();
       std::string full = "model.args." + name;
@@ -357,9 +362,11 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
   const auto& b = config.batch;
   const auto& p = config.parallel;
   int64_t product = 0;
-  if (__builtin_mul_overflow(p.dp, p.tp, &product) || __builtin_mul_overflow(product, p.pp, &product) ||
+  if (__builtin_mul_overflow(p.dp, p.tp, &product) ||
+      __builtin_mul_overflow(product, p.pp, &product) ||
       __builtin_mul_overflow(b.micro, p.dp, &product))
-    return config.error("parallel.dp", "parallel.dp x tp x pp, or batch.micro x parallel.dp, is too large");
+    return config.error("parallel.dp",
+                        "parallel.dp x tp x pp, or batch.micro x parallel.dp, is too large");
   if (b.global % (b.micro * config.parallel.dp) != 0)
     return config.error("batch.global", "batch.global (" + std::to_string(b.global) +
                                             ") must be divisible by batch.micro (" +
@@ -369,8 +376,8 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
     return config.error("data.path", "data.type is 'tokens' but no data.path is given");
   for (size_t i = 0; i < config.parallel.stages.size(); ++i)
     if (config.parallel.stages[i].size() != 2)
-      return config.error("parallel.stages", "entry " + std::to_string(i) +
-                                                 " must be [first_layer, last_layer]");
+      return config.error("parallel.stages",
+                          "entry " + std::to_string(i) + " must be [first_layer, last_layer]");
   return config;
 }
 
@@ -388,8 +395,9 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
     // parse_config reports the malformed YAML with its line.
   }
   if (empty)
-    return Error::at(path, path + ": the config is empty (no sections such as run, model, "
-                                  "parallel); write at least `model: {type: gpt}`");
+    return Error::at(path, path +
+                               ": the config is empty (no sections such as run, model, "
+                               "parallel); write at least `model: {type: gpt}`");
   return parse_config(text.str(), path, overrides);
 }
 

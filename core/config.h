@@ -52,8 +52,8 @@ struct OptimizerConfig {
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
-  double momentum = 0.0;         // sgd only
-  double clip_grad_norm = 0.0;   // 0 disables clipping
+  double momentum = 0.0;        // sgd only
+  double clip_grad_norm = 0.0;  // 0 disables clipping
   int64_t warmup_steps = 0;
   std::string schedule = "constant";  // constant | cosine | linear (after warm-up)
   double min_lr = 0.0;
@@ -61,7 +61,7 @@ struct OptimizerConfig {
 
 struct DataConfig {
   std::string type = "synthetic";  // synthetic | tokens
-  std::string path;                 // tokens: flat file of uint16 token ids
+  std::string path;                // tokens: flat file of uint16 token ids
 };
 
 struct LoggingConfig {
@@ -91,8 +91,8 @@ struct CostConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;              // empty: <run.output_dir>/checkpoints
-  int64_t every = 0;            // 0: never
+  std::string dir;    // empty: <run.output_dir>/checkpoints
+  int64_t every = 0;  // 0: never
   int64_t keep = 2;
   std::string resume = "none";  // none | latest | a path
 };
@@ -118,9 +118,9 @@ class Config {
   // Micro-batches per optimizer step on each data-parallel replica.
   int64_t micro_batches() const { return batch.global / (batch.micro * parallel.dp); }
 
-  std::string source;                        // the file it was read from
-  std::vector<std::string> overrides;        // as given, in order
-  std::map<std::string, std::string> where_; // key -> origin; filled by the loader
+  std::string source;                         // the file it was read from
+  std::vector<std::string> overrides;         // as given, in order
+  std::map<std::string, std::string> where_;  // key -> origin; filled by the loader
 };
 
 // Reads and validates a config file, then applies `overrides` ("a.b=c", YAML values).

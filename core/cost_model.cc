@@ -1,10 +1,10 @@
 #include "core/cost_model.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-
-#include <yaml-cpp/yaml.h>
 
 #include "core/check.h"
 #include "core/config.h"
@@ -26,10 +26,13 @@ const std::vector<RealField>& real_fields() {
       {"device_flops_per_s", &CostModel::device_flops_per_s, &CostConfig::device_flops_per_s},
       {"device_memory_bytes", &CostModel::device_memory_bytes, &CostConfig::device_memory_bytes},
       {"intra_alpha_s", &CostModel::intra_alpha_s, &CostConfig::intra_alpha_s},
-      {"intra_beta_s_per_byte", &CostModel::intra_beta_s_per_byte, &CostConfig::intra_beta_s_per_byte},
+      {"intra_beta_s_per_byte", &CostModel::intra_beta_s_per_byte,
+       &CostConfig::intra_beta_s_per_byte},
       {"inter_alpha_s", &CostModel::inter_alpha_s, &CostConfig::inter_alpha_s},
-      {"inter_beta_s_per_byte", &CostModel::inter_beta_s_per_byte, &CostConfig::inter_beta_s_per_byte},
-      {"local_beta_s_per_byte", &CostModel::local_beta_s_per_byte, &CostConfig::local_beta_s_per_byte}};
+      {"inter_beta_s_per_byte", &CostModel::inter_beta_s_per_byte,
+       &CostConfig::inter_beta_s_per_byte},
+      {"local_beta_s_per_byte", &CostModel::local_beta_s_per_byte,
+       &CostConfig::local_beta_s_per_byte}};
   return kFields;
 }
 constexpr const char* kDevicesPerNode = "devices_per_node";
@@ -40,15 +43,18 @@ std::string at_line(const std::string& source, const YAML::Node& node) {
 
 // Reads one model's mapping over the defaults in `m`.
 Result<CostModel> read_model(const YAML::Node& map, const std::string& source, CostModel m) {
-  if (!map.IsMap()) return Error::at(source, at_line(source, map) + ": expected a mapping of cost-model keys");
+  if (!map.IsMap())
+    return Error::at(source, at_line(source, map) + ": expected a mapping of cost-model keys");
   const std::vector<std::string> known = cost_model_keys();
   for (const auto& kv : map) {
-    if (!kv.first.IsScalar()) return Error::at(source, at_line(source, kv.first) + ": a key must be a plain name");
+    if (!kv.first.IsScalar())
+      return Error::at(source, at_line(source, kv.first) + ": a key must be a plain name");
     const std::string key = kv.first.Scalar();
     const std::string where = at_line(source, kv.first) + ": " + key;
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       const std::string close = closest_match(key, known);
-      return Error::at(key, where + ": unknown key" + (close.empty() ? "" : " (did you mean '" + close + "'?)"));
+      return Error::at(
+          key, where + ": unknown key" + (close.empty() ? "" : " (did you mean '" + close + "'?)"));
     }
     try {
       if (key == kDevicesPerNode) {
@@ -71,7 +77,8 @@ Result<YAML::Node> load_yaml(const std::string& yaml, const std::string& source)
   try {
     return YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
-    return Error::at(source, source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+    return Error::at(source,
+                     source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   }
 }
 
@@ -107,7 +114,9 @@ Result<CostModel> CostModel::load(const std::string& path) {
 
 Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::string& source) {
   LOOM_ASSIGN_OR_RETURN(YAML::Node root, load_yaml(yaml, source));
-  if (!root.IsMap()) return Error::at(source, source + ": expected a mapping (presets: and default:, or cost-model keys)");
+  if (!root.IsMap())
+    return Error::at(source,
+                     source + ": expected a mapping (presets: and default:, or cost-model keys)");
   CostModelFile file;
   if (!root["presets"]) {  // one flat model
     LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(root, source, CostModel{}));
@@ -123,7 +132,8 @@ Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::
   }
   const YAML::Node presets = root["presets"];
   if (!presets.IsMap() || presets.size() == 0)
-    return Error::at(source, at_line(source, presets) + ": presets: expected a mapping of named cost models");
+    return Error::at(
+        source, at_line(source, presets) + ": presets: expected a mapping of named cost models");
   for (const auto& kv : presets) {
     const std::string name = kv.first.Scalar();
     LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(kv.second, source, CostModel{}));
@@ -172,7 +182,8 @@ Result<CostModel> resolve_cost_model(const Config& config) {
     if (name == preset) chosen = &m;
   }
   if (!chosen) {
-    std::string msg = "no cost-model preset '" + preset + "' in " + source + "; presets: " + join(names, ", ");
+    std::string msg =
+        "no cost-model preset '" + preset + "' in " + source + "; presets: " + join(names, ", ");
     const std::string close = closest_match(preset, names);
     if (!close.empty()) msg += " (did you mean '" + close + "'?)";
     return config.error("cost.preset", msg);

@@ -16,13 +16,13 @@ class Config;
 
 struct CostModel {
   // A message of b bytes costs alpha + b * beta seconds.
-  double intra_alpha_s = 5e-6;          // within a node
+  double intra_alpha_s = 5e-6;  // within a node
   double intra_beta_s_per_byte = 1e-11;
-  double inter_alpha_s = 20e-6;         // between nodes
+  double inter_alpha_s = 20e-6;  // between nodes
   double inter_beta_s_per_byte = 8e-11;
   double local_beta_s_per_byte = 2e-12;  // a copy on one device
   int64_t devices_per_node = 8;
-  double device_flops_per_s = 100e12;    // sustained per device
+  double device_flops_per_s = 100e12;  // sustained per device
   double device_memory_bytes = 80.0 * (1ull << 30);
   std::string name = "default";  // the preset and where it came from, for what a plan prints
 

@@ -1,8 +1,8 @@
 #include "core/log.h"
 
-#include <string>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <string>
 
 namespace loom {
 

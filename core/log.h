@@ -2,9 +2,9 @@
 // from several workers stays readable: "[12:00:01.123] [rank 3] [info] ...".
 #pragma once
 
-#include <string_view>
-
 #include <spdlog/spdlog.h>
+
+#include <string_view>
 
 #include "core/result.h"
 

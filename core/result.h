@@ -27,8 +27,8 @@ struct Error {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}          // NOLINT: implicit by design
-  Result(Error error) : v_(std::move(error)) {}      // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}      // NOLINT: implicit by design
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT: implicit by design
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
@@ -77,9 +77,9 @@ class [[nodiscard]] Status {
 #define LOOM_CONCAT(a, b) LOOM_CONCAT_INNER(a, b)
 
 // Returns the error of a failed Status or Result from the enclosing function.
-#define LOOM_TRY(expr)                                   \
-  do {                                                   \
-    auto&& loom_try_result_ = (expr);                    \
+#define LOOM_TRY(expr)                                           \
+  do {                                                           \
+    auto&& loom_try_result_ = (expr);                            \
     if (!loom_try_result_.ok()) return loom_try_result_.error(); \
   } while (0)
 

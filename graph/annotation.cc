@@ -53,8 +53,8 @@ class Parser {
     } else if (suffix == "^") {
       l.kind = LabelKind::kFrozen;
     } else {
-      return fail("label '" + std::string(tok) + "' has an unknown suffix '" +
-                  std::string(suffix) + "' (expected '+' or '^')");
+      return fail("label '" + std::string(tok) + "' has an unknown suffix '" + std::string(suffix) +
+                  "' (expected '+' or '^')");
     }
     return l;
   }
@@ -88,8 +88,9 @@ class Parser {
         if (dim.labels.empty()) return fail("empty group '()'");
         for (size_t k = 1; k < dim.labels.size(); ++k)
           if (dim.labels[k].kind == LabelKind::kSplit || dim.labels[k].kind == LabelKind::kReduce)
-            return fail("in group '" + dim.to_string() + "' only the first label may be split; mark '" +
-                        dim.labels[k].name + "' with '^'");
+            return fail("in group '" + dim.to_string() +
+                        "' only the first label may be split; mark '" + dim.labels[k].name +
+                        "' with '^'");
       } else if (s[i] == ')') {
         return fail("unmatched ')'");
       } else {
@@ -109,10 +110,14 @@ class Parser {
 
 std::string Label::to_string() const {
   switch (kind) {
-    case LabelKind::kFixed: return std::to_string(size);
-    case LabelKind::kReduce: return name + "+";
-    case LabelKind::kFrozen: return name + "^";
-    case LabelKind::kSplit: break;
+    case LabelKind::kFixed:
+      return std::to_string(size);
+    case LabelKind::kReduce:
+      return name + "+";
+    case LabelKind::kFrozen:
+      return name + "^";
+    case LabelKind::kSplit:
+      break;
   }
   return name;
 }
@@ -157,8 +162,8 @@ Result<Annotation> Annotation::parse(std::string_view text) {
           if (inserted) {
             a.labels_.push_back(l.name);
           } else if (it->second != l.kind) {
-            return fail("label '" + l.name + "' is marked '" + l.to_string() +
-                        "' here but '" + Label{l.name, it->second, 0}.to_string() + "' elsewhere");
+            return fail("label '" + l.name + "' is marked '" + l.to_string() + "' here but '" +
+                        Label{l.name, it->second, 0}.to_string() + "' elsewhere");
           }
           if (output && l.kind == LabelKind::kReduce)
             return fail("reduced label '" + l.to_string() + "' cannot appear in an output");

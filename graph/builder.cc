@@ -17,7 +17,8 @@ TensorId GraphBuilder::add(FullTensor t) {
   }
   for (int64_t d : t.shape)
     if (d <= 0) {
-      fail(Error::at(t.name, "tensor '" + t.name + "' has a non-positive size " + to_string(t.shape)));
+      fail(Error::at(t.name,
+                     "tensor '" + t.name + "' has a non-positive size " + to_string(t.shape)));
       return TensorId();
     }
   return graph_.add_tensor(std::move(t));
@@ -114,7 +115,8 @@ void GraphBuilder::set_loss(TensorId loss) {
   if (!ok()) return;
   const FullTensor& t = graph_.tensor(loss);
   if (!t.shape.empty()) {
-    fail(Error::at(t.name, "the loss '" + t.name + "' must be a scalar, got " + to_string(t.shape)));
+    fail(
+        Error::at(t.name, "the loss '" + t.name + "' must be a scalar, got " + to_string(t.shape)));
     return;
   }
   graph_.set_loss(loss);

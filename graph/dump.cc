@@ -23,11 +23,14 @@ std::string dump(const Graph& g) {
     return s;
   };
   for (const auto& op : g.ops()) {
-    os << "  #" << op.id << " " << op.type() << " " << op.name() << " dev " << op.device << " stage "
-       << op.stage << " layer ";
-    if (op.layer() == kPreLayers) os << "pre";
-    else if (op.layer() == kPostLayers) os << "post";
-    else os << op.layer();
+    os << "  #" << op.id << " " << op.type() << " " << op.name() << " dev " << op.device
+       << " stage " << op.stage << " layer ";
+    if (op.layer() == kPreLayers)
+      os << "pre";
+    else if (op.layer() == kPostLayers)
+      os << "post";
+    else
+      os << op.layer();
     os << " {" << op.annotation().to_string() << "}";
     if (!op.attrs().values().empty()) os << " " << op.attrs().to_string();
     os << "\n      " << pieces(op.inputs) << " -> " << pieces(op.outputs) << "\n";

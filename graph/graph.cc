@@ -49,12 +49,14 @@ namespace loom::graph {
 
 std::string Op::name() const {
   std::string n = def->name;
-  for (const Part& p : parts) n += "[" + std::to_string(p.index) + "/" + std::to_string(p.count) + "]";
+  for (const Part& p : parts)
+    n += "[" + std::to_string(p.index) + "/" + std::to_string(p.count) + "]";
   return n;
 }
 
 void Graph::set_loss(TensorId id) {
-  LOOM_CHECK(id.valid() && id.value() < static_cast<int64_t>(tensors_.size())) << "no tensor " << id;
+  LOOM_CHECK(id.valid() && id.value() < static_cast<int64_t>(tensors_.size()))
+      << "no tensor " << id;
   loss_ = id;
   tensors_[static_cast<size_t>(id.value())].role = TensorRole::kLoss;
 }

@@ -96,8 +96,8 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
   for (size_t i = 0; i < inputs.size(); ++i)
     if (a.inputs()[i].dims.size() != inputs[i].size())
       return fail("input " + std::to_string(i) + " has shape " + to_string(inputs[i]) + " but '" +
-                  a.inputs()[i].to_string() + "' has " +
-                  std::to_string(a.inputs()[i].dims.size()) + " dimensions");
+                  a.inputs()[i].to_string() + "' has " + std::to_string(a.inputs()[i].dims.size()) +
+                  " dimensions");
 
   // Bind labels from the inputs until nothing new is learnt, then check every dimension.
   for (bool progress = true; progress;) {
@@ -107,15 +107,17 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
         int64_t known = 1;
         std::vector<std::string> unknown;
         for (const auto& l : a.inputs()[i].dims[d].labels) {
-          if (l.kind == LabelKind::kFixed) known *= l.size;
-          else if (size.count(l.name)) known *= size[l.name];
-          else unknown.push_back(l.name);
+          if (l.kind == LabelKind::kFixed)
+            known *= l.size;
+          else if (size.count(l.name))
+            known *= size[l.name];
+          else
+            unknown.push_back(l.name);
         }
         if (unknown.size() != 1) continue;
         if (known <= 0 || inputs[i][d] % known != 0)
-          return fail("dimension " + std::to_string(d) + " of input " + std::to_string(i) +
-                      " is " + std::to_string(inputs[i][d]) + ", not divisible by " +
-                      std::to_string(known));
+          return fail("dimension " + std::to_string(d) + " of input " + std::to_string(i) + " is " +
+                      std::to_string(inputs[i][d]) + ", not divisible by " + std::to_string(known));
         size[unknown[0]] = inputs[i][d] / known;
         progress = true;
       }

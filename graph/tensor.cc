@@ -8,11 +8,16 @@ namespace loom::graph {
 
 std::string to_string(TensorRole role) {
   switch (role) {
-    case TensorRole::kInput: return "input";
-    case TensorRole::kParameter: return "param";
-    case TensorRole::kBuffer: return "buffer";
-    case TensorRole::kActivation: return "act";
-    case TensorRole::kLoss: return "loss";
+    case TensorRole::kInput:
+      return "input";
+    case TensorRole::kParameter:
+      return "param";
+    case TensorRole::kBuffer:
+      return "buffer";
+    case TensorRole::kActivation:
+      return "act";
+    case TensorRole::kLoss:
+      return "loss";
   }
   return "?";
 }
@@ -20,10 +25,15 @@ std::string to_string(TensorRole role) {
 std::string ParamInit::to_string() const {
   std::ostringstream os;
   switch (kind) {
-    case Kind::kNone: return "none";
-    case Kind::kZeros: return "zeros";
-    case Kind::kOnes: return "ones";
-    case Kind::kNormal: os << "normal(" << std << ")"; return os.str();
+    case Kind::kNone:
+      return "none";
+    case Kind::kZeros:
+      return "zeros";
+    case Kind::kOnes:
+      return "ones";
+    case Kind::kNormal:
+      os << "normal(" << std << ")";
+      return os.str();
   }
   return "?";
 }
@@ -55,7 +65,8 @@ std::string SubTensor::ranges_string() const {
     s += std::to_string(ranges[i].start) + ":" + std::to_string(ranges[i].end);
   }
   s += "]";
-  if (value_chunks > 1) s += "/v" + std::to_string(value_chunk) + "of" + std::to_string(value_chunks);
+  if (value_chunks > 1)
+    s += "/v" + std::to_string(value_chunk) + "of" + std::to_string(value_chunks);
   return s;
 }
 

@@ -63,7 +63,8 @@ Result<std::vector<Op>> split_op(const Op& op, const std::string& label, int64_t
 std::vector<Op> replicate_op(const Op& op, int64_t n) {
   std::vector<Op> out(static_cast<size_t>(n), op);
   for (int64_t i = 0; i < n; ++i)
-    out[static_cast<size_t>(i)].parts.push_back(Part{static_cast<int32_t>(i), static_cast<int32_t>(n)});
+    out[static_cast<size_t>(i)].parts.push_back(
+        Part{static_cast<int32_t>(i), static_cast<int32_t>(n)});
   return out;
 }
 
@@ -95,16 +96,17 @@ Result<Graph> partition(const Graph& g, OpId id, const std::string& label, int64
 
 Result<Graph> replicate(const Graph& g, OpId id, int64_t n) {
   LOOM_ASSIGN_OR_RETURN(size_t i, index_of(g, id));
-  if (n < 1) return Error::at(g.ops()[i].name(), "cannot replicate op '" + g.ops()[i].name() +
-                                                     "' " + std::to_string(n) + " times");
+  if (n < 1)
+    return Error::at(g.ops()[i].name(), "cannot replicate op '" + g.ops()[i].name() + "' " +
+                                            std::to_string(n) + " times");
   return replace(g, i, replicate_op(g.ops()[i], n));
 }
 
 Result<Graph> assign(const Graph& g, OpId id, DeviceId device) {
   LOOM_ASSIGN_OR_RETURN(size_t i, index_of(g, id));
   if (!device.valid())
-    return Error::at(g.ops()[i].name(), "op '" + g.ops()[i].name() + "': invalid device " +
-                                            device.to_string());
+    return Error::at(g.ops()[i].name(),
+                     "op '" + g.ops()[i].name() + "': invalid device " + device.to_string());
   Graph out = g;
   out.mutable_ops()[i].device = device;
   return out;

@@ -108,9 +108,10 @@ Status verify(const Graph& g, const OpRegistry& registry) {
       const FullTensor& t = g.tensor(s.tensor);
       if (t.role != TensorRole::kActivation && t.role != TensorRole::kLoss) continue;
       if (!coverable(s, pieces[s.tensor.value()]))
-        return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() + "): no ops write "
-                                    "enough of '" + t.name + "' to make its piece " +
-                                    s.ranges_string());
+        return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() +
+                                        "): no ops write "
+                                        "enough of '" +
+                                        t.name + "' to make its piece " + s.ranges_string());
     }
   if (!g.loss().valid()) return Error::at(g.name(), "graph '" + g.name() + "' has no loss");
   if (!written[g.loss().value()])

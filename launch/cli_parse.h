@@ -2,9 +2,8 @@
 // exit 0, any parse error as one line on stderr with exit 2.
 #pragma once
 
-#include <optional>
-
 #include <CLI/CLI.hpp>
+#include <optional>
 
 #include "launch/command.h"
 

@@ -17,7 +17,7 @@ int train_main(const Args& args);     // loom train CONFIG [key=value ...]
 int schedule_main(const Args& args);  // loom schedule --kind ... (scheduler/)
 int config_main(const Args& args);
 int checkpoint_main(const Args& args);  // loom checkpoint inspect DIR | merge DIR OUT
-int plan_main(const Args& args);      // loom plan CONFIG [key=value ...] --world-size N --out DIR
-int env_main(const Args& args);       // loom env: LibTorch, CPU kernels, BLAS and threads
+int plan_main(const Args& args);        // loom plan CONFIG [key=value ...] --world-size N --out DIR
+int env_main(const Args& args);         // loom env: LibTorch, CPU kernels, BLAS and threads
 
 }  // namespace loom::cli

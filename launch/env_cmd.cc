@@ -26,7 +26,8 @@ int env_main(const Args& args) {
     std::printf("%s: %s\n", name.c_str(), value.c_str());
   return kExitOk;
 #else
-  std::fprintf(stderr, "loom env: error: this build of loom has no runtime (LOOM_WITH_RUNTIME=OFF)\n");
+  std::fprintf(stderr,
+               "loom env: error: this build of loom has no runtime (LOOM_WITH_RUNTIME=OFF)\n");
   return kExitFailure;
 #endif
 }

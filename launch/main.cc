@@ -17,11 +17,14 @@ struct Command {
 const Command kCommands[] = {
     {"train", "train a model: loom train CONFIG [key=value ...]", loom::cli::train_main},
     {"schedule", "build, search, simulate and draw a pipeline schedule", loom::cli::schedule_main},
-    {"plan", "make and dump a plan without processes: loom plan CONFIG --out DIR", loom::cli::plan_main},
+    {"plan", "make and dump a plan without processes: loom plan CONFIG --out DIR",
+     loom::cli::plan_main},
     {"checkpoint", "inspect or merge a checkpoint: loom checkpoint inspect DIR | merge DIR OUT",
      loom::cli::checkpoint_main},
-    {"config", "print the resolved config: loom config CONFIG [key=value ...]", loom::cli::config_main},
-    {"env", "print what results depend on: LibTorch, CPU kernels, BLAS, threads", loom::cli::env_main},
+    {"config", "print the resolved config: loom config CONFIG [key=value ...]",
+     loom::cli::config_main},
+    {"env", "print what results depend on: LibTorch, CPU kernels, BLAS, threads",
+     loom::cli::env_main},
 };
 
 void usage(FILE* out) {

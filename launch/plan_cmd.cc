@@ -3,12 +3,11 @@
 // pipeline schedule (CSV in torch.distributed.pipelining's format, chrome trace, SVG), plan.json
 // and a per-rank summary (summary.txt, also printed, and summary.json) of the plan's estimate on
 // the run's cost model (plan/estimate.h): parameters held, peak memory, step time, bytes sent.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
-
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/config.h"
 #include "core/durable_file.h"
@@ -30,15 +29,17 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
   const auto& par = config.parallel;
   const plan::Estimate& e = plan.estimate;
   std::ostringstream table;
-  table << "plan: " << config.model.type << " " << config.model.preset << " on " << plan.world_size()
-        << " ranks (dp " << par.dp << " x tp " << par.tp << " x pp " << par.pp << "), "
-        << config.micro_batches() << " micro-batches per step, schedule " << par.schedule;
+  table << "plan: " << config.model.type << " " << config.model.preset << " on "
+        << plan.world_size() << " ranks (dp " << par.dp << " x tp " << par.tp << " x pp " << par.pp
+        << "), " << config.micro_batches() << " micro-batches per step, schedule " << par.schedule;
   if (par.pp > 1) table << ", bubble ratio " << e.bubble_ratio;
   table << ", est. step time " << plan::human_seconds(e.step_s) << " at "
         << plan.cost.device_flops_per_s / 1e12 << " TFLOP/s per device\n";
   table << "cost model: " << plan.cost.name << "\n";
-  table << "rank  parameters  est. peak memory (params+grads+optimizer+working set: the largest of activations, "
-           "grad buckets, optimizer temporaries)  est. step (compute + comm, bubble)  sent per step\n";
+  table << "rank  parameters  est. peak memory (params+grads+optimizer+working set: the largest of "
+           "activations, "
+           "grad buckets, optimizer temporaries)  est. step (compute + comm, bubble)  sent per "
+           "step\n";
   for (size_t r = 0; r < e.ranks.size(); ++r) {
     const plan::RankEstimate& re = e.ranks[r];
     double total_sent = 0;
@@ -48,12 +49,14 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
       kinds += " " + k + " " + plan::human_bytes(b) + ";";
     }
     char line[384];
-    std::snprintf(line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s (%s + %s, %.2f)  %s",
-                  static_cast<long long>(r), re.parameters / 1e6, plan::human_bytes(re.peak_bytes).c_str(),
-                  plan::human_bytes(re.param_bytes).c_str(), plan::human_bytes(re.grad_bytes).c_str(),
-                  plan::human_bytes(re.optimizer_bytes).c_str(), plan::human_bytes(re.working_set_bytes).c_str(),
-                  plan::human_seconds(re.step_s).c_str(), plan::human_seconds(re.compute_s).c_str(),
-                  plan::human_seconds(re.comm_s).c_str(), re.bubble, plan::human_bytes(total_sent).c_str());
+    std::snprintf(
+        line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s (%s + %s, %.2f)  %s",
+        static_cast<long long>(r), re.parameters / 1e6, plan::human_bytes(re.peak_bytes).c_str(),
+        plan::human_bytes(re.param_bytes).c_str(), plan::human_bytes(re.grad_bytes).c_str(),
+        plan::human_bytes(re.optimizer_bytes).c_str(),
+        plan::human_bytes(re.working_set_bytes).c_str(), plan::human_seconds(re.step_s).c_str(),
+        plan::human_seconds(re.compute_s).c_str(), plan::human_seconds(re.comm_s).c_str(),
+        re.bubble, plan::human_bytes(total_sent).c_str());
     table << line << (kinds.empty() ? "" : "  (" + kinds.substr(1) + ")") << "\n";
   }
   if (e.max_peak_bytes() > plan.cost.device_memory_bytes)
@@ -97,8 +100,10 @@ nlohmann::json summary_json(const Config& config, const plan::Plan& plan) {
 }  // namespace
 
 int plan_main(const Args& args) {
-  CLI::App app{"Make a plan without starting processes: per-rank programs, schedule, memory and "
-               "communication estimates.", "loom plan"};
+  CLI::App app{
+      "Make a plan without starting processes: per-rank programs, schedule, memory and "
+      "communication estimates.",
+      "loom plan"};
   std::string config_path, out_dir, cost_file;
   std::vector<std::string> overrides;
   int64_t world_size = 0;
@@ -110,13 +115,15 @@ int plan_main(const Args& args) {
   app.add_option("--cost-model", cost_file,
                  "a cost-model file (presets, or one model) instead of the built-in "
                  "configs/cost-model.yaml; the same as cost.file=FILE");
-  app.add_flag("--no-plan-json", no_plan_json, "skip plan.json (the whole plan; large for thousands of ranks)");
+  app.add_flag("--no-plan-json", no_plan_json,
+               "skip plan.json (the whole plan; large for thousands of ranks)");
   if (auto code = parse_args(app, args, "plan")) return *code;
   if (!cost_file.empty()) overrides.push_back("cost.file=" + cost_file);
   auto config = load_config(config_path, overrides);
   if (!config.ok()) return fail(config.error().message);
   if (world_size == 0) world_size = config->parallel.world_size();
-  if (world_size < 1) return fail("--world-size must be positive, got " + std::to_string(world_size));
+  if (world_size < 1)
+    return fail("--world-size must be positive, got " + std::to_string(world_size));
   auto cost = resolve_cost_model(*config);
   if (!cost.ok()) return fail(cost.error().message);
   auto made = plan::make_plan(*config, plan::Registries{}, *cost, world_size);
@@ -128,7 +135,9 @@ int plan_main(const Args& args) {
   std::error_code ec;
   fs::create_directories(out / "programs", ec);
   if (ec) return fail("--out: cannot create '" + out.string() + "': " + ec.message());
-  auto write = [&](const fs::path& path, const std::string& text) { return write_file_atomically(path, text); };
+  auto write = [&](const fs::path& path, const std::string& text) {
+    return write_file_atomically(path, text);
+  };
   for (int64_t r = 0; r < world_size; ++r)
     if (Status s = write(out / "programs" / ("rank_" + std::to_string(r) + ".txt"),
                          lower::listing(plan.file.graph, plan.file.lowered, Rank(r)));
@@ -140,7 +149,8 @@ int plan_main(const Args& args) {
     if (Status s = write(out / "plan.json", *json); !s.ok()) return fail(s.error().message);
   }
   const std::pair<const char*, const std::string*> schedule_files[] = {
-      {"schedule.csv", &plan.schedule.csv}, {"timeline.json", &plan.schedule.chrome_trace},
+      {"schedule.csv", &plan.schedule.csv},
+      {"timeline.json", &plan.schedule.chrome_trace},
       {"schedule.svg", &plan.schedule.svg}};
   for (const auto& [name, text] : schedule_files)
     if (!text->empty())
@@ -151,8 +161,8 @@ int plan_main(const Args& args) {
     return fail(s.error().message);
   if (Status s = write(out / "summary.txt", table); !s.ok()) return fail(s.error().message);
   std::fputs(table.c_str(), stdout);
-  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt, summary.json)\n", out.string().c_str(),
-              no_plan_json ? "" : "plan.json, ",
+  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt, summary.json)\n",
+              out.string().c_str(), no_plan_json ? "" : "plan.json, ",
               plan.schedule.csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");
   return kExitOk;
 }

@@ -2,21 +2,20 @@
 // writes the resolved config, trains, and appends one JSON line per step to metrics.jsonl.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include "core/config.h"
+#include "core/durable_file.h"
 #include "core/log.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
-#include "core/durable_file.h"
 
 #if LOOM_HAVE_RUNTIME
 #include "exec/lower/plan_file.h"
@@ -41,9 +40,12 @@ int bad_input(const std::string& message) {
 
 [[maybe_unused]] std::string format_rate(double per_s) {
   char buf[32];
-  if (per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", per_s / 1e6);
-  else if (per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", per_s);
+  if (per_s >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", per_s / 1e6);
+  else if (per_s >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", per_s);
   return buf;
 }
 
@@ -57,13 +59,15 @@ int train_main(const Args& args) {
   std::vector<std::string> overrides;
   app.add_option("config", config_path, "the run's YAML config")->required();
   app.add_option("overrides", overrides, "key=value overrides, e.g. run.steps=5 parallel.tp=2");
-  app.add_option("--plan", plan_path, "run the plan in this plan.json (from `loom plan`) instead of planning");
+  app.add_option("--plan", plan_path,
+                 "run the plan in this plan.json (from `loom plan`) instead of planning");
   if (auto code = parse_args(app, args, "train")) return *code;
 
   auto loaded = load_config(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
   const Config& config = *loaded;
-  if (Status s = init_logging(-1, config.logging.level); !s.ok()) return bad_input(s.error().message);
+  if (Status s = init_logging(-1, config.logging.level); !s.ok())
+    return bad_input(s.error().message);
 
 #if LOOM_HAVE_RUNTIME
   std::optional<lower::PlanFile> plan;
@@ -76,12 +80,13 @@ int train_main(const Args& args) {
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;
   const bool lead = trainer.rank() == 0;  // only rank 0 writes the run directory and reports
-  if (config.parallel.world_size() > 1) (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
+  if (config.parallel.world_size() > 1)
+    (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
   if (!lead) {
     for (int64_t i = trainer.steps_done(); i < config.run.steps; ++i)
       if (auto st = trainer.step(); !st.ok()) {
-        std::fprintf(stderr, "loom train: rank %lld: error: %s\n", static_cast<long long>(trainer.rank()),
-                     st.error().message.c_str());
+        std::fprintf(stderr, "loom train: rank %lld: error: %s\n",
+                     static_cast<long long>(trainer.rank()), st.error().message.c_str());
         return kExitFailure;
       }
     return kExitOk;
@@ -92,12 +97,14 @@ int train_main(const Args& args) {
   const fs::path run_dir = config.run.output_dir;
   std::error_code ec;
   fs::create_directories(run_dir, ec);
-  if (ec) return bad_input("run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
+  if (ec)
+    return bad_input("run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
   if (Status s = write_file_atomically(run_dir / "config.yaml", to_yaml(config)); !s.ok())
     return bad_input(s.error().message);
   // A resumed run appends to the metrics of the run it continues.
   const int64_t resumed_at = trainer.steps_done();
-  std::ofstream metrics(run_dir / "metrics.jsonl", resumed_at > 0 ? std::ios::app : std::ios::trunc);
+  std::ofstream metrics(run_dir / "metrics.jsonl",
+                        resumed_at > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics) return bad_input("cannot write " + (run_dir / "metrics.jsonl").string());
 
   const bool tty = isatty(STDOUT_FILENO);
@@ -108,7 +115,8 @@ int train_main(const Args& args) {
               static_cast<long long>(config.batch.micro), run_dir.string().c_str());
   std::fflush(stdout);
   double elapsed = 0, first_loss = 0, last_loss = 0;
-  if (resumed_at > 0) std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
+  if (resumed_at > 0)
+    std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
   const auto items = models::items_per_sample(config);
   const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
   for (int64_t i = resumed_at; i < total; ++i) {
@@ -125,19 +133,24 @@ int train_main(const Args& args) {
     elapsed += st->step_time_s;
     if (i == resumed_at) first_loss = st->loss;
     last_loss = st->loss;
-    nlohmann::json line = {{"step", st->step},           {"loss", st->loss},
-                           {"lr", st->lr},               {"grad_norm", st->grad_norm},
-                           {"step_time_s", st->step_time_s}, {"tokens_per_s", st->tokens_per_s},
+    nlohmann::json line = {{"step", st->step},
+                           {"loss", st->loss},
+                           {"lr", st->lr},
+                           {"grad_norm", st->grad_norm},
+                           {"step_time_s", st->step_time_s},
+                           {"tokens_per_s", st->tokens_per_s},
                            {"peak_mem_bytes", st->peak_mem_bytes}};
     metrics << line.dump() << "\n" << std::flush;
-    const double eta = elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
+    const double eta =
+        elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
     if (tty) {
       const int width = 24;
       int filled = static_cast<int>(width * (i + 1) / total);
       std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
       std::printf("\r  step %lld/%lld [%s] loss %.4f  %s %s  ETA %s  ",
                   static_cast<long long>(st->step), static_cast<long long>(total), bar.c_str(),
-                  st->loss, format_rate(st->tokens_per_s).c_str(), rate, format_duration(eta).c_str());
+                  st->loss, format_rate(st->tokens_per_s).c_str(), rate,
+                  format_duration(eta).c_str());
       std::fflush(stdout);
     } else if (st->step % config.logging.every == 0 || st->step == total) {
       std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s %s step_time %.3fs ETA %s\n",
@@ -152,7 +165,8 @@ int train_main(const Args& args) {
               format_duration(elapsed).c_str(), (run_dir / "metrics.jsonl").string().c_str());
   return kExitOk;
 #else
-  std::fprintf(stderr, "loom train: this build has no runtime (configured with LOOM_WITH_RUNTIME=OFF)\n");
+  std::fprintf(stderr,
+               "loom train: this build has no runtime (configured with LOOM_WITH_RUNTIME=OFF)\n");
   return kExitFailure;
 #endif
 }

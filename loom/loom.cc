@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/durable_file.h"
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
-#include "core/durable_file.h"
 #include "plan/plan.h"
 
 namespace loom {
@@ -54,7 +54,7 @@ Status write_plan(const lower::PlanFile& plan, const std::string& dir) {
   LOOM_TRY(write_file_durably(fs::path(dir) / "plan.json", json));
   for (int64_t r = 0; r < plan.world_size; ++r)
     LOOM_TRY(write_file_durably(fs::path(dir) / "programs" / ("rank_" + std::to_string(r) + ".txt"),
-                              lower::listing(plan.graph, plan.lowered, Rank(r))));
+                                lower::listing(plan.graph, plan.lowered, Rank(r))));
   return Status::success();
 }
 

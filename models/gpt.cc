@@ -42,8 +42,8 @@ const std::map<std::string, GptSpec>& presets() {
 }  // namespace
 
 int64_t GptSpec::parameter_count() const {
-  int64_t per_layer = 4 * hidden * hidden + 4 * hidden + 2 * hidden * ffn_hidden + ffn_hidden +
-                      hidden + 4 * hidden;
+  int64_t per_layer =
+      4 * hidden * hidden + 4 * hidden + 2 * hidden * ffn_hidden + ffn_hidden + hidden + 4 * hidden;
   int64_t n = vocab * hidden + seq * hidden + layers * per_layer + 2 * hidden;
   if (!tied) n += vocab * hidden;
   return n;
@@ -65,9 +65,8 @@ Result<GptSpec> gpt_spec(const Config& config) {
   }
   GptSpec s = it->second;
   ModelArgs args(config);
-  LOOM_TRY(args.check_known(
-      {"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied", "init_std", "ln_eps",
-       "vocab_groups"}));
+  LOOM_TRY(args.check_known({"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied",
+                             "init_std", "ln_eps", "vocab_groups"}));
   bool ffn_given = config.model.args.count("ffn_hidden") > 0;
   LOOM_ASSIGN_OR_RETURN(s.layers, args.get_int("layers", s.layers));
   LOOM_ASSIGN_OR_RETURN(s.hidden, args.get_int("hidden", s.hidden));
@@ -86,10 +85,14 @@ Result<GptSpec> gpt_spec(const Config& config) {
   auto key = [&](const std::string& name) {
     return config.model.args.count(name) ? "model.args." + name : std::string("model.preset");
   };
-  for (auto [name, value] : std::vector<std::pair<std::string, int64_t>>{
-           {"layers", s.layers}, {"hidden", s.hidden}, {"heads", s.heads},
-           {"vocab", s.vocab}, {"seq", s.seq}, {"ffn_hidden", s.ffn_hidden},
-           {"vocab_groups", s.vocab_groups}})
+  for (auto [name, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"layers", s.layers},
+                                                    {"hidden", s.hidden},
+                                                    {"heads", s.heads},
+                                                    {"vocab", s.vocab},
+                                                    {"seq", s.seq},
+                                                    {"ffn_hidden", s.ffn_hidden},
+                                                    {"vocab_groups", s.vocab_groups}})
     if (value <= 0)
       return config.error(key(name), name + " must be positive, got " + std::to_string(value));
   if (s.init_std <= 0) return config.error(key("init_std"), "init_std must be positive");
@@ -156,7 +159,8 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
 
   b.set_layer(graph::kPostLayers);
   x = layer_norm("lnf", x);
-  TensorId head = s.tied ? wte : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
+  TensorId head =
+      s.tied ? wte : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
   TensorId logits = b.op1("linear", "lm_head", {x, head}, Attrs{{"tp", std::string("column")}});
   // The loss in vocabulary groups, so tensor parallelism splits it like the LM head.
   const Attrs groups{{"v", s.vocab / s.vocab_groups}};

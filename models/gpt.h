@@ -36,6 +36,7 @@ std::vector<std::string> gpt_presets();
 // The preset named by model.preset with model.args applied; errors name the key and its line.
 Result<GptSpec> gpt_spec(const Config& config);
 // The graph of one micro-batch of `batch` sequences.
-Result<graph::Graph> build_gpt(const GptSpec& spec, int64_t batch, const graph::OpRegistry& registry);
+Result<graph::Graph> build_gpt(const GptSpec& spec, int64_t batch,
+                               const graph::OpRegistry& registry);
 
 }  // namespace loom::models

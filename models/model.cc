@@ -13,7 +13,8 @@ Status check_gpt_parallel(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
   const int64_t tp = config.parallel.tp;
   auto key = [&](const std::string& name) {
-    return config.model.args.count(name) ? "model.args." + name : "model.preset (" + config.model.preset + ") " + name;
+    return config.model.args.count(name) ? "model.args." + name
+                                         : "model.preset (" + config.model.preset + ") " + name;
   };
   const std::pair<std::string, int64_t> dims[] = {
       {"heads", spec.heads}, {"ffn_hidden", spec.ffn_hidden}, {"vocab_groups", spec.vocab_groups}};
@@ -24,11 +25,11 @@ Status check_gpt_parallel(const Config& config) {
                                              ") to be divisible by " + std::to_string(tp));
   const int64_t stages = config.parallel.pp * config.parallel.chunks;
   if (stages > spec.layers)
-    return config.error("parallel.pp", "parallel.pp (" + std::to_string(config.parallel.pp) +
-                                           ") x parallel.chunks (" +
-                                           std::to_string(config.parallel.chunks) + ") = " +
-                                           std::to_string(stages) + " stages, but the model has " +
-                                           std::to_string(spec.layers) + " layers");
+    return config.error("parallel.pp",
+                        "parallel.pp (" + std::to_string(config.parallel.pp) +
+                            ") x parallel.chunks (" + std::to_string(config.parallel.chunks) +
+                            ") = " + std::to_string(stages) + " stages, but the model has " +
+                            std::to_string(spec.layers) + " layers");
   return Status::success();
 }
 
@@ -70,7 +71,9 @@ ModelType swin_type() {
             return build_swin(spec, replicas_batch(c), ops);
           },
           check_swin_parallel,
-          [](const Config&) -> Result<SampleItems> { return SampleItems{1, "images", "img/s"}; }};
+          [](const Config&) -> Result<SampleItems> {
+            return SampleItems{1, "images", "img/s"};
+          }};
 }
 
 const ModelRegistry& zoo() {
@@ -82,7 +85,8 @@ const ModelRegistry& zoo() {
 
 ModelRegistry ModelRegistry::with_builtin_models() {
   ModelRegistry r;
-  for (ModelType t : {evoformer_type(), gpt_type(), swin_type()}) LOOM_CHECK(r.add(std::move(t)).ok());
+  for (ModelType t : {evoformer_type(), gpt_type(), swin_type()})
+    LOOM_CHECK(r.add(std::move(t)).ok());
   return r;
 }
 

@@ -17,18 +17,21 @@ double saved_extra_bytes(const graph::Op& op) {
   const int64_t d = op.attrs().get_or<int64_t>("d", 0);
   if (q.size() != 3 || k.size() != 3 || d <= 0) return 0;
   const double heads = static_cast<double>(q[2] / d);
-  const double probs = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]) * static_cast<double>(k[1]);
+  const double probs =
+      static_cast<double>(q[0]) * heads * static_cast<double>(q[1]) * static_cast<double>(k[1]);
   return 4 * (probs + 3 * static_cast<double>(numel(q)));
 }
 
 // A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, over the
 // network when the group spans nodes.
-double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& devices, double bytes) {
+double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& devices,
+                          double bytes) {
   const double k = static_cast<double>(devices.size());
   if (k < 2) return 0;
   bool inter = false;
   for (DeviceId d : devices)
-    inter = inter || d.value() / cost.devices_per_node != devices[0].value() / cost.devices_per_node;
+    inter =
+        inter || d.value() / cost.devices_per_node != devices[0].value() / cost.devices_per_node;
   const double alpha = inter ? cost.inter_alpha_s : cost.intra_alpha_s;
   const double beta = inter ? cost.inter_beta_s_per_byte : cost.intra_beta_s_per_byte;
   return 2 * (k - 1) * (alpha + bytes / k * beta);
@@ -59,24 +62,28 @@ Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, in
       ++u.second;
       if (seen[r].insert(key).second) {
         h.params[r] += static_cast<double>(numel(in.shape()));
-        h.largest_piece[r] = std::max(h.largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
+        h.largest_piece[r] =
+            std::max(h.largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
       }
     }
   }
   for (size_t r = 0; r < n; ++r)
-    for (const auto& [name, u] : uses[r]) h.incoming[r] = std::max(h.incoming[r], u.first * (u.second > 1 ? 2 : 1));
+    for (const auto& [name, u] : uses[r])
+      h.incoming[r] = std::max(h.incoming[r], u.first * (u.second > 1 ? 2 : 1));
   // What an adapter delivers is a new tensor on each consumer rank (an all-reduced sum, a
   // gathered or received piece), held while its micro-batch is in flight like an op output.
   for (const auto& a : lowered.adapters) {
     const auto& t = planned.tensor(a.tensor);
     for (int64_t pos = 0; pos < a.to.size(); ++pos)
       h.acts[static_cast<size_t>(a.to.devices[static_cast<size_t>(pos)].value())] +=
-          static_cast<double>(numel(a.to.piece(pos, a.tensor, t.shape).shape()) * size_bytes(t.dtype));
+          static_cast<double>(numel(a.to.piece(pos, a.tensor, t.shape).shape()) *
+                              size_bytes(t.dtype));
   }
   // The flat buffer each gradient all-reduce bucket is copied into while it is reduced.
   for (size_t r = 0; r < n; ++r)
     for (int64_t id : lowered.programs[r].grad_syncs)
-      h.sync_buffer[r] += static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
+      h.sync_buffer[r] +=
+          static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
   return h;
 }
 
@@ -107,15 +114,17 @@ double Estimate::max_sent_bytes() const {
   return m;
 }
 
-std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size, const CostModel& cost) {
+std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
+                                    const CostModel& cost) {
   std::vector<double> fwd(static_cast<size_t>(world_size), 0);
   for (const auto& op : planned.ops())
     fwd[static_cast<size_t>(op.device.value())] += planner::op_flops(op) / cost.device_flops_per_s;
   return fwd;
 }
 
-Estimate estimate_plan(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                       const CostModel& cost, const PipelineTimes& pipeline) {
+Estimate estimate_plan(const Config& config, const graph::Graph& planned,
+                       const lower::Lowered& lowered, const CostModel& cost,
+                       const PipelineTimes& pipeline) {
   const auto& par = config.parallel;
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   const size_t n = static_cast<size_t>(world);
@@ -153,7 +162,8 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned, const 
     // Communication: each adapter's forward and gradient paths per micro-batch (the steps this
     // rank takes part in), and the gradient all-reduces once per step.
     for (const auto& a : lowered.adapters) {
-      re.comm_s += m * (path_seconds(a.forward, static_cast<int64_t>(r)) + path_seconds(a.backward, static_cast<int64_t>(r)));
+      re.comm_s += m * (path_seconds(a.forward, static_cast<int64_t>(r)) +
+                        path_seconds(a.backward, static_cast<int64_t>(r)));
       const auto& t = planned.tensor(a.tensor);
       add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
       add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
@@ -184,8 +194,8 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned, const 
     re.grad_bucket_bytes = h.sync_buffer[r];
     re.activation_bytes = h.acts[r] * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes =
-        std::max({re.grad_bucket_bytes, re.activation_bytes + h.incoming[r], re.optimizer_temporary_bytes});
+    re.working_set_bytes = std::max(
+        {re.grad_bucket_bytes, re.activation_bytes + h.incoming[r], re.optimizer_temporary_bytes});
     re.peak_bytes = re.param_bytes * (2 + opt_copies) + re.working_set_bytes;
     e.step_s = std::max(e.step_s, re.step_s);
   }
@@ -210,7 +220,8 @@ void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t ele
     for (size_t p = 0; p < st.before.devices.size(); ++p)
       if (st.before.devices[p].value() == rank) pos = static_cast<int64_t>(p);
     if (pos < 0) continue;
-    const double piece = static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
+    const double piece =
+        static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
     const double k = static_cast<double>(st.k);
     double bytes = 0;
     switch (st.primitive) {

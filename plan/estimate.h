@@ -19,9 +19,9 @@ namespace loom::plan {
 
 // The pipeline schedule a plan runs, simulated at the cost model's block durations.
 struct PipelineTimes {
-  double bubble_ratio = 0;       // idle device-time / (devices x makespan)
-  double makespan_s = 0;         // one step's blocks, first start to last end
-  std::vector<double> busy_s;    // per pipeline device
+  double bubble_ratio = 0;                 // idle device-time / (devices x makespan)
+  double makespan_s = 0;                   // one step's blocks, first start to last end
+  std::vector<double> busy_s;              // per pipeline device
   std::vector<double> peak_micro_batches;  // per pipeline device: most forwards held at once
 };
 
@@ -29,7 +29,7 @@ struct RankEstimate {
   double parameters = 0;  // elements held
   double param_bytes = 0;
   double grad_bytes = 0;
-  double optimizer_bytes = 0;   // AdamW: two moments; SGD: one buffer
+  double optimizer_bytes = 0;    // AdamW: two moments; SGD: one buffer
   double grad_bucket_bytes = 0;  // flat buffers of the gradient all-reduces
   double activation_bytes = 0;   // one micro-batch's saved tensors x micro-batches in flight
   double optimizer_temporary_bytes = 0;
@@ -54,11 +54,13 @@ struct Estimate {
 };
 
 // Forward seconds of each rank's sub-operators for one micro-batch at the device's FLOP rate.
-std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size, const CostModel& cost);
+std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
+                                    const CostModel& cost);
 
 // The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
-Estimate estimate_plan(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                       const CostModel& cost, const PipelineTimes& pipeline);
+Estimate estimate_plan(const Config& config, const graph::Graph& planned,
+                       const lower::Lowered& lowered, const CostModel& cost,
+                       const PipelineTimes& pipeline);
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
 double path_seconds(const lower::CommPath& path, int64_t rank);

@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "exec/lower/schedule_order.h"
 #include "graph/verify.h"
@@ -20,7 +19,8 @@ namespace {
 // forward (backward) block, the cost-model time of the adapters' forward (gradient) paths the
 // device's slowest rank takes part in for one micro-batch. The simulated blocks do not wait
 // for it: the track shows how much communication each block brings, not a re-simulation.
-std::string with_comm_track(const std::string& trace, const lower::Lowered& lowered, int64_t ranks_per_stage) {
+std::string with_comm_track(const std::string& trace, const lower::Lowered& lowered,
+                            int64_t ranks_per_stage) {
   auto json = nlohmann::json::parse(trace, nullptr, false);
   if (json.is_discarded() || !json.contains("traceEvents")) return trace;
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
@@ -43,10 +43,14 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
     if (cat != "F" && cat != "B") continue;
     const int64_t pid = e.value("pid", 0);
     const auto it = per_device.find(pid);
-    const double dur_us = it == per_device.end() ? 0 : (cat == "F" ? it->second.first : it->second.second) * 1e6;
+    const double dur_us =
+        it == per_device.end() ? 0 : (cat == "F" ? it->second.first : it->second.second) * 1e6;
     if (dur_us <= 0) continue;
     if (named.insert(pid).second)
-      added.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 1},
+      added.push_back({{"name", "thread_name"},
+                       {"ph", "M"},
+                       {"pid", pid},
+                       {"tid", 1},
                        {"args", {{"name", "communication"}}}});
     added.push_back({{"name", "comm after " + e.value("name", std::string())},
                      {"cat", "comm"},
@@ -69,10 +73,11 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
   if (par.pp == 1 && par.chunks == 1) return Status::success();
   auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
   if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
-  double unit_s = 0;  // the slowest stage's forward per micro-batch
+  double unit_s = 0;                         // the slowest stage's forward per micro-batch
   for (double f : forward_s) unit_s = std::max(unit_s, f);
-  auto spec = sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
-                                      static_cast<int>(par.chunks));
+  auto spec =
+      sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
+                              static_cast<int>(par.chunks));
   // The renderer draws one time unit as 1 ms: simulate in milliseconds.
   const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
   spec.fwd = unit_ms;
@@ -94,7 +99,8 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
 
 }  // namespace
 
-Result<graph::Graph> build_model(const Config& config, const Registries& registries, int64_t world_size) {
+Result<graph::Graph> build_model(const Config& config, const Registries& registries,
+                                 int64_t world_size) {
   graph::Graph model;
   if (registries.model) {
     LOOM_ASSIGN_OR_RETURN(model, registries.model(config, registries.ops));
@@ -110,26 +116,31 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
                        int64_t world_size) {
   if (world_size == 0) world_size = config.parallel.world_size();
-  if (world_size < 1) return Error::at("world_size", "the world size must be positive, got " + std::to_string(world_size));
+  if (world_size < 1)
+    return Error::at("world_size",
+                     "the world size must be positive, got " + std::to_string(world_size));
   Plan plan;
   plan.cost = cost;
   LOOM_ASSIGN_OR_RETURN(plan.model, build_model(config, registries, world_size));
 
   lower::PlanFile& file = plan.file;
-  file.code_fingerprint = lower::code_fingerprint(registries.ops.types(), registries.policies.names());
+  file.code_fingerprint =
+      lower::code_fingerprint(registries.ops.types(), registries.policies.names());
   file.model_digest = lower::model_digest(plan.model);
   file.hash = lower::plan_hash(config, file.model_digest, file.code_fingerprint);
   file.config_yaml = to_yaml(config);
   file.world_size = world_size;
   file.micro_batches = config.micro_batches();
 
-  LOOM_ASSIGN_OR_RETURN(file.graph, planner::plan_graph(plan.model, {config, world_size}, registries.policies));
+  LOOM_ASSIGN_OR_RETURN(file.graph,
+                        planner::plan_graph(plan.model, {config, world_size}, registries.policies));
   LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
   lower::PathFinder paths(cost);
-  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(), paths,
-                                                   order.empty() ? nullptr : &order));
+  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
+                                                   paths, order.empty() ? nullptr : &order));
 
-  LOOM_TRY(simulate_pipeline(config, forward_seconds(file.graph, world_size, cost), file.lowered, plan));
+  LOOM_TRY(
+      simulate_pipeline(config, forward_seconds(file.graph, world_size, cost), file.lowered, plan));
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;

@@ -53,7 +53,8 @@ struct Plan {
 
 // The single-device graph of `config` (registries.model's, or model.type's entry), its parallel
 // degrees checked against the model when `world_size` > 1, verified.
-Result<graph::Graph> build_model(const Config& config, const Registries& registries, int64_t world_size);
+Result<graph::Graph> build_model(const Config& config, const Registries& registries,
+                                 int64_t world_size);
 
 // The plan of `config` for `world_size` ranks (0: parallel.dp x tp x pp). Every user mistake
 // (config, model arguments, degrees that do not divide the model) is an error naming the key.

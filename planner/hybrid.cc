@@ -33,7 +33,8 @@ std::vector<std::string> batch_labels(const Graph& g) {
       for (size_t o = 0; o < op.outputs.size(); ++o) {
         const auto& dims = a.outputs()[o].dims;
         for (size_t d = 0; d < dims.size(); ++d)
-          if (dims[d].labels[0].name == label) batch_dim[op.outputs[o].tensor.value()] = static_cast<int64_t>(d);
+          if (dims[d].labels[0].name == label)
+            batch_dim[op.outputs[o].tensor.value()] = static_cast<int64_t>(d);
       }
     out.push_back(label);
   }
@@ -58,7 +59,8 @@ std::string tp_label(const Op& op, bool sp) {
   if (t == "bias_add" && hint == "column") return "n";
   // Any op after a column-parallel layer that keeps its feature dimension "h" splittable (gelu,
   // or a user's element-wise op) runs on the features each rank holds.
-  if (hint == "column" && has_label(op, "h") && op.annotation().kind_of("h") == LabelKind::kSplit) return "h";
+  if (hint == "column" && has_label(op, "h") && op.annotation().kind_of("h") == LabelKind::kSplit)
+    return "h";
   // Outside attention and the MLP, sequence parallelism splits the sequence instead of
   // replicating (norms, residual adds, the bias after a row-parallel layer).
   if (sp && (t == "layer_norm" || t == "add" || t == "add_position" || t == "bias_add") &&
@@ -79,11 +81,14 @@ Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
   LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp));
   const bool chimera = p.schedule == "chimera";
   if (chimera && (p.pp < 2 || p.pp % 2 != 0))
-    return c.error("parallel.pp", "chimera needs an even number of pipeline stages, got parallel.pp=" +
-                                      std::to_string(p.pp));
+    return c.error(
+        "parallel.pp",
+        "chimera needs an even number of pipeline stages, got parallel.pp=" + std::to_string(p.pp));
   if (chimera && p.chunks != 1)
-    return c.error("parallel.chunks", "chimera places one stage per pipeline rank in each direction, got "
-                                      "parallel.chunks=" + std::to_string(p.chunks));
+    return c.error("parallel.chunks",
+                   "chimera places one stage per pipeline rank in each direction, got "
+                   "parallel.chunks=" +
+                       std::to_string(p.chunks));
   const int64_t stages = p.pp * p.chunks;
   LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
   const std::vector<std::string> batch = batch_labels(g);
@@ -104,8 +109,8 @@ Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
       } else {
         auto split = graph::split_op(op, batch[i], p.dp);
         if (!split.ok())
-          return c.error("parallel.dp", "data parallelism " + std::to_string(p.dp) + ": " +
-                                            split.error().message);
+          return c.error("parallel.dp",
+                         "data parallelism " + std::to_string(p.dp) + ": " + split.error().message);
         dp_parts = std::move(split).value();
       }
     }

@@ -34,7 +34,9 @@ class DeviceMesh {
   std::vector<Rank> pp_group(const Coord& c) const;
 
   std::string to_string() const;  // "dp2 x pp2 x tp2 (8 ranks)"
-  bool operator==(const DeviceMesh& o) const { return dp_ == o.dp_ && pp_ == o.pp_ && tp_ == o.tp_; }
+  bool operator==(const DeviceMesh& o) const {
+    return dp_ == o.dp_ && pp_ == o.pp_ && tp_ == o.tp_;
+  }
 
  private:
   DeviceMesh(int64_t dp, int64_t pp, int64_t tp) : dp_(dp), pp_(pp), tp_(tp) {}

@@ -42,7 +42,8 @@ PolicyRegistry PolicyRegistry::with_builtin_policies() {
 }
 
 Status PolicyRegistry::add(const std::string& name, Policy policy) {
-  if (name.empty() || !policy) return Error::at("parallel.policy", "a policy needs a name and a function");
+  if (name.empty() || !policy)
+    return Error::at("parallel.policy", "a policy needs a name and a function");
   if (policies_.count(name))
     return Error::at("parallel.policy", "policy '" + name + "' is already registered");
   policies_.emplace(name, std::move(policy));
@@ -65,11 +66,11 @@ Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& re
   const Config& c = request.config;
   const auto& p = c.parallel;
   if (p.world_size() != request.world_size)
-    return c.error("parallel.dp", "parallel.dp (" + std::to_string(p.dp) + ") x parallel.tp (" +
-                                      std::to_string(p.tp) + ") x parallel.pp (" +
-                                      std::to_string(p.pp) + ") = " +
-                                      std::to_string(p.world_size()) + ", but the world size is " +
-                                      std::to_string(request.world_size));
+    return c.error("parallel.dp",
+                   "parallel.dp (" + std::to_string(p.dp) + ") x parallel.tp (" +
+                       std::to_string(p.tp) + ") x parallel.pp (" + std::to_string(p.pp) +
+                       ") = " + std::to_string(p.world_size()) + ", but the world size is " +
+                       std::to_string(request.world_size));
   const Policy* policy = policies.find(p.policy);
   if (!policy) {
     std::string msg = "unknown policy '" + p.policy + "'";

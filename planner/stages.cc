@@ -17,33 +17,37 @@ int64_t StagePlan::stage_of_layer(int64_t layer) const {
 Result<StagePlan> plan_stages(const graph::Graph& graph, int64_t stages, const Config& config) {
   int64_t layers = 0;
   for (const auto& op : graph.ops())
-    if (op.layer() >= 0 && op.layer() < graph::kPostLayers) layers = std::max(layers, op.layer() + 1);
+    if (op.layer() >= 0 && op.layer() < graph::kPostLayers)
+      layers = std::max(layers, op.layer() + 1);
   std::vector<double> cost(static_cast<size_t>(std::max<int64_t>(layers, 1)), 0.0);
   double pre = 0, post = 0;
   for (const auto& op : graph.ops()) {
     double f = op_flops(op);
-    if (op.layer() == graph::kPreLayers) pre += f;
-    else if (op.layer() == graph::kPostLayers) post += f;
-    else cost[static_cast<size_t>(op.layer())] += f;
+    if (op.layer() == graph::kPreLayers)
+      pre += f;
+    else if (op.layer() == graph::kPostLayers)
+      post += f;
+    else
+      cost[static_cast<size_t>(op.layer())] += f;
   }
   StagePlan plan;
   const std::string what = "parallel.pp (" + std::to_string(config.parallel.pp) +
-                           ") x parallel.chunks (" + std::to_string(config.parallel.chunks) + ") = " +
-                           std::to_string(stages) + " stages";
+                           ") x parallel.chunks (" + std::to_string(config.parallel.chunks) +
+                           ") = " + std::to_string(stages) + " stages";
   if (stages > std::max<int64_t>(layers, 1))
-    return config.error("parallel.pp", what + ", but the model has only " + std::to_string(layers) +
-                                           " layers");
+    return config.error("parallel.pp",
+                        what + ", but the model has only " + std::to_string(layers) + " layers");
 
   const auto& given = config.parallel.stages;
   if (!given.empty()) {
     if (static_cast<int64_t>(given.size()) != stages)
-      return config.error("parallel.stages", "lists " + std::to_string(given.size()) +
-                                                 " stages but " + what);
+      return config.error("parallel.stages",
+                          "lists " + std::to_string(given.size()) + " stages but " + what);
     int64_t next = 0;
     for (size_t k = 0; k < given.size(); ++k) {
       const int64_t a = given[k][0], b = given[k][1];
-      const std::string entry = "entry " + std::to_string(k) + " [" + std::to_string(a) + ", " +
-                                std::to_string(b) + "]";
+      const std::string entry =
+          "entry " + std::to_string(k) + " [" + std::to_string(a) + ", " + std::to_string(b) + "]";
       if (a > b) return config.error("parallel.stages", entry + " ends before it starts");
       if (a < next)
         return config.error("parallel.stages", entry + " repeats layer " + std::to_string(a));

@@ -1,13 +1,13 @@
 // bench/comm_paths: path search time between RVD layouts of a 4-D tensor [16, 64, 64, 128]
 // over 8 devices (all layout pairs) and 64 devices (a seeded sample of pairs), cold (empty
 // cache) and cached (the same queries again). The cached/cold ratio is the cache's worth.
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "exec/lower/path.h"
 
@@ -64,10 +64,11 @@ void run(int64_t n, size_t max_pairs) {
   };
   double cold = time();
   double cached = time();
-  std::printf("%3lld devices  %4zu layouts  %6zu pairs  cold %8.3f s (%7.1f us/pair)  cached %7.4f s "
-              "(%5.2f us/pair)  cached/cold %.4f\n",
-              static_cast<long long>(n), all.size(), pairs.size(), cold, cold / pairs.size() * 1e6, cached,
-              cached / pairs.size() * 1e6, cached / cold);
+  std::printf(
+      "%3lld devices  %4zu layouts  %6zu pairs  cold %8.3f s (%7.1f us/pair)  cached %7.4f s "
+      "(%5.2f us/pair)  cached/cold %.4f\n",
+      static_cast<long long>(n), all.size(), pairs.size(), cold, cold / pairs.size() * 1e6, cached,
+      cached / pairs.size() * 1e6, cached / cold);
   std::fflush(stdout);
 }
 

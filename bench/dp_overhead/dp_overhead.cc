@@ -69,7 +69,9 @@ int main(int argc, char** argv) {
   std::vector<double> dp, solo;
   for (int round = 0; round < rounds; ++round) {
     auto dp_runs = loom::comm::testing::spawn_workers(
-        path, 2, {"--worker", std::to_string(steps), "parallel.dp=2", "comm.backend=gloo", "batch.global=16", "batch.micro=8"},
+        path, 2,
+        {"--worker", std::to_string(steps), "parallel.dp=2", "comm.backend=gloo", "batch.global=16",
+         "batch.micro=8"},
         600);
     dp.push_back(median_of(dp_runs));
     std::vector<loom::comm::testing::Launch> pair(2);

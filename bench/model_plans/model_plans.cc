@@ -1,18 +1,16 @@
 // bench/model_plans: paper-size models under plain and structure-aware plans on virtual devices:
 // each plan's estimated step time and peak memory per rank, from the same estimate `loom plan`
-// prints (plan/plan.h's make_plan on the built-in default cost model). The first plan of each case is its baseline; the ratios show
-// what a structure-aware plan (window parallelism for Swin) gains over plain dp and tp.
-// Table-driven: a model adds one entry to kCases.
+// prints (plan/plan.h's make_plan on the built-in default cost model). The first plan of each case
+// is its baseline; the ratios show what a structure-aware plan (window parallelism for Swin) gains
+// over plain dp and tp. Table-driven: a model adds one entry to kCases.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 
 #include "plan/plan.h"
 
@@ -95,7 +93,8 @@ Outcome evaluate(const ModelCase& c, const PlanRow& row, const CostModel& cost) 
   const auto start = std::chrono::steady_clock::now();
   auto made = plan::make_plan(*config, plan::Registries{}, cost);
   if (!made.ok()) return {{}, 0, made.error().message};
-  return {made->estimate, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), ""};
+  return {made->estimate,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), ""};
 }
 
 }  // namespace
@@ -144,7 +143,8 @@ int main(int argc, char** argv) {
                       {"max_peak_bytes", e.max_peak_bytes()}});
       if (base == 0) base = e.step_s;
       std::printf("  %-15s %12s %8.2f %12s %12s %11.0fM %12s %7.2f s\n", row.name.c_str(),
-                  plan::human_seconds(e.step_s).c_str(), e.step_s / base, plan::human_bytes(e.max_peak_bytes()).c_str(),
+                  plan::human_seconds(e.step_s).c_str(), e.step_s / base,
+                  plan::human_bytes(e.max_peak_bytes()).c_str(),
                   plan::human_bytes(e.max_activation_bytes()).c_str(), e.max_parameters() / 1e6,
                   plan::human_bytes(e.max_sent_bytes()).c_str(), o.plan_s);
     }

@@ -24,7 +24,8 @@ struct Sample {
 // Runs in a child: builds and plans, writes the sample to `fd`.
 void measure(int64_t ranks, int fd) {
   auto config = loom::parse_config(
-      "model: {type: gpt, preset: gpt3-175b}\nparallel: {tp: 8, pp: 8}\nbatch: {global: 1024, micro: 1}\n",
+      "model: {type: gpt, preset: gpt3-175b}\nparallel: {tp: 8, pp: 8}\nbatch: {global: 1024, "
+      "micro: 1}\n",
       "bench", {"parallel.dp=" + std::to_string(ranks / 64)});
   if (!config.ok()) _exit(2);
   auto start = std::chrono::steady_clock::now();
@@ -64,7 +65,8 @@ bool run(int64_t ranks, Sample& out) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  std::vector<int64_t> sizes = quick ? std::vector<int64_t>{64, 128} : std::vector<int64_t>{512, 1024, 2048};
+  std::vector<int64_t> sizes =
+      quick ? std::vector<int64_t>{64, 128} : std::vector<int64_t>{512, 1024, 2048};
   std::printf("bench/plan_scale: gpt3-175b, hybrid dp x tp8 x pp8\n");
   Sample prev;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -73,8 +75,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "planning %lld ranks failed\n", static_cast<long long>(sizes[i]));
       return 1;
     }
-    std::printf("%5lld ranks  %9ld sub-ops  %7.2f s  peak %8.1f MiB", static_cast<long long>(sizes[i]),
-                s.ops, s.seconds, s.peak_mib);
+    std::printf("%5lld ranks  %9ld sub-ops  %7.2f s  peak %8.1f MiB",
+                static_cast<long long>(sizes[i]), s.ops, s.seconds, s.peak_mib);
     if (i > 0)
       std::printf("  growth x%.2f ranks -> time x%.2f, memory x%.2f",
                   static_cast<double>(sizes[i]) / static_cast<double>(sizes[i - 1]),

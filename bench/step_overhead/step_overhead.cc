@@ -2,14 +2,14 @@
 // For each GPT config, loom's Trainer::step() and the torch::nn reference (same weights, same
 // batches, AdamW, clipping) alternate step by step; the ratio of median step times is printed.
 // Target: loom / reference <= 1.05.
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "exec/runtime/data.h"
 #include "exec/runtime/executor.h"
@@ -33,8 +33,9 @@ struct Case {
 };
 
 void run_case(const Case& c) {
-  std::string yaml = "run: {seed: 1, steps: 1000}\nmodel: {type: gpt}\n"
-                     "optimizer: {type: adamw, lr: 0.0003, clip_grad_norm: 1.0, weight_decay: 0.1}\n";
+  std::string yaml =
+      "run: {seed: 1, steps: 1000}\nmodel: {type: gpt}\n"
+      "optimizer: {type: adamw, lr: 0.0003, clip_grad_norm: 1.0, weight_decay: 0.1}\n";
   auto config = loom::parse_config(yaml, "bench", c.overrides);
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.error().message.c_str());
@@ -50,7 +51,8 @@ void run_case(const Case& c) {
                            spec->ffn_hidden);
   {
     torch::NoGradGuard g;
-    for (auto& [name, view] : ref->loom_view(false)) view.copy_((*trainer)->executor().parameter(name));
+    for (auto& [name, view] : ref->loom_view(false))
+      view.copy_((*trainer)->executor().parameter(name));
   }
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : ref->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -109,14 +111,18 @@ int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   at::set_num_threads(std::max(1, at::get_num_threads()));
   std::vector<Case> cases = {
-      {"gpt tiny (b8 s32)", {"model.preset=tiny", "batch.global=8", "batch.micro=8"}, quick ? 3 : 60},
+      {"gpt tiny (b8 s32)",
+       {"model.preset=tiny", "batch.global=8", "batch.micro=8"},
+       quick ? 3 : 60},
   };
   if (!quick)
-    cases.push_back({"gpt2-124m (b2 s64)",
-                     {"model.preset=gpt2-124m", "model.args.seq=64", "batch.global=2", "batch.micro=2"},
-                     6});
-  std::printf("bench/step_overhead: median step time, loom executor vs plain LibTorch (%d threads)\n",
-              at::get_num_threads());
+    cases.push_back(
+        {"gpt2-124m (b2 s64)",
+         {"model.preset=gpt2-124m", "model.args.seq=64", "batch.global=2", "batch.micro=2"},
+         6});
+  std::printf(
+      "bench/step_overhead: median step time, loom executor vs plain LibTorch (%d threads)\n",
+      at::get_num_threads());
   for (const auto& c : cases) run_case(c);
   return 0;
 }

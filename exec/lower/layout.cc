@@ -83,7 +83,8 @@ Status Layout::validate(const Shape* shape) const {
     return Error::at("layout", "layout " + to_string() + " names a device twice");
   if (shape) {
     if (shape->size() != d.size())
-      return Error::at("layout", "layout " + to_string() + " does not fit shape " + loom::to_string(*shape));
+      return Error::at("layout",
+                       "layout " + to_string() + " does not fit shape " + loom::to_string(*shape));
     for (size_t k = 0; k < d.size(); ++k)
       if ((*shape)[k] % d[k] != 0)
         return Error::at("layout", "layout " + to_string() + ": dimension " + std::to_string(k) +
@@ -103,20 +104,25 @@ std::string Layout::to_string() const {
 
 Result<Layout> layout_of(const std::vector<std::pair<DeviceId, graph::SubTensor>>& pieces,
                          const Shape& shape) {
-  auto fail = [](const std::string& why) { return Error::at("layout", "pieces do not form an RVD layout: " + why); };
+  auto fail = [](const std::string& why) {
+    return Error::at("layout", "pieces do not form an RVD layout: " + why);
+  };
   if (pieces.empty()) return fail("no pieces");
   Layout l;
   l.v = pieces[0].second.value_chunks;
   l.d.assign(shape.size(), 1);
   for (size_t k = 0; k < shape.size(); ++k) {
     const int64_t part = pieces[0].second.ranges[k].size();
-    if (part <= 0 || shape[k] % part != 0) return fail("a part does not divide dimension " + std::to_string(k));
+    if (part <= 0 || shape[k] % part != 0)
+      return fail("a part does not divide dimension " + std::to_string(k));
     l.d[k] = shape[k] / part;
   }
   int64_t cells = l.v;
   for (int64_t x : l.d) cells *= x;
   const int64_t n = static_cast<int64_t>(pieces.size());
-  if (n % cells != 0) return fail(std::to_string(n) + " devices cannot hold " + std::to_string(cells) + " distinct pieces evenly");
+  if (n % cells != 0)
+    return fail(std::to_string(n) + " devices cannot hold " + std::to_string(cells) +
+                " distinct pieces evenly");
   l.r = n / cells;
   l.devices.assign(static_cast<size_t>(n), DeviceId());
   std::map<std::vector<int64_t>, int64_t> replicas;  // (v, d...) -> replicas seen
@@ -133,7 +139,8 @@ Result<Layout> layout_of(const std::vector<std::pair<DeviceId, graph::SubTensor>
     c[0] = replicas[key]++;
     if (c[0] >= l.r) return fail("a piece is held more often than the others");
     int64_t pos = l.position_of(c);
-    if (l.devices[static_cast<size_t>(pos)].valid()) return fail("a device position is taken twice");
+    if (l.devices[static_cast<size_t>(pos)].valid())
+      return fail("a device position is taken twice");
     l.devices[static_cast<size_t>(pos)] = dev;
   }
   LOOM_TRY(l.validate(&shape));

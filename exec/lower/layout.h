@@ -19,8 +19,8 @@ namespace loom::lower {
 struct Layout {
   int64_t r = 1;
   int64_t v = 1;
-  std::vector<int64_t> d;          // one factor per tensor dimension
-  std::vector<DeviceId> devices;   // in mixed-radix order
+  std::vector<int64_t> d;         // one factor per tensor dimension
+  std::vector<DeviceId> devices;  // in mixed-radix order
 
   // Every device holds the whole tensor.
   static Layout replicated(size_t ndim, std::vector<DeviceId> devices);

@@ -1,5 +1,8 @@
 #include "exec/lower/path.h"
 
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -7,23 +10,28 @@
 #include <set>
 #include <sstream>
 
-#include <spdlog/spdlog.h>
-#include <yaml-cpp/yaml.h>
-
 #include "core/strings.h"
 
 namespace loom::lower {
 
 std::string to_string(Primitive p) {
   switch (p) {
-    case Primitive::kAllReduce: return "all_reduce";
-    case Primitive::kAllGather: return "all_gather";
-    case Primitive::kReduceScatter: return "reduce_scatter";
-    case Primitive::kAllToAll: return "all_to_all";
-    case Primitive::kChunk: return "chunk";
-    case Primitive::kValueChunk: return "value_chunk";
-    case Primitive::kPad: return "pad";
-    case Primitive::kSendRecv: return "send_recv";
+    case Primitive::kAllReduce:
+      return "all_reduce";
+    case Primitive::kAllGather:
+      return "all_gather";
+    case Primitive::kReduceScatter:
+      return "reduce_scatter";
+    case Primitive::kAllToAll:
+      return "all_to_all";
+    case Primitive::kChunk:
+      return "chunk";
+    case Primitive::kValueChunk:
+      return "value_chunk";
+    case Primitive::kPad:
+      return "pad";
+    case Primitive::kSendRecv:
+      return "send_recv";
   }
   return "?";
 }
@@ -31,7 +39,8 @@ std::string to_string(Primitive p) {
 std::string CommPath::to_string() const {
   if (steps.empty()) return "(no communication)";
   std::vector<std::string> parts;
-  for (const auto& s : steps) parts.push_back(lower::to_string(s.primitive) + " -> " + s.after.to_string());
+  for (const auto& s : steps)
+    parts.push_back(lower::to_string(s.primitive) + " -> " + s.after.to_string());
   return join(parts, "; ");
 }
 
@@ -62,11 +71,15 @@ const std::vector<PrimitiveRule>& primitive_rules() {
        }},
       // Local steps: a copy of the kept part; beta is the local copy rate here.
       {Primitive::kChunk, [](int f, int t) { return f == 0 && t >= 2; },
-       [](int64_t k, double bytes, double, double beta) { return bytes / static_cast<double>(k) * beta; }},
+       [](int64_t k, double bytes, double, double beta) {
+         return bytes / static_cast<double>(k) * beta;
+       }},
       {Primitive::kValueChunk, [](int f, int t) { return f == 0 && t == 1; },
        [](int64_t, double bytes, double, double beta) { return bytes * beta; }},
       {Primitive::kPad, [](int f, int t) { return f >= 2 && t == 1; },
-       [](int64_t k, double bytes, double, double beta) { return bytes * static_cast<double>(k) * beta; }},
+       [](int64_t k, double bytes, double, double beta) {
+         return bytes * static_cast<double>(k) * beta;
+       }},
   };
   return kRules;
 }
@@ -74,7 +87,8 @@ const std::vector<PrimitiveRule>& primitive_rules() {
 Layout move_factor(const Layout& l, int from, int to, int64_t k,
                    std::vector<std::vector<DeviceId>>* groups) {
   std::vector<int64_t> f = l.factors();
-  LOOM_CHECK(from != to && k > 1 && f[from] % k == 0) << "bad move of " << k << " from " << from << " to " << to;
+  LOOM_CHECK(from != to && k > 1 && f[from] % k == 0)
+      << "bad move of " << k << " from " << from << " to " << to;
   Layout out = l;
   std::vector<int64_t> nf = f;
   nf[from] /= k;
@@ -126,15 +140,17 @@ Result<CommPath> PathFinder::find(const Shape& shape, int64_t elem_bytes, const 
   gradient_ = gradient;
   LOOM_TRY(from.validate(&shape));
   LOOM_TRY(to.validate(&shape));
-  std::string key = std::string(gradient ? "g" : "") + loom::to_string(shape) + "x" + std::to_string(elem_bytes) + "|" +
-                    from.to_string() + "|" + to.to_string();
+  std::string key = std::string(gradient ? "g" : "") + loom::to_string(shape) + "x" +
+                    std::to_string(elem_bytes) + "|" + from.to_string() + "|" + to.to_string();
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  std::set<DeviceId> a(from.devices.begin(), from.devices.end()), b(to.devices.begin(), to.devices.end());
-  Result<CommPath> path = a == b ? intra(shape, elem_bytes, from, to) : cross(shape, elem_bytes, from, to);
+  std::set<DeviceId> a(from.devices.begin(), from.devices.end()),
+      b(to.devices.begin(), to.devices.end());
+  Result<CommPath> path =
+      a == b ? intra(shape, elem_bytes, from, to) : cross(shape, elem_bytes, from, to);
   if (!path.ok()) return path;
   if (path->via_full_replication)
-    spdlog::warn("communication path {} -> {} for shape {} passes through full replication", from.to_string(),
-                 to.to_string(), loom::to_string(shape));
+    spdlog::warn("communication path {} -> {} for shape {} passes through full replication",
+                 from.to_string(), to.to_string(), loom::to_string(shape));
   cache_.emplace(key, *path);
   return path;
 }
@@ -193,12 +209,15 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
     const double bytes = piece_bytes(layout, shape, elem_bytes);
     // Node of the device at each position, and each factor's position stride.
     std::vector<int64_t> node_of(static_cast<size_t>(layout.size()));
-    for (size_t p = 0; p < node_of.size(); ++p) node_of[p] = layout.devices[p].value() / model_.devices_per_node;
+    for (size_t p = 0; p < node_of.size(); ++p)
+      node_of[p] = layout.devices[p].value() / model_.devices_per_node;
     std::vector<int64_t> stride(f.size(), 1);
     for (size_t i = f.size() - 1; i-- > 0;) stride[i] = stride[i + 1] * f[i + 1];
     for (const PrimitiveRule& rule : primitive_rules()) {
-      if (rule.primitive == Primitive::kPad && !gradient_) continue;  // forward values stay uniform chunks
-      const bool local = rule.primitive == Primitive::kChunk || rule.primitive == Primitive::kValueChunk ||
+      if (rule.primitive == Primitive::kPad && !gradient_)
+        continue;  // forward values stay uniform chunks
+      const bool local = rule.primitive == Primitive::kChunk ||
+                         rule.primitive == Primitive::kValueChunk ||
                          rule.primitive == Primitive::kPad;
       for (int a = 0; a < static_cast<int>(f.size()); ++a)
         for (int b = 0; b < static_cast<int>(f.size()); ++b) {
@@ -213,10 +232,12 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
               for (int64_t p = 0; p < layout.size() && !inter; ++p)
                 if ((p / stride[a]) % f[a] % k == 0)
                   for (int64_t j = 1; j < k && !inter; ++j)
-                    inter = node_of[static_cast<size_t>(p + j * stride[a])] != node_of[static_cast<size_t>(p)];
+                    inter = node_of[static_cast<size_t>(p + j * stride[a])] !=
+                            node_of[static_cast<size_t>(p)];
             const double alpha = local ? 0 : inter ? model_.inter_alpha_s : model_.intra_alpha_s;
-            const double beta = local ? model_.local_beta_s_per_byte
-                                      : inter ? model_.inter_beta_s_per_byte : model_.intra_beta_s_per_byte;
+            const double beta = local   ? model_.local_beta_s_per_byte
+                                : inter ? model_.inter_beta_s_per_byte
+                                        : model_.intra_beta_s_per_byte;
             CommStep step;
             step.primitive = rule.primitive;
             step.from_factor = a;
@@ -227,7 +248,8 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
             key[a] /= k;
             key[b] *= k;
             auto it = states.find(key);
-            if (it != states.end() && (it->second.done || it->second.cost <= cost + step.cost_s)) continue;
+            if (it != states.end() && (it->second.done || it->second.cost <= cost + step.cost_s))
+              continue;
             step.before = layout;
             step.after = move_factor(layout, a, b, k);
             relax(key, std::move(step));
@@ -242,7 +264,8 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
       step.after = to;
       double worst = 0;
       for (int64_t p = 0; p < layout.size(); ++p) {
-        DeviceId dst = to.devices[static_cast<size_t>(p)], src = layout.devices[static_cast<size_t>(p)];
+        DeviceId dst = to.devices[static_cast<size_t>(p)],
+                 src = layout.devices[static_cast<size_t>(p)];
         if (src == dst) continue;
         double alpha = 0, beta = link({src, dst}, alpha);
         worst = std::max(worst, alpha + bytes * beta);
@@ -254,7 +277,8 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
   }
   auto g = states.find(goal);
   if (g == states.end() || !g->second.done)
-    return Error::at("layout", "no communication path from " + from.to_string() + " to " + to.to_string());
+    return Error::at("layout",
+                     "no communication path from " + from.to_string() + " to " + to.to_string());
   CommPath path;
   path.cost_s = g->second.cost;
   for (std::vector<int64_t> k = goal; k != start;) {

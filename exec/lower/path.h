@@ -1,9 +1,10 @@
 // Communication synthesis: the cheapest sequence of primitives that turns one RVD layout of a
 // tensor into another. Each primitive moves a factor k between two of the layout's factors:
 //   V→R all-reduce, D→R all-gather, V→D reduce-scatter, D→D all-to-all (intra-group), and the
-//   local R→D chunk, R→V value chunk and D→V pad (a slice in zeros: the gradient of a chunk); send/recv moves pieces between disjoint groups (pipeline
-//   stages) or reorders devices. Costs are alpha-beta per primitive and link class (cost model),
-//   and the path is a shortest path (Dijkstra) over layouts, cached per (shape, layouts).
+//   local R→D chunk, R→V value chunk and D→V pad (a slice in zeros: the gradient of a chunk);
+//   send/recv moves pieces between disjoint groups (pipeline stages) or reorders devices. Costs are
+//   alpha-beta per primitive and link class (cost model), and the path is a shortest path
+//   (Dijkstra) over layouts, cached per (shape, layouts).
 #pragma once
 
 #include <functional>
@@ -17,7 +18,16 @@
 
 namespace loom::lower {
 
-enum class Primitive { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kChunk, kValueChunk, kPad, kSendRecv };
+enum class Primitive {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kChunk,
+  kValueChunk,
+  kPad,
+  kSendRecv
+};
 std::string to_string(Primitive p);
 
 // One step of a path.
@@ -27,7 +37,7 @@ struct CommStep {
   Layout after;
   int from_factor = 0;  // index into Layout::factors() (0 = R, 1 = V, 2+k = D_k)
   int to_factor = 0;
-  int64_t k = 1;        // the part of the factor that moves
+  int64_t k = 1;  // the part of the factor that moves
   // Collectives: each group's members in collective-rank order. Send/recv: pairs {from, to}.
   std::vector<std::vector<DeviceId>> groups;
   double cost_s = 0;
@@ -62,14 +72,16 @@ class PathFinder {
   // `elem_bytes`. Same device set: collectives and local chunks; disjoint sets: a path within
   // the producers, send/recv, and a path within the consumers.
   // `gradient`: the path carries gradients, where a value chunk may be a slice in zeros (pad).
-  Result<CommPath> find(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to,
-                        bool gradient = false);
+  Result<CommPath> find(const Shape& shape, int64_t elem_bytes, const Layout& from,
+                        const Layout& to, bool gradient = false);
   size_t cache_size() const { return cache_.size(); }
   void clear_cache() { cache_.clear(); }
 
  private:
-  Result<CommPath> intra(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to);
-  Result<CommPath> cross(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to);
+  Result<CommPath> intra(const Shape& shape, int64_t elem_bytes, const Layout& from,
+                         const Layout& to);
+  Result<CommPath> cross(const Shape& shape, int64_t elem_bytes, const Layout& from,
+                         const Layout& to);
   bool gradient_ = false;
   double link(const std::vector<DeviceId>& group, double& alpha) const;
 

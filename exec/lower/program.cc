@@ -40,14 +40,17 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
                       PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
   Lowered out;
   if (micro_batches < 1 || micro_batches > kMaxMicroBatches)
-    return Error::at("batch.global", "a step of " + std::to_string(micro_batches) +
-                                         " micro-batches per data-parallel replica; loom runs 1 to " +
-                                         std::to_string(kMaxMicroBatches) + " (batch.global / (batch.micro x parallel.dp))");
+    return Error::at("batch.global",
+                     "a step of " + std::to_string(micro_batches) +
+                         " micro-batches per data-parallel replica; loom runs 1 to " +
+                         std::to_string(kMaxMicroBatches) +
+                         " (batch.global / (batch.micro x parallel.dp))");
   const auto& ops = g.ops();
   for (const auto& op : ops)
     if (op.device.value() < 0 || op.device.value() >= world_size)
-      return Error::at(op.name(), "op '" + op.name() + "' is placed on device " + op.device.to_string() +
-                                      " outside the world of " + std::to_string(world_size));
+      return Error::at(op.name(), "op '" + op.name() + "' is placed on device " +
+                                      op.device.to_string() + " outside the world of " +
+                                      std::to_string(world_size));
 
   // Producers of every activation: (device, piece) and the producing stage.
   struct Produced {
@@ -87,7 +90,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
     for (const auto& key : keys) {
       const graph::FullTensor& t = g.tensor(TensorId(key.first));
       auto fail = [&](const Error& e) {
-        return Error::at(t.name, "tensor '" + t.name + "' read by '" + key.second + "': " + e.message);
+        return Error::at(t.name,
+                         "tensor '" + t.name + "' read by '" + key.second + "': " + e.message);
       };
       auto it = produced.find(key.first);
       if (it == produced.end()) return Error::at(t.name, "no op writes tensor '" + t.name + "'");
@@ -101,7 +105,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       if (local)
         for (const auto& [d, want] : wants[key]) {
           bool has = false;
-          for (const auto& [pd, piece] : it->second.pieces) has |= pd == d && same_piece(piece, want);
+          for (const auto& [pd, piece] : it->second.pieces)
+            has |= pd == d && same_piece(piece, want);
           local &= has;
         }
       if (local) continue;
@@ -129,7 +134,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       const int64_t elem = size_bytes(t.dtype);
       auto fwd = paths.find(t.shape, elem, a.from, a.to);
       if (!fwd.ok()) return fail(fwd.error());
-      auto bwd = paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from), /*gradient=*/true);
+      auto bwd =
+          paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from), /*gradient=*/true);
       if (!bwd.ok()) return fail(bwd.error());
       a.forward = *fwd;
       a.backward = *bwd;
@@ -140,8 +146,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
     for (size_t i = 0; i < ops.size(); ++i)
       for (const auto& in : ops[i].inputs) {
         auto it = adapter_of.find({in.tensor.value(), ops[i].def->name});
-        if (it != adapter_of.end() &&
-            std::find(op_adapters[i].begin(), op_adapters[i].end(), it->second) == op_adapters[i].end())
+        if (it != adapter_of.end() && std::find(op_adapters[i].begin(), op_adapters[i].end(),
+                                                it->second) == op_adapters[i].end())
           op_adapters[i].push_back(it->second);
       }
   }
@@ -149,7 +155,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
   // Segments per rank and stage.
   out.programs.resize(static_cast<size_t>(world_size));
   std::vector<std::map<int64_t, Segment>> segments(static_cast<size_t>(world_size));
-  std::vector<std::set<int64_t>> placed(static_cast<size_t>(world_size));  // adapters placed (consumer side)
+  std::vector<std::set<int64_t>> placed(
+      static_cast<size_t>(world_size));  // adapters placed (consumer side)
   for (size_t i = 0; i < ops.size(); ++i) {
     const auto& op = ops[i];
     Segment& seg = segments[op.device.value()][op.stage.value()];
@@ -190,7 +197,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       prog.blocks = (*order)[static_cast<size_t>(r)];
     } else {
       for (int64_t m = 0; m < micro_batches; ++m)
-        for (const Segment& seg : prog.segments) prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
+        for (const Segment& seg : prog.segments)
+          prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
       for (int64_t m = 0; m < micro_batches; ++m)
         for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
           prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
@@ -203,9 +211,12 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
     for (const auto& in : op.inputs) {
       if (g.tensor(in.tensor).role != graph::TensorRole::kParameter) continue;
       auto& list = holders[in.tensor.value()];
-      auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return same_piece(e.first, in); });
-      if (it == list.end()) list.push_back({in, {op.device}});
-      else it->second.insert(op.device);
+      auto it = std::find_if(list.begin(), list.end(),
+                             [&](const auto& e) { return same_piece(e.first, in); });
+      if (it == list.end())
+        list.push_back({in, {op.device}});
+      else
+        it->second.insert(op.device);
     }
   for (auto& [tensor, list] : holders)
     for (auto& [piece, devices] : list) {
@@ -228,8 +239,8 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       for (const auto& [d2, p2] : loss->second.pieces) replicas += same_piece(piece, p2);
       double& seed = out.programs[d.value()].loss_seed;
       const double mine = 1.0 / static_cast<double>(replicas);
-      LOOM_CHECK(seed == 0 || seed == mine) << "rank " << d.value() << " holds losses seeded "
-                                            << seed << " and " << mine;
+      LOOM_CHECK(seed == 0 || seed == mine)
+          << "rank " << d.value() << " holds losses seeded " << seed << " and " << mine;
       seed = mine;
     }
   }
@@ -244,12 +255,11 @@ namespace {
 // micro-batch, step) so that checking a thousand ranks stays cheap; text is made on failure.
 struct Event {
   enum class Kind : uint8_t { kSend, kRecv, kCollective } kind;
-  int64_t key;                          // identical on every party of the same exchange
-  DeviceId peer;                        // send: the receiver; recv: the sender
-  const std::vector<DeviceId>* members; // collective: its members
+  int64_t key;                           // identical on every party of the same exchange
+  DeviceId peer;                         // send: the receiver; recv: the sender
+  const std::vector<DeviceId>* members;  // collective: its members
   Primitive primitive;
 };
-
 
 std::string describe(const Event& e, const Lowered& lowered, const graph::Graph& g) {
   if (e.key < 0) {
@@ -258,7 +268,7 @@ std::string describe(const Event& e, const Lowered& lowered, const graph::Graph&
   }
   const auto [adapter, forward, mb, step] = message_tag_parts(e.key);
   const Adapter& a = lowered.adapters[static_cast<size_t>(adapter)];
-  std::string what = e.kind == Event::Kind::kSend ? "send to rank " + e.peer.to_string()
+  std::string what = e.kind == Event::Kind::kSend   ? "send to rank " + e.peer.to_string()
                      : e.kind == Event::Kind::kRecv ? "recv from rank " + e.peer.to_string()
                                                     : to_string(e.primitive);
   return what + " (step " + std::to_string(step) + " of the " + (forward ? "forward" : "gradient") +
@@ -276,7 +286,8 @@ GroupIndex index_groups(const CommPath& path, int64_t world) {
     if (st.primitive != Primitive::kSendRecv)
       for (size_t g = 0; g < st.groups.size(); ++g)
         if (st.groups[g].size() > 1)
-          for (DeviceId d : st.groups[g]) of[static_cast<size_t>(d.value())] = static_cast<int32_t>(g);
+          for (DeviceId d : st.groups[g])
+            of[static_cast<size_t>(d.value())] = static_cast<int32_t>(g);
     out.push_back(std::move(of));
   }
   return out;
@@ -297,7 +308,8 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
         if (pair[1].value() == rank && side != 1)
           events.push_back({Event::Kind::kRecv, key, pair[0], nullptr, st.primitive});
       }
-      if (side != 0 && !st.groups.empty() && first_group[static_cast<size_t>(st.groups[0][0].value())])
+      if (side != 0 && !st.groups.empty() &&
+          first_group[static_cast<size_t>(st.groups[0][0].value())])
         after_send = true;
       continue;
     }
@@ -305,7 +317,9 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
     if (side == 1 && !first_part) continue;
     if (side == 2 && first_part) continue;
     const int32_t g = groups[i][static_cast<size_t>(rank)];
-    if (g >= 0) events.push_back({Event::Kind::kCollective, key, DeviceId(), &st.groups[static_cast<size_t>(g)], st.primitive});
+    if (g >= 0)
+      events.push_back({Event::Kind::kCollective, key, DeviceId(),
+                        &st.groups[static_cast<size_t>(g)], st.primitive});
   }
 }
 
@@ -346,11 +360,14 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
         // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
         int side = 0;
         if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
-        path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd, b.micro_batch.value(), r, side,
-                    fwd ? s.producer : s.consumer, events[static_cast<size_t>(r)]);
+        path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
+                    b.micro_batch.value(), r, side, fwd ? s.producer : s.consumer,
+                    events[static_cast<size_t>(r)]);
       };
-      if (fwd) for (const SegmentItem& it : seg->items) visit(it);
-      else for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it) visit(*it);
+      if (fwd)
+        for (const SegmentItem& it : seg->items) visit(it);
+      else
+        for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it) visit(*it);
     }
     for (int64_t s : prog.grad_syncs)
       events[static_cast<size_t>(r)].push_back({Event::Kind::kCollective, -s - 1, DeviceId(),
@@ -377,7 +394,8 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
           for (DeviceId m : *e.members) {
             const auto& mev = events[static_cast<size_t>(m.value())];
             const size_t mpc = pc[static_cast<size_t>(m.value())];
-            all_here &= mpc < mev.size() && mev[mpc].kind == Event::Kind::kCollective && mev[mpc].key == e.key;
+            all_here &= mpc < mev.size() && mev[mpc].kind == Event::Kind::kCollective &&
+                        mev[mpc].key == e.key;
           }
           if (!all_here) break;
           for (DeviceId m : *e.members)
@@ -391,9 +409,11 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   std::vector<std::string> stuck;
   for (int64_t r = 0; r < world; ++r)
     if (pc[static_cast<size_t>(r)] < events[static_cast<size_t>(r)].size())
-      stuck.push_back("rank " + std::to_string(r) + " waits at " +
-                      describe(events[static_cast<size_t>(r)][pc[static_cast<size_t>(r)]], lowered, g));
-  if (!stuck.empty()) return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
+      stuck.push_back(
+          "rank " + std::to_string(r) + " waits at " +
+          describe(events[static_cast<size_t>(r)][pc[static_cast<size_t>(r)]], lowered, g));
+  if (!stuck.empty())
+    return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
   return Status::success();
 }
 
@@ -415,7 +435,8 @@ std::string my_steps(const CommPath& path, Rank rank) {
       if (std::find(group.begin(), group.end(), DeviceId(rank.value())) == group.end()) continue;
       std::vector<std::string> members;
       for (DeviceId d : group) members.push_back(d.to_string());
-      parts.push_back(to_string(st.primitive) + (group.size() > 1 ? " with [" + join(members, ",") + "]" : ""));
+      parts.push_back(to_string(st.primitive) +
+                      (group.size() > 1 ? " with [" + join(members, ",") + "]" : ""));
     }
   }
   return parts.empty() ? "(nothing on this rank)" : join(parts, "; ");
@@ -426,8 +447,8 @@ std::string my_steps(const CommPath& path, Rank rank) {
 std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
   const Program& prog = lowered.programs[rank.value()];
   std::ostringstream os;
-  os << "rank " << rank << ": " << prog.segments.size() << " stage segment(s), " << prog.blocks.size()
-     << " blocks, loss seed " << prog.loss_seed << "\n";
+  os << "rank " << rank << ": " << prog.segments.size() << " stage segment(s), "
+     << prog.blocks.size() << " blocks, loss seed " << prog.loss_seed << "\n";
   for (const Segment& seg : prog.segments) {
     os << "  stage " << seg.stage << ":\n";
     for (const SegmentItem& it : seg.items) {

@@ -70,10 +70,10 @@ struct ProgramBlock {
 
 struct Program {
   Rank rank;
-  std::vector<Segment> segments;        // one per stage this rank runs
-  std::vector<ProgramBlock> blocks;     // the order of stage x micro-batch work
-  std::vector<int64_t> grad_syncs;      // indices into Lowered::grad_syncs this rank joins
-  double loss_seed = 0;                 // 1 / replicas of this rank's loss piece; 0: no loss here
+  std::vector<Segment> segments;     // one per stage this rank runs
+  std::vector<ProgramBlock> blocks;  // the order of stage x micro-batch work
+  std::vector<int64_t> grad_syncs;   // indices into Lowered::grad_syncs this rank joins
+  double loss_seed = 0;              // 1 / replicas of this rank's loss piece; 0: no loss here
 };
 
 struct Lowered {

@@ -6,10 +6,10 @@
 
 #include <cstring>
 
-#include "checkpoint/reader.h"
 #include "checkpoint/crc32.h"
-#include "core/durable_file.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
+#include "core/durable_file.h"
 #include "exec/comm/comm.h"
 #include "exec/runtime/debug_env.h"
 #include "exec/runtime/optimizer.h"

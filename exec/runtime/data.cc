@@ -68,7 +68,8 @@ Result<std::unique_ptr<TokenSource>> make_token_source(const Config& config, int
   in.seekg(0);
   in.read(reinterpret_cast<char*>(tokens.data()), bytes);
   if (!in) return config.error("data.path", "failed to read token file '" + path + "'");
-  return std::unique_ptr<TokenSource>(std::make_unique<TokenFileSource>(path, std::move(tokens), vocab));
+  return std::unique_ptr<TokenSource>(
+      std::make_unique<TokenFileSource>(path, std::move(tokens), vocab));
 }
 
 }  // namespace loom::runtime

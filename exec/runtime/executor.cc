@@ -10,7 +10,8 @@ Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uin
     : graph_(graph), param_slot_(graph.tensors().size(), -1) {
   for (const auto& op : graph.ops()) {
     const Kernel* k = kernels.find(op.type());
-    LOOM_CHECK(k) << "no kernel registered for op type '" << op.type() << "' (op " << op.name() << ")";
+    LOOM_CHECK(k) << "no kernel registered for op type '" << op.type() << "' (op " << op.name()
+                  << ")";
     kernels_.push_back(k);
     for (const auto& in : op.inputs) {
       const graph::FullTensor& t = graph.tensor(in.tensor);
@@ -30,7 +31,8 @@ Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uin
   for (size_t i = 0; i < ops.size(); ++i) {
     Step step{i};
     if (ops[i].type() == "linear" && i + 1 < ops.size() && ops[i + 1].type() == "bias_add" &&
-        ops[i + 1].inputs[0] == ops[i].outputs[0] && readers[ops[i].outputs[0].tensor.value()] == 1 &&
+        ops[i + 1].inputs[0] == ops[i].outputs[0] &&
+        readers[ops[i].outputs[0].tensor.value()] == 1 &&
         ops[i].outputs[0].tensor != graph.loss() && !ops[i].outputs[0].is_partial()) {
       step.fused_bias = static_cast<int64_t>(i + 1);
       ++i;

@@ -1,11 +1,11 @@
 // Runs a graph's ops on this process with LibTorch kernels under autograd.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "exec/runtime/kernels.h"
 #include "graph/graph.h"
@@ -40,12 +40,12 @@ class Executor {
   };
 
   const graph::Graph& graph_;
-  std::vector<const Kernel*> kernels_;      // per op
+  std::vector<const Kernel*> kernels_;  // per op
   std::vector<Step> steps_;
   std::vector<Step> unfused_steps_;
-  std::vector<at::Tensor> params_;          // leaves, requires_grad
+  std::vector<at::Tensor> params_;  // leaves, requires_grad
   std::vector<TensorId> param_ids_;
-  std::vector<int64_t> param_slot_;         // tensor id -> index in params_, or -1
+  std::vector<int64_t> param_slot_;  // tensor id -> index in params_, or -1
 };
 
 }  // namespace loom::runtime

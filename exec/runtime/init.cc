@@ -19,8 +19,10 @@ at::Tensor init_full_parameter(const graph::FullTensor& t, uint64_t run_seed) {
   auto options = at::TensorOptions().dtype(at::kFloat);
   switch (t.init.kind) {
     case Kind::kZeros:
-    case Kind::kNone: return at::zeros(t.shape, options);
-    case Kind::kOnes: return at::ones(t.shape, options);
+    case Kind::kNone:
+      return at::zeros(t.shape, options);
+    case Kind::kOnes:
+      return at::ones(t.shape, options);
     case Kind::kNormal: {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(tensor_seed(run_seed, t.name));
       return at::normal(0.0, t.init.std, t.shape, gen, options);

@@ -2,9 +2,9 @@
 // and slices its piece, so a parallel run starts from the single-device run's weights.
 #pragma once
 
-#include <cstdint>
-
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
 
 #include "graph/tensor.h"
 

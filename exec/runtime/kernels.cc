@@ -1,9 +1,9 @@
 #include "exec/runtime/kernels.h"
 
-#include <cmath>
-
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
+
+#include <cmath>
 
 #include "exec/runtime/kernels_evoformer.h"
 #include "exec/runtime/kernels_vision.h"
@@ -48,9 +48,12 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
   const at::Tensor& q = in[0];
   const int64_t b = q.size(0), s = q.size(1), t = in[1].size(1), hd = q.size(2);
   const int64_t h = hd / d;
-  auto heads = [&](const at::Tensor& x, int64_t len) { return x.view({b, len, h, d}).transpose(1, 2); };
+  auto heads = [&](const at::Tensor& x, int64_t len) {
+    return x.view({b, len, h, d}).transpose(1, 2);
+  };
   at::Tensor qh = heads(q, s), kh = heads(in[1], t), vh = heads(in[2], t);
-  at::Tensor scores = at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor scores =
+      at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
   // The causal mask depends only on (s, t): keep one per shape and thread.
   thread_local std::map<std::pair<int64_t, int64_t>, at::Tensor> masks;
   at::Tensor& mask = masks[{s, t}];
@@ -100,10 +103,18 @@ Tensors nll(const Ctx& ctx, const Tensors& in) {
 KernelRegistry KernelRegistry::with_builtin_kernels() {
   KernelRegistry r;
   const std::pair<const char*, Kernel> builtin[] = {
-      {"embedding", embedding}, {"add_position", add_position}, {"add", add_tensors},
-      {"gelu", gelu},           {"layer_norm", layer_norm},     {"linear", linear},
-      {"bias_add", bias_add},   {"attention", attention},       {"cross_entropy", cross_entropy},
-      {"group_logsumexp", group_logsumexp}, {"logsumexp", logsumexp}, {"pick", pick},
+      {"embedding", embedding},
+      {"add_position", add_position},
+      {"add", add_tensors},
+      {"gelu", gelu},
+      {"layer_norm", layer_norm},
+      {"linear", linear},
+      {"bias_add", bias_add},
+      {"attention", attention},
+      {"cross_entropy", cross_entropy},
+      {"group_logsumexp", group_logsumexp},
+      {"logsumexp", logsumexp},
+      {"pick", pick},
       {"nll", nll},
   };
   for (const auto& [type, kernel] : builtin) {

@@ -2,12 +2,12 @@
 // SubTensor ranges they work on) and their local input pieces, so one kernel serves every split.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "core/result.h"
 #include "graph/graph.h"

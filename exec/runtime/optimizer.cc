@@ -1,12 +1,13 @@
 #include "exec/runtime/optimizer.h"
 
-#include <cmath>
-
 #include <ATen/ATen.h>
+
+#include <cmath>
 
 namespace loom::runtime {
 
-Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params, std::vector<bool> decay)
+Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params,
+                     std::vector<bool> decay)
     : config_(std::move(config)), params_(std::move(params)), decay_(std::move(decay)) {
   for (const auto& p : params_) {
     exp_avg_.push_back(at::zeros_like(p));
@@ -40,8 +41,10 @@ void Optimizer::step(double lr) {
     at::Tensor g = p.grad();
     if (decay_[i] && wd != 0) g = g.add(p, wd);
     if (config_.momentum != 0) {
-      if (t_ == 1) exp_avg_[i].copy_(g);
-      else exp_avg_[i].mul_(config_.momentum).add_(g);
+      if (t_ == 1)
+        exp_avg_[i].copy_(g);
+      else
+        exp_avg_[i].mul_(config_.momentum).add_(g);
       g = exp_avg_[i];
     }
     p.add_(g, -lr);

@@ -2,10 +2,10 @@
 // Weight decay applies to matrices only (not to biases and norm gains), as in GPT training.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "core/config.h"
 

@@ -1,9 +1,9 @@
 #include "exec/runtime/oracle.h"
 
+#include <ATen/ATen.h>
+
 #include <map>
 #include <sstream>
-
-#include <ATen/ATen.h>
 
 namespace loom::runtime {
 
@@ -17,9 +17,7 @@ at::Tensor cut_piece(const at::Tensor& full, const graph::SubTensor& piece) {
 
 namespace {
 
-std::string key_of(const graph::SubTensor& s) {
-  return s.tensor.to_string() + s.ranges_string();
-}
+std::string key_of(const graph::SubTensor& s) { return s.tensor.to_string() + s.ranges_string(); }
 
 double rel_error(const at::Tensor& got, const at::Tensor& want) {
   if (got.sizes() != want.sizes()) return 1e30;
@@ -61,7 +59,8 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
       if (!s.is_partial()) {
         double err = rel_error(outs[o], cut_piece(full[s.tensor.value()], s));
         ++report.pieces_checked;
-        if (err > tolerance) mismatch(op, s, "differs from the single-device run by " + std::to_string(err));
+        if (err > tolerance)
+          mismatch(op, s, "differs from the single-device run by " + std::to_string(err));
         continue;
       }
       // Partial pieces are checked once all chunks are in; a chunk made twice (a replica) must
@@ -90,8 +89,10 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
     ++report.pieces_checked;
     double err = rel_error(sum, cut_piece(full[whole.tensor.value()], whole));
     if (err > tolerance)
-      report.mismatches.push_back("piece " + key + ": its value chunks add up to values that differ "
-                                  "from the single-device run by " + std::to_string(err));
+      report.mismatches.push_back("piece " + key +
+                                  ": its value chunks add up to values that differ "
+                                  "from the single-device run by " +
+                                  std::to_string(err));
   }
   return report;
 }

@@ -4,11 +4,11 @@
 // or for value chunks, parts that add up to the slice.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "exec/runtime/kernels.h"
 #include "graph/graph.h"

@@ -56,7 +56,8 @@ Status PathRunner::flush() {
 
 comm::Comm& PathRunner::group(const std::vector<DeviceId>& members) {
   auto it = groups_.find(key_of(members));
-  LOOM_CHECK(it != groups_.end() && it->second) << "rank " << rank_ << " has no communicator for a group";
+  LOOM_CHECK(it != groups_.end() && it->second)
+      << "rank " << rank_ << " has no communicator for a group";
   return *it->second;
 }
 
@@ -109,7 +110,8 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
       for (const auto& g : st.groups)
         for (DeviceId d : g)
           if (d.value() == rank_) return group(g);
-      LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a " << lower::to_string(st.primitive);
+      LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a "
+                        << lower::to_string(st.primitive);
       return *world_;
     };
     switch (st.primitive) {
@@ -158,7 +160,8 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
         cur = out;
         break;
       }
-      case Primitive::kSendRecv: break;
+      case Primitive::kSendRecv:
+        break;
     }
   }
   return cur;

@@ -3,11 +3,11 @@
 // local chunks and pads in place.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <map>
 #include <memory>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "exec/comm/comm.h"
 #include "exec/lower/path.h"
@@ -32,8 +32,8 @@ class PathRunner {
   // Runs the steps of `path` that involve this rank, from its piece `x` of a tensor of shape
   // `full` (undefined when it holds none at the start). Returns its piece at the end (undefined
   // when it holds none). Messages use tags from `tag_base` up (one per step).
-  Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x, PathPart part,
-                         int64_t tag_base);
+  Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x,
+                         PathPart part, int64_t tag_base);
 
   // Waits for every send still in flight. Sends do not block a path (a pipeline's sends and
   // receives may cross, as in 1F1B); call this before the tensors sent may change.

@@ -1,12 +1,12 @@
 #include "exec/runtime/rank_executor.h"
 
-#include <map>
-#include <set>
-#include <stdexcept>
-
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+#include <set>
+#include <stdexcept>
 
 #include "exec/runtime/init.h"
 #include "exec/runtime/oracle.h"
@@ -46,30 +46,33 @@ struct RankExecutor::Impl {
   std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
   std::vector<std::vector<int64_t>> op_params;  // per op, per input: its parameter slot or -1
   std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;  // (tensor, consumer) -> adapter
-  std::map<int64_t, StageId> producer_stage;                       // tensors made on this rank
-  std::map<int64_t, std::set<int64_t>> consumed;                   // stage -> tensors its ops read
+  std::map<int64_t, StageId> producer_stage;                      // tensors made on this rank
+  std::map<int64_t, std::set<int64_t>> consumed;                  // stage -> tensors its ops read
 
   // Per micro-batch values.
   struct Micro {
-    std::unordered_map<int64_t, at::Tensor> env;         // outputs of this rank's ops
-    std::unordered_map<int64_t, at::Tensor> adapted;     // adapter id -> value consumers read
-    std::unordered_map<int64_t, at::Tensor> sent;        // adapter id -> what the producers sent
-    std::unordered_map<int64_t, at::Tensor> leaves;      // tensor id -> same-rank stage boundary
-    std::map<int64_t, std::map<int64_t, std::pair<at::Tensor, at::Tensor>>> pending;  // stage -> tensor -> (value, grad)
+    std::unordered_map<int64_t, at::Tensor> env;      // outputs of this rank's ops
+    std::unordered_map<int64_t, at::Tensor> adapted;  // adapter id -> value consumers read
+    std::unordered_map<int64_t, at::Tensor> sent;     // adapter id -> what the producers sent
+    std::unordered_map<int64_t, at::Tensor> leaves;   // tensor id -> same-rank stage boundary
+    std::map<int64_t, std::map<int64_t, std::pair<at::Tensor, at::Tensor>>>
+        pending;  // stage -> tensor -> (value, grad)
     at::Tensor loss;
     TensorId loss_tensor;  // which loss (Chimera's pipelines each have their own)
   };
   std::vector<Micro> micro;
 
   // Runs a path; a failure inside autograd functions travels as CommFailure.
-  at::Tensor run_path(const CommPath& path, const Shape& full, at::Tensor x, Part part, int64_t tag_base) {
+  at::Tensor run_path(const CommPath& path, const Shape& full, at::Tensor x, Part part,
+                      int64_t tag_base) {
     auto r = runner->run(path, full, std::move(x), part, tag_base);
     if (!r.ok()) throw CommFailure(r.error().message);
     return *r;
   }
 
   int64_t tag(const Adapter& a, int direction, int64_t mb) const {
-    LOOM_CHECK(mb < lower::kMaxMicroBatches) << "micro-batch " << mb << " past the lowering's limit";
+    LOOM_CHECK(mb < lower::kMaxMicroBatches)
+        << "micro-batch " << mb << " past the lowering's limit";
     return lower::message_tag(a.id, direction == 0, mb);
   }
 
@@ -87,12 +90,14 @@ struct AdapterFn : public torch::autograd::Function<AdapterFn> {
     ctx->saved_data["mb"] = mb;
     auto* self = reinterpret_cast<RankExecutor::Impl*>(impl);
     const Adapter& a = self->lowered.adapters[static_cast<size_t>(adapter)];
-    return {self->run_path(a.forward, self->shape_of(a.tensor), x, Part::kAll, self->tag(a, 0, mb))};
+    return {
+        self->run_path(a.forward, self->shape_of(a.tensor), x, Part::kAll, self->tag(a, 0, mb))};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* self = reinterpret_cast<RankExecutor::Impl*>(ctx->saved_data["impl"].toInt());
-    const Adapter& a = self->lowered.adapters[static_cast<size_t>(ctx->saved_data["adapter"].toInt())];
+    const Adapter& a =
+        self->lowered.adapters[static_cast<size_t>(ctx->saved_data["adapter"].toInt())];
     at::Tensor g = self->run_path(a.backward, self->shape_of(a.tensor), grads[0], Part::kAll,
                                   self->tag(a, 1, ctx->saved_data["mb"].toInt()));
     return {g, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -129,7 +134,8 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const graph::Graph& p
   for (const auto& s : impl->lowered.grad_syncs) syncs.push_back(s.devices);
   LOOM_TRY(impl->runner->add_groups(paths, syncs));
   for (const Adapter& a : lowered.adapters)
-    for (const std::string& consumer : a.consumers) impl->adapter_of[{a.tensor.value(), consumer}] = a.id;
+    for (const std::string& consumer : a.consumers)
+      impl->adapter_of[{a.tensor.value(), consumer}] = a.id;
   std::map<std::pair<int64_t, std::string>, int64_t> holders;
   for (const auto& s : lowered.grad_syncs)
     holders[{s.tensor.value(), s.piece.ranges_string()}] = static_cast<int64_t>(s.devices.size());
@@ -194,7 +200,8 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
               s.run_path(a.forward, full, x.detach(), Part::kProducer, s.tag(a, 0, mb));
               m.sent[a.id] = x;
             } else if (a.disjoint) {
-              at::Tensor z = s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
+              at::Tensor z =
+                  s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
               m.adapted[a.id] = z.detach().requires_grad_(true);
             } else if (a.cross_stage()) {
               auto it = m.env.find(a.tensor.value());
@@ -214,10 +221,12 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
             const graph::SubTensor& in = op.inputs[k];
             const graph::FullTensor& t = s.graph.tensor(in.tensor);
             if (t.role == graph::TensorRole::kInput) {
-              args.push_back(cut_piece(inputs[static_cast<size_t>(mb)].at(t.id.value()), in).contiguous());
+              args.push_back(
+                  cut_piece(inputs[static_cast<size_t>(mb)].at(t.id.value()), in).contiguous());
             } else if (t.role == graph::TensorRole::kParameter) {
               args.push_back(s.params[static_cast<size_t>(slots[k])]);
-            } else if (auto a = s.adapter_of.find({t.id.value(), op.def->name}); a != s.adapter_of.end()) {
+            } else if (auto a = s.adapter_of.find({t.id.value(), op.def->name});
+                       a != s.adapter_of.end()) {
               args.push_back(m.adapted.at(a->second));
             } else if (s.producer_stage.at(t.id.value()) == op.stage) {
               args.push_back(m.env.at(t.id.value()));
@@ -227,7 +236,8 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
               args.push_back(leaf);
             }
           }
-          std::vector<at::Tensor> outs = (*s.kernels->find(op.type()))(KernelContext{s.graph, op}, args);
+          std::vector<at::Tensor> outs =
+              (*s.kernels->find(op.type()))(KernelContext{s.graph, op}, args);
           for (size_t o = 0; o < outs.size(); ++o) m.env[op.outputs[o].tensor.value()] = outs[o];
           if (s.graph.tensor(op.outputs[0].tensor).role == graph::TensorRole::kLoss) {
             m.loss = outs[0];
@@ -241,15 +251,18 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
       std::map<int64_t, std::pair<at::Tensor, at::Tensor>> roots = m.pending[block.stage.value()];
       auto add_root = [&](int64_t tensor, const at::Tensor& value, const at::Tensor& grad) {
         auto it = roots.find(tensor);
-        if (it == roots.end()) roots[tensor] = {value, grad};
-        else it->second.second = it->second.second + grad;
+        if (it == roots.end())
+          roots[tensor] = {value, grad};
+        else
+          it->second.second = it->second.second + grad;
       };
       if (m.loss.defined() && s.producer_stage.at(m.loss_tensor.value()) == block.stage)
         add_root(m.loss_tensor.value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
       for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it)
         if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
           const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
-          at::Tensor g = s.run_path(a.backward, s.shape_of(a.tensor), at::Tensor(), Part::kConsumer, s.tag(a, 1, mb));
+          at::Tensor g = s.run_path(a.backward, s.shape_of(a.tensor), at::Tensor(), Part::kConsumer,
+                                    s.tag(a, 1, mb));
           add_root(a.tensor.value(), m.sent.at(a.id), g);
         }
       std::vector<at::Tensor> tensors, grads;
@@ -268,10 +281,12 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
         if (a.disjoint) {
           s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kProducer, s.tag(a, 1, mb));
         } else {
-          at::Tensor gx = s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
+          at::Tensor gx =
+              s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
           auto x = m.env.find(a.tensor.value());
           if (x != m.env.end() && gx.defined())
-            m.pending[s.producer_stage.at(a.tensor.value()).value()][a.tensor.value()] = {x->second, gx};
+            m.pending[s.producer_stage.at(a.tensor.value()).value()][a.tensor.value()] = {x->second,
+                                                                                          gx};
         }
       }
       for (auto& [tensor, leaf] : m.leaves) {
@@ -328,7 +343,9 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
 }
 
 const std::vector<at::Tensor>& RankExecutor::parameters() const { return impl_->params; }
-const std::vector<graph::SubTensor>& RankExecutor::parameter_pieces() const { return impl_->pieces; }
+const std::vector<graph::SubTensor>& RankExecutor::parameter_pieces() const {
+  return impl_->pieces;
+}
 const std::vector<int64_t>& RankExecutor::parameter_replicas() const { return impl_->replicas; }
 comm::Comm& RankExecutor::world() { return *impl_->world; }
 

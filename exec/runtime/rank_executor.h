@@ -3,12 +3,12 @@
 // activations and gradients, then gradient synchronisation of replicated parameter pieces.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "exec/comm/comm.h"
 #include "exec/lower/program.h"

@@ -1,9 +1,9 @@
 #include "exec/runtime/trainer.h"
 
+#include <ATen/ATen.h>
+
 #include <chrono>
 #include <cmath>
-
-#include <ATen/ATen.h>
 
 #include "exec/comm/local_comm.h"
 #include "exec/comm/make_comm.h"
@@ -12,13 +12,13 @@
 #include "exec/runtime/checkpoint.h"
 #include "exec/runtime/data.h"
 #include "exec/runtime/debug_env.h"
-#include "exec/runtime/inputs.h"
-#include "exec/runtime/rank_executor.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/extensions.h"
+#include "exec/runtime/inputs.h"
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
+#include "exec/runtime/rank_executor.h"
 #include "models/model.h"
 #include "plan/plan.h"
 
@@ -57,7 +57,8 @@ CheckpointTarget checkpoint_target(Trainer::Impl& s) {
     return t;
   }
   t.graph = &s.graph;
-  for (TensorId id : s.executor->parameter_ids()) t.pieces.push_back(graph::SubTensor::full(s.graph.tensor(id)));
+  for (TensorId id : s.executor->parameter_ids())
+    t.pieces.push_back(graph::SubTensor::full(s.graph.tensor(id)));
   t.params = s.executor->parameters();
   return t;
 }
@@ -68,7 +69,8 @@ CheckpointTarget checkpoint_target(Trainer::Impl& s) {
 Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
   LOOM_ASSIGN_OR_RETURN(auto path, resume_path(impl->config));
   if (!path.empty()) {
-    LOOM_ASSIGN_OR_RETURN(impl->step, load_checkpoint(checkpoint_target(*impl), impl->config, path));
+    LOOM_ASSIGN_OR_RETURN(impl->step,
+                          load_checkpoint(checkpoint_target(*impl), impl->config, path));
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
@@ -89,12 +91,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   const int64_t world_size = config.parallel.world_size();
   plan::Plan plan;
   LOOM_ASSIGN_OR_RETURN(plan.model, plan::build_model(config, registries, world_size));
-  LOOM_TRY(lower::check_plan_current(*plan_file, plan_file->source, config, lower::model_digest(plan.model),
-                                     lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
+  LOOM_TRY(lower::check_plan_current(
+      *plan_file, plan_file->source, config, lower::model_digest(plan.model),
+      lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
   if (plan_file->world_size != world_size)
     return Error::at(plan_file->source, plan_file->source + ": the plan is for " +
-                                            std::to_string(plan_file->world_size) + " ranks, this run has " +
-                                            std::to_string(world_size));
+                                            std::to_string(plan_file->world_size) +
+                                            " ranks, this run has " + std::to_string(world_size));
   if (plan_file->micro_batches != config.micro_batches())
     return Error::at(plan_file->source, plan_file->source + ": the plan runs " +
                                             std::to_string(plan_file->micro_batches) +
@@ -133,8 +136,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
     std::vector<bool> decay;
     for (TensorId id : impl->executor->parameter_ids())
       decay.push_back(impl->graph.tensor(id).shape.size() >= 2);
-    impl->optimizer =
-        std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay));
+    impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(),
+                                                  std::move(decay));
     return resume(std::move(impl));
   }
 
@@ -144,11 +147,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
     LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm));
   }
   if (world->size() != world_size)
-    return config.error("parallel.dp", "parallel.dp (" + std::to_string(config.parallel.dp) +
-                                           ") x parallel.tp (" + std::to_string(config.parallel.tp) +
-                                           ") x parallel.pp (" + std::to_string(config.parallel.pp) +
-                                           ") = " + std::to_string(world_size) + " ranks, but " +
-                                           std::to_string(world->size()) + " processes were started");
+    return config.error("parallel.dp",
+                        "parallel.dp (" + std::to_string(config.parallel.dp) + ") x parallel.tp (" +
+                            std::to_string(config.parallel.tp) + ") x parallel.pp (" +
+                            std::to_string(config.parallel.pp) +
+                            ") = " + std::to_string(world_size) + " ranks, but " +
+                            std::to_string(world->size()) + " processes were started");
   impl->world = world;
   impl->planned = std::move(plan.file.graph);
   impl->lowered = std::move(plan.file.lowered);
@@ -158,7 +162,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   std::vector<bool> decay;
   for (const auto& piece : impl->rank_exec->parameter_pieces())
     decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
-  impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->rank_exec->parameters(), std::move(decay));
+  impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->rank_exec->parameters(),
+                                                std::move(decay));
   return resume(std::move(impl));
 }
 
@@ -216,7 +221,8 @@ Result<StepStats> Trainer::step() {
   st.lr = lr;
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  st.tokens_per_s = static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
+  st.tokens_per_s =
+      static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
   st.peak_mem_bytes = peak_cpu_bytes();
   return st;
 }

@@ -27,12 +27,13 @@ struct Plan;
 namespace loom::runtime {
 
 struct StepStats {
-  int64_t step = 0;        // 1-based index of the step just taken
-  double loss = 0;         // mean token loss over the global batch
+  int64_t step = 0;  // 1-based index of the step just taken
+  double loss = 0;   // mean token loss over the global batch
   double lr = 0;
-  double grad_norm = 0;    // before clipping
+  double grad_norm = 0;  // before clipping
   double step_time_s = 0;
-  double tokens_per_s = 0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
+  double tokens_per_s =
+      0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
   int64_t peak_mem_bytes = 0;  // most live CPU tensor bytes of this process during the step
 };
 
@@ -49,10 +50,10 @@ class Trainer {
   // The same for the plan make_plan makes of `config`, or for `plan_file` (read from plan.json)
   // after refusing it when it is stale for this config and code. `extensions` adds user ops,
   // kernels, policies and a model builder (exec/runtime/extensions.h).
-  static Result<std::unique_ptr<Trainer>> create(const Config& config,
-                                                 std::shared_ptr<comm::Comm> world = nullptr,
-                                                 const lower::PlanFile* plan_file = nullptr,
-                                                 std::shared_ptr<const Extensions> extensions = nullptr);
+  static Result<std::unique_ptr<Trainer>> create(
+      const Config& config, std::shared_ptr<comm::Comm> world = nullptr,
+      const lower::PlanFile* plan_file = nullptr,
+      std::shared_ptr<const Extensions> extensions = nullptr);
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples.
@@ -61,10 +62,10 @@ class Trainer {
   int64_t steps_done() const;
   const Config& config() const;
   const graph::Graph& graph() const;
-  Executor& executor();                 // single-process runs
+  Executor& executor();  // single-process runs
   bool distributed() const;
-  RankExecutor& rank_executor();        // multi-rank runs
-  int64_t rank() const;                 // 0 in single-process runs
+  RankExecutor& rank_executor();  // multi-rank runs
+  int64_t rank() const;           // 0 in single-process runs
 
   struct Impl;  // opaque; public so the checkpoint glue in trainer.cc can reach it
 

@@ -8,12 +8,12 @@
 #include <fstream>
 #include <string_view>
 
+#include "checkpoint/crc32.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/merge.h"
 #include "checkpoint/reader.h"
-#include "checkpoint/crc32.h"
-#include "core/durable_file.h"
 #include "checkpoint/safetensors.h"
+#include "core/durable_file.h"
 
 namespace loom {
 namespace {

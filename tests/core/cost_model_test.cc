@@ -17,7 +17,8 @@ TEST(CostModel, ParsesAndRejects) {
   EXPECT_DOUBLE_EQ(m->intra_alpha_s, 1e-6);
   auto bad = CostModel::parse("intra_alpha: 1\n", "c.yaml");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("c.yaml:1: intra_alpha: unknown key (did you mean 'intra_alpha_s'?)"),
+  EXPECT_NE(bad.error().message.find(
+                "c.yaml:1: intra_alpha: unknown key (did you mean 'intra_alpha_s'?)"),
             std::string::npos);
   EXPECT_FALSE(CostModel::parse("devices_per_node: 0\n", "c.yaml").ok());
   EXPECT_FALSE(CostModel::parse("device_flops_per_s: fast\n", "c.yaml").ok());
@@ -41,7 +42,8 @@ TEST(CostModel, BuiltInPresets) {
 }
 
 TEST(CostModel, ResolvedFromTheConfig) {
-  auto c = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.preset=h200", "cost.inter_alpha_s=1e-3"});
+  auto c = parse_config("model: {type: gpt}\n", "c.yaml",
+                        {"cost.preset=h200", "cost.inter_alpha_s=1e-3"});
   ASSERT_TRUE(c.ok()) << c.error().message;
   auto m = resolve_cost_model(*c);
   ASSERT_TRUE(m.ok()) << m.error().message;
@@ -65,7 +67,8 @@ TEST(CostModel, AnUnknownPresetNamesTheKeyAndTheChoices) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("c.yaml:2"), std::string::npos) << m.error().message;
   EXPECT_NE(m.error().message.find("did you mean 'h100'"), std::string::npos) << m.error().message;
-  EXPECT_NE(m.error().message.find("presets: a100, h100, h200, cpu"), std::string::npos) << m.error().message;
+  EXPECT_NE(m.error().message.find("presets: a100, h100, h200, cpu"), std::string::npos)
+      << m.error().message;
 }
 
 TEST(CostModel, AUserFileOfOneModelOrOfPresets) {
@@ -73,7 +76,8 @@ TEST(CostModel, AUserFileOfOneModelOrOfPresets) {
   std::filesystem::create_directories(dir);
   const auto flat = dir / "flat.yaml", presets = dir / "presets.yaml", bad = dir / "bad.yaml";
   std::ofstream(flat) << "device_flops_per_s: 2e12\n";
-  std::ofstream(presets) << "default: slow\npresets:\n  slow: {device_flops_per_s: 1e9}\n  fast: {device_flops_per_s: 1e15}\n";
+  std::ofstream(presets) << "default: slow\npresets:\n  slow: {device_flops_per_s: 1e9}\n  fast: "
+                            "{device_flops_per_s: 1e15}\n";
   std::ofstream(bad) << "presets:\n  x: {device_flop_per_s: 1}\n";
 
   auto c1 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + flat.string()});
@@ -86,7 +90,8 @@ TEST(CostModel, AUserFileOfOneModelOrOfPresets) {
   auto m2 = resolve_cost_model(*c2);
   ASSERT_TRUE(m2.ok()) << m2.error().message;
   EXPECT_DOUBLE_EQ(m2->device_flops_per_s, 1e9);
-  auto c3 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + presets.string(), "cost.preset=fast"});
+  auto c3 = parse_config("model: {type: gpt}\n", "c.yaml",
+                         {"cost.file=" + presets.string(), "cost.preset=fast"});
   auto m3 = resolve_cost_model(*c3);
   ASSERT_TRUE(m3.ok()) << m3.error().message;
   EXPECT_DOUBLE_EQ(m3->device_flops_per_s, 1e15);
@@ -94,11 +99,13 @@ TEST(CostModel, AUserFileOfOneModelOrOfPresets) {
   auto c4 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + bad.string()});
   auto m4 = resolve_cost_model(*c4);
   ASSERT_FALSE(m4.ok());
-  EXPECT_NE(m4.error().message.find("bad.yaml:2: device_flop_per_s: unknown key"), std::string::npos)
+  EXPECT_NE(m4.error().message.find("bad.yaml:2: device_flop_per_s: unknown key"),
+            std::string::npos)
       << m4.error().message;
   EXPECT_NE(m4.error().message.find("cost.file"), std::string::npos) << m4.error().message;
 
-  auto c5 = parse_config("model: {type: gpt}\n", "c.yaml", {"cost.file=" + (dir / "missing.yaml").string()});
+  auto c5 = parse_config("model: {type: gpt}\n", "c.yaml",
+                         {"cost.file=" + (dir / "missing.yaml").string()});
   EXPECT_FALSE(resolve_cost_model(*c5).ok());
   std::filesystem::remove_all(dir);
 }

@@ -7,12 +7,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/crc32.h"
 #include "checkpoint/merge.h"
 #include "checkpoint/reader.h"
-#include "core/config.h"
-#include "checkpoint/crc32.h"
-#include "core/durable_file.h"
 #include "checkpoint/safetensors.h"
+#include "core/config.h"
+#include "core/durable_file.h"
 #include "tests/core/mutator.h"
 
 namespace loom {

@@ -222,11 +222,11 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
         at::from_blob(const_cast<float*>(got.values.data()), want.sizes(), at::kFloat);
     // The key bias's gradient is rounding noise by construction (it shifts every softmax score
     // alike): its value is not compared, only its presence and shape.
-    const auto differs =
-        testing_support::is_noise(full.name, {"attn.k.b"})
-            ? std::nullopt
-            : testing_support::compare_parameter(have, want, ref.init.at(full.name),
-                                                 testing_support::parameter_tolerance(ref.trace, full.name));
+    const auto differs = testing_support::is_noise(full.name, {"attn.k.b"})
+                             ? std::nullopt
+                             : testing_support::compare_parameter(
+                                   have, want, ref.init.at(full.name),
+                                   testing_support::parameter_tolerance(ref.trace, full.name));
     EXPECT_FALSE(differs) << full.name << ": " << differs.value_or("");
     ASSERT_TRUE(tensors.count("optimizer.exp_avg." + full.name)) << full.name;
     EXPECT_EQ(tensors.at("optimizer.exp_avg." + full.name).shape, full.shape) << full.name;

@@ -1,15 +1,14 @@
 // The `loom` binary as a user meets it: a real run, and every bad input ending in exit code 2
 // with one message naming the key (and its line), and nothing written.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tests/exec/comm/spawn.h"
 
@@ -35,8 +34,9 @@ Outcome run(const std::string& args) {
 class Cli : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("loom_cli_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ =
+        fs::path(testing::TempDir()) /
+        ("loom_cli_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -54,7 +54,8 @@ class Cli : public testing::Test {
   void expect_rejected(const std::string& args, const std::string& expect) {
     Outcome r = run(args);
     EXPECT_EQ(r.code, 2) << r.output;
-    EXPECT_NE(r.output.find(expect), std::string::npos) << "missing '" << expect << "' in:\n" << r.output;
+    EXPECT_NE(r.output.find(expect), std::string::npos) << "missing '" << expect << "' in:\n"
+                                                        << r.output;
     for (const char* crash : {"terminate called", "Segmentation", "internal error", "Aborted"})
       EXPECT_EQ(r.output.find(crash), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir_ / "run")) << "run directory written for a bad input";
@@ -87,7 +88,8 @@ TEST_F(Cli, TrainWritesConfigAndMetricsAndTheLossFalls) {
 
 TEST_F(Cli, MalformedYaml) {
   expect_rejected("train " + write("c.yaml", "run:\n  steps: [1, 2\nmodel: {}\n"), "c.yaml:");
-  expect_rejected("train " + write("d.yaml", "run:\n  steps: [1, 2\nmodel: {}\n"), "malformed YAML");
+  expect_rejected("train " + write("d.yaml", "run:\n  steps: [1, 2\nmodel: {}\n"),
+                  "malformed YAML");
 }
 
 // An empty file (0 bytes, only comments, a bare `~`) is refused naming it, not trained on defaults.
@@ -112,7 +114,8 @@ TEST_F(Cli, WrongType) {
 TEST_F(Cli, NegativeOrZeroSize) {
   std::string c = write("c.yaml", base_config());
   expect_rejected("train " + c + " batch.micro=-4", "batch.micro: must be positive, got -4");
-  expect_rejected("train " + c + " model.args.hidden=0", "model.args.hidden: hidden must be positive");
+  expect_rejected("train " + c + " model.args.hidden=0",
+                  "model.args.hidden: hidden must be positive");
 }
 
 TEST_F(Cli, HiddenNotDivisibleByHeads) {
@@ -136,11 +139,13 @@ TEST_F(Cli, MissingConfigAndBadFlags) {
 }
 
 TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
-  std::string config = write("c.yaml", base_config() + "parallel:\n  tp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
+  std::string config = write(
+      "c.yaml", base_config() + "parallel:\n  tp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
   std::string cmd;
   int port = loom::comm::testing::free_port();
   for (int r = 0; r < 2; ++r)
-    cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+    cmd += "RANK=" + std::to_string(r) +
+           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
            std::to_string(port) + " " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " + config +
            " > " + (dir_ / ("rank" + std::to_string(r) + ".log")).string() + " 2>&1 & ";
   ASSERT_EQ(std::system(("timeout 120 bash -c '" + cmd + "wait'").c_str()), 0);
@@ -152,23 +157,27 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   std::ifstream rank1(dir_ / "rank1.log");
   std::stringstream quiet;
   quiet << rank1.rdbuf();
-  EXPECT_EQ(quiet.str().find("step"), std::string::npos) << "rank 1 reported progress: " << quiet.str();
+  EXPECT_EQ(quiet.str().find("step"), std::string::npos)
+      << "rank 1 reported progress: " << quiet.str();
 }
 
 TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
   std::string config = write("c.yaml", base_config());
-  Outcome r = run("plan " + config + " parallel.tp=2 parallel.pp=2 --out " + (dir_ / "plan").string());
+  Outcome r =
+      run("plan " + config + " parallel.tp=2 parallel.pp=2 --out " + (dir_ / "plan").string());
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* f : {"programs/rank_0.txt", "programs/rank_3.txt", "schedule.csv", "timeline.json",
-                        "schedule.svg", "summary.txt"})
+  for (const char* f : {"programs/rank_0.txt", "programs/rank_3.txt", "schedule.csv",
+                        "timeline.json", "schedule.svg", "summary.txt"})
     EXPECT_TRUE(fs::exists(dir_ / "plan" / f)) << f;
   EXPECT_NE(r.output.find("on 4 ranks (dp 1 x tp 2 x pp 2)"), std::string::npos) << r.output;
   std::ifstream program(dir_ / "plan" / "programs" / "rank_2.txt");
   std::stringstream text;
   text << program.rdbuf();
-  EXPECT_NE(text.str().find("order: F1.0 B1.0 F1.1 B1.1"), std::string::npos) << text.str();  // 1F1B, last stage
-  expect_rejected("plan " + config + " parallel.tp=2 --world-size 4 --out " + (dir_ / "run").string(),
-                  "= 2, but the world size is 4");
+  EXPECT_NE(text.str().find("order: F1.0 B1.0 F1.1 B1.1"), std::string::npos)
+      << text.str();  // 1F1B, last stage
+  expect_rejected(
+      "plan " + config + " parallel.tp=2 --world-size 4 --out " + (dir_ / "run").string(),
+      "= 2, but the world size is 4");
 }
 
 TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
@@ -185,13 +194,15 @@ TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
 
   expect_rejected("train " + config + " batch.micro=2 --plan " + plan,
                   plan + ": stale plan: batch.micro was 4 in the plan, is 2 now");
-  expect_rejected("train " + config + " --plan " + (dir_ / "missing.json").string(), "cannot read plan file");
+  expect_rejected("train " + config + " --plan " + (dir_ / "missing.json").string(),
+                  "cannot read plan file");
   std::ifstream in(plan);
   std::stringstream text;
   text << in.rdbuf();
   std::string damaged = text.str();
   damaged.replace(damaged.find("\"hash\":\""), 8, "\"hash\":\"f");
-  expect_rejected("train " + config + " --plan " + write("edited.json", damaged), "edited.json: stale plan");
+  expect_rejected("train " + config + " --plan " + write("edited.json", damaged),
+                  "edited.json: stale plan");
   expect_rejected("train " + config + " --plan " + write("cut.json", text.str().substr(0, 500)),
                   "cut.json: not a loom plan");
 }
@@ -201,19 +212,25 @@ TEST_F(Cli, ParallelConfigRejections) {
   const std::string config = write("c.yaml", base_config());
   const std::string plan = "plan " + config + " --out " + (dir_ / "run").string() + " ";
   // dp x tp x pp must be the world size.
-  expect_rejected(plan + "parallel.tp=2 parallel.pp=2 --world-size 8",
-                  "parallel.dp (1) x parallel.tp (2) x parallel.pp (2) = 4, but the world size is 8");
+  expect_rejected(
+      plan + "parallel.tp=2 parallel.pp=2 --world-size 8",
+      "parallel.dp (1) x parallel.tp (2) x parallel.pp (2) = 4, but the world size is 8");
   // batch.global must split into micro-batches of batch.micro on each of the dp replicas.
-  expect_rejected(plan + "batch.global=10", "batch.global (10) must be divisible by batch.micro (4) x parallel.dp (1)");
-  expect_rejected(plan + "parallel.dp=4", "batch.global (8) must be divisible by batch.micro (4) x parallel.dp (4)");
+  expect_rejected(plan + "batch.global=10",
+                  "batch.global (10) must be divisible by batch.micro (4) x parallel.dp (1)");
+  expect_rejected(plan + "parallel.dp=4",
+                  "batch.global (8) must be divisible by batch.micro (4) x parallel.dp (4)");
   // The interleaved schedule needs the micro-batches to be a multiple of the pipeline depth.
-  expect_rejected(plan + "model.args.layers=4 parallel.pp=2 parallel.chunks=2 parallel.schedule=interleaved "
-                         "batch.global=12",
-                  "(m: the micro-batches per step, batch.global 12 / (batch.micro 4 x parallel.dp 1) = 3; p: "
-                  "parallel.pp 2)");
+  expect_rejected(
+      plan +
+          "model.args.layers=4 parallel.pp=2 parallel.chunks=2 parallel.schedule=interleaved "
+          "batch.global=12",
+      "(m: the micro-batches per step, batch.global 12 / (batch.micro 4 x parallel.dp 1) = 3; p: "
+      "parallel.pp 2)");
   // Tensor parallelism must divide the heads (and with them the hidden size), the MLP width and
   // the vocabulary groups.
-  expect_rejected(plan + "parallel.tp=8", "tensor parallelism 8 needs model.preset (tiny) heads (4) to be divisible by 8");
+  expect_rejected(plan + "parallel.tp=8",
+                  "tensor parallelism 8 needs model.preset (tiny) heads (4) to be divisible by 8");
   expect_rejected(plan + "parallel.tp=2 model.args.ffn_hidden=130 parallel.tp=4",
                   "model.args.ffn_hidden (130) to be divisible by 4");
   expect_rejected(plan + "parallel.tp=2 model.args.vocab_groups=1",
@@ -224,11 +241,11 @@ TEST_F(Cli, ParallelConfigRejections) {
 
 // `loom plan` output for GPT tiny plans against golden files (tests/e2e/golden/plan-NAME/):
 // the summary, the schedule and every rank's program. LOOM_UPDATE_GOLDEN=1 rewrites them.
-void expect_plan_golden(Outcome (*run_loom)(const std::string&), const fs::path& dir, const std::string& name,
-                        const std::string& overrides, int world) {
+void expect_plan_golden(Outcome (*run_loom)(const std::string&), const fs::path& dir,
+                        const std::string& name, const std::string& overrides, int world) {
   const fs::path out = dir / ("plan-" + name);
-  Outcome r = run_loom("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml " + overrides + " --out " +
-                       out.string());
+  Outcome r = run_loom("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml " +
+                       overrides + " --out " + out.string());
   ASSERT_EQ(r.code, 0) << r.output;
   const fs::path golden = fs::path(LOOM_SOURCE_DIR) / "tests" / "e2e" / "golden" / ("plan-" + name);
   std::vector<std::string> files = {"summary.txt"};
@@ -245,7 +262,8 @@ void expect_plan_golden(Outcome (*run_loom)(const std::string&), const fs::path&
       continue;
     }
     std::ifstream want_in(golden / f);
-    ASSERT_TRUE(want_in) << "missing golden file " << (golden / f) << " (run with LOOM_UPDATE_GOLDEN=1)";
+    ASSERT_TRUE(want_in) << "missing golden file " << (golden / f)
+                         << " (run with LOOM_UPDATE_GOLDEN=1)";
     std::stringstream want;
     want << want_in.rdbuf();
     EXPECT_EQ(got.str(), want.str()) << name << ": " << f << " differs from its golden file";
@@ -257,9 +275,13 @@ void expect_plan_golden(Outcome (*run_loom)(const std::string&), const fs::path&
   EXPECT_NE(r.output.find(text.str()), std::string::npos) << r.output;
 }
 
-TEST_F(Cli, PlanGoldenTp2Pp2) { expect_plan_golden(run, dir_, "tp2-pp2", "parallel.tp=2 parallel.pp=2", 4); }
+TEST_F(Cli, PlanGoldenTp2Pp2) {
+  expect_plan_golden(run, dir_, "tp2-pp2", "parallel.tp=2 parallel.pp=2", 4);
+}
 TEST_F(Cli, PlanGoldenDp2) { expect_plan_golden(run, dir_, "dp2", "parallel.dp=2", 2); }
-TEST_F(Cli, PlanGoldenTp2Sp) { expect_plan_golden(run, dir_, "tp2-sp", "parallel.tp=2 parallel.sp=true", 2); }
+TEST_F(Cli, PlanGoldenTp2Sp) {
+  expect_plan_golden(run, dir_, "tp2-sp", "parallel.tp=2 parallel.sp=true", 2);
+}
 
 TEST_F(Cli, PlanTimelineHasACommunicationTrack) {
   Outcome r = run("plan " + write("c.yaml", base_config()) + " parallel.tp=2 parallel.pp=2 --out " +
@@ -284,7 +306,8 @@ TEST_F(Cli, PlanTimelineHasACommunicationTrack) {
 
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
-                  "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes were started");
+                  "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes "
+                  "were started");
 }
 
 }  // namespace

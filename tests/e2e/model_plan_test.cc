@@ -1,12 +1,12 @@
 // `loom plan` at paper size: Swin C 768 (swin-6.6b, 640 px, window 40) on 32 virtual ranks under
 // window parallelism 8 x pipeline 4 completes and reports memory per rank.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
@@ -102,7 +102,8 @@ TEST(ModelPlan, LoomPlanAndTheBenchPrintTheSameFigures) {
   fs::create_directories(dir);
   const std::string bench = std::string(LOOM_BINARY_DIR) + "/bin/bench_model_plans";
   ASSERT_TRUE(fs::exists(bench)) << bench << " is not built";
-  const std::string cmd = bench + " --quick --json " + (dir / "bench.json").string() + " > /dev/null 2>&1";
+  const std::string cmd =
+      bench + " --quick --json " + (dir / "bench.json").string() + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream in(dir / "bench.json");
   const nlohmann::json rows = nlohmann::json::parse(in);
@@ -119,8 +120,10 @@ TEST(ModelPlan, LoomPlanAndTheBenchPrintTheSameFigures) {
     std::ifstream summary_in(out / "summary.json");
     const nlohmann::json summary = nlohmann::json::parse(summary_in);
     double peak = 0;
-    for (const auto& rank : summary["ranks"]) peak = std::max(peak, rank["peak_bytes"].get<double>());
-    EXPECT_EQ(summary["step_s"].get<double>(), row["step_s"].get<double>()) << row["case"] << " " << row["plan"];
+    for (const auto& rank : summary["ranks"])
+      peak = std::max(peak, rank["peak_bytes"].get<double>());
+    EXPECT_EQ(summary["step_s"].get<double>(), row["step_s"].get<double>())
+        << row["case"] << " " << row["plan"];
     EXPECT_EQ(peak, row["max_peak_bytes"].get<double>()) << row["case"] << " " << row["plan"];
     EXPECT_GT(peak, 0) << row["plan"];
     ++compared;

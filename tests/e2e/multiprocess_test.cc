@@ -43,9 +43,9 @@ fs::path fresh_dir(const std::string& name) {
 
 void check_outputs(const fs::path& dir, int world_size) {
   // The key bias only follows rounding noise; see distributed_test.cc.
-  EXPECT_GT(testing_support::expect_worker_results_equal(single_device(), dir, world_size,
-                                                         {"attn.k.b"}),
-            0);
+  EXPECT_GT(
+      testing_support::expect_worker_results_equal(single_device(), dir, world_size, {"attn.k.b"}),
+      0);
 }
 
 void expect_gloo_equal(const std::string& name, const std::vector<std::string>& overrides,
@@ -137,15 +137,21 @@ TEST(MemoryEstimate, Tp2Pp2) {
 
 // gpt2-124m's widths with 2 layers and 32 tokens (the 50304-token vocabulary splits over tp):
 // parameters, the tied embedding's gradients and the optimizer dominate.
-const std::vector<std::string> k124m = {"model.preset=gpt2-124m", "model.args.layers=2", "model.args.seq=32",
-                                        "model.args.vocab=50304"};
+const std::vector<std::string> k124m = {"model.preset=gpt2-124m", "model.args.layers=2",
+                                        "model.args.seq=32", "model.args.vocab=50304"};
 std::vector<std::string> with_124m(std::vector<std::string> plan) {
   plan.insert(plan.begin(), k124m.begin(), k124m.end());
   return plan;
 }
-TEST(MemoryEstimate, Gpt2Tp2) { expect_memory_estimate("124m_tp2", with_124m({"parallel.tp=2"}), 2); }
-TEST(MemoryEstimate, Gpt2Pp2) { expect_memory_estimate("124m_pp2", with_124m({"parallel.pp=2"}), 2); }
-TEST(MemoryEstimate, Gpt2Dp2) { expect_memory_estimate("124m_dp2", with_124m({"parallel.dp=2"}), 2); }
+TEST(MemoryEstimate, Gpt2Tp2) {
+  expect_memory_estimate("124m_tp2", with_124m({"parallel.tp=2"}), 2);
+}
+TEST(MemoryEstimate, Gpt2Pp2) {
+  expect_memory_estimate("124m_pp2", with_124m({"parallel.pp=2"}), 2);
+}
+TEST(MemoryEstimate, Gpt2Dp2) {
+  expect_memory_estimate("124m_dp2", with_124m({"parallel.dp=2"}), 2);
+}
 
 void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides,
                       int world_size) {

@@ -4,18 +4,17 @@
 // and DIR/rank_K.bin. With --die-at-step N --die-rank R, rank R kills itself with SIGKILL at the
 // start of step N. With checkpoint.resume set, it trains from the checkpoint's step to --steps.
 // With --plan FILE it runs the plan.json in FILE.
+#include <ATen/ATen.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 
 #include "exec/lower/plan_file.h"
 #include "exec/runtime/rank_executor.h"
@@ -27,12 +26,18 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
-    else if (a == "--die-at-step" && i + 1 < argc) die_step = std::atoi(argv[++i]);
-    else if (a == "--die-rank" && i + 1 < argc) die_rank = std::atoi(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--plan" && i + 1 < argc) plan_path = argv[++i];
-    else overrides.push_back(a);
+    if (a == "--out" && i + 1 < argc)
+      out_dir = argv[++i];
+    else if (a == "--die-at-step" && i + 1 < argc)
+      die_step = std::atoi(argv[++i]);
+    else if (a == "--die-rank" && i + 1 < argc)
+      die_rank = std::atoi(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--plan" && i + 1 < argc)
+      plan_path = argv[++i];
+    else
+      overrides.push_back(a);
   }
   const char* yaml = R"(run: {seed: 3, steps: 10}
 model: {type: gpt, preset: tiny}
@@ -67,7 +72,8 @@ comm: {timeout_s: 60}
     if (i == die_step && rank == die_rank) raise(SIGKILL);
     auto st = (*trainer)->step();
     if (!st.ok()) {
-      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank), st.error().message.c_str());
+      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
+                   st.error().message.c_str());
       return 1;
     }
     losses.push_back(st->loss);
@@ -75,8 +81,10 @@ comm: {timeout_s: 60}
   }
   if (out_dir.empty()) return 0;
   auto& exec = (*trainer)->rank_executor();
-  nlohmann::json index = {
-      {"losses", losses}, {"first_step", first_step}, {"peak_mem_bytes", peaks}, {"params", nlohmann::json::array()}};
+  nlohmann::json index = {{"losses", losses},
+                          {"first_step", first_step},
+                          {"peak_mem_bytes", peaks},
+                          {"params", nlohmann::json::array()}};
   std::ofstream bin(out_dir + "/rank_" + std::to_string(rank) + ".bin", std::ios::binary);
   int64_t offset = 0;
   for (size_t i = 0; i < exec.parameters().size(); ++i) {
@@ -85,8 +93,11 @@ comm: {timeout_s: 60}
     nlohmann::json ranges = nlohmann::json::array();
     for (const auto& r : piece.ranges) ranges.push_back({r.start, r.end});
     index["params"].push_back({{"name", (*trainer)->graph().tensor(piece.tensor).name},
-                               {"ranges", ranges}, {"offset", offset}, {"numel", p.numel()}});
-    bin.write(reinterpret_cast<const char*>(p.data_ptr<float>()), static_cast<std::streamsize>(p.numel() * 4));
+                               {"ranges", ranges},
+                               {"offset", offset},
+                               {"numel", p.numel()}});
+    bin.write(reinterpret_cast<const char*>(p.data_ptr<float>()),
+              static_cast<std::streamsize>(p.numel() * 4));
     offset += p.numel();
   }
   std::ofstream(out_dir + "/rank_" + std::to_string(rank) + ".json") << index.dump();

@@ -1,13 +1,14 @@
 // GPT tiny in loom against the plain torch::nn reference: same weights, same batches.
-#include <cmath>
+#include "tests/reference/gpt_reference.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "exec/runtime/data.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/trainer.h"
-#include "tests/reference/gpt_reference.h"
 
 namespace loom {
 namespace {
@@ -72,8 +73,8 @@ TEST(GptReference, ForwardLossAndEveryGradientMatch) {
   auto [tokens, targets] = batch(**data, 0, 4, 32);
 
   const graph::Graph& g = (*trainer)->graph();
-  at::Tensor loss = exec.forward({{g.find_tensor("tokens")->value(), tokens},
-                                  {g.find_tensor("targets")->value(), targets}});
+  at::Tensor loss = exec.forward(
+      {{g.find_tensor("tokens")->value(), tokens}, {g.find_tensor("targets")->value(), targets}});
   loss.backward();
   torch::Tensor ref_loss = ref->forward(tokens, targets);
   ref_loss.backward();
@@ -112,10 +113,12 @@ TEST(GptReference, TwentyStepsGiveTheSameLossCurve) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : ref->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(0.003).betas({0.9, 0.95}).weight_decay(0.1)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(0.003).betas({0.9, 0.95}).weight_decay(0)));
+  groups.emplace_back(decay,
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(0.003).betas({0.9, 0.95}).weight_decay(0.1)));
+  groups.emplace_back(no_decay,
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(0.003).betas({0.9, 0.95}).weight_decay(0)));
   torch::optim::AdamW opt(groups);
 
   for (int64_t step = 0; step < 20; ++step) {

@@ -47,7 +47,8 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
   std::set<std::string> held;  // every parameter some rank holds
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(config, comm.shared_from_this(), plan));
+    LOOM_ASSIGN_OR_RETURN(auto trainer,
+                          runtime::Trainer::create(config, comm.shared_from_this(), plan));
     const int64_t rank = comm.world_rank().value();
     for (int i = 0; i < steps; ++i) {
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());

@@ -1,11 +1,12 @@
 // The per-op oracle on GPT tiny: every sub-operator of every plan computes exactly the piece of
 // the single-device run it claims.
+#include "exec/runtime/oracle.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "exec/runtime/data.h"
 #include "exec/runtime/executor.h"
-#include "exec/runtime/oracle.h"
 #include "graph/verify.h"
 #include "models/model.h"
 #include "planner/policy.h"
@@ -23,8 +24,8 @@ struct Fixture {
 
 Fixture make(const std::vector<std::string>& overrides) {
   Fixture f;
-  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 4, micro: 2}\n", "t.yaml",
-                        overrides);
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 4, micro: 2}\n",
+                        "t.yaml", overrides);
   EXPECT_TRUE(c.ok()) << c.error().message;
   f.config = *c;
   auto g = models::build_model(f.config, f.ops);
@@ -34,7 +35,8 @@ Fixture make(const std::vector<std::string>& overrides) {
   const int64_t rows = f.single.tensor(*f.single.find_tensor("tokens")).shape[0];
   const int64_t seq = f.single.tensor(*f.single.find_tensor("tokens")).shape[1];
   auto data = runtime::make_token_source(f.config, 256, seq);
-  at::Tensor tokens = at::empty({rows, seq}, at::kLong), targets = at::empty({rows, seq}, at::kLong);
+  at::Tensor tokens = at::empty({rows, seq}, at::kLong),
+             targets = at::empty({rows, seq}, at::kLong);
   std::vector<int64_t> buf(seq + 1);
   for (int64_t r = 0; r < rows; ++r) {
     EXPECT_TRUE((*data)->sample(r, seq, buf.data()).ok());
@@ -114,7 +116,8 @@ TEST(Oracle, CatchesMissingValueChunks) {
     }
   runtime::OracleReport report = runtime::check_plan_ops(g, f.values, f.kernels);
   ASSERT_FALSE(report.ok());
-  EXPECT_NE(report.mismatches[0].find("1 of 2 value chunks"), std::string::npos) << report.mismatches[0];
+  EXPECT_NE(report.mismatches[0].find("1 of 2 value chunks"), std::string::npos)
+      << report.mismatches[0];
 }
 
 }  // namespace

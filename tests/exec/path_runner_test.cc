@@ -29,8 +29,8 @@ int64_t position(const lower::Layout& l, int64_t rank) {
   return -1;
 }
 
-void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout& to, int world_size,
-              bool gradient) {
+void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout& to,
+              int world_size, bool gradient) {
   lower::PathFinder finder;
   auto path = finder.find(shape, 4, from, to, gradient);
   ASSERT_TRUE(path.ok()) << path.error().message;
@@ -44,7 +44,8 @@ void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout
     LOOM_TRY(runner.add_groups({&*path}));
     const int64_t rank = c.world_rank().value();
     at::Tensor x;
-    if (int64_t p = position(from, rank); p >= 0) x = cut_piece(full, from.piece(p, TensorId(0), shape));
+    if (int64_t p = position(from, rank); p >= 0)
+      x = cut_piece(full, from.piece(p, TensorId(0), shape));
     LOOM_ASSIGN_OR_RETURN(at::Tensor y, runner.run(*path, shape, x, PathPart::kAll, 0));
     LOOM_TRY(runner.flush());
     const int64_t q = position(to, rank);
@@ -53,9 +54,11 @@ void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout
     at::Tensor want = cut_piece(full, want_piece);
     std::lock_guard<std::mutex> lock(mu);
     if (!y.defined() || y.sizes() != want.sizes()) {
-      problems.push_back("rank " + std::to_string(rank) + " holds the wrong shape for " + want_piece.ranges_string());
+      problems.push_back("rank " + std::to_string(rank) + " holds the wrong shape for " +
+                         want_piece.ranges_string());
     } else if (!gradient && !at::allclose(y, want, 1e-5, 1e-6)) {
-      problems.push_back("rank " + std::to_string(rank) + " holds wrong values for " + want_piece.ranges_string());
+      problems.push_back("rank " + std::to_string(rank) + " holds wrong values for " +
+                         want_piece.ranges_string());
     }
     return Status::success();
   });

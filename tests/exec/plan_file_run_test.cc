@@ -15,9 +15,10 @@ TEST(PlanFromThePlanningLibrary, RunsEqualToOneDevice) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(testing::TempDir()) / "loom_plan_from_library";
   fs::remove_all(dir);
-  const std::string make = "LOOM_PLAN_OUT=" + dir.string() + " " + LOOM_BINARY_DIR +
-                           "/bin/test_plan --gtest_filter=MakePlan.PlansLowersAndEstimatesWithoutLibTorch"
-                           " > /dev/null 2>&1";
+  const std::string make =
+      "LOOM_PLAN_OUT=" + dir.string() + " " + LOOM_BINARY_DIR +
+      "/bin/test_plan --gtest_filter=MakePlan.PlansLowersAndEstimatesWithoutLibTorch"
+      " > /dev/null 2>&1";
   ASSERT_EQ(std::system(make.c_str()), 0) << make;
   auto plan = lower::load_plan_file((dir / "plan.json").string());
   ASSERT_TRUE(plan.ok()) << plan.error().message;

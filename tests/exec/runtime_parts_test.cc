@@ -1,9 +1,9 @@
 // Parameter init, data sources, the LR schedule and SGD, each against closed forms.
-#include <cstdio>
-#include <fstream>
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include "exec/runtime/data.h"
 #include "exec/runtime/init.h"
@@ -56,10 +56,12 @@ TEST(Data, SyntheticIsDeterministicPerSample) {
   for (int64_t t : x) EXPECT_LT(t, 100);
 }
 
-std::string write_tokens(const std::string& name, const std::vector<uint16_t>& ids, bool odd = false) {
+std::string write_tokens(const std::string& name, const std::vector<uint16_t>& ids,
+                         bool odd = false) {
   std::string path = testing::TempDir() + name;
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+  out.write(reinterpret_cast<const char*>(ids.data()),
+            static_cast<std::streamsize>(ids.size() * 2));
   if (odd) out.put('x');
   return path;
 }
@@ -77,7 +79,8 @@ TEST(Data, TokenFileWindows) {
 }
 
 TEST(Data, TokenFileErrorsNameTheFile) {
-  auto missing = make_token_source(config({"data.type=tokens", "data.path=/nonexistent/t.bin"}), 64, 8);
+  auto missing =
+      make_token_source(config({"data.type=tokens", "data.path=/nonexistent/t.bin"}), 64, 8);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message.find("data.path: cannot read token file '/nonexistent/t.bin'"),
             std::string::npos)

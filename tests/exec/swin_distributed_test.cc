@@ -23,8 +23,7 @@ void expect_equal_to_single_device(const std::vector<std::string>& overrides, in
   static const testing_support::Reference ref =
       testing_support::train_single_device(config({}), kSteps);
   // The key bias cannot change the output (softmax ignores a shift shared by all keys).
-  testing_support::expect_equal_to_single_device(ref, config(overrides), world_size,
-                                                 {"attn.k.b"});
+  testing_support::expect_equal_to_single_device(ref, config(overrides), world_size, {"attn.k.b"});
 }
 
 TEST(SwinLocalRanks, Dp2) { expect_equal_to_single_device({"parallel.dp=2"}, 2); }

@@ -12,18 +12,21 @@ TEST(OpRegistry, BuiltinAnnotationsParse) {
     EXPECT_TRUE(a.ok()) << type << ": " << (a.ok() ? "" : a.error().message);
   }
   EXPECT_EQ(r.annotation_of("linear", Attrs{})->to_string(), "b s k+, n k+ -> b s n");
-  EXPECT_EQ(r.annotation_of("linear", Attrs{{"ndim", int64_t{2}}})->to_string(), "b k+, n k+ -> b n");
+  EXPECT_EQ(r.annotation_of("linear", Attrs{{"ndim", int64_t{2}}})->to_string(),
+            "b k+, n k+ -> b n");
 }
 
 TEST(OpRegistry, InfersShapesFromAnnotations) {
   OpRegistry r = OpRegistry::with_builtin_ops();
-  EXPECT_EQ(*r.infer_shapes("linear", {{2, 8, 16}, {32, 16}}, {}), (std::vector<Shape>{{2, 8, 32}}));
-  EXPECT_EQ(*r.infer_shapes("embedding", {{2, 8}, {100, 16}}, {}), (std::vector<Shape>{{2, 8, 16}}));
+  EXPECT_EQ(*r.infer_shapes("linear", {{2, 8, 16}, {32, 16}}, {}),
+            (std::vector<Shape>{{2, 8, 32}}));
+  EXPECT_EQ(*r.infer_shapes("embedding", {{2, 8}, {100, 16}}, {}),
+            (std::vector<Shape>{{2, 8, 16}}));
   EXPECT_EQ(*r.infer_shapes("layer_norm", {{2, 8, 16}, {16}, {16}}, {}),
             (std::vector<Shape>{{2, 8, 16}}));
-  EXPECT_EQ(*r.infer_shapes("attention", {{2, 8, 16}, {2, 8, 16}, {2, 8, 16}},
-                            Attrs{{"d", int64_t{4}}}),
-            (std::vector<Shape>{{2, 8, 16}}));
+  EXPECT_EQ(
+      *r.infer_shapes("attention", {{2, 8, 16}, {2, 8, 16}, {2, 8, 16}}, Attrs{{"d", int64_t{4}}}),
+      (std::vector<Shape>{{2, 8, 16}}));
   EXPECT_EQ(*r.infer_shapes("cross_entropy", {{2, 8, 100}, {2, 8}}, {}), (std::vector<Shape>{{}}));
   EXPECT_EQ(r.infer_dtypes("embedding", {DType::kInt64, DType::kFloat32}, {})[0], DType::kFloat32);
 }
@@ -32,7 +35,8 @@ TEST(OpRegistry, ShapeErrorsNameTheLabel) {
   OpRegistry r = OpRegistry::with_builtin_ops();
   auto mismatch = r.infer_shapes("linear", {{2, 8, 16}, {32, 15}}, {});
   ASSERT_FALSE(mismatch.ok());
-  EXPECT_NE(mismatch.error().message.find("'k+' is 16 elsewhere"), std::string::npos) << mismatch.error().message;
+  EXPECT_NE(mismatch.error().message.find("'k+' is 16 elsewhere"), std::string::npos)
+      << mismatch.error().message;
   auto rank = r.infer_shapes("linear", {{2, 16}, {32, 16}}, {});
   ASSERT_FALSE(rank.ok());
   EXPECT_NE(rank.error().message.find("dimensions"), std::string::npos);
@@ -40,8 +44,8 @@ TEST(OpRegistry, ShapeErrorsNameTheLabel) {
   ASSERT_FALSE(heads.ok());
   EXPECT_NE(heads.error().message.find("cannot be inferred"), std::string::npos)
       << heads.error().message;
-  auto indivisible = r.infer_shapes("attention", {{2, 8, 18}, {2, 8, 18}, {2, 8, 18}},
-                                    Attrs{{"d", int64_t{4}}});
+  auto indivisible =
+      r.infer_shapes("attention", {{2, 8, 18}, {2, 8, 18}, {2, 8, 18}}, Attrs{{"d", int64_t{4}}});
   ASSERT_FALSE(indivisible.ok());
   EXPECT_NE(indivisible.error().message.find("not divisible"), std::string::npos);
   auto arity = r.infer_shapes("linear", {{2, 8, 16}}, {});

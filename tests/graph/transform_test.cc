@@ -25,11 +25,14 @@ Graph one_op(const OpRegistry& r, const std::string& type, const std::vector<Sha
   GraphBuilder b(r, type);
   std::vector<TensorId> ins;
   for (size_t i = 0; i < shapes.size(); ++i)
-    ins.push_back(b.input("in" + std::to_string(i), shapes[i], i < dtypes.size() ? dtypes[i] : DType::kFloat32));
+    ins.push_back(b.input("in" + std::to_string(i), shapes[i],
+                          i < dtypes.size() ? dtypes[i] : DType::kFloat32));
   TensorId y = b.op1(type, "op", ins, attrs);
   const FullTensor& t = b.tensor(y);
-  if (t.shape.empty()) b.set_loss(y);
-  else b.set_loss(b.op1(t.shape.size() == 2 ? "sum2" : "sum3", "loss", {y}));
+  if (t.shape.empty())
+    b.set_loss(y);
+  else
+    b.set_loss(b.op1(t.shape.size() == 2 ? "sum2" : "sum3", "loss", {y}));
   auto g = b.finish();
   EXPECT_TRUE(g.ok()) << g.error().message;
   return *g;
@@ -108,7 +111,8 @@ TEST(Partition, AttentionSplitsWholeHeads) {
   EXPECT_EQ(s.ops()[1].inputs[2].ranges_string(), "[0:2, 0:4, 6:12]");
   EXPECT_EQ(s.ops()[1].outputs[0].ranges_string(), "[0:2, 0:4, 6:12]");
   EXPECT_TRUE(verify(s, r).ok());
-  EXPECT_NE(split_error(g, "h", 3).find("label 'h' has size 4, not divisible by 3"), std::string::npos);
+  EXPECT_NE(split_error(g, "h", 3).find("label 'h' has size 4, not divisible by 3"),
+            std::string::npos);
   EXPECT_NE(split_error(g, "s", 2).find("may not be split"), std::string::npos);
   EXPECT_NE(split_error(g, "d", 2).find("may not be split"), std::string::npos);
 }
@@ -133,8 +137,9 @@ TEST(Partition, Rejections) {
   OpRegistry r = registry();
   Graph g = one_op(r, "matmul", {{1024, 6}, {6, 4}});
   std::string e = split_error(g, "m", 3);
-  EXPECT_NE(e.find("cannot split op 'op' (matmul) 3 ways: label 'm' has size 1024, not divisible by 3"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("cannot split op 'op' (matmul) 3 ways: label 'm' has size 1024, not divisible by 3"),
+      std::string::npos)
       << e;
   EXPECT_NE(split_error(g, "q", 2).find("has no label 'q'"), std::string::npos);
   EXPECT_NE(split_error(g, "m", 0).find("must be positive"), std::string::npos);
@@ -172,7 +177,8 @@ TEST(Verify, RejectsAPieceNobodyWrites) {
   s.mutable_ops().erase(s.mutable_ops().begin() + 1);  // drop the second half's producer
   Status v = verify(s, r);
   ASSERT_FALSE(v.ok());
-  EXPECT_NE(v.error().message.find("no ops write enough of 'op'"), std::string::npos) << v.error().message;
+  EXPECT_NE(v.error().message.find("no ops write enough of 'op'"), std::string::npos)
+      << v.error().message;
   Graph k = split(g, "k", 2);
   k.mutable_ops().erase(k.mutable_ops().begin());  // one of two partial sums is missing
   EXPECT_FALSE(verify(k, r).ok());

@@ -107,12 +107,14 @@ TEST(Api, AnAddedModelTypeIsFirstClass) {
   ASSERT_TRUE(setup
                   .add_model("my-lm", gpt_of,
                              [](const Config& c) -> Status {
-                               if (c.parallel.tp > 2) return c.error("parallel.tp", "my-lm splits in two at most");
+                               if (c.parallel.tp > 2)
+                                 return c.error("parallel.tp", "my-lm splits in two at most");
                                return Status::success();
                              })
                   .ok());
   EXPECT_FALSE(setup.add_model("gpt", gpt_of).ok());  // the zoo's name
-  auto trainer = Trainer::from_file(config_file().string(), {"model.type=my-lm", "run.steps=2"}, setup);
+  auto trainer =
+      Trainer::from_file(config_file().string(), {"model.type=my-lm", "run.steps=2"}, setup);
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   ASSERT_TRUE((*trainer)->fit().ok());
   EXPECT_EQ((*trainer)->steps_done(), 2);

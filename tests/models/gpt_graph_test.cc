@@ -57,12 +57,14 @@ TEST(GptGraph, BadArgumentsNameTheKey) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   auto heads = build_model(config_with({"model.args.hidden=64", "model.args.heads=5"}), r);
   ASSERT_FALSE(heads.ok());
-  EXPECT_NE(heads.error().message.find("model.args.heads: hidden (64) is not divisible by heads (5)"),
-            std::string::npos)
+  EXPECT_NE(
+      heads.error().message.find("model.args.heads: hidden (64) is not divisible by heads (5)"),
+      std::string::npos)
       << heads.error().message;
   auto zero = build_model(config_with({"model.args.layers=0"}), r);
   ASSERT_FALSE(zero.ok());
-  EXPECT_NE(zero.error().message.find("model.args.layers: layers must be positive"), std::string::npos);
+  EXPECT_NE(zero.error().message.find("model.args.layers: layers must be positive"),
+            std::string::npos);
   auto preset = build_model(config_with({"model.preset=gpt3-175"}), r);
   ASSERT_FALSE(preset.ok());
   EXPECT_NE(preset.error().message.find("did you mean 'gpt3-175b'"), std::string::npos);

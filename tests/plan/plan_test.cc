@@ -48,7 +48,8 @@ TEST(MakePlan, PlansLowersAndEstimatesWithoutLibTorch) {
   for (const auto& t : plan->model.tensors())
     if (t.role == graph::TensorRole::kParameter) model_params += numel(t.shape);
   EXPECT_GE(params, 2.0 * static_cast<double>(model_params));
-  for (const auto& r : plan->estimate.ranks) EXPECT_LT(r.parameters, static_cast<double>(model_params));
+  for (const auto& r : plan->estimate.ranks)
+    EXPECT_LT(r.parameters, static_cast<double>(model_params));
   // plan.json round-trips.
   auto json = lower::plan_to_json(plan->file);
   ASSERT_TRUE(json.ok());
@@ -72,7 +73,8 @@ TEST(MakePlan, TheEstimateFollowsTheCostModel) {
   EXPECT_NE(h100->cost.name.find("h100"), std::string::npos);
   const double a = a100->estimate.ranks[0].compute_s, h = h100->estimate.ranks[0].compute_s;
   EXPECT_NEAR(a / h, 4.0, 1e-9);  // both presets' FLOP rates, 400e12 / 100e12
-  EXPECT_EQ(a100->estimate.max_peak_bytes(), h100->estimate.max_peak_bytes());  // memory is the model's
+  EXPECT_EQ(a100->estimate.max_peak_bytes(),
+            h100->estimate.max_peak_bytes());  // memory is the model's
   // A cost-model key changes the plan's hash (it shapes the communication paths).
   EXPECT_NE(a100->file.hash, h100->file.hash);
 }
@@ -82,13 +84,16 @@ TEST(MakePlan, UserMistakesNameTheKey) {
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.error().message.find("parallel.tp"), std::string::npos) << plan.error().message;
   // More micro-batches per step than message tags can tell apart.
-  auto many = make_plan(config({"batch.global=4100", "batch.micro=1", "parallel.dp=2", "parallel.pp=1", "parallel.tp=1"}));
+  auto many = make_plan(config(
+      {"batch.global=4100", "batch.micro=1", "parallel.dp=2", "parallel.pp=1", "parallel.tp=1"}));
   ASSERT_FALSE(many.ok());
   EXPECT_NE(many.error().message.find("batch.global"), std::string::npos) << many.error().message;
-  EXPECT_NE(many.error().message.find("2050 micro-batches"), std::string::npos) << many.error().message;
+  EXPECT_NE(many.error().message.find("2050 micro-batches"), std::string::npos)
+      << many.error().message;
   auto preset = make_plan(config({"cost.preset=tpu"}));
   ASSERT_FALSE(preset.ok());
-  EXPECT_NE(preset.error().message.find("cost.preset"), std::string::npos) << preset.error().message;
+  EXPECT_NE(preset.error().message.find("cost.preset"), std::string::npos)
+      << preset.error().message;
 }
 
 // A user's model builder (the embedding API's) is planned like a zoo model: its model.type

@@ -1,10 +1,10 @@
 // Golden text dumps of GPT tiny under the standard plans: any change to how loom splits,
 // places or stages the graph shows up here. LOOM_UPDATE_GOLDEN=1 rewrites the files.
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "graph/dump.h"
 #include "models/model.h"
@@ -12,16 +12,19 @@
 namespace loom::planner {
 namespace {
 
-void check_golden(const std::string& name, const std::vector<std::string>& overrides, int64_t world) {
-  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 4, micro: 2}\n", "g.yaml",
-                        overrides);
+void check_golden(const std::string& name, const std::vector<std::string>& overrides,
+                  int64_t world) {
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 4, micro: 2}\n",
+                        "g.yaml", overrides);
   ASSERT_TRUE(c.ok()) << c.error().message;
   auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
                               PolicyRegistry::with_builtin_policies(), world);
   ASSERT_TRUE(g.ok()) << g.error().message;
   const std::string text = graph::dump(*g);
-  const std::string path = std::string(LOOM_SOURCE_DIR) + "/tests/planner/golden/gpt-tiny-" + name + ".txt";
-  if (const char* update = std::getenv("LOOM_UPDATE_GOLDEN"); update && std::string(update) == "1") {
+  const std::string path =
+      std::string(LOOM_SOURCE_DIR) + "/tests/planner/golden/gpt-tiny-" + name + ".txt";
+  if (const char* update = std::getenv("LOOM_UPDATE_GOLDEN");
+      update && std::string(update) == "1") {
     std::ofstream(path) << text;
     return;
   }
@@ -29,7 +32,8 @@ void check_golden(const std::string& name, const std::vector<std::string>& overr
   ASSERT_TRUE(in) << "missing golden file " << path << " (run with LOOM_UPDATE_GOLDEN=1)";
   std::stringstream want;
   want << in.rdbuf();
-  EXPECT_EQ(text, want.str()) << "dump of " << name << " changed; if intended, rerun with LOOM_UPDATE_GOLDEN=1";
+  EXPECT_EQ(text, want.str()) << "dump of " << name
+                              << " changed; if intended, rerun with LOOM_UPDATE_GOLDEN=1";
 }
 
 TEST(Golden, Dp2) { check_golden("dp2", {"parallel.dp=2"}, 2); }

@@ -1,8 +1,9 @@
+#include "planner/policy.h"
+
 #include <gtest/gtest.h>
 
 #include "graph/verify.h"
 #include "models/model.h"
-#include "planner/policy.h"
 #include "planner/stages.h"
 
 namespace loom::planner {
@@ -29,7 +30,8 @@ std::string plan_error(const std::vector<std::string>& overrides, int64_t world)
 TEST(Policy, SubOpsPerDevice) {
   auto g = plan(config({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}), 8);
   ASSERT_TRUE(g.ok()) << g.error().message;
-  auto single = models::build_model(config({"parallel.dp=2"}), graph::OpRegistry::with_builtin_ops());
+  auto single =
+      models::build_model(config({"parallel.dp=2"}), graph::OpRegistry::with_builtin_ops());
   // Every single-device op becomes dp x tp sub-ops on one pipeline stage.
   EXPECT_EQ(g->ops().size(), single->ops().size() * 4);
   for (const auto& op : g->ops()) {
@@ -39,9 +41,10 @@ TEST(Policy, SubOpsPerDevice) {
 }
 
 TEST(Policy, WorldSizeMustMatch) {
-  EXPECT_NE(plan_error({"parallel.dp=2", "parallel.tp=2"}, 8)
-                .find("parallel.dp (2) x parallel.tp (2) x parallel.pp (1) = 4, but the world size is 8"),
-            std::string::npos);
+  EXPECT_NE(
+      plan_error({"parallel.dp=2", "parallel.tp=2"}, 8)
+          .find("parallel.dp (2) x parallel.tp (2) x parallel.pp (1) = 4, but the world size is 8"),
+      std::string::npos);
 }
 
 TEST(Policy, TensorParallelMustDivideTheModel) {
@@ -75,7 +78,8 @@ TEST(Policy, StageListErrors) {
 }
 
 TEST(Policy, UnknownPolicyAndRestrictedPolicies) {
-  EXPECT_NE(plan_error({"parallel.policy=hybird"}, 1).find("did you mean 'hybrid'"), std::string::npos);
+  EXPECT_NE(plan_error({"parallel.policy=hybird"}, 1).find("did you mean 'hybrid'"),
+            std::string::npos);
   EXPECT_NE(plan_error({"parallel.policy=dp", "parallel.tp=2"}, 2)
                 .find("policy 'dp' does not use parallel.tp (2)"),
             std::string::npos);
@@ -101,7 +105,8 @@ TEST(Policy, UserPoliciesRegisterByName) {
 }
 
 TEST(Stages, BalancedByFlopsAndExplicit) {
-  auto g = models::build_model(config({"model.args.layers=6"}), graph::OpRegistry::with_builtin_ops());
+  auto g =
+      models::build_model(config({"model.args.layers=6"}), graph::OpRegistry::with_builtin_ops());
   ASSERT_TRUE(g.ok());
   auto even = plan_stages(*g, 3, config({"parallel.pp=3", "model.args.layers=6"}));
   ASSERT_TRUE(even.ok()) << even.error().message;
@@ -113,7 +118,8 @@ TEST(Stages, BalancedByFlopsAndExplicit) {
   double worst = *std::max_element(even->flops.begin(), even->flops.end());
   double total = even->flops[0] + even->flops[1] + even->flops[2];
   EXPECT_LT(worst, total / 3 * 1.5);
-  auto given = plan_stages(*g, 2, config({"parallel.pp=2", "model.args.layers=6", "parallel.stages=[[0,0],[1,5]]"}));
+  auto given = plan_stages(
+      *g, 2, config({"parallel.pp=2", "model.args.layers=6", "parallel.stages=[[0,0],[1,5]]"}));
   ASSERT_TRUE(given.ok());
   EXPECT_EQ(given->stage_of_layer(0), 0);
   EXPECT_EQ(given->stage_of_layer(1), 1);

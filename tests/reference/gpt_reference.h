@@ -2,10 +2,10 @@
 // MultiheadAttention, Linear): the yardstick loom's executor is tested and benchmarked against.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 namespace loom::reference {
 
@@ -20,7 +20,8 @@ struct GptBlockImpl : torch::nn::Module {
 
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& causal_mask) {
     torch::Tensor h = ln1(x).transpose(0, 1);  // MultiheadAttention wants [seq, batch, hidden]
-    torch::Tensor a = std::get<0>(attn->forward(h, h, h, torch::Tensor(), /*need_weights=*/false, causal_mask));
+    torch::Tensor a =
+        std::get<0>(attn->forward(h, h, h, torch::Tensor(), /*need_weights=*/false, causal_mask));
     x = x + a.transpose(0, 1);
     return x + fc2(torch::gelu(fc1(ln2(x))));
   }
@@ -41,8 +42,9 @@ struct GptImpl : torch::nn::Module {
     for (int64_t l = 0; l < layers; ++l)
       blocks.push_back(register_module("h" + std::to_string(l), GptBlock(hidden, heads, ffn)));
     // The C++ MultiheadAttention adds attn_mask to the scores: an additive -inf mask.
-    mask_ = torch::zeros({seq, seq}).masked_fill(torch::ones({seq, seq}, torch::kBool).triu(1),
-                                                 -std::numeric_limits<float>::infinity());
+    mask_ = torch::zeros({seq, seq})
+                .masked_fill(torch::ones({seq, seq}, torch::kBool).triu(1),
+                             -std::numeric_limits<float>::infinity());
   }
 
   // Mean token cross-entropy of a [batch, seq] micro-batch; the LM head is tied to wte.
@@ -57,9 +59,10 @@ struct GptImpl : torch::nn::Module {
   // loom's parameter names, each with the reference tensor (or the slice of it) it matches.
   std::vector<std::pair<std::string, torch::Tensor>> loom_view(bool grads) {
     auto pick = [&](const torch::Tensor& t) { return grads ? t.grad() : t; };
-    std::vector<std::pair<std::string, torch::Tensor>> out = {
-        {"wte", pick(wte->weight)}, {"wpe", pick(wpe)},
-        {"lnf.w", pick(lnf->weight)}, {"lnf.b", pick(lnf->bias)}};
+    std::vector<std::pair<std::string, torch::Tensor>> out = {{"wte", pick(wte->weight)},
+                                                              {"wpe", pick(wpe)},
+                                                              {"lnf.w", pick(lnf->weight)},
+                                                              {"lnf.b", pick(lnf->bias)}};
     for (size_t l = 0; l < blocks.size(); ++l) {
       auto& b = blocks[l];
       std::string p = "h" + std::to_string(l) + ".";

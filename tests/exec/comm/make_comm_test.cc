@@ -177,7 +177,8 @@ TEST(WorkerThreads, SplitsTheCoresAmongLocalWorkers) {
   EXPECT_EQ(configure_worker_threads(env_of({{"LOCAL_WORLD_SIZE", "1000"}})), 1);
   EXPECT_EQ(at::get_num_threads(), 1);
   // Under mpirun or srun the local worker count comes from their variables.
-  EXPECT_EQ(configure_worker_threads(env_of({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})), std::max(1, one / 2));
+  EXPECT_EQ(configure_worker_threads(env_of({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})),
+            std::max(1, one / 2));
   EXPECT_EQ(configure_worker_threads(env_of({{"SLURM_NTASKS_PER_NODE", "1000"}})), 1);
 }
 
@@ -188,8 +189,9 @@ TEST(WorkerThreads, AnExplicitOmpNumThreadsWins) {
   // Not a positive integer: ignored, the cores are split as without it.
   const int split = configure_worker_threads(env_of({{"LOCAL_WORLD_SIZE", "1000"}}));
   for (const char* bad : {"0", "-2", "two", ""})
-    EXPECT_EQ(configure_worker_threads(env_of({{"OMP_NUM_THREADS", bad}, {"LOCAL_WORLD_SIZE", "1000"}})),
-              split)
+    EXPECT_EQ(
+        configure_worker_threads(env_of({{"OMP_NUM_THREADS", bad}, {"LOCAL_WORLD_SIZE", "1000"}})),
+        split)
         << bad;
 }
 

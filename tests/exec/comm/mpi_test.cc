@@ -25,8 +25,8 @@ ProcessResult mpirun(int n, const std::vector<std::string>& args, double deadlin
   return run_processes({l}, deadline_s)[0];
 }
 
-#define SKIP_WITHOUT_MPIRUN() \
-  if (find_program("mpirun").empty())  \
+#define SKIP_WITHOUT_MPIRUN()         \
+  if (find_program("mpirun").empty()) \
   GTEST_SKIP() << "mpirun is not installed (Open MPI's mpirun runs these)"
 
 void expect_all_passed(int n) {

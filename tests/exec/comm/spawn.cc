@@ -188,8 +188,14 @@ std::string find_program(const std::string& name) {
 }
 
 std::vector<std::string> mpirun_argv() {
-  return {find_program("mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-          "--mca", "btl_vader_single_copy_mechanism", "none"};
+  return {find_program("mpirun"),
+          "--allow-run-as-root",
+          "--oversubscribe",
+          "--bind-to",
+          "none",
+          "--mca",
+          "btl_vader_single_copy_mechanism",
+          "none"};
 }
 
 }  // namespace loom::comm::testing

@@ -39,7 +39,10 @@ TEST(Layout, RecognisedFromPieces) {
   ASSERT_TRUE(back.ok()) << back.error().message;
   EXPECT_TRUE(back->same_factors(l));
   for (int64_t p = 0; p < 4; ++p)
-    EXPECT_EQ(back->piece(p, TensorId(0), shape), l.piece(std::find(l.devices.begin(), l.devices.end(), back->devices[p]) - l.devices.begin(), TensorId(0), shape));
+    EXPECT_EQ(
+        back->piece(p, TensorId(0), shape),
+        l.piece(std::find(l.devices.begin(), l.devices.end(), back->devices[p]) - l.devices.begin(),
+                TensorId(0), shape));
 }
 
 TEST(Layout, Rejections) {

@@ -3,11 +3,11 @@
 // exactly the atoms of its target piece. Random layouts over 1-8 devices, random shapes.
 #include "exec/lower/path.h"
 
+#include <gtest/gtest.h>
+
 #include <numeric>
 #include <random>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "tests/exec/lower/random_layout.h"
 
@@ -91,8 +91,10 @@ void simulate(const CommPath& path, const Layout& from, const Layout& to, const 
             all.insert(st[m].begin(), st[m].end());
             total += st[m].size();
           }
-          if (step.primitive == Primitive::kAllReduce || step.primitive == Primitive::kReduceScatter) {
-            ASSERT_EQ(all.size(), total) << "a value would be added twice in " << to_string(step.primitive);
+          if (step.primitive == Primitive::kAllReduce ||
+              step.primitive == Primitive::kReduceScatter) {
+            ASSERT_EQ(all.size(), total)
+                << "a value would be added twice in " << to_string(step.primitive);
           }
           for (DeviceId m : group) {
             need(m, all);
@@ -120,7 +122,8 @@ std::vector<DeviceId> range(int from, int count) {
 TEST(Path, NamedCases) {
   PathFinder finder;
   Shape shape{4, 8};
-  auto path = finder.find(shape, 4, Layout::partial(2, range(0, 2)), Layout::replicated(2, range(0, 2)));
+  auto path =
+      finder.find(shape, 4, Layout::partial(2, range(0, 2)), Layout::replicated(2, range(0, 2)));
   ASSERT_TRUE(path.ok());
   ASSERT_EQ(path->steps.size(), 1u);
   EXPECT_EQ(path->steps[0].primitive, Primitive::kAllReduce);
@@ -128,22 +131,27 @@ TEST(Path, NamedCases) {
   ASSERT_TRUE(path.ok());
   ASSERT_EQ(path->steps.size(), 1u);
   EXPECT_EQ(path->steps[0].primitive, Primitive::kReduceScatter);
-  path = finder.find(shape, 4, Layout::split(2, 0, range(0, 4)), Layout::replicated(2, range(0, 4)));
+  path =
+      finder.find(shape, 4, Layout::split(2, 0, range(0, 4)), Layout::replicated(2, range(0, 4)));
   ASSERT_TRUE(path.ok());
   EXPECT_EQ(path->steps[0].primitive, Primitive::kAllGather);
   path = finder.find(shape, 4, Layout::split(2, 0, range(0, 2)), Layout::split(2, 1, range(0, 2)));
   ASSERT_TRUE(path.ok());
   EXPECT_EQ(path->steps[0].primitive, Primitive::kAllToAll);
-  path = finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::split(2, 1, range(0, 2)));
+  path =
+      finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::split(2, 1, range(0, 2)));
   ASSERT_TRUE(path.ok());
   EXPECT_EQ(path->steps[0].primitive, Primitive::kChunk);
-  path = finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::replicated(2, range(2, 2)));
+  path =
+      finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::replicated(2, range(2, 2)));
   ASSERT_TRUE(path.ok());
   ASSERT_EQ(path->steps.size(), 1u);
   EXPECT_EQ(path->steps[0].primitive, Primitive::kSendRecv);
   EXPECT_EQ(path->steps[0].groups.size(), 2u);  // replica i sends to consumer i
   size_t cached = finder.cache_size();
-  ASSERT_TRUE(finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::replicated(2, range(2, 2))).ok());
+  ASSERT_TRUE(
+      finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::replicated(2, range(2, 2)))
+          .ok());
   EXPECT_EQ(finder.cache_size(), cached);
 }
 

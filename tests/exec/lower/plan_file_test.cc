@@ -174,10 +174,12 @@ TEST(PlanJson, DamagedFilesAreRefusedByName) {
   // Indices the executor uses to reach its per-micro-batch and per-stage tables.
   expect_refused(replace_once(*json, "{\"micro_batch\":\"1\"}", "{\"micro_batch\":\"9\"}"),
                  "blocks.micro_batch: 9 is out of range [0, 4)");
-  expect_refused(replace_once(*json, "\"blocks\":[{\"stage\":\"1\"}", "\"blocks\":[{\"stage\":\"0\"}"),
-                 "stage 0 has no segment on rank 2");
-  expect_refused(replace_once(*json, "\"segments\":[{\"stage\":\"1\"", "\"segments\":[{\"stage\":\"5\""),
-                 "segments.stage: 5 is out of range [0, 2)");
+  expect_refused(
+      replace_once(*json, "\"blocks\":[{\"stage\":\"1\"}", "\"blocks\":[{\"stage\":\"0\"}"),
+      "stage 0 has no segment on rank 2");
+  expect_refused(
+      replace_once(*json, "\"segments\":[{\"stage\":\"1\"", "\"segments\":[{\"stage\":\"5\""),
+      "segments.stage: 5 is out of range [0, 2)");
 }
 
 }  // namespace

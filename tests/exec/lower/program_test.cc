@@ -17,8 +17,10 @@ struct Lowering {
   Lowered lowered;
 };
 
-Lowering lower_plan(const std::vector<std::string>& overrides, int64_t world, bool scheduled = false) {
-  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n", "l.yaml", overrides);
+Lowering lower_plan(const std::vector<std::string>& overrides, int64_t world,
+                    bool scheduled = false) {
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n",
+                        "l.yaml", overrides);
   EXPECT_TRUE(c.ok()) << c.error().message;
   auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
                               planner::PolicyRegistry::with_builtin_policies(), world);
@@ -68,7 +70,9 @@ TEST(Lowering, TensorParallelIsMegatronShaped) {
   EXPECT_EQ(count(l.lowered, Primitive::kReduceScatter, true), 1);
   EXPECT_DOUBLE_EQ(l.lowered.programs[0].loss_seed, 0.5);  // the loss is replicated over tp
   std::string text = listing(l.graph, l.lowered, Rank(1));
-  EXPECT_NE(text.find("comm h0.attn.proj for h0.attn.proj.bias: all_reduce with [0,1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("comm h0.attn.proj for h0.attn.proj.bias: all_reduce with [0,1]"),
+            std::string::npos)
+      << text;
 }
 
 TEST(Lowering, SequenceParallelUsesReduceScatterAndAllGather) {
@@ -77,7 +81,9 @@ TEST(Lowering, SequenceParallelUsesReduceScatterAndAllGather) {
   EXPECT_GE(count(l.lowered, Primitive::kAllGather), 4);
   // q, k and v read the norm's output through one all-gather.
   std::string text = listing(l.graph, l.lowered, Rank(0));
-  EXPECT_NE(text.find("comm h0.ln1 for h0.attn.q, h0.attn.k, h0.attn.v: all_gather with [0,1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("comm h0.ln1 for h0.attn.q, h0.attn.k, h0.attn.v: all_gather with [0,1]"),
+            std::string::npos)
+      << text;
 }
 
 TEST(Lowering, PipelineStagesSendAndReceive) {
@@ -110,7 +116,8 @@ TEST(Lowering, EveryStandardPlanIsDeadlockFree) {
 // is held by the two ranks that run its stage in either direction, and each pipeline's last
 // stage seeds its own loss.
 TEST(Lowering, ChimeraRunsTwoPipelinesInOppositeDirections) {
-  Lowering l = lower_plan({"parallel.pp=4", "parallel.schedule=chimera", "model.args.layers=4"}, 4, true);
+  Lowering l =
+      lower_plan({"parallel.pp=4", "parallel.schedule=chimera", "model.args.layers=4"}, 4, true);
   ASSERT_EQ(l.lowered.programs.size(), 4u);
   for (int64_t r = 0; r < 4; ++r) {
     const Program& prog = l.lowered.programs[static_cast<size_t>(r)];
@@ -138,8 +145,9 @@ TEST(Lowering, ChimeraRunsTwoPipelinesInOppositeDirections) {
 }
 
 TEST(Lowering, ChimeraNeedsAnEvenPipeline) {
-  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 6, micro: 2}\n", "l.yaml",
-                        {"parallel.pp=3", "parallel.schedule=chimera", "model.args.layers=3"});
+  auto c =
+      parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 6, micro: 2}\n", "l.yaml",
+                   {"parallel.pp=3", "parallel.schedule=chimera", "model.args.layers=3"});
   ASSERT_TRUE(c.ok()) << c.error().message;
   auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
                               planner::PolicyRegistry::with_builtin_policies(), 3);
@@ -153,12 +161,14 @@ TEST(Lowering, AnOrderThatWaitsForItselfIsADeadlock) {
   // Rank 0 runs its backwards first and waits for a gradient, while rank 1 waits for the
   // activation rank 0 has not sent yet.
   auto& blocks0 = l.lowered.programs[0].blocks;
-  std::rotate(blocks0.begin(), blocks0.begin() + static_cast<std::ptrdiff_t>(blocks0.size() / 2), blocks0.end());
+  std::rotate(blocks0.begin(), blocks0.begin() + static_cast<std::ptrdiff_t>(blocks0.size() / 2),
+              blocks0.end());
   Status s = check_deadlock_free(l.graph, l.lowered);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("would deadlock"), std::string::npos) << s.error().message;
-  EXPECT_NE(s.error().message.find("rank 0 waits at recv from rank 1 (step 0 of the gradient path of"),
-            std::string::npos)
+  EXPECT_NE(
+      s.error().message.find("rank 0 waits at recv from rank 1 (step 0 of the gradient path of"),
+      std::string::npos)
       << s.error().message;
 }
 

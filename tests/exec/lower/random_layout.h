@@ -24,9 +24,12 @@ inline Layout random_layout(std::mt19937& rng, const Shape& shape, std::vector<D
     for (size_t k = 0; k < shape.size(); ++k)
       if (shape[k] % (l.d[k] * p) == 0) options.push_back(static_cast<int>(k) + 2);
     int pick = options[rng() % options.size()];
-    if (pick == 0) l.r *= p;
-    else if (pick == 1) l.v *= p;
-    else l.d[pick - 2] *= p;
+    if (pick == 0)
+      l.r *= p;
+    else if (pick == 1)
+      l.v *= p;
+    else
+      l.d[pick - 2] *= p;
   }
   std::shuffle(devices.begin(), devices.end(), rng);
   l.devices = std::move(devices);
