@@ -134,6 +134,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
 
   LOOM_ASSIGN_OR_RETURN(file.graph,
                         planner::plan_graph(plan.model, {config, world_size}, registries.policies));
+  LOOM_TRY(graph::verify(file.graph, registries.ops));
   LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
   lower::PathFinder paths(cost);
   LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
