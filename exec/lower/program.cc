@@ -34,31 +34,34 @@ bool same_piece(const SubTensor& a, const SubTensor& b) {
   return a.ranges == b.ranges && a.value_chunk == b.value_chunk && a.value_chunks == b.value_chunks;
 }
 
-}  // namespace
+// Producers of every activation: (device, piece) and the producing stage.
+struct Produced {
+  std::vector<std::pair<DeviceId, SubTensor>> pieces;
+  StageId stage;
+};
+using ProducedMap = std::map<int64_t, Produced>;
 
-Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
-                      PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
-  Lowered out;
+// Pass 0: the inputs lower() can work with.
+Status check_placement(const graph::Graph& g, int64_t world_size, int64_t micro_batches) {
   if (micro_batches < 1 || micro_batches > kMaxMicroBatches)
     return Error::at("batch.global",
                      "a step of " + std::to_string(micro_batches) +
                          " micro-batches per data-parallel replica; loom runs 1 to " +
                          std::to_string(kMaxMicroBatches) +
                          " (batch.global / (batch.micro x parallel.dp))");
-  const auto& ops = g.ops();
-  for (const auto& op : ops)
+  for (const auto& op : g.ops())
     if (op.device.value() < 0 || op.device.value() >= world_size)
       return Error::at(op.name(), "op '" + op.name() + "' is placed on device " +
                                       op.device.to_string() + " outside the world of " +
                                       std::to_string(world_size));
 
-  // Producers of every activation: (device, piece) and the producing stage.
-  struct Produced {
-    std::vector<std::pair<DeviceId, SubTensor>> pieces;
-    StageId stage;
-  };
-  std::map<int64_t, Produced> produced;
-  for (const auto& op : ops)
+  return Status::success();
+}
+
+// Pass 1: which device holds which piece of every tensor an op writes.
+ProducedMap producers_of(const graph::Graph& g) {
+  ProducedMap produced;
+  for (const auto& op : g.ops())
     for (const auto& o : op.outputs) {
       auto& p = produced[o.tensor.value()];
       p.stage = op.stage;
@@ -66,8 +69,16 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       for (auto& [d, s] : p.pieces) seen |= d == op.device && same_piece(s, o);
       if (!seen) p.pieces.push_back({op.device, o});
     }
+  return produced;
+}
 
-  // Adapters: one per (activation, consumer op).
+// Pass 2: an adapter wherever a consumer's layout of an activation differs from its producers'
+// (shared by the consumers of one stage that read the same layout), with its forward and
+// gradient paths from the path search. Returns, per op, the adapters it reads through.
+Result<std::vector<std::vector<int64_t>>> insert_adapters(const graph::Graph& g,
+                                                          const ProducedMap& produced,
+                                                          PathFinder& paths, Lowered& out) {
+  const auto& ops = g.ops();
   std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;
   std::vector<std::vector<int64_t>> op_adapters(ops.size());
   {
@@ -152,7 +163,15 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       }
   }
 
-  // Segments per rank and stage.
+  return op_adapters;
+}
+
+// Pass 3: each rank's program: its ops in segments per stage with the adapters they read
+// through (and the adapter steps it takes part in without consuming), and its block order.
+void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t>>& op_adapters,
+                    int64_t world_size, int64_t micro_batches,
+                    const std::vector<std::vector<ProgramBlock>>* order, Lowered& out) {
+  const auto& ops = g.ops();
   out.programs.resize(static_cast<size_t>(world_size));
   std::vector<std::map<int64_t, Segment>> segments(static_cast<size_t>(world_size));
   std::vector<std::set<int64_t>> placed(
@@ -204,8 +223,11 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
           prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
     }
   }
+}
 
-  // Gradient synchronisation of parameter pieces held by several devices.
+// Pass 4: gradient synchronisation of parameter pieces held by several devices.
+void add_grad_syncs(const graph::Graph& g, Lowered& out) {
+  const auto& ops = g.ops();
   std::map<int64_t, std::vector<std::pair<SubTensor, std::set<DeviceId>>>> holders;
   for (const auto& op : ops)
     for (const auto& in : op.inputs) {
@@ -226,9 +248,11 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       for (DeviceId d : sync.devices) out.programs[d.value()].grad_syncs.push_back(id);
       out.grad_syncs.push_back(std::move(sync));
     }
+}
 
-  // The loss: each piece counts once, so replicas seed 1 / replicas. Pipelines that are whole
-  // replicas of the model (Chimera's) each have their own loss over their own micro-batches.
+// Pass 5: the loss: each piece counts once, so replicas seed 1 / replicas. Pipelines that are
+// whole replicas of the model (Chimera's) each have their own loss over their own micro-batches.
+Status seed_losses(const graph::Graph& g, const ProducedMap& produced, Lowered& out) {
   if (!produced.count(g.loss().value())) return Error::at(g.name(), "no op writes the loss");
   for (const auto& t : g.tensors()) {
     if (t.role != graph::TensorRole::kLoss) continue;
@@ -245,6 +269,20 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
     }
   }
 
+  return Status::success();
+}
+
+}  // namespace
+
+Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
+  LOOM_TRY(check_placement(g, world_size, micro_batches));
+  Lowered out;
+  const ProducedMap produced = producers_of(g);
+  LOOM_ASSIGN_OR_RETURN(auto op_adapters, insert_adapters(g, produced, paths, out));
+  build_programs(g, op_adapters, world_size, micro_batches, order, out);
+  add_grad_syncs(g, out);
+  LOOM_TRY(seed_losses(g, produced, out));
   LOOM_TRY(check_deadlock_free(g, out));
   return out;
 }

@@ -168,11 +168,160 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const graph::Graph& p
   return std::unique_ptr<RankExecutor>(new RankExecutor(std::move(impl)));
 }
 
+namespace {
+
+using Inputs = std::vector<std::unordered_map<int64_t, at::Tensor>>;
+
+// A forward block: the segment's adapters and ops in order for micro-batch `mb`.
+void run_forward(RankExecutor::Impl& s, const lower::Segment& seg, int64_t mb,
+                 const Inputs& inputs) {
+  const auto& ops = s.graph.ops();
+  RankExecutor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  for (const lower::SegmentItem& item : seg.items) {
+    if (item.kind == lower::SegmentItem::Kind::kAdapter) {
+      const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
+      const Shape& full = s.shape_of(a.tensor);
+      if (item.producer_side) {
+        at::Tensor x = m.env.at(a.tensor.value());
+        s.run_path(a.forward, full, x.detach(), Part::kProducer, s.tag(a, 0, mb));
+        m.sent[a.id] = x;
+      } else if (a.disjoint) {
+        at::Tensor z = s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
+        m.adapted[a.id] = z.detach().requires_grad_(true);
+      } else if (a.cross_stage()) {
+        auto it = m.env.find(a.tensor.value());
+        at::Tensor x = it == m.env.end() ? at::Tensor() : it->second.detach();
+        at::Tensor z = s.run_path(a.forward, full, x, Part::kAll, s.tag(a, 0, mb));
+        m.adapted[a.id] = z.detach().requires_grad_(true);
+      } else {
+        at::Tensor x = m.env.at(a.tensor.value());
+        m.adapted[a.id] = AdapterFn::apply(x, reinterpret_cast<int64_t>(&s), a.id, mb)[0];
+      }
+      continue;
+    }
+    const graph::Op& op = ops[static_cast<size_t>(item.index)];
+    std::vector<at::Tensor> args;
+    const auto& slots = s.op_params[static_cast<size_t>(item.index)];
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      const graph::SubTensor& in = op.inputs[k];
+      const graph::FullTensor& t = s.graph.tensor(in.tensor);
+      if (t.role == graph::TensorRole::kInput) {
+        args.push_back(
+            cut_piece(inputs[static_cast<size_t>(mb)].at(t.id.value()), in).contiguous());
+      } else if (t.role == graph::TensorRole::kParameter) {
+        args.push_back(s.params[static_cast<size_t>(slots[k])]);
+      } else if (auto a = s.adapter_of.find({t.id.value(), op.def->name});
+                 a != s.adapter_of.end()) {
+        args.push_back(m.adapted.at(a->second));
+      } else if (s.producer_stage.at(t.id.value()) == op.stage) {
+        args.push_back(m.env.at(t.id.value()));
+      } else {
+        auto& leaf = m.leaves[t.id.value()];
+        if (!leaf.defined()) leaf = m.env.at(t.id.value()).detach().requires_grad_(true);
+        args.push_back(leaf);
+      }
+    }
+    std::vector<at::Tensor> outs = (*s.kernels->find(op.type()))(KernelContext{s.graph, op}, args);
+    for (size_t o = 0; o < outs.size(); ++o) m.env[op.outputs[o].tensor.value()] = outs[o];
+    if (s.graph.tensor(op.outputs[0].tensor).role == graph::TensorRole::kLoss) {
+      m.loss = outs[0];
+      m.loss_tensor = op.outputs[0].tensor;
+    }
+  }
+}
+
+// A backward block: autograd from the stage's roots (the loss, received output gradients,
+// gradients pending from later stages on this rank), then the gradient paths of the adapters
+// that ran outside autograd.
+void run_backward(RankExecutor::Impl& s, const lower::Program& prog,
+                  const lower::ProgramBlock& block, const lower::Segment& seg, int64_t mb,
+                  double grad_scale) {
+  RankExecutor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> roots = m.pending[block.stage.value()];
+  auto add_root = [&](int64_t tensor, const at::Tensor& value, const at::Tensor& grad) {
+    auto it = roots.find(tensor);
+    if (it == roots.end())
+      roots[tensor] = {value, grad};
+    else
+      it->second.second = it->second.second + grad;
+  };
+  if (m.loss.defined() && s.producer_stage.at(m.loss_tensor.value()) == block.stage)
+    add_root(m.loss_tensor.value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
+  for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it)
+    if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
+      const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
+      at::Tensor g = s.run_path(a.backward, s.shape_of(a.tensor), at::Tensor(), Part::kConsumer,
+                                s.tag(a, 1, mb));
+      add_root(a.tensor.value(), m.sent.at(a.id), g);
+    }
+  std::vector<at::Tensor> tensors, grads;
+  for (auto& [id, tg] : roots)
+    if (tg.first.requires_grad()) {
+      tensors.push_back(tg.first);
+      grads.push_back(tg.second);
+    }
+  if (!tensors.empty()) torch::autograd::backward(tensors, grads);
+  for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it) {
+    if (it->kind != lower::SegmentItem::Kind::kAdapter || it->producer_side) continue;
+    const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
+    if (!a.disjoint && !a.cross_stage()) continue;  // ran inside autograd
+    at::Tensor z = m.adapted.at(a.id);
+    at::Tensor g = z.grad().defined() ? z.grad() : at::zeros_like(z);
+    if (a.disjoint) {
+      s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kProducer, s.tag(a, 1, mb));
+    } else {
+      at::Tensor gx = s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
+      auto x = m.env.find(a.tensor.value());
+      if (x != m.env.end() && gx.defined())
+        m.pending[s.producer_stage.at(a.tensor.value()).value()][a.tensor.value()] = {x->second,
+                                                                                      gx};
+    }
+  }
+  for (auto& [tensor, leaf] : m.leaves) {
+    if (s.producer_stage.at(tensor) == block.stage || !leaf.grad().defined()) continue;
+    if (!s.consumed[block.stage.value()].count(tensor)) continue;
+    auto& slot = m.pending[s.producer_stage.at(tensor).value()][tensor];
+    slot = {m.env.at(tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
+  }
+}
+
+// Gradients of parameter pieces held by several ranks, summed over those ranks.
+void sync_gradients(RankExecutor::Impl& s, const lower::Program& prog) {
+  // Gradients of parameter pieces held by several ranks are summed over those ranks: one
+  // flat all-reduce per group of ranks (a bucket), in the same order on every rank.
+  std::map<std::vector<int64_t>, std::vector<at::Tensor*>> buckets;
+  std::vector<std::vector<int64_t>> bucket_order;
+  for (int64_t id : prog.grad_syncs) {
+    const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
+    std::vector<int64_t> key;
+    for (DeviceId d : sync.devices) key.push_back(d.value());
+    at::Tensor& p = s.params[s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()})];
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    if (!buckets.count(key)) bucket_order.push_back(key);
+    buckets[key].push_back(&p);
+  }
+  for (const auto& key : bucket_order) {
+    std::vector<at::Tensor> grads;
+    for (at::Tensor* p : buckets[key]) grads.push_back(p->grad().reshape({-1}));
+    at::Tensor flat = at::cat(grads);
+    std::vector<DeviceId> members;
+    for (int64_t r : key) members.push_back(DeviceId(r));
+    check(s.runner->group(members).all_reduce(flat));
+    int64_t offset = 0;
+    for (at::Tensor* p : buckets[key]) {
+      const int64_t n = p->numel();
+      p->mutable_grad().copy_(flat.narrow(0, offset, n).view(p->sizes()));
+      offset += n;
+    }
+  }
+}
+
+}  // namespace
+
 Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
                                  double grad_scale) {
   Impl& s = *impl_;
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
-  const auto& ops = s.graph.ops();
   s.micro.assign(inputs.size(), Impl::Micro{});
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
   // A micro-batch's tensors are released after its last block on this rank (only its loss
@@ -191,110 +340,12 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
       LOOM_CHECK(seg) << "rank " << s.rank << " has no segment for stage " << block.stage;
 
       if (block.kind == lower::BlockKind::kForward) {
-        for (const lower::SegmentItem& item : seg->items) {
-          if (item.kind == lower::SegmentItem::Kind::kAdapter) {
-            const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
-            const Shape& full = s.shape_of(a.tensor);
-            if (item.producer_side) {
-              at::Tensor x = m.env.at(a.tensor.value());
-              s.run_path(a.forward, full, x.detach(), Part::kProducer, s.tag(a, 0, mb));
-              m.sent[a.id] = x;
-            } else if (a.disjoint) {
-              at::Tensor z =
-                  s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
-              m.adapted[a.id] = z.detach().requires_grad_(true);
-            } else if (a.cross_stage()) {
-              auto it = m.env.find(a.tensor.value());
-              at::Tensor x = it == m.env.end() ? at::Tensor() : it->second.detach();
-              at::Tensor z = s.run_path(a.forward, full, x, Part::kAll, s.tag(a, 0, mb));
-              m.adapted[a.id] = z.detach().requires_grad_(true);
-            } else {
-              at::Tensor x = m.env.at(a.tensor.value());
-              m.adapted[a.id] = AdapterFn::apply(x, reinterpret_cast<int64_t>(&s), a.id, mb)[0];
-            }
-            continue;
-          }
-          const graph::Op& op = ops[static_cast<size_t>(item.index)];
-          std::vector<at::Tensor> args;
-          const auto& slots = s.op_params[static_cast<size_t>(item.index)];
-          for (size_t k = 0; k < op.inputs.size(); ++k) {
-            const graph::SubTensor& in = op.inputs[k];
-            const graph::FullTensor& t = s.graph.tensor(in.tensor);
-            if (t.role == graph::TensorRole::kInput) {
-              args.push_back(
-                  cut_piece(inputs[static_cast<size_t>(mb)].at(t.id.value()), in).contiguous());
-            } else if (t.role == graph::TensorRole::kParameter) {
-              args.push_back(s.params[static_cast<size_t>(slots[k])]);
-            } else if (auto a = s.adapter_of.find({t.id.value(), op.def->name});
-                       a != s.adapter_of.end()) {
-              args.push_back(m.adapted.at(a->second));
-            } else if (s.producer_stage.at(t.id.value()) == op.stage) {
-              args.push_back(m.env.at(t.id.value()));
-            } else {
-              auto& leaf = m.leaves[t.id.value()];
-              if (!leaf.defined()) leaf = m.env.at(t.id.value()).detach().requires_grad_(true);
-              args.push_back(leaf);
-            }
-          }
-          std::vector<at::Tensor> outs =
-              (*s.kernels->find(op.type()))(KernelContext{s.graph, op}, args);
-          for (size_t o = 0; o < outs.size(); ++o) m.env[op.outputs[o].tensor.value()] = outs[o];
-          if (s.graph.tensor(op.outputs[0].tensor).role == graph::TensorRole::kLoss) {
-            m.loss = outs[0];
-            m.loss_tensor = op.outputs[0].tensor;
-          }
-        }
+        run_forward(s, *seg, mb, inputs);
         continue;
       }
 
       // Backward of this stage for this micro-batch.
-      std::map<int64_t, std::pair<at::Tensor, at::Tensor>> roots = m.pending[block.stage.value()];
-      auto add_root = [&](int64_t tensor, const at::Tensor& value, const at::Tensor& grad) {
-        auto it = roots.find(tensor);
-        if (it == roots.end())
-          roots[tensor] = {value, grad};
-        else
-          it->second.second = it->second.second + grad;
-      };
-      if (m.loss.defined() && s.producer_stage.at(m.loss_tensor.value()) == block.stage)
-        add_root(m.loss_tensor.value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
-      for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it)
-        if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
-          const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
-          at::Tensor g = s.run_path(a.backward, s.shape_of(a.tensor), at::Tensor(), Part::kConsumer,
-                                    s.tag(a, 1, mb));
-          add_root(a.tensor.value(), m.sent.at(a.id), g);
-        }
-      std::vector<at::Tensor> tensors, grads;
-      for (auto& [id, tg] : roots)
-        if (tg.first.requires_grad()) {
-          tensors.push_back(tg.first);
-          grads.push_back(tg.second);
-        }
-      if (!tensors.empty()) torch::autograd::backward(tensors, grads);
-      for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it) {
-        if (it->kind != lower::SegmentItem::Kind::kAdapter || it->producer_side) continue;
-        const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
-        if (!a.disjoint && !a.cross_stage()) continue;  // ran inside autograd
-        at::Tensor z = m.adapted.at(a.id);
-        at::Tensor g = z.grad().defined() ? z.grad() : at::zeros_like(z);
-        if (a.disjoint) {
-          s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kProducer, s.tag(a, 1, mb));
-        } else {
-          at::Tensor gx =
-              s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
-          auto x = m.env.find(a.tensor.value());
-          if (x != m.env.end() && gx.defined())
-            m.pending[s.producer_stage.at(a.tensor.value()).value()][a.tensor.value()] = {x->second,
-                                                                                          gx};
-        }
-      }
-      for (auto& [tensor, leaf] : m.leaves) {
-        if (s.producer_stage.at(tensor) == block.stage || !leaf.grad().defined()) continue;
-        if (!s.consumed[block.stage.value()].count(tensor)) continue;
-        auto& slot = m.pending[s.producer_stage.at(tensor).value()][tensor];
-        slot = {m.env.at(tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
-      }
+      run_backward(s, prog, block, *seg, mb, grad_scale);
       if (block_index == last_block[static_cast<size_t>(mb)]) {
         at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();
         m = Impl::Micro{};
@@ -302,33 +353,7 @@ Result<double> RankExecutor::run(const std::vector<std::unordered_map<int64_t, a
       }
     }
     check(s.runner->flush());
-    // Gradients of parameter pieces held by several ranks are summed over those ranks: one
-    // flat all-reduce per group of ranks (a bucket), in the same order on every rank.
-    std::map<std::vector<int64_t>, std::vector<at::Tensor*>> buckets;
-    std::vector<std::vector<int64_t>> bucket_order;
-    for (int64_t id : prog.grad_syncs) {
-      const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
-      std::vector<int64_t> key;
-      for (DeviceId d : sync.devices) key.push_back(d.value());
-      at::Tensor& p = s.params[s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()})];
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      if (!buckets.count(key)) bucket_order.push_back(key);
-      buckets[key].push_back(&p);
-    }
-    for (const auto& key : bucket_order) {
-      std::vector<at::Tensor> grads;
-      for (at::Tensor* p : buckets[key]) grads.push_back(p->grad().reshape({-1}));
-      at::Tensor flat = at::cat(grads);
-      std::vector<DeviceId> members;
-      for (int64_t r : key) members.push_back(DeviceId(r));
-      check(s.runner->group(members).all_reduce(flat));
-      int64_t offset = 0;
-      for (at::Tensor* p : buckets[key]) {
-        const int64_t n = p->numel();
-        p->mutable_grad().copy_(flat.narrow(0, offset, n).view(p->sizes()));
-        offset += n;
-      }
-    }
+    sync_gradients(s, prog);
     at::Tensor loss = at::zeros({}, at::kDouble);
     for (auto& m : s.micro)
       if (m.loss.defined()) loss += m.loss.detach().to(at::kDouble) * prog.loss_seed;
