@@ -87,7 +87,35 @@ Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, in
   return h;
 }
 
+// The optimizer's state per parameter: AdamW's two moments, SGD's one buffer (allocated with or
+// without momentum).
+double optimizer_copies(const Config& config) { return config.optimizer.type == "adamw" ? 2 : 1; }
+
+// A pipeline stage also holds, while it runs a backward, about half a micro-batch more: the
+// received output gradients and the boundary tensors of the blocks around it (measured on GPT
+// tiny; tests/e2e/multiprocess_test.cc checks the estimate on a gpt2-124m variant).
+double pipeline_extra_micro_batches(const Config& config) {
+  return config.parallel.pp > 1 ? 0.5 : 0.0;
+}
+
+RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
+  RankMemory m;
+  m.activation_bytes = h.acts[r];
+  m.held_bytes = h.params[r] * 4 * (2 + optimizer_copies(config)) + h.incoming[r] +
+                 pipeline_extra_micro_batches(config) * h.acts[r];
+  return m;
+}
+
 }  // namespace
+
+std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
+                                    const lower::Lowered& lowered) {
+  const int64_t world = static_cast<int64_t>(lowered.programs.size());
+  const Holdings h = holdings(planned, lowered, world);
+  std::vector<RankMemory> out;
+  for (size_t r = 0; r < static_cast<size_t>(world); ++r) out.push_back(memory_of(config, h, r));
+  return out;
+}
 
 double Estimate::max_peak_bytes() const {
   double m = 0;
@@ -138,7 +166,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   // momentum); its step makes temporaries the size of the piece it updates: AdamW's sqrt and
   // denominator, SGD's decayed gradient.
   const bool adamw = config.optimizer.type == "adamw";
-  const double opt_copies = adamw ? 2 : 1;
+  const double opt_copies = optimizer_copies(config);
   const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines; all
   // of them without one when several ranks run (the lowered program runs every forward before
@@ -177,22 +205,22 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     }
     re.step_s = re.compute_s + re.comm_s;
 
-    // Memory. A pipeline stage also holds, while it runs a backward, about half a micro-batch
-    // more: the received output gradients and the boundary tensors of the blocks around it
-    // (measured on GPT tiny; tests/e2e/multiprocess_test.cc checks the estimate on a gpt2-124m
-    // variant). Activations, gradient buckets (reduced after the last backward, when
-    // activations are gone) and the optimizer's temporaries come one after the other; the
+    // Memory. Activations (the schedule's micro-batches in flight, and a pipeline backward's
+    // extra, pipeline_extra_micro_batches), gradient buckets (reduced after the last backward,
+    // when activations are gone) and the optimizer's temporaries come one after the other; the
     // backward also holds a parameter's incoming gradients before they are accumulated.
+    // memory_of splits the same figures for the schedule search.
     const double in_flight = pipelined && stage < pipeline.peak_micro_batches.size()
                                  ? pipeline.peak_micro_batches[stage]
                                  : flat_units;
-    re.micro_batches_in_flight = in_flight + (par.pp > 1 ? 0.5 : 0.0);
+    const RankMemory mem = memory_of(config, h, r);
+    re.micro_batches_in_flight = in_flight + pipeline_extra_micro_batches(config);
     re.parameters = h.params[r];
     re.param_bytes = h.params[r] * 4;
     re.grad_bytes = re.param_bytes;
     re.optimizer_bytes = re.param_bytes * opt_copies;
     re.grad_bucket_bytes = h.sync_buffer[r];
-    re.activation_bytes = h.acts[r] * re.micro_batches_in_flight;
+    re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
     re.working_set_bytes = std::max(
         {re.grad_bucket_bytes, re.activation_bytes + h.incoming[r], re.optimizer_temporary_bytes});

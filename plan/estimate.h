@@ -14,11 +14,13 @@
 #include "exec/lower/path.h"
 #include "exec/lower/program.h"
 #include "graph/graph.h"
+#include "scheduler/schedule.h"
 
 namespace loom::plan {
 
 // The pipeline schedule a plan runs, simulated at the cost model's block durations.
 struct PipelineTimes {
+  sched::Schedule schedule;                // what was simulated (durations in milliseconds)
   double bubble_ratio = 0;                 // idle device-time / (devices x makespan)
   double makespan_s = 0;                   // one step's blocks, first start to last end
   std::vector<double> busy_s;              // per pipeline device
@@ -56,6 +58,18 @@ struct Estimate {
 // Forward seconds of each rank's sub-operators for one micro-batch at the device's FLOP rate.
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
                                     const CostModel& cost);
+
+// A rank's memory as estimate_plan counts it, split by what a pipeline schedule changes: what
+// the rank holds whatever runs, and what each micro-batch in flight adds.
+struct RankMemory {
+  // Parameters, gradients, optimizer state, and what a backward holds besides the micro-batches
+  // in flight (a parameter's incoming gradients; in a pipeline, half a micro-batch more).
+  double held_bytes = 0;
+  double activation_bytes = 0;  // one micro-batch's saved tensors and adapter deliveries
+};
+// Per rank of a lowered plan (the schedule's order does not matter).
+std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
+                                    const lower::Lowered& lowered);
 
 // The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,

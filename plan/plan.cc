@@ -1,8 +1,10 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "exec/lower/schedule_order.h"
@@ -64,40 +66,82 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   return json.dump(1);
 }
 
-// Simulates the pipeline schedule at the cost model's block durations: a forward takes the
-// slowest rank's forward time per stage chunk, a backward twice that. A searched schedule is
-// drawn and timed as 1F1B, whose steady state it matches on uniform stages.
+// Simulates the pipeline schedule at the cost model's block durations. Predefined schedules: a
+// forward takes the slowest rank's forward time per stage chunk, a backward twice that. A
+// searched schedule is the one found, its blocks at each stage's own durations (`searched`).
 Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
+                         const std::optional<sched::Schedule>& searched,
                          const lower::Lowered& lowered, Plan& plan) {
   const auto& par = config.parallel;
   if (par.pp == 1 && par.chunks == 1) return Status::success();
-  auto kind = sched::parse_schedule_kind(par.schedule == "search" ? "1f1b" : par.schedule);
-  if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
-  double unit_s = 0;                         // the slowest stage's forward per micro-batch
-  for (double f : forward_s) unit_s = std::max(unit_s, f);
-  auto spec =
-      sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
-                              static_cast<int>(par.chunks));
-  // The renderer draws one time unit as 1 ms: simulate in milliseconds.
-  const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
-  spec.fwd = unit_ms;
-  spec.bwd = 2 * unit_ms;
-  auto schedule = sched::build_predefined(*kind, spec);
-  if (!schedule.ok()) return config.error("parallel.schedule", schedule.error().message);
-  auto timeline = sched::simulate(*schedule);
+  sched::Schedule schedule;
+  if (par.schedule == "search") {
+    if (!searched) return Status::success();  // pipeline_order has refused what cannot run
+    schedule = *searched;
+  } else {
+    auto kind = sched::parse_schedule_kind(par.schedule);
+    if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
+    double unit_s = 0;                         // the slowest stage's forward per micro-batch
+    for (double f : forward_s) unit_s = std::max(unit_s, f);
+    auto spec =
+        sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
+                                static_cast<int>(par.chunks));
+    // The renderer draws one time unit as 1 ms: simulate in milliseconds.
+    const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
+    spec.fwd = unit_ms;
+    spec.bwd = 2 * unit_ms;
+    auto built = sched::build_predefined(*kind, spec);
+    if (!built.ok()) return config.error("parallel.schedule", built.error().message);
+    schedule = std::move(built).value();
+  }
+  auto timeline = sched::simulate(schedule);
   if (!timeline.ok()) return Status::success();
   plan.pipeline.bubble_ratio = timeline->bubble_ratio;
   plan.pipeline.makespan_s = timeline->makespan * 1e-3;
   for (double b : timeline->busy) plan.pipeline.busy_s.push_back(b * 1e-3);
   plan.pipeline.peak_micro_batches = timeline->peak_memory;
-  if (auto csv = sched::to_csv(*schedule); csv.ok()) plan.schedule.csv = *csv;
+  if (auto csv = sched::to_csv(schedule); csv.ok()) plan.schedule.csv = *csv;
   plan.schedule.chrome_trace =
-      with_comm_track(sched::to_chrome_trace(*schedule, *timeline), lowered, par.tp * par.dp);
-  plan.schedule.svg = sched::to_svg(*schedule, *timeline);
+      with_comm_track(sched::to_chrome_trace(schedule, *timeline), lowered, par.tp * par.dp);
+  plan.schedule.svg = sched::to_svg(schedule, *timeline);
+  plan.pipeline.schedule = std::move(schedule);
   return Status::success();
 }
 
 }  // namespace
+
+lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
+                              const lower::Lowered& lowered, const CostModel& cost) {
+  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered);
+  const std::vector<double> forward_s =
+      forward_seconds(planned, static_cast<int64_t>(memory.size()), cost);
+  lower::StageCosts costs;
+  costs.device_memory_bytes = cost.device_memory_bytes;
+  const int64_t pp = config.parallel.pp;
+  const int64_t world = static_cast<int64_t>(memory.size());
+  const int64_t ranks_per_stage = std::max<int64_t>(1, world / pp);
+  costs.devices.resize(static_cast<size_t>(pp));
+  // How tight a rank is: the share of its room that one micro-batch takes (without a device
+  // memory, its bytes); no room at all is the tightest.
+  auto tightness = [&](const RankMemory& m) {
+    if (cost.device_memory_bytes <= 0) return m.activation_bytes;
+    const double room = cost.device_memory_bytes - m.held_bytes;
+    return room > 0 ? m.activation_bytes / room : std::numeric_limits<double>::infinity();
+  };
+  std::vector<double> tightest(costs.devices.size(), -1);
+  for (int64_t r = 0; r < world; ++r) {
+    const size_t d = static_cast<size_t>(std::min(r / ranks_per_stage, pp - 1));
+    lower::StageCost& c = costs.devices[d];
+    c.forward_s = std::max(c.forward_s, forward_s[static_cast<size_t>(r)]);
+    const RankMemory& m = memory[static_cast<size_t>(r)];
+    if (tightness(m) > tightest[d]) {
+      tightest[d] = tightness(m);
+      c.activation_bytes = m.activation_bytes;
+      c.held_bytes = m.held_bytes;
+    }
+  }
+  return costs;
+}
 
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
                                  int64_t world_size) {
@@ -135,13 +179,25 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   LOOM_ASSIGN_OR_RETURN(file.graph,
                         planner::plan_graph(plan.model, {config, world_size}, registries.policies));
   LOOM_TRY(graph::verify(file.graph, registries.ops));
-  LOOM_ASSIGN_OR_RETURN(auto order, lower::pipeline_order(config, config.micro_batches()));
+  // The pipeline is ordered once the adapters are known: what they deliver counts in a stage's
+  // activations, which bound how many micro-batches a searched schedule keeps in flight.
+  const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
+  std::optional<sched::Schedule> searched;
+  auto order =
+      [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
+    lower::StageCosts costs;  // only the search reads them
+    if (config.parallel.schedule == "search" && config.parallel.pp > 1)
+      costs = stage_costs(config, file.graph, lowered, cost);
+    LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder o,
+                          lower::pipeline_order(config, config.micro_batches(), costs));
+    searched = std::move(o.searched);
+    return std::move(o.ranks);
+  };
   lower::PathFinder paths(cost);
-  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
-                                                   paths, order.empty() ? nullptr : &order));
+  LOOM_ASSIGN_OR_RETURN(file.lowered,
+                        lower::lower(file.graph, world_size, config.micro_batches(), paths, order));
 
-  LOOM_TRY(
-      simulate_pipeline(config, forward_seconds(file.graph, world_size, cost), file.lowered, plan));
+  LOOM_TRY(simulate_pipeline(config, forward_s, searched, file.lowered, plan));
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;

@@ -13,6 +13,7 @@
 #include "core/cost_model.h"
 #include "core/result.h"
 #include "exec/lower/plan_file.h"
+#include "exec/lower/schedule_order.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
 #include "models/model.h"
@@ -55,6 +56,12 @@ struct Plan {
 // degrees checked against the model when `world_size` > 1, verified.
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
                                  int64_t world_size);
+
+// What one micro-batch costs each pipeline device of a lowered plan, the block graph of
+// parallel.schedule search: its slowest rank's forward (forward_seconds) and, of the rank with
+// the least room for activations, what it holds and what a micro-batch adds (rank_memory).
+lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
+                              const lower::Lowered& lowered, const CostModel& cost);
 
 // The plan of `config` for `world_size` ranks (0: parallel.dp x tp x pp). Every user mistake
 // (config, model arguments, degrees that do not divide the model) is an error naming the key.

@@ -167,10 +167,10 @@ Result<std::vector<std::vector<int64_t>>> insert_adapters(const graph::Graph& g,
 }
 
 // Pass 3: each rank's program: its ops in segments per stage with the adapters they read
-// through (and the adapter steps it takes part in without consuming), and its block order.
+// through (and the adapter steps it takes part in without consuming), in GPipe's block order
+// (pass 6 replaces it with the schedule's).
 void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t>>& op_adapters,
-                    int64_t world_size, int64_t micro_batches,
-                    const std::vector<std::vector<ProgramBlock>>* order, Lowered& out) {
+                    int64_t world_size, int64_t micro_batches, Lowered& out) {
   const auto& ops = g.ops();
   out.programs.resize(static_cast<size_t>(world_size));
   std::vector<std::map<int64_t, Segment>> segments(static_cast<size_t>(world_size));
@@ -212,16 +212,12 @@ void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t
     Program& prog = out.programs[static_cast<size_t>(r)];
     prog.rank = Rank(r);
     for (auto& [s, seg] : segments[static_cast<size_t>(r)]) prog.segments.push_back(seg);
-    if (order) {
-      prog.blocks = (*order)[static_cast<size_t>(r)];
-    } else {
-      for (int64_t m = 0; m < micro_batches; ++m)
-        for (const Segment& seg : prog.segments)
-          prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
-      for (int64_t m = 0; m < micro_batches; ++m)
-        for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
-          prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
-    }
+    for (int64_t m = 0; m < micro_batches; ++m)
+      for (const Segment& seg : prog.segments)
+        prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
+    for (int64_t m = 0; m < micro_batches; ++m)
+      for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
+        prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
   }
 }
 
@@ -276,13 +272,29 @@ Status seed_losses(const graph::Graph& g, const ProducedMap& produced, Lowered& 
 
 Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
                       PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
+  if (!order) return lower(g, world_size, micro_batches, paths, BlockOrderFn{});
+  return lower(
+      g, world_size, micro_batches, paths,
+      [order](const Lowered&) -> Result<std::vector<std::vector<ProgramBlock>>> { return *order; });
+}
+
+Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths, const BlockOrderFn& order) {
   LOOM_TRY(check_placement(g, world_size, micro_batches));
   Lowered out;
   const ProducedMap produced = producers_of(g);
   LOOM_ASSIGN_OR_RETURN(auto op_adapters, insert_adapters(g, produced, paths, out));
-  build_programs(g, op_adapters, world_size, micro_batches, order, out);
+  build_programs(g, op_adapters, world_size, micro_batches, out);
   add_grad_syncs(g, out);
   LOOM_TRY(seed_losses(g, produced, out));
+  if (order) {  // pass 6: the schedule's block order
+    LOOM_ASSIGN_OR_RETURN(auto blocks, order(out));
+    if (!blocks.empty()) {
+      LOOM_CHECK(blocks.size() == out.programs.size())
+          << "an order for " << blocks.size() << " ranks, " << out.programs.size() << " lowered";
+      for (size_t r = 0; r < blocks.size(); ++r) out.programs[r].blocks = std::move(blocks[r]);
+    }
+  }
   LOOM_TRY(check_deadlock_free(g, out));
   return out;
 }

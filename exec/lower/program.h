@@ -7,6 +7,7 @@
 // all-reduced over exactly those devices; the loss seeds its backward with 1 / (its replicas).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,16 @@ inline MessageTagParts message_tag_parts(int64_t tag) {
 Result<Lowered> lower(const graph::Graph& graph, int64_t world_size, int64_t micro_batches,
                       PathFinder& paths,
                       const std::vector<std::vector<ProgramBlock>>* order = nullptr);
+
+// Per rank, its (kind, stage, micro-batch) blocks, chosen from a lowering whose programs are
+// complete but for their order (GPipe's until then): what the adapters deliver and the gradient
+// syncs are known, so an order may depend on what each stage holds (plan/plan.cc).
+using BlockOrderFn =
+    std::function<Result<std::vector<std::vector<ProgramBlock>>>(const Lowered& lowered)>;
+// The same, the order asked of `order` once adapters, gradient syncs and loss seeds are in
+// place; the deadlock check runs on the order it returns.
+Result<Lowered> lower(const graph::Graph& graph, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths, const BlockOrderFn& order);
 
 // Simulates every rank's communication in program order (sends buffered, receives and
 // collectives blocking) and fails naming the stuck ranks and what each waits for.

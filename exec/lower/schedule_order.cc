@@ -1,16 +1,91 @@
 #include "exec/lower/schedule_order.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "scheduler/predefined.h"
 #include "scheduler/repetend.h"
 
 namespace loom::lower {
+namespace {
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g GiB", bytes / (1ull << 30));
+  return buf;
+}
+
+// The found schedule's order on the blocks' real durations (milliseconds: the renderer draws
+// one time unit as 1 ms) and memory in micro-batches, for the plan to simulate and draw.
+Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const StageCosts& costs) {
+  std::vector<sched::Block> blocks = found.workload().blocks();
+  std::vector<std::vector<int>> deps;
+  for (int i = 0; i < found.workload().size(); ++i) deps.push_back(found.workload().deps(i));
+  for (sched::Block& b : blocks) {
+    const double f_ms =
+        costs.devices.empty()
+            ? 1.0
+            : std::max(costs.devices[static_cast<size_t>(b.stage.value())].forward_s, 1e-15) * 1e3;
+    b.duration = b.kind == sched::BlockKind::kF ? f_ms : 2 * f_ms;
+    b.memory = b.kind == sched::BlockKind::kF ? 1.0 : -1.0;
+  }
+  LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(found.workload().num_devices(),
+                                                               std::move(blocks), std::move(deps)));
+  return sched::Schedule::from_indices(std::move(workload), found.order(), "search");
+}
+
+}  // namespace
+
+Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs) {
+  const int pp = static_cast<int>(config.parallel.pp);
+  const sched::Placement v = sched::Placement::v_shape(pp);
+  if (costs.devices.empty()) return v;
+  LOOM_CHECK(static_cast<int>(costs.devices.size()) == pp)
+      << costs.devices.size() << " stage costs for parallel.pp " << pp;
+  double slowest = 0;
+  for (const StageCost& c : costs.devices) slowest = std::max(slowest, c.forward_s);
+  // Without the cost model's device memory the search keeps today's bound: at most pp
+  // micro-batches in flight on any device (1F1B's peak, on device 0).
+  const bool memory = costs.device_memory_bytes > 0;
+  std::vector<double> share(costs.devices.size(), 1.0);
+  if (memory)
+    for (size_t d = 0; d < costs.devices.size(); ++d) {
+      const StageCost& c = costs.devices[d];
+      const double room = costs.device_memory_bytes - c.held_bytes;
+      if (room < c.activation_bytes)
+        return config.error(
+            "parallel.schedule",
+            "search: pipeline device " + std::to_string(d) + " has " +
+                gib(costs.device_memory_bytes) +
+                " of device memory (cost.device_memory_bytes); parameters, gradients, "
+                "optimizer state and a backward's working memory take " +
+                gib(c.held_bytes) + ", which leaves " + gib(std::max(room, 0.0)) +
+                ", less than one micro-batch's activations (" + gib(c.activation_bytes) +
+                "): no schedule fits; use more pipeline stages or a smaller batch.micro");
+      share[d] = c.activation_bytes > 0 ? c.activation_bytes / room : 0.0;
+    }
+  std::vector<sched::PlacedBlock> blocks = v.blocks();
+  for (sched::PlacedBlock& b : blocks) {
+    const size_t d = static_cast<size_t>(b.devices[0].value());
+    const double f =
+        slowest > 0
+            ? std::max(1.0, std::round(costs.devices[d].forward_s / slowest * kSearchGrid)) /
+                  kSearchGrid
+            : 1.0;
+    b.span = b.kind == sched::BlockKind::kF ? f : 2 * f;
+    b.memory = b.kind == sched::BlockKind::kF ? share[d] : -share[d];
+  }
+  return sched::Placement::create(pp, memory ? 1.0 : static_cast<double>(pp), std::move(blocks));
+}
 
 // Each rank's order of pipeline blocks for parallel.schedule, from the scheduler: rank r runs
 // the blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism.
-Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& config,
-                                                              int64_t micro_batches) {
+Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
+                                     const StageCosts& costs) {
   const auto& p = config.parallel;
-  if (p.pp == 1 && p.chunks == 1) return std::vector<std::vector<ProgramBlock>>{};
+  PipelineOrder result;
+  if (p.pp == 1 && p.chunks == 1) return result;
   const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches),
             v = static_cast<int>(p.chunks);
   std::vector<std::vector<sched::BlockId>> orders;
@@ -21,11 +96,15 @@ Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& conf
   if (p.schedule == "search") {
     if (v != 1)
       return config.error("parallel.chunks", "the searched schedule places one stage per device");
+    LOOM_ASSIGN_OR_RETURN(sched::Placement placement, search_placement(config, costs));
     sched::SearchOptions options;
-    options.memory_limit = static_cast<double>(pp);
-    auto found = sched::search_schedule(sched::Placement::v_shape(pp), m, options);
+    options.node_limit = kSearchNodeLimit;
+    auto found = sched::search_schedule(placement, m, options);
     if (!found.ok()) return config.error("parallel.schedule", found.error().message);
     orders = found->schedule.device_orders();
+    auto searched = at_stage_costs(found->schedule, costs);
+    LOOM_CHECK(searched.ok()) << searched.error().to_string();
+    result.searched = std::move(searched).value();
   } else {
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);
@@ -41,7 +120,8 @@ Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& conf
   }
   // Ranks are laid out tp fastest, then dp, then pp (planner/mesh.h).
   const int64_t world = p.world_size();
-  std::vector<std::vector<ProgramBlock>> out(static_cast<size_t>(world));
+  std::vector<std::vector<ProgramBlock>>& out = result.ranks;
+  out.resize(static_cast<size_t>(world));
   for (int64_t r = 0; r < world; ++r)
     for (const sched::BlockId& b : orders[static_cast<size_t>(r / (p.tp * p.dp))]) {
       if (b.kind != sched::BlockKind::kF && b.kind != sched::BlockKind::kB)
@@ -55,7 +135,7 @@ Result<std::vector<std::vector<ProgramBlock>>> pipeline_order(const Config& conf
           {b.kind == sched::BlockKind::kF ? BlockKind::kForward : BlockKind::kBackward, stage,
            b.mb});
     }
-  return out;
+  return result;
 }
 
 }  // namespace loom::lower

@@ -304,6 +304,32 @@ TEST_F(Cli, PlanTimelineHasACommunicationTrack) {
   EXPECT_NE(r.output.find("est. step time"), std::string::npos) << r.output;
 }
 
+// parallel.schedule search: `loom plan` dumps the schedule the search found on the plan's
+// stage costs (tests/plan checks it is search_schedule's), not 1F1B's.
+TEST_F(Cli, PlanDumpsTheSearchedSchedule) {
+  const std::string base = "plan " + write("c.yaml", base_config()) +
+                           " parallel.pp=4 model.args.layers=6 batch.global=8 batch.micro=1 ";
+  Outcome searched = run(base + "parallel.schedule=search --out " + (dir_ / "search").string());
+  ASSERT_EQ(searched.code, 0) << searched.output;
+  EXPECT_NE(searched.output.find("schedule search"), std::string::npos) << searched.output;
+  Outcome rule = run(base + "parallel.schedule=1f1b --out " + (dir_ / "1f1b").string());
+  ASSERT_EQ(rule.code, 0) << rule.output;
+  auto read = [](const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const std::string csv = read(dir_ / "search" / "schedule.csv");
+  EXPECT_FALSE(csv.empty());
+  EXPECT_NE(csv, read(dir_ / "1f1b" / "schedule.csv"));
+  nlohmann::json trace = nlohmann::json::parse(read(dir_ / "search" / "timeline.json"));
+  int blocks = 0;
+  for (const auto& e : trace["traceEvents"])
+    blocks += e.value("cat", "") == "F" || e.value("cat", "") == "B";
+  EXPECT_EQ(blocks, 4 * 8 * 2);  // 4 stages x 8 micro-batches x (F, B)
+}
+
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
   expect_rejected("train " + write("c.yaml", base_config()) + " parallel.tp=2",
                   "parallel.dp (1) x parallel.tp (2) x parallel.pp (1) = 2 ranks, but 1 processes "

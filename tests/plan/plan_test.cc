@@ -5,11 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "models/model.h"
+#include "scheduler/csv.h"
+#include "scheduler/repetend.h"
+#include "scheduler/simulator.h"
 
 namespace loom::plan {
 namespace {
@@ -111,6 +116,112 @@ TEST(MakePlan, AUserModelIsPlannedLikeAZooModel) {
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   EXPECT_EQ(built, 1);
   EXPECT_EQ(plan->file.lowered.programs.size(), 8u);
+}
+
+// parallel.schedule search on GPT tiny with 6 layers over 4 stages: the stages differ (the
+// embedding on the first, the LM head on the last, and layers split 2-2-1-1 or so), and the
+// searched schedule runs each stage's blocks at the cost model's figures for that stage.
+Config search_config(const std::vector<std::string>& more = {}) {
+  std::vector<std::string> overrides = {
+      "parallel.dp=1",       "parallel.tp=1",  "parallel.pp=4", "parallel.schedule=search",
+      "model.args.layers=6", "batch.global=8", "batch.micro=1"};
+  overrides.insert(overrides.end(), more.begin(), more.end());
+  return config(overrides);
+}
+
+TEST(SearchedSchedule, RunsEachStageAtItsCostModelDuration) {
+  const Config c = search_config();
+  auto plan = make_plan(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const std::vector<double> fwd = forward_seconds(plan->file.graph, 4, plan->cost);
+  ASSERT_EQ(fwd.size(), 4u);
+  EXPECT_NE(*std::min_element(fwd.begin(), fwd.end()), *std::max_element(fwd.begin(), fwd.end()))
+      << "the stages should differ for this test to mean something";
+  const sched::Schedule& s = plan->pipeline.schedule;
+  ASSERT_EQ(s.workload().size(), 4 * 8 * 2);
+  for (const sched::Block& b : s.workload().blocks()) {
+    const double f_ms = fwd[static_cast<size_t>(b.stage.value())] * 1e3;
+    EXPECT_EQ(b.duration, b.kind == sched::BlockKind::kF ? f_ms : 2 * f_ms) << b.to_string();
+  }
+  // The plan's figures are that schedule's, simulated.
+  auto t = sched::simulate(s);
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(plan->pipeline.makespan_s, t->makespan * 1e-3);
+  EXPECT_EQ(plan->pipeline.peak_micro_batches, t->peak_memory);
+  EXPECT_DOUBLE_EQ(plan->estimate.ranks[0].compute_s, t->makespan * 1e-3);
+  // Every rank runs the schedule's order.
+  for (int d = 0; d < 4; ++d) {
+    const auto order = s.device_order(DeviceId(d));
+    const auto& blocks = plan->file.lowered.programs[static_cast<size_t>(d)].blocks;
+    ASSERT_EQ(blocks.size(), order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      EXPECT_EQ(blocks[i].stage, order[i].stage);
+      EXPECT_EQ(blocks[i].micro_batch, order[i].mb);
+      EXPECT_EQ(blocks[i].kind == lower::BlockKind::kForward,
+                order[i].kind == sched::BlockKind::kF);
+    }
+  }
+}
+
+// What the plan dumps (schedule.csv, plan.json's schedule) is what search_schedule returns for
+// the plan's stage costs, not 1F1B.
+TEST(SearchedSchedule, ThePlanDumpsTheScheduleFound) {
+  const Config c = search_config();
+  auto plan = make_plan(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const lower::StageCosts costs = stage_costs(c, plan->file.graph, plan->file.lowered, plan->cost);
+  auto placement = lower::search_placement(c, costs);
+  ASSERT_TRUE(placement.ok()) << placement.error().message;
+  auto found = sched::search_schedule(*placement, 8);
+  ASSERT_TRUE(found.ok()) << found.error().message;
+  auto csv = sched::to_csv(found->schedule);
+  ASSERT_TRUE(csv.ok());
+  EXPECT_EQ(plan->schedule.csv, *csv);
+  EXPECT_EQ(plan->file.schedule_csv, *csv);
+  auto one_f_one_b = make_plan(search_config({"parallel.schedule=1f1b"}));
+  ASSERT_TRUE(one_f_one_b.ok());
+  EXPECT_NE(plan->schedule.csv, one_f_one_b->schedule.csv);
+}
+
+// A device memory that leaves the tightest rank room for two micro-batches' activations keeps
+// at most two in flight there (and on every device no more than its room); one that leaves less
+// than one is an error naming the key.
+TEST(SearchedSchedule, TheDeviceMemoryBoundsTheMicroBatchesInFlight) {
+  auto ample = make_plan(search_config());
+  ASSERT_TRUE(ample.ok()) << ample.error().message;
+  const Config c = search_config();
+  const std::vector<RankMemory> memory = rank_memory(c, ample->file.graph, ample->file.lowered);
+  ASSERT_EQ(memory.size(), 4u);
+  // Room for 2.5 micro-batches on the tightest rank; for half of one on rank 3.
+  double two = 0;
+  size_t tightest = 0;
+  for (size_t r = 0; r < memory.size(); ++r)
+    if (memory[r].held_bytes + 2.5 * memory[r].activation_bytes > two) {
+      two = memory[r].held_bytes + 2.5 * memory[r].activation_bytes;
+      tightest = r;
+    }
+  const double none = memory[3].held_bytes + 0.5 * memory[3].activation_bytes;
+  auto tight = make_plan(
+      search_config({"cost.device_memory_bytes=" + std::to_string(static_cast<int64_t>(two))}));
+  ASSERT_TRUE(tight.ok()) << tight.error().message;
+  // Unbounded, the search holds many forwards to shorten the step (GPipe-like on device 0).
+  EXPECT_GT(ample->pipeline.peak_micro_batches[tightest], 2);
+  EXPECT_LE(tight->pipeline.peak_micro_batches[tightest], 2);
+  for (size_t d = 0; d < 4; ++d) {
+    const double room =
+        std::floor((std::floor(two) - memory[d].held_bytes) / memory[d].activation_bytes);
+    EXPECT_LE(tight->pipeline.peak_micro_batches[d], room) << "device " << d;
+    EXPECT_LT(tight->pipeline.peak_micro_batches[d], 8) << "device " << d;
+  }
+  EXPECT_GT(tight->pipeline.makespan_s, ample->pipeline.makespan_s);
+
+  auto impossible = make_plan(
+      search_config({"cost.device_memory_bytes=" + std::to_string(static_cast<int64_t>(none))}));
+  ASSERT_FALSE(impossible.ok());
+  const std::string& msg = impossible.error().message;
+  EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cost.device_memory_bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("less than one micro-batch's activations"), std::string::npos) << msg;
 }
 
 }  // namespace

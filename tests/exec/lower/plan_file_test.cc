@@ -39,7 +39,8 @@ PlanFile make(const std::vector<std::string>& overrides) {
   auto order = pipeline_order(c, c.micro_batches());
   EXPECT_TRUE(order.ok());
   PathFinder paths;
-  auto l = lower(*g, world, c.micro_batches(), paths, order->empty() ? nullptr : &*order);
+  auto l =
+      lower(*g, world, c.micro_batches(), paths, order->ranks.empty() ? nullptr : &order->ranks);
   EXPECT_TRUE(l.ok()) << l.error().message;
   PlanFile p;
   p.code_fingerprint = fingerprint();

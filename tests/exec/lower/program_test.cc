@@ -30,7 +30,7 @@ Lowering lower_plan(const std::vector<std::string>& overrides, int64_t world,
   if (scheduled) {
     auto o = pipeline_order(*c, c->micro_batches());
     EXPECT_TRUE(o.ok()) << o.error().message;
-    if (o.ok()) order = *o;
+    if (o.ok()) order = o->ranks;
   }
   auto l = lower(*g, world, c->micro_batches(), paths, scheduled ? &order : nullptr);
   EXPECT_TRUE(l.ok()) << l.error().message;

@@ -1,0 +1,148 @@
+// parallel.schedule search on the stage costs of a plan: the search's block graph carries each
+// pipeline device's own durations and memory, the found schedule comes back at the exact
+// durations, a tight device memory keeps fewer micro-batches in flight, and one that cannot hold
+// a single micro-batch is an error naming parallel.schedule.
+#include "exec/lower/schedule_order.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "scheduler/predefined.h"
+#include "scheduler/simulator.h"
+
+namespace loom::lower {
+namespace {
+
+constexpr double kGiB = 1ull << 30;
+
+Config search_config(int pp, int micro_batches) {
+  auto c = parse_config(
+      "model: {type: gpt, preset: tiny}\nparallel: {pp: " + std::to_string(pp) +
+          ", schedule: search}\nbatch: {global: " + std::to_string(micro_batches) + ", micro: 1}\n",
+      "s.yaml");
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return *c;
+}
+
+// Four stages, the third twice as slow as the others; every device has 10 GiB of room for
+// activations (16 GiB less 6 GiB held) and a micro-batch's activations take `act_gib`.
+StageCosts four_stages(double act_gib, double device_gib = 16) {
+  StageCosts costs;
+  costs.device_memory_bytes = device_gib * kGiB;
+  for (double f : {1e-3, 1e-3, 2e-3, 1e-3})
+    costs.devices.push_back(StageCost{f, act_gib * kGiB, 6 * kGiB});
+  return costs;
+}
+
+TEST(SearchPlacement, BlocksCarryEachStagesDurationAndMemory) {
+  const Config c = search_config(4, 8);
+  auto placement = search_placement(c, four_stages(2.5));
+  ASSERT_TRUE(placement.ok()) << placement.error().message;
+  EXPECT_DOUBLE_EQ(placement->memory_limit(), 1.0);  // memory as shares of each device's room
+  for (const sched::PlacedBlock& b : placement->blocks()) {
+    const double f = b.devices[0].value() == 2 ? 1.0 : 0.5;  // in slowest forwards
+    EXPECT_DOUBLE_EQ(b.span, b.kind == sched::BlockKind::kF ? f : 2 * f) << b.name;
+    EXPECT_DOUBLE_EQ(b.memory, b.kind == sched::BlockKind::kF ? 0.25 : -0.25) << b.name;
+  }
+}
+
+TEST(SearchPlacement, WithoutCostsKeepsPpMicroBatchesInFlight) {
+  const Config c = search_config(4, 8);
+  auto uniform = search_placement(c, {});
+  ASSERT_TRUE(uniform.ok());
+  EXPECT_EQ(*uniform, sched::Placement::v_shape(4));
+  // Durations but no device memory: one micro-batch per F, at most pp of them.
+  StageCosts no_memory = four_stages(2.5);
+  no_memory.device_memory_bytes = 0;
+  auto p = search_placement(c, no_memory);
+  ASSERT_TRUE(p.ok());
+  EXPECT_DOUBLE_EQ(p->memory_limit(), 4.0);
+  for (const sched::PlacedBlock& b : p->blocks())
+    EXPECT_DOUBLE_EQ(std::abs(b.memory), 1.0) << b.name;
+}
+
+// The found schedule runs each block at its stage's cost-model duration (ms) exactly.
+TEST(PipelineOrder, TheSearchedScheduleHasTheStageCostsDurations) {
+  const Config c = search_config(4, 8);
+  const StageCosts costs = four_stages(1.0);
+  auto order = pipeline_order(c, 8, costs);
+  ASSERT_TRUE(order.ok()) << order.error().message;
+  ASSERT_TRUE(order->searched.has_value());
+  const sched::Schedule& s = *order->searched;
+  EXPECT_EQ(s.workload().size(), 4 * 8 * 2);
+  for (const sched::Block& b : s.workload().blocks()) {
+    const double f_ms = costs.devices[static_cast<size_t>(b.stage.value())].forward_s * 1e3;
+    EXPECT_EQ(b.duration, b.kind == sched::BlockKind::kF ? f_ms : 2 * f_ms) << b.to_string();
+    EXPECT_EQ(b.memory, b.kind == sched::BlockKind::kF ? 1.0 : -1.0) << b.to_string();
+  }
+  // Its orders are what every rank runs.
+  ASSERT_EQ(order->ranks.size(), 4u);
+  for (int d = 0; d < 4; ++d) {
+    const auto blocks = s.device_order(DeviceId(d));
+    ASSERT_EQ(order->ranks[static_cast<size_t>(d)].size(), blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      EXPECT_EQ(order->ranks[static_cast<size_t>(d)][i].stage, blocks[i].stage);
+      EXPECT_EQ(order->ranks[static_cast<size_t>(d)][i].micro_batch, blocks[i].mb);
+    }
+  }
+  // The slow stage bounds the step: 8 micro-batches of its 2 + 4 ms, after the first two
+  // forwards (1 ms each) and before the last two backwards (2 ms each). The search meets it.
+  auto t = sched::simulate(s);
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(t->makespan, 8 * 6.0 + 2 * 1.0 + 2 * 2.0);
+}
+
+// 10 GiB of room and 4 GiB per micro-batch: two in flight at most on every device, where 1F1B
+// keeps four on device 0 and the unconstrained search more.
+TEST(PipelineOrder, ATightDeviceMemoryKeepsFewerMicroBatchesInFlight) {
+  const Config c = search_config(4, 8);
+  auto ample = pipeline_order(c, 8, four_stages(0.1));
+  auto tight = pipeline_order(c, 8, four_stages(4.0));
+  ASSERT_TRUE(ample.ok() && tight.ok()) << (tight.ok() ? ample : tight).error().message;
+  auto ample_t = sched::simulate(*ample->searched);
+  auto tight_t = sched::simulate(*tight->searched);
+  ASSERT_TRUE(ample_t.ok() && tight_t.ok());
+  EXPECT_GE(ample_t->max_peak_memory(), 4.0);
+  for (double peak : tight_t->peak_memory) EXPECT_LE(peak, 2.0);
+  EXPECT_GT(tight_t->makespan, ample_t->makespan);  // memory costs time here
+}
+
+TEST(PipelineOrder, NoRoomForOneMicroBatchNamesTheKeyAndTheNumbers) {
+  const Config c = search_config(4, 8);
+  StageCosts costs = four_stages(1.0);
+  costs.devices[3].held_bytes = 15.5 * kGiB;  // 0.5 GiB left of 16, a micro-batch needs 1
+  auto order = pipeline_order(c, 8, costs);
+  ASSERT_FALSE(order.ok());
+  const std::string& msg = order.error().message;
+  EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pipeline device 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("16 GiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("15.5 GiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0.5 GiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cost.device_memory_bytes"), std::string::npos) << msg;
+}
+
+// Predefined schedules ignore the stage costs: their orders are their rules'.
+TEST(PipelineOrder, PredefinedOrdersIgnoreTheStageCosts) {
+  Config c = search_config(4, 8);
+  c.parallel.schedule = "1f1b";
+  auto with = pipeline_order(c, 8, four_stages(4.0));
+  auto without = pipeline_order(c, 8);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_FALSE(with->searched.has_value());
+  auto rule = sched::device_orders(sched::ScheduleKind::k1F1B, 4, 8, 1);
+  ASSERT_TRUE(rule.ok());
+  for (size_t d = 0; d < 4; ++d) {
+    ASSERT_EQ(with->ranks[d].size(), (*rule)[d].size());
+    ASSERT_EQ(without->ranks[d].size(), (*rule)[d].size());
+    for (size_t i = 0; i < (*rule)[d].size(); ++i) {
+      EXPECT_EQ(with->ranks[d][i].stage, (*rule)[d][i].stage);
+      EXPECT_EQ(with->ranks[d][i].micro_batch, (*rule)[d][i].mb);
+      EXPECT_EQ(without->ranks[d][i].micro_batch, (*rule)[d][i].mb);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::lower
