@@ -22,8 +22,10 @@ function(loom_test name)
   target_compile_definitions(${name} PRIVATE LOOM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                              LOOM_BINARY_DIR="${PROJECT_BINARY_DIR}")
   loom_warnings(${name})
+  # Tests plan with the verifier after every transform, as debug builds do (core/debug_env.h).
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-                       PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+                       PROPERTIES ENVIRONMENT "LOOM_VERIFY_EACH_TRANSFORM=1" TIMEOUT ${ARG_TIMEOUT}
+                                  LABELS "${ARG_LABELS}")
 endfunction()
 
 function(loom_warnings target)

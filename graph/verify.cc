@@ -5,11 +5,10 @@
 #include <vector>
 
 namespace loom::graph {
-namespace {
 
-// Whether the pieces `have` of one FullTensor hold enough to make `want`: on every cell of the
-// grid their ranges cut, either the value chunks present add up to the whole value, or `want`'s
-// own chunk is present. Chunk c of m is the interval [c/m, (c+1)/m) of the value.
+// On every cell of the grid the pieces' ranges cut, either the value chunks present add up to
+// the whole value, or `want`'s own chunk is present. Chunk c of m is the interval
+// [c/m, (c+1)/m) of the value.
 bool coverable(const SubTensor& want, const std::vector<const SubTensor*>& have) {
   int64_t denom = want.value_chunks;
   for (const SubTensor* h : have) denom = std::lcm(denom, h->value_chunks);
@@ -55,9 +54,14 @@ bool coverable(const SubTensor& want, const std::vector<const SubTensor*>& have)
   }
 }
 
-}  // namespace
+namespace {
 
-Status verify(const Graph& g, const OpRegistry& registry) {
+Error op_error(const Op& op, const std::string& why) {
+  return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() + "): " + why);
+}
+
+// The whole-graph checks; `registry`, when given, must know every op type.
+Status verify_graph(const Graph& g, const OpRegistry* registry) {
   std::vector<bool> written(g.tensors().size(), false);
   std::vector<std::vector<const SubTensor*>> pieces(g.tensors().size());
   for (const auto& t : g.tensors())
@@ -66,38 +70,12 @@ Status verify(const Graph& g, const OpRegistry& registry) {
       written[t.id.value()] = true;
 
   for (const auto& op : g.ops()) {
-    auto where = [&](const std::string& why) {
-      return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() + "): " + why);
-    };
-    if (!registry.find(op.type())) return where("unknown op type");
-    if (op.inputs.size() != op.annotation().inputs().size() ||
-        op.outputs.size() != op.annotation().outputs().size())
-      return where("has " + std::to_string(op.inputs.size()) + " inputs and " +
-                   std::to_string(op.outputs.size()) + " outputs but its annotation is '" +
-                   op.annotation().to_string() + "'");
-    std::vector<Shape> in_shapes;
-    for (const auto& s : op.inputs) {
-      const FullTensor& t = g.tensor(s.tensor);
+    if (registry && !registry->find(op.type())) return op_error(op, "unknown op type");
+    for (const auto& s : op.inputs)
       if (!written[s.tensor.value()])
-        return where("reads '" + t.name + "' before any op writes it");
-      if (s.ranges.size() != t.shape.size())
-        return where("piece of '" + t.name + "' has " + std::to_string(s.ranges.size()) +
-                     " ranges for a " + std::to_string(t.shape.size()) + "-d tensor");
-      for (size_t d = 0; d < s.ranges.size(); ++d)
-        if (s.ranges[d].start < 0 || s.ranges[d].end > t.shape[d] ||
-            s.ranges[d].start >= s.ranges[d].end)
-          return where("piece " + s.ranges_string() + " is outside '" + t.name + "' " +
-                       to_string(t.shape));
-      in_shapes.push_back(s.shape());
-    }
-    auto out_shapes = shapes_from_annotation(op.annotation(), in_shapes, op.attrs());
-    if (!out_shapes.ok()) return where(out_shapes.error().message);
-    for (size_t i = 0; i < op.outputs.size(); ++i) {
-      const SubTensor& s = op.outputs[i];
-      if (s.shape() != (*out_shapes)[i])
-        return where("output '" + g.tensor(s.tensor).name + "' piece " + s.ranges_string() +
-                     " does not have the shape " + to_string((*out_shapes)[i]) +
-                     " its inputs imply");
+        return op_error(op, "reads '" + g.tensor(s.tensor).name + "' before any op writes it");
+    LOOM_TRY(verify_op(g, op));
+    for (const auto& s : op.outputs) {
       written[s.tensor.value()] = true;
       pieces[s.tensor.value()].push_back(&s);
     }
@@ -108,15 +86,51 @@ Status verify(const Graph& g, const OpRegistry& registry) {
       const FullTensor& t = g.tensor(s.tensor);
       if (t.role != TensorRole::kActivation && t.role != TensorRole::kLoss) continue;
       if (!coverable(s, pieces[s.tensor.value()]))
-        return Error::at(op.name(), "op '" + op.name() + "' (" + op.type() +
-                                        "): no ops write "
-                                        "enough of '" +
-                                        t.name + "' to make its piece " + s.ranges_string());
+        return op_error(
+            op, "no ops write enough of '" + t.name + "' to make its piece " + s.ranges_string());
     }
   if (!g.loss().valid()) return Error::at(g.name(), "graph '" + g.name() + "' has no loss");
   if (!written[g.loss().value()])
     return Error::at(g.name(), "no op writes the loss '" + g.tensor(g.loss()).name + "'");
   return Status::success();
 }
+
+}  // namespace
+
+Status verify_op(const Graph& g, const Op& op) {
+  if (op.inputs.size() != op.annotation().inputs().size() ||
+      op.outputs.size() != op.annotation().outputs().size())
+    return op_error(op, "has " + std::to_string(op.inputs.size()) + " inputs and " +
+                            std::to_string(op.outputs.size()) + " outputs but its annotation is '" +
+                            op.annotation().to_string() + "'");
+  std::vector<Shape> in_shapes;
+  in_shapes.reserve(op.inputs.size());
+  for (const auto& s : op.inputs) {
+    const FullTensor& t = g.tensor(s.tensor);
+    if (s.ranges.size() != t.shape.size())
+      return op_error(op, "piece of '" + t.name + "' has " + std::to_string(s.ranges.size()) +
+                              " ranges for a " + std::to_string(t.shape.size()) + "-d tensor");
+    for (size_t d = 0; d < s.ranges.size(); ++d)
+      if (s.ranges[d].start < 0 || s.ranges[d].end > t.shape[d] ||
+          s.ranges[d].start >= s.ranges[d].end)
+        return op_error(op, "piece " + s.ranges_string() + " is outside '" + t.name + "' " +
+                                to_string(t.shape));
+    in_shapes.push_back(s.shape());
+  }
+  auto out_shapes = shapes_from_annotation(op.annotation(), in_shapes, op.attrs());
+  if (!out_shapes.ok()) return op_error(op, out_shapes.error().message);
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const SubTensor& s = op.outputs[i];
+    if (s.shape() != (*out_shapes)[i])
+      return op_error(op, "output '" + g.tensor(s.tensor).name + "' piece " + s.ranges_string() +
+                              " does not have the shape " + to_string((*out_shapes)[i]) +
+                              " its inputs imply");
+  }
+  return Status::success();
+}
+
+Status verify(const Graph& g, const OpRegistry& registry) { return verify_graph(g, &registry); }
+
+Status verify(const Graph& g) { return verify_graph(g, nullptr); }
 
 }  // namespace loom::graph

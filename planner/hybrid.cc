@@ -93,6 +93,7 @@ Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
   LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
   const std::vector<std::string> batch = batch_labels(g);
 
+  const graph::Rewriter rw = request.rewriter(g);
   Graph out = g;
   std::vector<Op>& ops = out.mutable_ops();
   ops.clear();
@@ -104,40 +105,35 @@ Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
 
     std::vector<Op> dp_parts{op};
     if (p.dp > 1) {
-      if (batch[i].empty()) {
-        dp_parts = graph::replicate_op(op, p.dp);
-      } else {
-        auto split = graph::split_op(op, batch[i], p.dp);
-        if (!split.ok())
-          return c.error("parallel.dp",
-                         "data parallelism " + std::to_string(p.dp) + ": " + split.error().message);
-        dp_parts = std::move(split).value();
-      }
+      auto split = batch[i].empty() ? rw.replicate(op, p.dp) : rw.partition(op, batch[i], p.dp);
+      if (!split.ok())
+        return c.error("parallel.dp",
+                       "data parallelism " + std::to_string(p.dp) + ": " + split.error().message);
+      dp_parts = std::move(split).value();
     }
     for (int64_t d = 0; d < static_cast<int64_t>(dp_parts.size()); ++d) {
       std::vector<Op> tp_parts{dp_parts[static_cast<size_t>(d)]};
-      const std::string label = p.tp > 1 ? tp_split(tp_parts[0], p.tp) : "";
       if (p.tp > 1) {
-        if (label.empty()) {
-          tp_parts = graph::replicate_op(tp_parts[0], p.tp);
-        } else {
-          auto split = graph::split_op(tp_parts[0], label, p.tp);
-          if (!split.ok())
-            return c.error("parallel.tp", "tensor parallelism " + std::to_string(p.tp) + ": " +
-                                              split.error().message);
-          tp_parts = std::move(split).value();
-        }
+        const std::string label = tp_split(tp_parts[0], p.tp);
+        auto split = label.empty() ? rw.replicate(tp_parts[0], p.tp)
+                                   : rw.partition(tp_parts[0], label, p.tp);
+        if (!split.ok())
+          return c.error("parallel.tp", "tensor parallelism " + std::to_string(p.tp) + ": " +
+                                            split.error().message);
+        tp_parts = std::move(split).value();
       }
       for (int64_t t = 0; t < static_cast<int64_t>(tp_parts.size()); ++t) {
         Op& sub = tp_parts[static_cast<size_t>(t)];
-        sub.device = DeviceId(mesh.rank({d, pp_rank, t}).value());
-        sub.stage = StageId(s);
+        LOOM_TRY(rw.assign(sub, DeviceId(mesh.rank({d, pp_rank, t}).value()), mesh.size()));
+        LOOM_TRY(rw.stage(sub, StageId(s), stages));
         sub.id = OpId(static_cast<int64_t>(ops.size()));
         ops.push_back(std::move(sub));
       }
     }
   }
-  if (chimera) return add_up_pipeline(out, mesh);
+  if (chimera)
+    return rw.apply("chimera's up pipeline", out,
+                    [&mesh](const Graph& down) { return add_up_pipeline(down, mesh); });
   return out;
 }
 

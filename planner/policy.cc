@@ -61,6 +61,10 @@ std::vector<std::string> PolicyRegistry::names() const {
   return out;
 }
 
+graph::Rewriter PlanRequest::rewriter(const graph::Graph& graph) const {
+  return graph::Rewriter(graph, config.parallel.policy + " policy", verify);
+}
+
 Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& request,
                                 const PolicyRegistry& policies) {
   const Config& c = request.config;

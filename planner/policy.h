@@ -1,5 +1,6 @@
 // Parallel policies: functions from the single-device graph and the config to a transformed,
-// placed, staged graph. Registered by name; user code registers its own.
+// placed, staged graph. Registered by name; user code registers its own. A policy applies every
+// transform through request.rewriter(), so each is checked as it runs (request.verify).
 #pragma once
 
 #include <functional>
@@ -10,12 +11,20 @@
 #include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
+#include "graph/rewriter.h"
 
 namespace loom::planner {
 
 struct PlanRequest {
   const Config& config;
   int64_t world_size;  // the ranks the plan is for
+  // Whether each transform a policy applies is checked as it runs (graph/rewriter.h): on in
+  // debug builds and tests, off in release builds unless LOOM_VERIFY_EACH_TRANSFORM=1.
+  graph::VerifyMode verify = graph::default_verify_mode();
+
+  // What a policy applies its transforms to `graph` with; errors name the policy
+  // ("tp policy: partition(op ...)").
+  graph::Rewriter rewriter(const graph::Graph& graph) const;
 };
 
 using Policy = std::function<Result<graph::Graph>(const graph::Graph&, const PlanRequest&)>;
