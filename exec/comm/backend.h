@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ class PendingOp {
   virtual Outcome wait_until(Clock::time_point deadline) = 0;
   // True when wait_until would return at once.
   virtual bool test() = 0;
+  // Device-side completion (nccl): makes the caller's current CUDA stream wait for the operation
+  // instead of blocking the host, and has a watchdog call `on_failure` once, from another
+  // thread, if the operation fails or is still running at `deadline`. The outcome says whether
+  // the wait could be queued; nullopt: this operation can only be awaited on the host.
+  virtual std::optional<Outcome> wait_on_device(Clock::time_point deadline,
+                                                std::function<void(Outcome)> on_failure) {
+    return std::nullopt;
+  }
 };
 
 // An operation that finished when it was started (or failed to).
@@ -56,6 +65,18 @@ class ThenOp : public PendingOp {
  private:
   std::shared_ptr<PendingOp> inner_;
   std::function<void()> then_;
+};
+
+// Several operations started together (the default batch_isend_irecv): done when all are,
+// failed with the first failure.
+class AllOp : public PendingOp {
+ public:
+  explicit AllOp(std::vector<std::shared_ptr<PendingOp>> ops) : ops_(std::move(ops)) {}
+  Outcome wait_until(Clock::time_point deadline) override;
+  bool test() override;
+
+ private:
+  std::vector<std::shared_ptr<PendingOp>> ops_;
 };
 
 // `out` = op over `parts` in order (every part has out's element count); out may alias none.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -81,6 +83,21 @@ Outcome ThenOp::wait_until(Clock::time_point deadline) {
   return outcome;
 }
 
+Outcome AllOp::wait_until(Clock::time_point deadline) {
+  for (auto& op : ops_) {
+    Outcome outcome = op->wait_until(deadline);
+    if (!outcome.ok()) return outcome;
+  }
+  return Outcome::done();
+}
+
+bool AllOp::test() {
+  for (auto& op : ops_) {
+    if (!op->test()) return false;
+  }
+  return true;
+}
+
 void reduce_into(const at::Tensor& out, const std::vector<at::Tensor>& parts, ReduceOp op) {
   LOOM_CHECK(!parts.empty()) << "reduce_into without parts";
   at::Tensor acc = parts[0].reshape(out.sizes()).clone();
@@ -121,60 +138,118 @@ std::string exception_message(const std::exception& e) {
 // ---------------------------------------------------------------------------------------------
 // Work
 
+// A peer's arrival that a call waits for: its arrival key must reach `count`.
+struct Awaited {
+  Rank rank;  // world rank
+  std::string key;
+  uint64_t count = 0;
+  std::string role;  // " at the matching send", for p2p; empty for collectives
+};
+
 struct Comm::Call {
   std::string what;  // "all_reduce #17", "recv #3 from rank 2 (tag 0)"
   Clock::time_point start;
   Clock::time_point deadline;
   double timeout_s = 0;
-  uint64_t count = 0;                                 // each awaited key must reach this
-  std::vector<std::pair<Rank, std::string>> awaited;  // (world rank, arrival key)
-  std::string peer_role;                              // " at the matching send", for p2p
+  std::vector<Awaited> awaited;
+  bool p2p = false;
 };
 
-struct WorkState {
+struct WorkState : std::enable_shared_from_this<WorkState> {
   std::shared_ptr<Comm> comm;  // null when failed before starting
   Comm::Call call;
-  std::shared_ptr<PendingOp> op;
+  std::shared_ptr<PendingOp> op;  // kept after a device-side wait: the device may still run it
   Hooks on_success;
   std::mutex mu;
   bool done = false;
+  bool on_device = false;  // done by ordering the caller's stream after the operation
   Status status;
 
-  Status run() {
-    Outcome outcome = op->wait_until(call.deadline);
-    if (outcome.ok()) {
-      try {
-        for (auto& hook : on_success) hook();
-      } catch (const std::exception& e) {
-        outcome = Outcome::failed(exception_message(e));
-      }
+  Status run_hooks() {
+    try {
+      for (auto& hook : on_success) hook();
+    } catch (const std::exception& e) {
+      on_success.clear();
+      return comm->fail_call(call, Outcome::failed(exception_message(e)));
     }
     on_success.clear();
-    op.reset();
-    if (outcome.ok()) return Status::success();
+    return Status::success();
+  }
 
-    std::string head = call.what + " on group " + comm->group_name();
-    std::string message;
-    if (outcome.kind == Outcome::Kind::kTimedOut) {
-      message = head + " timed out after " + format_seconds(call.timeout_s) +
-                " s: " + comm->who_is_missing(call, /*grace=*/false);
-      if (!outcome.detail.empty()) message += " (" + outcome.detail + ")";
-    } else {
-      const std::string elapsed = format_seconds(since(call.start));
-      message = head + " failed after " + elapsed + " s: " + outcome.detail + "; " +
-                comm->who_is_missing(call, /*grace=*/true);
+  // Device-side wait where the backend has one (the hooks then queue their tensor work behind
+  // it on the same stream), else the host waits.
+  Status run(bool host) {
+    if (!host) {
+      std::weak_ptr<Comm> weak = comm;
+      Comm::Call watched = call;
+      std::optional<Outcome> queued =
+          op->wait_on_device(call.deadline, [weak, watched](const Outcome& outcome) {
+            if (auto c = weak.lock()) (void)c->fail_call(watched, outcome);
+          });
+      if (queued) {
+        if (!queued->ok()) {
+          op.reset();
+          return comm->fail_call(call, *queued);
+        }
+        on_device = true;
+        return run_hooks();
+      }
     }
-    comm->mark_broken(message);
-    return Error{message, {}};
+    Outcome outcome = op->wait_until(call.deadline);
+    op.reset();
+    if (!outcome.ok()) {
+      on_success.clear();
+      return comm->fail_call(call, outcome);
+    }
+    return run_hooks();
+  }
+
+  // After a device-side wait: the host waits for the operation itself.
+  Status finish_on_host() {
+    Outcome outcome = op->wait_until(call.deadline);
+    op.reset();
+    on_device = false;
+    if (outcome.ok()) return status;
+    // The watchdog may have reported it first, with what it knew then.
+    Status known = comm->status();
+    return known.ok() ? Status(comm->fail_call(call, outcome)) : known;
   }
 };
+
+Error Comm::fail_call(const Call& call, const Outcome& outcome) {
+  std::string head = call.what + " on group " + group_name();
+  std::string message;
+  if (outcome.kind == Outcome::Kind::kTimedOut) {
+    message = head + " timed out after " + format_seconds(call.timeout_s) +
+              " s: " + who_is_missing(call, /*grace=*/false);
+    if (!outcome.detail.empty()) message += " (" + outcome.detail + ")";
+  } else {
+    const std::string elapsed = format_seconds(since(call.start));
+    message = head + " failed after " + elapsed + " s: " + outcome.detail + "; " +
+              who_is_missing(call, /*grace=*/true);
+  }
+  mark_broken(message);
+  return Error{message, {}};
+}
 
 Status Work::wait() {
   if (!state_) return Error{"wait() on an empty Work", {}};
   std::lock_guard<std::mutex> lock(state_->mu);
   if (!state_->done) {
-    state_->status = state_->run();
+    state_->status = state_->run(/*host=*/false);
     state_->done = true;
+  }
+  return state_->status;
+}
+
+Status Work::synchronize() {
+  if (!state_) return Error{"synchronize() on an empty Work", {}};
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->done) {
+    state_->status = state_->run(/*host=*/true);
+    state_->done = true;
+  } else if (state_->on_device && state_->status.ok()) {
+    state_->status = state_->finish_on_host();
   }
   return state_->status;
 }
@@ -183,7 +258,8 @@ bool Work::is_completed() {
   if (!state_) return true;
   std::unique_lock<std::mutex> lock(state_->mu, std::try_to_lock);
   if (!lock.owns_lock()) return false;  // another thread is waiting on it
-  return state_->done || state_->op->test();
+  if (state_->op) return state_->op->test();
+  return state_->done;
 }
 
 std::string Work::description() const {
@@ -236,6 +312,12 @@ bool Comm::broken() const {
   return !broken_reason_.empty();
 }
 
+Status Comm::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_reason_.empty()) return Status::success();
+  return Error{broken_reason_, {}};
+}
+
 void Comm::mark_broken(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -248,6 +330,7 @@ void Comm::mark_broken(const std::string& reason) {
 Result<Comm::Call> Comm::begin_collective(const char* name) {
   Call call;
   std::string key;
+  uint64_t count = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_reason_.empty()) {
@@ -256,21 +339,21 @@ Result<Comm::Call> Comm::begin_collective(const char* name) {
               " refused: the group is unusable after an earlier failure: " + broken_reason_,
           {}};
     }
-    call.count = ++collectives_;
+    count = ++collectives_;
     call.timeout_s = spec_.timeout_s;
   }
-  call.what = std::string(name) + " #" + std::to_string(call.count);
+  call.what = std::string(name) + " #" + std::to_string(count);
   for (int m = 0; m < size(); ++m) {
     std::string k = spec_.uid + "/c/" + std::to_string(m);
     if (m == spec_.rank.value()) {
       key = k;
     } else {
-      call.awaited.emplace_back(spec_.world_ranks[m], std::move(k));
+      call.awaited.push_back({spec_.world_ranks[m], std::move(k), count, ""});
     }
   }
   call.start = Clock::now();
   call.deadline = deadline_after(call.start, call.timeout_s);
-  if (Status s = spec_.arrivals->mark(key, call.count); !s.ok()) {
+  if (Status s = spec_.arrivals->mark(key, count); !s.ok()) {
     std::string message = call.what + " on group " + group_name() +
                           " failed: could not announce arrival: " + s.error().message;
     mark_broken(message);
@@ -281,67 +364,117 @@ Result<Comm::Call> Comm::begin_collective(const char* name) {
 
 Result<Comm::Call> Comm::begin_p2p(const char* name, int peer, int tag) {
   const bool is_send = std::string(name) == "send";
+  return begin_p2p_ops({is_send ? P2POp::send(at::Tensor(), Rank(peer), tag)
+                                : P2POp::recv(at::Tensor(), Rank(peer), tag)},
+                       /*batch=*/false);
+}
+
+Result<Comm::Call> Comm::begin_p2p_ops(const std::vector<P2POp>& ops, bool batch) {
   const int me = static_cast<int>(spec_.rank.value());
-  const int src = is_send ? me : peer;
-  const int dst = is_send ? peer : me;
-  const std::string pair =
-      std::to_string(src) + ">" + std::to_string(dst) + "/" + std::to_string(tag);
+  const char* refused_name = batch                               ? "batch_isend_irecv"
+                             : ops[0].kind == P2POp::Kind::kSend ? "send"
+                                                                 : "recv";
   Call call;
+  call.p2p = true;
+  std::vector<uint64_t> counts;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_reason_.empty()) {
       return Error{
-          std::string(name) + " on group " + group_name() +
+          std::string(refused_name) + " on group " + group_name() +
               " refused: the group is unusable after an earlier failure: " + broken_reason_,
           {}};
     }
-    call.count = ++p2p_counts_[{peer, tag, is_send}];
+    for (const P2POp& op : ops) {
+      const int peer = static_cast<int>(op.peer.value());
+      const bool is_send = op.kind == P2POp::Kind::kSend;
+      counts.push_back(peer == me ? 0 : ++p2p_counts_[{peer, op.tag, is_send}]);
+    }
     call.timeout_s = spec_.timeout_s;
   }
-  call.what = std::string(name) + " #" + std::to_string(call.count) + (is_send ? " to" : " from") +
-              " rank " + spec_.world_ranks[peer].to_string() + " (tag " + std::to_string(tag) + ")";
-  call.awaited.emplace_back(spec_.world_ranks[peer], spec_.uid + (is_send ? "/r/" : "/s/") + pair);
-  call.peer_role = is_send ? " at the matching recv" : " at the matching send";
+  std::vector<std::string> parts, marks;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int peer = static_cast<int>(ops[i].peer.value());
+    const bool is_send = ops[i].kind == P2POp::Kind::kSend;
+    const std::string tag = "(tag " + std::to_string(ops[i].tag) + ")";
+    if (peer == me) {
+      parts.push_back(std::string(is_send ? "send to" : "recv from") + " itself " + tag);
+      marks.emplace_back();
+      continue;
+    }
+    parts.push_back(std::string(is_send ? "send #" : "recv #") + std::to_string(counts[i]) +
+                    (is_send ? " to" : " from") + " rank " + spec_.world_ranks[peer].to_string() +
+                    " " + tag);
+    const std::string pair = std::to_string(is_send ? me : peer) + ">" +
+                             std::to_string(is_send ? peer : me) + "/" + std::to_string(ops[i].tag);
+    call.awaited.push_back({spec_.world_ranks[peer], spec_.uid + (is_send ? "/r/" : "/s/") + pair,
+                            counts[i],
+                            is_send ? " at the matching recv" : " at the matching send"});
+    marks.push_back(spec_.uid + (is_send ? "/s/" : "/r/") + pair);
+  }
+  if (batch) {
+    call.what = "batch_isend_irecv of " + std::to_string(ops.size()) +
+                (ops.size() == 1 ? " op (" : " ops (");
+    for (size_t i = 0; i < parts.size(); ++i) call.what += (i ? ", " : "") + parts[i];
+    call.what += ")";
+  } else {
+    call.what = parts[0];
+  }
   call.start = Clock::now();
   call.deadline = deadline_after(call.start, call.timeout_s);
-  if (Status s = spec_.arrivals->mark(spec_.uid + (is_send ? "/s/" : "/r/") + pair, call.count);
-      !s.ok()) {
-    std::string message = call.what + " on group " + group_name() +
-                          " failed: could not announce arrival: " + s.error().message;
-    mark_broken(message);
-    return Error{message, {}};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (marks[i].empty()) continue;
+    if (Status s = spec_.arrivals->mark(marks[i], counts[i]); !s.ok()) {
+      std::string message = call.what + " on group " + group_name() +
+                            " failed: could not announce arrival: " + s.error().message;
+      mark_broken(message);
+      return Error{message, {}};
+    }
   }
   return call;
 }
 
 std::string Comm::who_is_missing(const Call& call, bool grace) {
   std::vector<std::string> keys;
-  for (const auto& [rank, key] : call.awaited) keys.push_back(key);
+  for (const Awaited& a : call.awaited) keys.push_back(a.key);
   const Clock::time_point grace_end =
       std::min(call.deadline,
                Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(kGraceS * 1000)));
-  std::vector<Rank> missing;
+  std::vector<const Awaited*> missing;
   while (true) {
     Result<std::vector<uint64_t>> counts = spec_.arrivals->read(keys);
     if (!counts.ok()) return counts.error().message;
     missing.clear();
     for (size_t i = 0; i < keys.size(); ++i) {
-      if ((*counts)[i] < call.count) missing.push_back(call.awaited[i].first);
+      if ((*counts)[i] < call.awaited[i].count) missing.push_back(&call.awaited[i]);
     }
     if (missing.empty() || !grace || Clock::now() >= grace_end) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (missing.empty()) {
-    return call.peer_role.empty()
-               ? "every rank arrived"
-               : "rank " + call.awaited[0].first.to_string() + " arrived" + call.peer_role;
+    if (!call.p2p) return "every rank arrived";
+    if (call.awaited.size() == 1) {
+      return "rank " + call.awaited[0].rank.to_string() + " arrived" + call.awaited[0].role;
+    }
+    return "every peer arrived";
   }
-  std::string out = missing.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < missing.size(); ++i) {
-    if (i) out += ", ";
-    out += missing[i].to_string();
+  if (!call.p2p) {
+    std::string out = missing.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < missing.size(); ++i) {
+      if (i) out += ", ";
+      out += missing[i]->rank.to_string();
+    }
+    return out + " did not arrive";
   }
-  return out + " did not arrive" + call.peer_role;
+  // Point to point: each missing peer with the side it did not reach, once.
+  std::string out;
+  std::set<std::pair<int64_t, std::string>> said;
+  for (const Awaited* a : missing) {
+    if (!said.insert({a->rank.value(), a->role}).second) continue;
+    if (!out.empty()) out += "; ";
+    out += "rank " + a->rank.to_string() + " did not arrive" + a->role;
+  }
+  return out;
 }
 
 Work Comm::finish(Call call, Started started, Hooks on_success) {
@@ -435,6 +568,85 @@ Work Comm::recv_async(const at::Tensor& tensor, Rank src, int tag) {
   at::Tensor buf = stage_out(tensor, copy_back);
   return finish(std::move(call), start_recv(buf, static_cast<int>(src.value()), tag),
                 std::move(copy_back));
+}
+
+Work Comm::batch_isend_irecv(const std::vector<P2POp>& ops) {
+  const std::string where = "batch_isend_irecv on group " + group_name();
+  if (ops.empty()) return Work::failed(Error{where + ": no ops given", {}});
+  // Sends to this rank, by tag, in order: each is matched by a recv from this rank.
+  std::map<int, std::vector<size_t>> self_sends, self_recvs;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const std::string role = "ops[" + std::to_string(i) + "]";
+    LOOM_COMM_CHECK(check_tensor(where, role.c_str(), ops[i].tensor));
+    LOOM_COMM_CHECK(check_peer("batch_isend_irecv", ops[i].peer));
+    if (ops[i].tag < 0) return Work::failed(Error{where + ": " + role + ": tag must be >= 0", {}});
+    if (ops[i].peer == rank()) {
+      (ops[i].kind == P2POp::Kind::kSend ? self_sends : self_recvs)[ops[i].tag].push_back(i);
+    }
+  }
+  for (const auto& [tag, sends] : self_sends) {
+    const std::vector<size_t>& recvs = self_recvs[tag];
+    if (recvs.size() != sends.size()) {
+      return Work::failed(Error{where + ": " + std::to_string(sends.size()) +
+                                    " send(s) to this rank with tag " + std::to_string(tag) +
+                                    " but " + std::to_string(recvs.size()) +
+                                    " recv(s) from it; each needs its match in the batch",
+                                {}});
+    }
+    for (size_t k = 0; k < sends.size(); ++k) {
+      const at::Tensor& from = ops[sends[k]].tensor;
+      const at::Tensor& into = ops[recvs[k]].tensor;
+      if (from.numel() != into.numel() || from.scalar_type() != into.scalar_type()) {
+        return Work::failed(Error{where + ": ops[" + std::to_string(recvs[k]) + "] receives " +
+                                      shape_of(into) + " from this rank, but the matching send " +
+                                      "ops[" + std::to_string(sends[k]) + "] is " + shape_of(from),
+                                  {}});
+      }
+    }
+  }
+  for (const auto& [tag, recvs] : self_recvs) {
+    if (self_sends[tag].size() != recvs.size()) {
+      return Work::failed(Error{where + ": " + std::to_string(recvs.size()) +
+                                    " recv(s) from this rank with tag " + std::to_string(tag) +
+                                    " but " + std::to_string(self_sends[tag].size()) +
+                                    " send(s) to it; each needs its match in the batch",
+                                {}});
+    }
+  }
+  LOOM_COMM_BEGIN(call, begin_p2p_ops(ops, /*batch=*/true));
+  Hooks copy_back;
+  std::vector<P2POp> staged = ops;
+  for (P2POp& op : staged) {
+    op.tensor =
+        op.kind == P2POp::Kind::kSend ? stage_in(op.tensor) : stage_out(op.tensor, copy_back);
+  }
+  return finish(std::move(call), start_batch(staged), std::move(copy_back));
+}
+
+Comm::Started Comm::start_batch(const std::vector<P2POp>& ops) {
+  const int me = static_cast<int>(rank().value());
+  std::map<int, std::vector<at::Tensor>> to_self;  // by tag, in order
+  for (const P2POp& op : ops) {
+    if (op.kind == P2POp::Kind::kSend && op.peer == rank()) to_self[op.tag].push_back(op.tensor);
+  }
+  std::map<int, size_t> taken;
+  std::vector<std::shared_ptr<PendingOp>> started;
+  for (const P2POp& op : ops) {
+    const int peer = static_cast<int>(op.peer.value());
+    if (peer == me) {
+      if (op.kind == P2POp::Kind::kRecv) {
+        flat_view(op.tensor).copy_(flat_view(to_self[op.tag][taken[op.tag]++]));
+      }
+      continue;
+    }
+    // Ops already started are abandoned if a later one cannot start: finish() then makes the
+    // group unusable.
+    LOOM_ASSIGN_OR_RETURN(std::shared_ptr<PendingOp> one,
+                          op.kind == P2POp::Kind::kSend ? start_send(op.tensor, peer, op.tag)
+                                                        : start_recv(op.tensor, peer, op.tag));
+    started.push_back(std::move(one));
+  }
+  return std::shared_ptr<PendingOp>(std::make_shared<AllOp>(std::move(started)));
 }
 
 Work Comm::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
@@ -618,7 +830,7 @@ Status Comm::barrier() {
   if (!call.ok()) return call.error();
   Work work = finish(std::move(call).value(), start_barrier(), {});
   issue.unlock();
-  return work.wait();
+  return work.synchronize();  // a barrier's result is that the host got past it
 }
 
 Result<std::shared_ptr<Comm>> Comm::new_group(const std::vector<Rank>& ranks, std::string name) {

@@ -31,6 +31,7 @@ const char* to_string(ReduceOp op);
 
 class Arrivals;
 class PendingOp;
+struct Outcome;
 struct WorkState;
 
 // Handle on a started operation. Copyable; every copy refers to the same operation. Outputs are
@@ -38,9 +39,16 @@ struct WorkState;
 class Work {
  public:
   Work() = default;
-  // Blocks until the operation finished or its deadline (start + the Comm's timeout) passed.
+  // CPU backends: blocks until the operation finished or its deadline (start + the Comm's
+  // timeout) passed. nccl: makes the caller's current CUDA stream wait for the operation and
+  // returns without blocking the host (outputs are valid in that stream's order); a watchdog
+  // then holds the operation to its deadline, and a failure or timeout makes the group unusable,
+  // aborts the process's communicators and is reported by status() and by every later call.
   // Idempotent: later calls return the first result.
   Status wait();
+  // Blocks the host until the operation finished or its deadline passed, on every backend (after
+  // wait() too). For results the host must see at once; costs a host round trip on nccl.
+  Status synchronize();
   // True once the operation finished, successfully or not; never blocks.
   bool is_completed();
   // "all_reduce #17 on group dp[0,2]".
@@ -52,6 +60,22 @@ class Work {
   friend class Comm;
   explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
   std::shared_ptr<WorkState> state_;
+};
+
+// One send or receive of a batch_isend_irecv; `peer` is a rank of the group.
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  at::Tensor tensor;
+  Rank peer;
+  int tag = 0;
+
+  static P2POp send(at::Tensor tensor, Rank dst, int tag = 0) {
+    return {Kind::kSend, std::move(tensor), dst, tag};
+  }
+  static P2POp recv(at::Tensor tensor, Rank src, int tag = 0) {
+    return {Kind::kRecv, std::move(tensor), src, tag};
+  }
 };
 
 // What every Comm of one group knows about the group.
@@ -90,6 +114,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Status recv(const at::Tensor& tensor, Rank src, int tag = 0);
   Work send_async(const at::Tensor& tensor, Rank dst, int tag = 0);
   Work recv_async(const at::Tensor& tensor, Rank src, int tag = 0);
+  // Starts `ops` together, as torch.distributed.batch_isend_irecv: one handle for all of them,
+  // and no order between ranks' batches can deadlock (a pipeline block where one rank sends
+  // activations while its peer sends gradients). The nccl backend issues the batch as one NCCL
+  // group; the others start the ops in order. Each op counts as a send_async / recv_async for
+  // message order. A send to this rank needs a recv from this rank with the same tag in the
+  // same batch (matched in order).
+  Work batch_isend_irecv(const std::vector<P2POp>& ops);
 
   // In place on every rank. kAvg needs a floating-point tensor.
   Status all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
@@ -131,6 +162,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // `name` is shown in messages ("tp", "dp", "pp"); empty: the group's uid.
   Result<std::shared_ptr<Comm>> new_group(const std::vector<Rank>& ranks, std::string name = "");
 
+  // An error naming the failed or timed-out call once the group is unusable (on nccl also when
+  // a watchdog found the failure after wait() returned), else success. Never blocks.
+  Status status() const;
+
   // Number of collectives started on this group so far (the next one gets number + 1). Inside a
   // backend's start_* hook: the number of the call being started.
   uint64_t collective_count() const;
@@ -154,6 +189,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
                                    const std::vector<at::Tensor>& in) = 0;
   virtual Started start_broadcast(const at::Tensor& tensor, int root) = 0;
   virtual Started start_barrier() = 0;
+  // The ops of a batch_isend_irecv (peers are ranks of this group; a send to this rank has a
+  // matching recv in the batch). The default starts them in order through start_send and
+  // start_recv, and copies what this rank sends itself.
+  virtual Started start_batch(const std::vector<P2POp>& ops);
   // Builds the sub-group on members (spec.rank valid) and returns nullptr on non-members
   // (spec.rank invalid). `members` are ranks of this group. Must finish by `deadline`.
   virtual Result<std::shared_ptr<Comm>> make_group(const std::vector<int>& members, GroupSpec spec,
@@ -170,9 +209,15 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   Result<Call> begin_collective(const char* name);
   Result<Call> begin_p2p(const char* name, int peer, int tag);
+  // Numbers the ops (each as a send or recv of its own) and announces this rank's arrival at
+  // them; `batch` names the call "batch_isend_irecv of N ops (...)".
+  Result<Call> begin_p2p_ops(const std::vector<P2POp>& ops, bool batch);
   Work finish(Call call, Started started, std::vector<std::function<void()>> on_success);
   Status check_peer(const char* what, Rank peer) const;
   void mark_broken(const std::string& reason);
+  // The message of a call that failed or timed out ("all_reduce #17 on group dp[0,2] timed out
+  // after 5.0 s: rank 2 did not arrive"); makes the group unusable.
+  Error fail_call(const Call& call, const Outcome& outcome);
   // "rank 2 did not arrive" / "ranks 1, 3 did not arrive" / "every rank arrived".
   std::string who_is_missing(const Call& call, bool grace);
 

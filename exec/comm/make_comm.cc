@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <thread>
 
-#include "exec/comm/gloo_comm.h"
 #include "exec/comm/local_comm.h"
 #include "exec/comm/store.h"
+#if LOOM_COMM_HAVE_GLOO
+#include "exec/comm/gloo_comm.h"
+#endif
 #if LOOM_COMM_HAVE_MPI
 #include "exec/comm/mpi_comm.h"
 #endif
@@ -96,12 +98,21 @@ bool started_by_mpi(const EnvLookup& env) {
 }
 
 Result<std::shared_ptr<Comm>> make_gloo(const CommConfig& config, const EnvLookup& env) {
+#if LOOM_COMM_HAVE_GLOO
   LOOM_ASSIGN_OR_RETURN(ProcessWorld w, world_from_env(env, "gloo"));
   LOOM_ASSIGN_OR_RETURN(auto store, store_for(w, "gloo", config.timeout_s));
   Result<std::shared_ptr<Comm>> comm =
       make_gloo_comm(std::move(store), w.rank, w.size, w.addr, config.timeout_s);
   if (!comm.ok()) return backend_error("gloo", comm.error().message);
   return comm;
+#else
+  (void)config;
+  (void)env;
+  return backend_error("gloo",
+                       "this build of loom has no gloo backend (gloo's headers were not found "
+                       "when it was configured: LibTorch wheels do not ship them, see "
+                       "LOOM_GLOO); use nccl, mpi or local");
+#endif
 }
 
 Result<std::shared_ptr<Comm>> make_mpi(const CommConfig& config, const EnvLookup& env) {
@@ -155,7 +166,10 @@ EnvLookup process_env() {
 }
 
 std::vector<std::string> built_backends() {
-  std::vector<std::string> out{"local", "gloo"};
+  std::vector<std::string> out{"local"};
+#if LOOM_COMM_HAVE_GLOO
+  out.push_back("gloo");
+#endif
 #if LOOM_COMM_HAVE_MPI
   out.push_back("mpi");
 #endif
@@ -164,6 +178,19 @@ std::vector<std::string> built_backends() {
 #endif
   return out;
 }
+
+namespace {
+
+bool has(const std::string& backend) {
+  auto built = built_backends();
+  return std::find(built.begin(), built.end(), backend) != built.end();
+}
+
+// The backend of processes started by loomrun: gloo where this build has it, else nccl (a
+// build against a LibTorch wheel).
+std::string default_process_backend() { return has("gloo") || !has("nccl") ? "gloo" : "nccl"; }
+
+}  // namespace
 
 Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLookup& env) {
   if (!(config.timeout_s > 0)) {
@@ -176,10 +203,9 @@ Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLooku
       backend = "mpi";
     } else if (started_by_mpi(env)) {
       // Under mpirun with loomrun's variables as well: mpi if this build has it.
-      auto built = built_backends();
-      backend = std::find(built.begin(), built.end(), "mpi") != built.end() ? "mpi" : "gloo";
+      backend = has("mpi") ? "mpi" : default_process_backend();
     } else if (env("WORLD_SIZE")) {
-      backend = "gloo";
+      backend = default_process_backend();
     } else {
       backend = "local";
     }

@@ -29,14 +29,15 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 EnvLookup process_env();
 
 // The world Comm for config.backend:
-//   auto  mpi when started by mpirun/srun, else gloo when WORLD_SIZE is set, else a world of one
+//   auto  mpi when started by mpirun/srun, else gloo when WORLD_SIZE is set (nccl in a build
+//         without gloo), else a world of one
 //   gloo | mpi | nccl | local (local: a world of one; use LocalWorld for threads as ranks)
 // Every call of the Comm is bounded by config.timeout_s. Errors name comm.backend or the
 // environment variable at fault.
 Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config,
                                         const EnvLookup& env = process_env());
 
-// The backends compiled into this build ("local", "gloo", and "mpi", "nccl" when found).
+// The backends compiled into this build ("local"; "gloo", "mpi", "nccl" when found).
 std::vector<std::string> built_backends();
 
 // Sets LibTorch's intra-op threads to OMP_NUM_THREADS when that is a positive integer (as PyTorch

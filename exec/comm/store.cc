@@ -190,4 +190,12 @@ Result<std::string> RendezvousStore::get(const std::string& key) {
   }
 }
 
+Result<bool> RendezvousStore::has(const std::string& key) {
+  try {
+    return store_->check({key});
+  } catch (const std::exception& e) {
+    return Error{where_ + ": checking " + key + " failed: " + exception_message(e), {}};
+  }
+}
+
 }  // namespace loom::comm

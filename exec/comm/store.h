@@ -28,6 +28,8 @@ class RendezvousStore {
   Status set(const std::string& key, const std::string& value);
   // Waits for `key` up to the store's timeout.
   Result<std::string> get(const std::string& key);
+  // Whether `key` is set; never waits.
+  Result<bool> has(const std::string& key);
 
  private:
   RendezvousStore(c10::intrusive_ptr<c10d::Store> store, int port, std::string where)

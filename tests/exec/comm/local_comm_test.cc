@@ -2,11 +2,13 @@
 // diagnostics of a call that cannot finish.
 #include "exec/comm/local_comm.h"
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "tests/exec/comm/primitive_checks.h"
@@ -135,6 +137,84 @@ TEST(LocalComm, SeveralMissingRanks) {
   ASSERT_FALSE(results[0].ok());
   EXPECT_EQ(results[0].error().message,
             "barrier #1 on group world[0,1,2,3] timed out after 0.20 s: ranks 2, 3 did not arrive");
+}
+
+// The 1F1B exchange of a pipeline block: each rank of a pair sends before it receives. Blocking
+// send/recv in that order deadlocks on a backend without buffering; a batch does not, in
+// whatever order each rank lists its ops.
+TEST(LocalComm, BatchIsendIrecvOneFOneBExchange) {
+  for (int size : {2, 3, 4}) {
+    SCOPED_TRACE("world size " + std::to_string(size));
+    LocalWorld world(size, /*timeout_s=*/20);
+    expect_all_ok(world.run([](Comm& comm) -> Status {
+      const int64_t r = comm.rank().value(), s = comm.size(), n = 4;
+      const int64_t next = (r + 1) % s, prev = (r + s - 1) % s;
+      // Activations go forward to `next`, gradients back to `prev`, in one batch each.
+      at::Tensor act = at::arange(n, at::kFloat).add_(static_cast<double>(r * n));
+      at::Tensor grad = at::arange(n, at::kFloat).add_(static_cast<double>(100 + r * n));
+      at::Tensor act_in = at::full({n}, -1.0), grad_in = at::full({n}, -1.0);
+      std::vector<P2POp> ops{P2POp::send(act, Rank(next), 0), P2POp::send(grad, Rank(prev), 1),
+                             P2POp::recv(act_in, Rank(prev), 0),
+                             P2POp::recv(grad_in, Rank(next), 1)};
+      if (r % 2 == 1) std::reverse(ops.begin(), ops.end());
+      LOOM_TRY(comm.batch_isend_irecv(ops).wait());
+      for (int64_t i = 0; i < n; ++i) {
+        if (act_in[i].item<double>() != prev * n + i ||
+            grad_in[i].item<double>() != 100 + next * n + i) {
+          return Error{"rank " + std::to_string(r) + ": element " + std::to_string(i) +
+                           " is wrong: " + std::to_string(act_in[i].item<double>()) + ", " +
+                           std::to_string(grad_in[i].item<double>()),
+                       {}};
+        }
+      }
+      // Numbered like single sends and receives: a plain pair after the batch still matches.
+      at::Tensor one = at::full({1}, static_cast<double>(r)), got = at::full({1}, -1.0);
+      Work sent = comm.send_async(one, Rank(next), 0);
+      LOOM_TRY(comm.recv(got, Rank(prev), 0));
+      LOOM_TRY(sent.wait());
+      if (got.item<double>() != prev) return Error{"plain recv after a batch: wrong value", {}};
+      return Status::success();
+    }));
+  }
+}
+
+TEST(LocalComm, BatchIsendIrecvChecksItsOps) {
+  LocalWorld world(2, /*timeout_s=*/5);
+  auto comm = world.comm(Rank(0));
+  at::Tensor t = at::zeros({3});
+  auto message = [](const Work& w) {
+    Work copy = w;
+    Status s = copy.wait();
+    return s.ok() ? std::string("ok") : s.error().message;
+  };
+  EXPECT_EQ(message(comm->batch_isend_irecv({})),
+            "batch_isend_irecv on group world[0,1]: no ops given");
+  EXPECT_EQ(message(comm->batch_isend_irecv({P2POp::send(t, Rank(0), 3)})),
+            "batch_isend_irecv on group world[0,1]: 1 send(s) to this rank with tag 3 but 0 "
+            "recv(s) from it; each needs its match in the batch");
+  EXPECT_EQ(message(comm->batch_isend_irecv(
+                {P2POp::send(t, Rank(0)), P2POp::recv(at::zeros({2}), Rank(0))})),
+            "batch_isend_irecv on group world[0,1]: ops[1] receives [2] Float from this rank, but "
+            "the matching send ops[0] is [3] Float");
+  const std::string bad_peer = message(comm->batch_isend_irecv({P2POp::recv(t, Rank(2))}));
+  EXPECT_NE(bad_peer.find("rank 2 is not in the group"), std::string::npos) << bad_peer;
+  // Argument errors leave the group usable.
+  EXPECT_TRUE(comm->status().ok());
+}
+
+TEST(LocalComm, BatchTimeoutNamesEveryMissingPeer) {
+  LocalWorld world(3, /*timeout_s=*/0.2);
+  std::vector<Status> results = world.run([&](Comm& comm) -> Status {
+    if (comm.rank() != Rank(0)) return Status::success();  // peers never answer
+    at::Tensor a = at::zeros({2}), b = at::zeros({2});
+    return comm.batch_isend_irecv({P2POp::send(a, Rank(1), 0), P2POp::recv(b, Rank(2), 5)}).wait();
+  });
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].error().message,
+            "batch_isend_irecv of 2 ops (send #1 to rank 1 (tag 0), recv #1 from rank 2 (tag 5)) "
+            "on group world[0,1,2] timed out after 0.20 s: rank 1 did not arrive at the matching "
+            "recv; rank 2 did not arrive at the matching send");
+  EXPECT_FALSE(world.comm(Rank(0))->status().ok());
 }
 
 TEST(LocalComm, RecvTimeoutNamesThePeer) {

@@ -63,6 +63,7 @@ TEST(MakeComm, BadTimeout) {
 }
 
 TEST(MakeComm, GlooNeedsTheLauncherVariables) {
+  if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
   auto missing_size = make_comm(config("gloo"), env_of({}));
   EXPECT_NE(error_of(missing_size).find("gloo: WORLD_SIZE is not set"), std::string::npos)
       << error_of(missing_size);
@@ -90,6 +91,7 @@ TEST(MakeComm, GlooNeedsTheLauncherVariables) {
 
 // Nobody hosts the store: rank 1 gives up at the timeout with a message, not a hang.
 TEST(MakeComm, UnreachableRendezvousIsAClearErrorAtTheTimeout) {
+  if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
   const int port = testing::free_port();
   const auto start = Clock::now();
   auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
@@ -106,6 +108,7 @@ TEST(MakeComm, UnreachableRendezvousIsAClearErrorAtTheTimeout) {
 
 // Rank 0 hosts the store but rank 1 never comes.
 TEST(MakeComm, MissingRankAtRendezvousIsAClearErrorAtTheTimeout) {
+  if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
   const int port = testing::free_port();
   auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
                                                      {"RANK", "0"},
@@ -124,6 +127,7 @@ TEST(MakeComm, LocalCannotJoinAProcessWorld) {
 }
 
 TEST(MakeComm, GlooWorldOfOneRunsEveryPrimitive) {
+  if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
   auto comm = make_comm(config("auto", 20), env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}}));
   ASSERT_TRUE(comm.ok()) << error_of(comm);
   EXPECT_STREQ((*comm)->backend_name(), "gloo");
@@ -135,7 +139,7 @@ TEST(MakeComm, GlooWorldOfOneRunsEveryPrimitive) {
 
 TEST(MakeComm, RegisteredBackends) {
   EXPECT_TRUE(built("local"));
-  EXPECT_TRUE(built("gloo"));
+  EXPECT_EQ(built("gloo"), LOOM_EXPECT_GLOO != 0);
   EXPECT_EQ(built("mpi"), LOOM_EXPECT_MPI != 0);
   EXPECT_EQ(built("nccl"), LOOM_EXPECT_NCCL != 0);
 }
@@ -160,6 +164,14 @@ TEST(MakeComm, NcclIsRegisteredWhenBuiltAndFailsClearlyOtherwise) {
     ASSERT_FALSE(cpu.ok());
     EXPECT_NE(cpu.error().message.find("nccl backend needs CUDA tensors"), std::string::npos);
   }
+}
+
+TEST(MakeComm, GlooFailsClearlyWhenNotBuilt) {
+  if (built("gloo")) GTEST_SKIP() << "gloo is built; the tests above run it";
+  auto comm = make_comm(config("gloo"), env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}}));
+  EXPECT_EQ(error_of(comm).rfind("comm.backend: gloo: this build of loom has no gloo backend", 0),
+            0u)
+      << error_of(comm);
 }
 
 TEST(MakeComm, MpiFailsClearlyWhenNotBuilt) {

@@ -12,20 +12,26 @@ namespace {
 
 using Fill = std::function<double(int64_t)>;
 
-at::Tensor filled(std::vector<int64_t> shape, const Fill& f, at::ScalarType dtype = at::kFloat) {
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kDouble));
-  double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = f(i);
-  return t.to(dtype);
-}
+// Tensors filled with closed-form values, made on the CPU and moved to the device under test.
+struct Filled {
+  at::Device device = at::kCPU;
 
-at::Tensor filled(int64_t n, const Fill& f, at::ScalarType dtype = at::kFloat) {
-  return filled(std::vector<int64_t>{n}, f, dtype);
-}
+  at::Tensor operator()(std::vector<int64_t> shape, const Fill& f,
+                        at::ScalarType dtype = at::kFloat) const {
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kDouble));
+    double* p = t.data_ptr<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = f(i);
+    return t.to(device, dtype);
+  }
+
+  at::Tensor operator()(int64_t n, const Fill& f, at::ScalarType dtype = at::kFloat) const {
+    return (*this)(std::vector<int64_t>{n}, f, dtype);
+  }
+};
 
 // Element i of `got` (row-major) equals want(i).
 Status expect(const std::string& what, const Comm& comm, const at::Tensor& got, const Fill& want) {
-  at::Tensor g = got.contiguous().to(at::kDouble);
+  at::Tensor g = got.to(at::kCPU).contiguous().to(at::kDouble);
   const double* p = g.data_ptr<double>();
   for (int64_t i = 0; i < g.numel(); ++i) {
     const double w = want(i);
@@ -47,7 +53,8 @@ Status expect_numel(const std::string& what, const at::Tensor& t, int64_t n) {
   return Status::success();
 }
 
-Status check_all_reduce(Comm& comm) {
+Status check_all_reduce(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value(), n = 5, S = s * (s - 1) / 2;
   auto base = [&](int64_t i) { return static_cast<double>(r * n + i); };
 
@@ -88,14 +95,16 @@ Status check_all_reduce(Comm& comm) {
   Work wb = comm.all_reduce_async(b, ReduceOp::kMax);
   LOOM_TRY(wb.wait());
   LOOM_TRY(wa.wait());
-  LOOM_TRY(wa.wait());  // idempotent
+  LOOM_TRY(wa.wait());         // idempotent
+  LOOM_TRY(wa.synchronize());  // the host waits too (nccl: wait() only orders the stream)
   if (!wa.is_completed()) return Error{"all_reduce_async: not completed after wait", {}};
   LOOM_TRY(expect("all_reduce_async sum", comm, a, [&](int64_t i) { return n * S + s * i; }));
   LOOM_TRY(expect("all_reduce_async max", comm, b, [&](int64_t i) { return (s - 1) + i; }));
   return Status::success();
 }
 
-Status check_broadcast(Comm& comm) {
+Status check_broadcast(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value(), n = 4;
   at::Tensor t = r == s - 1 ? filled(n, [](int64_t i) { return 100.0 + i; })
                             : filled(n, [](int64_t) { return -1.0; });
@@ -110,7 +119,8 @@ Status check_broadcast(Comm& comm) {
   return Status::success();
 }
 
-Status check_all_gather(Comm& comm) {
+Status check_all_gather(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value(), n = 3;
   at::Tensor in = filled(n, [&](int64_t i) { return r * n + i; });
   std::vector<at::Tensor> out;
@@ -136,7 +146,8 @@ Status check_all_gather(Comm& comm) {
   return Status::success();
 }
 
-Status check_reduce_scatter(Comm& comm) {
+Status check_reduce_scatter(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value(), n = 4, S = s * (s - 1) / 2;
   auto piece = [&](int64_t j) {
     return filled(n, [&, j](int64_t i) { return r * 100.0 + j * n + i; });
@@ -170,7 +181,8 @@ Status check_reduce_scatter(Comm& comm) {
 }
 
 // Rank r sends rank j a piece of r + j + 1 elements filled with r * 1000 + j * 10 + k.
-Status check_all_to_all(Comm& comm) {
+Status check_all_to_all(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value();
   std::vector<at::Tensor> in, out;
   for (int64_t j = 0; j < s; ++j) {
@@ -201,7 +213,8 @@ Status check_all_to_all(Comm& comm) {
   return Status::success();
 }
 
-Status check_send_recv(Comm& comm) {
+Status check_send_recv(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value(), n = 6;
   if (s == 1) return Status::success();
   // A ring with async sends (a blocking ring of sends could deadlock on a rendezvous backend).
@@ -243,7 +256,49 @@ Status check_send_recv(Comm& comm) {
   return Status::success();
 }
 
-Status sum_of_world_ranks(Comm& group, const std::string& what) {
+// batch_isend_irecv: a 1F1B-like exchange where both ranks of a pair send first (activations
+// one way, gradients the other), a ring whose pieces differ in size, and a message to itself.
+Status check_batch_p2p(Comm& comm, at::Device device) {
+  const Filled filled{device};
+  const int64_t s = comm.size(), r = comm.rank().value(), n = 5;
+  // To itself: the only exchange a world of one has.
+  {
+    at::Tensor out = filled(n, [&](int64_t i) { return r * n + i; });
+    at::Tensor in = filled(n, [](int64_t) { return -1.0; });
+    Work w =
+        comm.batch_isend_irecv({P2POp::recv(in, comm.rank(), 4), P2POp::send(out, comm.rank(), 4)});
+    LOOM_TRY(w.wait());
+    LOOM_TRY(expect("batch_isend_irecv to itself", comm, in, [&](int64_t i) { return r * n + i; }));
+  }
+  if (s == 1) return Status::success();
+  // 1F1B: even rank r is the earlier stage of the pair (r, r + 1): it sends activations and
+  // receives gradients; its partner sends gradients and receives activations; both send first.
+  const int64_t partner = r ^ 1;
+  if (partner < s) {
+    const bool earlier = r % 2 == 0;
+    at::Tensor mine = filled(n, [&](int64_t i) { return (earlier ? 1000.0 : 2000.0) + r * n + i; });
+    at::Tensor got = filled(n, [](int64_t) { return -1.0; });
+    Work w = comm.batch_isend_irecv({P2POp::send(mine, Rank(partner), earlier ? 0 : 1),
+                                     P2POp::recv(got, Rank(partner), earlier ? 1 : 0)});
+    LOOM_TRY(w.wait());
+    LOOM_TRY(expect(earlier ? "1F1B gradients" : "1F1B activations", comm, got,
+                    [&](int64_t i) { return (earlier ? 2000.0 : 1000.0) + partner * n + i; }));
+  }
+  // A ring, receive listed first: rank r sends r + 1 elements of r * n + i to the next rank.
+  const int64_t next = (r + 1) % s, prev = (r + s - 1) % s;
+  at::Tensor out = filled(
+      r + 1, [&](int64_t i) { return r * n + i; }, at::kLong);
+  at::Tensor in = filled(
+      {1, prev + 1}, [](int64_t) { return -1.0; }, at::kLong);
+  Work w =
+      comm.batch_isend_irecv({P2POp::recv(in.t(), Rank(prev), 2), P2POp::send(out, Rank(next), 2)});
+  LOOM_TRY(w.wait());
+  LOOM_TRY(expect("batch_isend_irecv ring", comm, in, [&](int64_t i) { return prev * n + i; }));
+  return Status::success();
+}
+
+Status sum_of_world_ranks(Comm& group, const std::string& what, at::Device device) {
+  const Filled filled{device};
   at::Tensor t = filled(2, [&](int64_t i) {
     return static_cast<double>(group.world_ranks()[group.rank().value()].value() + i);
   });
@@ -255,21 +310,23 @@ Status sum_of_world_ranks(Comm& group, const std::string& what) {
 
 }  // namespace
 
-Status check_primitives(Comm& comm) {
+Status check_primitives(Comm& comm, at::Device device) {
   if (comm.size() < 1 || comm.rank().value() < 0 || comm.rank().value() >= comm.size()) {
     return Error{"rank " + comm.rank().to_string() + " of " + std::to_string(comm.size()), {}};
   }
-  LOOM_TRY(check_all_reduce(comm));
-  LOOM_TRY(check_broadcast(comm));
-  LOOM_TRY(check_all_gather(comm));
-  LOOM_TRY(check_reduce_scatter(comm));
-  LOOM_TRY(check_all_to_all(comm));
-  LOOM_TRY(check_send_recv(comm));
+  LOOM_TRY(check_all_reduce(comm, device));
+  LOOM_TRY(check_broadcast(comm, device));
+  LOOM_TRY(check_all_gather(comm, device));
+  LOOM_TRY(check_reduce_scatter(comm, device));
+  LOOM_TRY(check_all_to_all(comm, device));
+  LOOM_TRY(check_send_recv(comm, device));
+  LOOM_TRY(check_batch_p2p(comm, device));
   LOOM_TRY(comm.barrier());
   return Status::success();
 }
 
-Status check_groups(Comm& comm) {
+Status check_groups(Comm& comm, at::Device device) {
+  const Filled filled{device};
   const int64_t s = comm.size(), r = comm.rank().value();
   std::vector<Rank> even, odd, reversed;
   for (int64_t q = 0; q < s; ++q) (q % 2 == 0 ? even : odd).emplace_back(q);
@@ -289,7 +346,7 @@ Status check_groups(Comm& comm) {
                      mine->rank().to_string() + " of " + std::to_string(mine->size()),
                  {}};
   }
-  LOOM_TRY(sum_of_world_ranks(*mine, "all_reduce in a parity group"));
+  LOOM_TRY(sum_of_world_ranks(*mine, "all_reduce in a parity group", device));
 
   LOOM_ASSIGN_OR_RETURN(auto rev, comm.new_group(reversed, "rev"));
   if (!rev || rev->rank().value() != s - 1 - r) {
@@ -312,9 +369,9 @@ Status check_groups(Comm& comm) {
   if ((solo != nullptr) != (mine->rank().value() == 0)) {
     return Error{"nested group membership is wrong on rank " + std::to_string(r), {}};
   }
-  if (solo) LOOM_TRY(sum_of_world_ranks(*solo, "all_reduce in a group of one"));
+  if (solo) LOOM_TRY(sum_of_world_ranks(*solo, "all_reduce in a group of one", device));
   // The world group still works after all that.
-  LOOM_TRY(sum_of_world_ranks(comm, "all_reduce on the world after sub-groups"));
+  LOOM_TRY(sum_of_world_ranks(comm, "all_reduce on the world after sub-groups", device));
   return Status::success();
 }
 
