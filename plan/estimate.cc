@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <set>
 
+#include "exec/lower/fusion.h"
 #include "planner/cost.h"
 
 namespace loom::plan {
@@ -50,9 +51,13 @@ Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, in
   // head) in its input buffer before accumulating: the two incoming gradients and their sum.
   std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
   std::vector<std::set<std::string>> seen(n);
-  for (const auto& op : planned.ops()) {
+  // A linear fused with its bias_add never materialises its own output (exec/lower/fusion.h).
+  const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
+  for (size_t i = 0; i < planned.ops().size(); ++i) {
+    const graph::Op& op = planned.ops()[i];
     const size_t r = static_cast<size_t>(op.device.value());
-    h.acts[r] += planner::op_output_bytes(planned, op) + saved_extra_bytes(op);
+    if (!fused[i]) h.acts[r] += planner::op_output_bytes(planned, op);
+    h.acts[r] += saved_extra_bytes(op);
     for (const auto& in : op.inputs) {
       const auto& t = planned.tensor(in.tensor);
       if (t.role != graph::TensorRole::kParameter) continue;

@@ -1,89 +1,528 @@
 #include "exec/runtime/executor.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "exec/lower/fusion.h"
 #include "exec/runtime/init.h"
+#include "exec/runtime/oracle.h"
+#include "exec/runtime/path_runner.h"
 
 namespace loom::runtime {
+namespace {
 
-Executor::Executor(const graph::Graph& graph, const KernelRegistry& kernels, uint64_t seed)
-    : graph_(graph), param_slot_(graph.tensors().size(), -1) {
-  for (const auto& op : graph.ops()) {
-    const Kernel* k = kernels.find(op.type());
-    LOOM_CHECK(k) << "no kernel registered for op type '" << op.type() << "' (op " << op.name()
-                  << ")";
-    kernels_.push_back(k);
+using lower::Adapter;
+using lower::CommPath;
+using lower::CommStep;
+using lower::Primitive;
+
+using Part = PathPart;
+
+// Thrown inside autograd functions, caught by Executor::run.
+struct CommFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(const Status& s) {
+  if (!s.ok()) throw CommFailure(s.error().message);
+}
+
+}  // namespace
+
+struct Executor::Impl {
+  graph::Graph graph;
+  lower::Lowered lowered;
+  std::shared_ptr<comm::Comm> world;
+  int64_t rank = 0;
+  std::unique_ptr<PathRunner> runner;
+  std::vector<at::Tensor> params;
+  std::vector<graph::SubTensor> pieces;
+  std::vector<int64_t> replicas;
+  std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
+  std::vector<int64_t> producer_stage;  // by tensor id: the stage that makes it here, or -1
+  std::map<int64_t, std::set<int64_t>> consumed;  // stage -> tensors its ops read
+
+  // Where an op reads one input from, resolved once when the executor is made.
+  struct Source {
+    enum class Kind {
+      kInput,      // a graph input: the piece is cut from the micro-batch's full value
+      kParameter,  // index: parameter slot
+      kAdapter,    // index: adapter id (the value its consumers read)
+      kSameStage,  // index: tensor id, made earlier in the same forward block
+      kStageLeaf,  // index: tensor id, made by another stage on this rank (a leaf here)
+    } kind;
+    int64_t index;
+  };
+  // One unit of a forward block: an adapter item, or an op (a linear whose only reader is the
+  // bias_add that follows it runs with it as one at::linear; the IR keeps them apart so
+  // row-parallel splits stay partial sums).
+  struct ForwardStep {
+    const lower::SegmentItem* adapter = nullptr;
+    size_t op = 0;
+    const Kernel* kernel = nullptr;
+    std::vector<Source> sources;
+    int64_t fused_bias = -1;  // op index of the fused bias_add
+    Source bias{Source::Kind::kParameter, -1};
+    bool makes_loss = false;
+  };
+  std::map<int64_t, size_t> segment_of_stage;           // stage -> index in the program's segments
+  std::vector<std::vector<ForwardStep>> forward_steps;  // per segment
+
+  // Per micro-batch values.
+  struct Micro {
+    std::vector<at::Tensor> env;                      // by tensor id: outputs of this rank's ops
+    std::unordered_map<int64_t, at::Tensor> adapted;  // adapter id -> value consumers read
+    std::unordered_map<int64_t, at::Tensor> sent;     // adapter id -> what the producers sent
+    std::unordered_map<int64_t, at::Tensor> leaves;   // tensor id -> same-rank stage boundary
+    std::map<int64_t, std::map<int64_t, std::pair<at::Tensor, at::Tensor>>>
+        pending;  // stage -> tensor -> (value, grad)
+    at::Tensor loss;
+    TensorId loss_tensor;  // which loss (Chimera's pipelines each have their own)
+  };
+  std::vector<Micro> micro;
+
+  // Runs a path; a failure inside autograd functions travels as CommFailure.
+  at::Tensor run_path(const CommPath& path, const Shape& full, at::Tensor x, Part part,
+                      int64_t tag_base) {
+    auto r = runner->run(path, full, std::move(x), part, tag_base);
+    if (!r.ok()) throw CommFailure(r.error().message);
+    return *r;
+  }
+
+  int64_t tag(const Adapter& a, int direction, int64_t mb) const {
+    LOOM_CHECK(mb < lower::kMaxMicroBatches)
+        << "micro-batch " << mb << " past the lowering's limit";
+    return lower::message_tag(a.id, direction == 0, mb);
+  }
+
+  const Shape& shape_of(TensorId t) const { return graph.tensor(t).shape; }
+
+  // The value of tensor `id` made on this rank for micro-batch `m`.
+  const at::Tensor& value(const Micro& m, int64_t id) const {
+    const at::Tensor& t = m.env[static_cast<size_t>(id)];
+    LOOM_CHECK(t.defined()) << "rank " << rank << ": '"
+                            << graph.tensors()[static_cast<size_t>(id)].name
+                            << "' has no value yet";
+    return t;
+  }
+  int64_t stage_of(int64_t tensor) const {
+    const int64_t s = producer_stage[static_cast<size_t>(tensor)];
+    LOOM_CHECK(s >= 0) << "rank " << rank << " makes no '"
+                       << graph.tensors()[static_cast<size_t>(tensor)].name << "'";
+    return s;
+  }
+};
+
+namespace {
+
+// An adapter within a stage: forward path as the function, gradient path as its backward.
+struct AdapterFn : public torch::autograd::Function<AdapterFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                                                int64_t impl, int64_t adapter, int64_t mb) {
+    ctx->saved_data["impl"] = impl;
+    ctx->saved_data["adapter"] = adapter;
+    ctx->saved_data["mb"] = mb;
+    auto* self = reinterpret_cast<Executor::Impl*>(impl);
+    const Adapter& a = self->lowered.adapters[static_cast<size_t>(adapter)];
+    return {
+        self->run_path(a.forward, self->shape_of(a.tensor), x, Part::kAll, self->tag(a, 0, mb))};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* self = reinterpret_cast<Executor::Impl*>(ctx->saved_data["impl"].toInt());
+    const Adapter& a =
+        self->lowered.adapters[static_cast<size_t>(ctx->saved_data["adapter"].toInt())];
+    at::Tensor g = self->run_path(a.backward, self->shape_of(a.tensor), grads[0], Part::kAll,
+                                  self->tag(a, 1, ctx->saved_data["mb"].toInt()));
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Executor::~Executor() = default;
+
+namespace {
+
+using Source = Executor::Impl::Source;
+using ForwardStep = Executor::Impl::ForwardStep;
+
+// Materialises this rank's parameter pieces (one per (tensor, slice), shared by the ops that
+// read it) and returns each op input's parameter slot (-1: not a parameter), per op.
+std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t seed) {
+  std::map<std::pair<int64_t, std::string>, int64_t> holders;
+  for (const auto& sync : s.lowered.grad_syncs)
+    holders[{sync.tensor.value(), sync.piece.ranges_string()}] =
+        static_cast<int64_t>(sync.devices.size());
+  std::vector<std::vector<int64_t>> slots(s.graph.ops().size());
+  for (size_t i = 0; i < s.graph.ops().size(); ++i) {
+    const graph::Op& op = s.graph.ops()[i];
+    if (op.device.value() != s.rank) continue;
     for (const auto& in : op.inputs) {
-      const graph::FullTensor& t = graph.tensor(in.tensor);
-      if (t.role != graph::TensorRole::kParameter || param_slot_[t.id.value()] >= 0) continue;
+      const graph::FullTensor& t = s.graph.tensor(in.tensor);
+      slots[i].push_back(-1);
+      if (t.role != graph::TensorRole::kParameter) continue;
+      auto key = std::make_pair(t.id.value(), in.ranges_string());
+      if (auto it = s.param_index.find(key); it != s.param_index.end()) {
+        slots[i].back() = static_cast<int64_t>(it->second);
+        continue;
+      }
+      slots[i].back() = static_cast<int64_t>(s.params.size());
       at::Tensor p = init_parameter_piece(t, in, seed);
       p.set_requires_grad(true);
-      param_slot_[t.id.value()] = static_cast<int64_t>(params_.size());
-      params_.push_back(p);
-      param_ids_.push_back(t.id);
+      s.param_index[key] = s.params.size();
+      s.params.push_back(p);
+      s.pieces.push_back(in);
+      auto h = holders.find(key);
+      s.replicas.push_back(h == holders.end() ? 1 : h->second);
     }
   }
-  std::vector<int> readers(graph.tensors().size(), 0);
-  for (const auto& op : graph.ops())
-    for (const auto& in : op.inputs) ++readers[in.tensor.value()];
-  const auto& ops = graph.ops();
-  for (size_t i = 0; i < ops.size(); ++i) unfused_steps_.push_back(Step{i});
-  for (size_t i = 0; i < ops.size(); ++i) {
-    Step step{i};
-    if (ops[i].type() == "linear" && i + 1 < ops.size() && ops[i + 1].type() == "bias_add" &&
-        ops[i + 1].inputs[0] == ops[i].outputs[0] &&
-        readers[ops[i].outputs[0].tensor.value()] == 1 &&
-        ops[i].outputs[0].tensor != graph.loss() && !ops[i].outputs[0].is_partial()) {
-      step.fused_bias = static_cast<int64_t>(i + 1);
-      ++i;
-    }
-    steps_.push_back(step);
-  }
+  return slots;
 }
 
-at::Tensor Executor::forward(const std::unordered_map<int64_t, at::Tensor>& inputs) const {
-  return forward_all(inputs, false)[graph_.loss().value()];
-}
+// Resolves, once, where every input of every op of this rank's forward blocks comes from, and
+// which linear + bias_add pairs run fused.
+Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
+                          const std::vector<std::vector<int64_t>>& param_slots) {
+  const auto& ops = s.graph.ops();
+  std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;  // (tensor, consumer) -> id
+  for (const Adapter& a : s.lowered.adapters)
+    for (const std::string& consumer : a.consumers) adapter_of[{a.tensor.value(), consumer}] = a.id;
+  const std::vector<bool> fused = lower::fused_into_next(s.graph, s.lowered);
 
-std::vector<at::Tensor> Executor::forward_all(const std::unordered_map<int64_t, at::Tensor>& inputs,
-                                              bool every_value) const {
-  std::vector<at::Tensor> env(graph_.tensors().size());
-  for (const auto& [id, t] : inputs) env[id] = t;
-  for (size_t i = 0; i < param_ids_.size(); ++i) env[param_ids_[i].value()] = params_[i];
-  std::vector<at::Tensor> args;
-  const auto& ops = graph_.ops();
-  auto value = [&](const graph::Op& op, const graph::SubTensor& in) -> const at::Tensor& {
-    const at::Tensor& t = env[in.tensor.value()];
-    LOOM_CHECK(t.defined()) << "op " << op.name() << " reads '" << graph_.tensor(in.tensor).name
-                            << "' which has no value";
-    return t;
+  auto source = [&](const graph::Op& op, size_t op_index, size_t k) -> Source {
+    const graph::FullTensor& t = s.graph.tensor(op.inputs[k].tensor);
+    if (t.role == graph::TensorRole::kInput) return {Source::Kind::kInput, t.id.value()};
+    if (t.role == graph::TensorRole::kParameter)
+      return {Source::Kind::kParameter, param_slots[op_index][k]};
+    if (auto a = adapter_of.find({t.id.value(), op.def->name}); a != adapter_of.end())
+      return {Source::Kind::kAdapter, a->second};
+    const int64_t made_in = s.stage_of(t.id.value());
+    return {made_in == op.stage.value() ? Source::Kind::kSameStage : Source::Kind::kStageLeaf,
+            t.id.value()};
   };
-  for (const Step& step : every_value ? unfused_steps_ : steps_) {
-    const graph::Op& op = ops[step.op];
-    if (step.fused_bias >= 0) {
-      const graph::Op& bias = ops[step.fused_bias];
-      env[bias.outputs[0].tensor.value()] =
-          at::linear(value(op, op.inputs[0]), value(op, op.inputs[1]), value(bias, bias.inputs[1]));
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  s.forward_steps.resize(prog.segments.size());
+  for (size_t g = 0; g < prog.segments.size(); ++g) {
+    const lower::Segment& seg = prog.segments[g];
+    s.segment_of_stage[seg.stage.value()] = g;
+    for (size_t i = 0; i < seg.items.size(); ++i) {
+      const lower::SegmentItem& item = seg.items[i];
+      ForwardStep step;
+      if (item.kind == lower::SegmentItem::Kind::kAdapter) {
+        step.adapter = &item;
+        s.forward_steps[g].push_back(std::move(step));
+        continue;
+      }
+      step.op = static_cast<size_t>(item.index);
+      const graph::Op& op = ops[step.op];
+      step.kernel = kernels.find(op.type());
+      if (!step.kernel)
+        return Error::at(op.name(), "no kernel registered for op type '" + op.type() + "' (op " +
+                                        op.name() + ")");
+      for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
+      if (fused[step.op]) {  // lower/fusion.h: the next item is its bias_add
+        step.fused_bias = seg.items[i + 1].index;
+        step.bias = source(ops[static_cast<size_t>(step.fused_bias)],
+                           static_cast<size_t>(step.fused_bias), 1);
+        ++i;
+      }
+      const graph::Op& last =
+          ops[static_cast<size_t>(step.fused_bias >= 0 ? step.fused_bias : item.index)];
+      step.makes_loss = s.graph.tensor(last.outputs[0].tensor).role == graph::TensorRole::kLoss;
+      s.forward_steps[g].push_back(std::move(step));
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
+                                                   const lower::Lowered& lowered,
+                                                   std::shared_ptr<comm::Comm> world,
+                                                   const KernelRegistry& kernels, uint64_t seed) {
+  auto impl = std::make_unique<Impl>();
+  impl->graph = planned;
+  impl->lowered = lowered;
+  impl->world = world;
+  impl->rank = world->world_rank().value();
+  if (static_cast<int64_t>(lowered.programs.size()) != world->size())
+    return Error::at("comm", "the plan is for " + std::to_string(lowered.programs.size()) +
+                                 " ranks but the world has " + std::to_string(world->size()));
+  // Every group any step or gradient sync uses, created in the same order on every rank.
+  impl->runner = std::make_unique<PathRunner>(world);
+  std::vector<const CommPath*> paths;
+  for (const Adapter& a : impl->lowered.adapters) {
+    paths.push_back(&a.forward);
+    paths.push_back(&a.backward);
+  }
+  std::vector<std::vector<DeviceId>> syncs;
+  for (const auto& s : impl->lowered.grad_syncs) syncs.push_back(s.devices);
+  LOOM_TRY(impl->runner->add_groups(paths, syncs));
+  impl->producer_stage.assign(planned.tensors().size(), -1);
+  for (const graph::Op& op : planned.ops()) {
+    if (op.device.value() != impl->rank) continue;
+    for (const auto& o : op.outputs)
+      impl->producer_stage[static_cast<size_t>(o.tensor.value())] = op.stage.value();
+    for (const auto& in : op.inputs) impl->consumed[op.stage.value()].insert(in.tensor.value());
+  }
+  const auto param_slots = add_parameters(*impl, seed);
+  LOOM_TRY(plan_forward_steps(*impl, kernels, param_slots));
+  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+namespace {
+
+using Inputs = std::vector<std::unordered_map<int64_t, at::Tensor>>;
+
+// The value an op input reads for micro-batch `mb`.
+at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
+                const graph::SubTensor& in, int64_t mb, const Inputs& inputs) {
+  switch (src.kind) {
+    case Source::Kind::kInput:
+      return cut_piece(inputs[static_cast<size_t>(mb)].at(src.index), in).contiguous();
+    case Source::Kind::kParameter:
+      return s.params[static_cast<size_t>(src.index)];
+    case Source::Kind::kAdapter:
+      return m.adapted.at(src.index);
+    case Source::Kind::kSameStage:
+      return s.value(m, src.index);
+    case Source::Kind::kStageLeaf: {
+      auto& leaf = m.leaves[src.index];
+      if (!leaf.defined()) leaf = s.value(m, src.index).detach().requires_grad_(true);
+      return leaf;
+    }
+  }
+  return at::Tensor();
+}
+
+// Runs an adapter item of a forward block.
+void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::SegmentItem& item,
+                 int64_t mb) {
+  const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
+  const Shape& full = s.shape_of(a.tensor);
+  const at::Tensor& held = m.env[static_cast<size_t>(a.tensor.value())];
+  if (item.producer_side) {
+    at::Tensor x = s.value(m, a.tensor.value());
+    s.run_path(a.forward, full, x.detach(), Part::kProducer, s.tag(a, 0, mb));
+    m.sent[a.id] = x;
+  } else if (a.disjoint) {
+    at::Tensor z = s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
+    m.adapted[a.id] = z.detach().requires_grad_(true);
+  } else if (a.cross_stage()) {
+    at::Tensor x = held.defined() ? held.detach() : at::Tensor();
+    at::Tensor z = s.run_path(a.forward, full, x, Part::kAll, s.tag(a, 0, mb));
+    m.adapted[a.id] = z.detach().requires_grad_(true);
+  } else {
+    m.adapted[a.id] =
+        AdapterFn::apply(s.value(m, a.tensor.value()), reinterpret_cast<int64_t>(&s), a.id, mb)[0];
+  }
+}
+
+// A forward block: the segment's adapters and ops in order for micro-batch `mb`.
+void run_forward(Executor::Impl& s, size_t segment, int64_t mb, const Inputs& inputs) {
+  const auto& ops = s.graph.ops();
+  Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  std::vector<at::Tensor> args;
+  for (const ForwardStep& step : s.forward_steps[segment]) {
+    if (step.adapter) {
+      run_adapter(s, m, *step.adapter, mb);
       continue;
     }
+    const graph::Op& op = ops[step.op];
     args.clear();
-    for (const auto& in : op.inputs) args.push_back(value(op, in));
-    std::vector<at::Tensor> outs = (*kernels_[step.op])(KernelContext{graph_, op}, args);
-    LOOM_CHECK(outs.size() == op.outputs.size())
-        << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
-    for (size_t o = 0; o < outs.size(); ++o) env[op.outputs[o].tensor.value()] = std::move(outs[o]);
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      args.push_back(read(s, m, step.sources[k], op.inputs[k], mb, inputs));
+    std::vector<at::Tensor> outs;
+    const graph::Op* made = &op;
+    if (step.fused_bias >= 0) {
+      made = &ops[static_cast<size_t>(step.fused_bias)];
+      outs.push_back(
+          at::linear(args[0], args[1], read(s, m, step.bias, made->inputs[1], mb, inputs)));
+    } else {
+      outs = (*step.kernel)(KernelContext{s.graph, op}, args);
+      LOOM_CHECK(outs.size() == op.outputs.size())
+          << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
+    }
+    for (size_t o = 0; o < outs.size(); ++o)
+      m.env[static_cast<size_t>(made->outputs[o].tensor.value())] = outs[o];
+    if (step.makes_loss) {
+      m.loss = outs[0];
+      m.loss_tensor = made->outputs[0].tensor;
+    }
   }
-  return env;
 }
 
+// A backward block: autograd from the stage's roots (the loss, received output gradients,
+// gradients pending from later stages on this rank), then the gradient paths of the adapters
+// that ran outside autograd.
+void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::ProgramBlock& block,
+                  const lower::Segment& seg, int64_t mb, double grad_scale) {
+  Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> roots = m.pending[block.stage.value()];
+  auto add_root = [&](int64_t tensor, const at::Tensor& value, const at::Tensor& grad) {
+    auto it = roots.find(tensor);
+    if (it == roots.end())
+      roots[tensor] = {value, grad};
+    else
+      it->second.second = it->second.second + grad;
+  };
+  if (m.loss.defined() && s.stage_of(m.loss_tensor.value()) == block.stage.value())
+    add_root(m.loss_tensor.value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
+  for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it)
+    if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
+      const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
+      at::Tensor g = s.run_path(a.backward, s.shape_of(a.tensor), at::Tensor(), Part::kConsumer,
+                                s.tag(a, 1, mb));
+      add_root(a.tensor.value(), m.sent.at(a.id), g);
+    }
+  std::vector<at::Tensor> tensors, grads;
+  for (auto& [id, tg] : roots)
+    if (tg.first.requires_grad()) {
+      tensors.push_back(tg.first);
+      grads.push_back(tg.second);
+    }
+  if (!tensors.empty()) torch::autograd::backward(tensors, grads);
+  for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it) {
+    if (it->kind != lower::SegmentItem::Kind::kAdapter || it->producer_side) continue;
+    const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
+    if (!a.disjoint && !a.cross_stage()) continue;  // ran inside autograd
+    at::Tensor z = m.adapted.at(a.id);
+    at::Tensor g = z.grad().defined() ? z.grad() : at::zeros_like(z);
+    if (a.disjoint) {
+      s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kProducer, s.tag(a, 1, mb));
+    } else {
+      at::Tensor gx = s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
+      const at::Tensor& x = m.env[static_cast<size_t>(a.tensor.value())];
+      if (x.defined() && gx.defined())
+        m.pending[s.stage_of(a.tensor.value())][a.tensor.value()] = {x, gx};
+    }
+  }
+  for (auto& [tensor, leaf] : m.leaves) {
+    const int64_t made_in = s.stage_of(tensor);
+    if (made_in == block.stage.value() || !leaf.grad().defined()) continue;
+    if (!s.consumed[block.stage.value()].count(tensor)) continue;
+    auto& slot = m.pending[made_in][tensor];
+    slot = {s.value(m, tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
+  }
+}
+
+// Gradients of parameter pieces held by several ranks are summed over those ranks: one flat
+// all-reduce per group of ranks (a bucket), in the same order on every rank.
+void sync_gradients(Executor::Impl& s, const lower::Program& prog) {
+  std::map<std::vector<int64_t>, std::vector<at::Tensor*>> buckets;
+  std::vector<std::vector<int64_t>> bucket_order;
+  for (int64_t id : prog.grad_syncs) {
+    const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
+    std::vector<int64_t> key;
+    for (DeviceId d : sync.devices) key.push_back(d.value());
+    at::Tensor& p = s.params[s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()})];
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    if (!buckets.count(key)) bucket_order.push_back(key);
+    buckets[key].push_back(&p);
+  }
+  for (const auto& key : bucket_order) {
+    std::vector<at::Tensor> grads;
+    for (at::Tensor* p : buckets[key]) grads.push_back(p->grad().reshape({-1}));
+    at::Tensor flat = at::cat(grads);
+    std::vector<DeviceId> members;
+    for (int64_t r : key) members.push_back(DeviceId(r));
+    check(s.runner->group(members).all_reduce(flat));
+    int64_t offset = 0;
+    for (at::Tensor* p : buckets[key]) {
+      const int64_t n = p->numel();
+      p->mutable_grad().copy_(flat.narrow(0, offset, n).view(p->sizes()));
+      offset += n;
+    }
+  }
+}
+
+// This rank's share of the step's sums: its loss pieces (weighted by the loss seed, so
+// replicated losses count once) and its gradients' squared norm (each piece divided by how
+// many ranks hold it, so every element counts once).
+at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
+  at::Tensor loss = at::zeros({}, at::kDouble);
+  for (const auto& m : s.micro)
+    if (m.loss.defined()) loss += m.loss.detach().to(at::kDouble) * prog.loss_seed;
+  std::vector<at::Tensor> grads;
+  std::vector<double> weights;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const at::Tensor& g = s.params[i].grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    weights.push_back(1.0 / static_cast<double>(s.replicas[i]));
+  }
+  at::Tensor norm = at::zeros({}, at::kDouble);
+  if (!grads.empty()) {
+    at::Tensor norms = at::stack(at::_foreach_norm(grads)).to(at::kDouble);
+    norm = (norms.square() * at::tensor(weights, at::kDouble)).sum();
+  }
+  return at::stack({loss, norm});
+}
+
+}  // namespace
+
+Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
+                               double grad_scale) {
+  Impl& s = *impl_;
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  s.micro.assign(inputs.size(), Impl::Micro{});
+  for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
+  for (auto& p : s.params) p.mutable_grad() = at::Tensor();
+  // A micro-batch's tensors are released after its last block on this rank (only its loss
+  // value stays for the step's total), so a rank holds only what its schedule has in flight.
+  std::vector<size_t> last_block(inputs.size(), 0);
+  for (size_t i = 0; i < prog.blocks.size(); ++i)
+    last_block[static_cast<size_t>(prog.blocks[i].micro_batch.value())] = i;
+  try {
+    for (size_t block_index = 0; block_index < prog.blocks.size(); ++block_index) {
+      const lower::ProgramBlock& block = prog.blocks[block_index];
+      const int64_t mb = block.micro_batch.value();
+      auto seg = s.segment_of_stage.find(block.stage.value());
+      LOOM_CHECK(seg != s.segment_of_stage.end())
+          << "rank " << s.rank << " has no segment for stage " << block.stage;
+      if (block.kind == lower::BlockKind::kForward) {
+        run_forward(s, seg->second, mb, inputs);
+        continue;
+      }
+      run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);
+      if (block_index == last_block[static_cast<size_t>(mb)]) {
+        Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+        at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();
+        m = Impl::Micro{};
+        m.loss = loss;
+      }
+    }
+    check(s.runner->flush());
+    sync_gradients(s, prog);
+    at::Tensor sums = local_sums(s, prog);
+    if (s.world->size() > 1) check(s.world->all_reduce(sums));
+    sums = sums.cpu();  // the step's one host read
+    const double* v = sums.data_ptr<double>();
+    return StepSums{v[0], v[1]};
+  } catch (const CommFailure& e) {
+    return Error::at("comm", e.what());
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    return Error::at("comm", what);
+  }
+}
+
+const std::vector<at::Tensor>& Executor::parameters() const { return impl_->params; }
+const std::vector<graph::SubTensor>& Executor::parameter_pieces() const { return impl_->pieces; }
+const std::vector<int64_t>& Executor::parameter_replicas() const { return impl_->replicas; }
 at::Tensor Executor::parameter(const std::string& name) const {
-  auto id = graph_.find_tensor(name);
-  if (!id || param_slot_[id->value()] < 0) return at::Tensor();
-  return params_[param_slot_[id->value()]];
+  for (size_t i = 0; i < impl_->pieces.size(); ++i)
+    if (impl_->graph.tensor(impl_->pieces[i].tensor).name == name) return impl_->params[i];
+  return at::Tensor();
 }
-
-void Executor::zero_grad() {
-  for (auto& p : params_) p.mutable_grad() = at::Tensor();
-}
+comm::Comm& Executor::world() { return *impl_->world; }
 
 }  // namespace loom::runtime

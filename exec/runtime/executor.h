@@ -1,51 +1,62 @@
-// Runs a graph's ops on this process with LibTorch kernels under autograd.
+// The executor: runs one rank's lowered program, for every world size (one process alone is a
+// plan of one rank over a one-rank Comm). Forward segments run the rank's ops with adapters as
+// autograd functions (their backward runs the gradient path); stage boundaries are explicit
+// sends and receives of activations and gradients; then gradient synchronisation of replicated
+// parameter pieces and the step's global loss and gradient norm.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "exec/comm/comm.h"
+#include "exec/lower/program.h"
 #include "exec/runtime/kernels.h"
 #include "graph/graph.h"
 
 namespace loom::runtime {
 
+// What a step's forward and backward leave for the optimizer step, summed over every rank.
+struct StepSums {
+  double loss = 0;               // the loss summed over the micro-batches
+  double grad_norm_squared = 0;  // of the scaled gradients, each element counted once
+};
+
 class Executor {
  public:
-  // Materialises every parameter piece the graph's ops read (seeded per FullTensor).
-  Executor(const graph::Graph& graph, const KernelRegistry& kernels, uint64_t seed);
+  // Creates the sub-groups every adapter and gradient sync needs (a collective over `world`:
+  // every rank constructs its executor at the same point) and materialises this rank's
+  // parameter pieces (seeded per FullTensor). Fails naming the op whose kernel is missing.
+  static Result<std::unique_ptr<Executor>> create(const graph::Graph& planned,
+                                                  const lower::Lowered& lowered,
+                                                  std::shared_ptr<comm::Comm> world,
+                                                  const KernelRegistry& kernels, uint64_t seed);
+  ~Executor();
 
-  // Runs the forward pass of one micro-batch; `inputs` holds one tensor per graph input, by id.
-  // Returns the loss (with its autograd graph). Fails naming the op whose kernel is missing.
-  at::Tensor forward(const std::unordered_map<int64_t, at::Tensor>& inputs) const;
-  // The same, returning the value of every tensor by id (inputs, parameters, activations).
-  // Fusion skips intermediate values; `every_value` runs op by op so all of them are kept.
-  std::vector<at::Tensor> forward_all(const std::unordered_map<int64_t, at::Tensor>& inputs,
-                                      bool every_value = true) const;
+  // Forward and backward of every micro-batch in program order; `inputs[m]` holds the full
+  // values of the graph inputs of micro-batch m by tensor id. Gradients are scaled by
+  // `grad_scale` and synchronised. One all-reduce and one host read for the returned sums.
+  Result<StepSums> run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
+                       double grad_scale);
 
-  const std::vector<at::Tensor>& parameters() const { return params_; }
-  const std::vector<TensorId>& parameter_ids() const { return param_ids_; }
-  // The parameter piece of FullTensor `name`; undefined when this rank holds none.
+  // This rank's parameter pieces (leaves with gradients after run()).
+  const std::vector<at::Tensor>& parameters() const;
+  const std::vector<graph::SubTensor>& parameter_pieces() const;
+  // How many ranks hold each parameter piece (for a global norm that counts elements once).
+  const std::vector<int64_t>& parameter_replicas() const;
+  // This rank's first piece of parameter `name`; undefined when it holds none. On one rank, the
+  // whole tensor.
   at::Tensor parameter(const std::string& name) const;
-  void zero_grad();
+  comm::Comm& world();
+
+  struct Impl;  // opaque; public so the adapter autograd function can reach it
 
  private:
-  // One unit of work: an op, or a linear whose only reader is the bias_add that follows it,
-  // run as one at::linear (the IR keeps them apart so row-parallel splits stay partial sums).
-  struct Step {
-    size_t op;
-    int64_t fused_bias = -1;  // index of the fused bias_add op
-  };
-
-  const graph::Graph& graph_;
-  std::vector<const Kernel*> kernels_;  // per op
-  std::vector<Step> steps_;
-  std::vector<Step> unfused_steps_;
-  std::vector<at::Tensor> params_;  // leaves, requires_grad
-  std::vector<TensorId> param_ids_;
-  std::vector<int64_t> param_slot_;  // tensor id -> index in params_, or -1
+  explicit Executor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace loom::runtime

@@ -5,6 +5,8 @@
 #include <map>
 #include <sstream>
 
+#include "exec/runtime/init.h"
+
 namespace loom::runtime {
 
 at::Tensor cut_piece(const at::Tensor& full, const graph::SubTensor& piece) {
@@ -13,6 +15,36 @@ at::Tensor cut_piece(const at::Tensor& full, const graph::SubTensor& piece) {
     t = t.slice(static_cast<int64_t>(d), piece.ranges[d].start, piece.ranges[d].end);
   if (piece.value_chunks > 1) t = t / static_cast<double>(piece.value_chunks);
   return t;
+}
+
+std::vector<at::Tensor> reference_values(const graph::Graph& single, const KernelRegistry& kernels,
+                                         uint64_t seed,
+                                         const std::unordered_map<int64_t, at::Tensor>& inputs) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> env(single.tensors().size());
+  for (const auto& [id, t] : inputs) env[static_cast<size_t>(id)] = t;
+  std::vector<at::Tensor> args;
+  for (const graph::Op& op : single.ops()) {
+    const Kernel* kernel = kernels.find(op.type());
+    LOOM_CHECK(kernel) << "no kernel registered for op type '" << op.type() << "' (op " << op.name()
+                       << ")";
+    args.clear();
+    for (const auto& in : op.inputs) {
+      at::Tensor& v = env[static_cast<size_t>(in.tensor.value())];
+      const graph::FullTensor& t = single.tensor(in.tensor);
+      if (!v.defined() && t.role == graph::TensorRole::kParameter)
+        v = init_parameter_piece(t, in, seed);
+      LOOM_CHECK(v.defined()) << "op " << op.name() << " reads '" << t.name
+                              << "' which has no value";
+      args.push_back(v);
+    }
+    std::vector<at::Tensor> outs = (*kernel)(KernelContext{single, op}, args);
+    LOOM_CHECK(outs.size() == op.outputs.size())
+        << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
+    for (size_t o = 0; o < outs.size(); ++o)
+      env[static_cast<size_t>(op.outputs[o].tensor.value())] = std::move(outs[o]);
+  }
+  return env;
 }
 
 namespace {

@@ -22,8 +22,15 @@ struct OracleReport {
   bool ok() const { return mismatches.empty() && ops_checked > 0; }
 };
 
+// The value of every tensor of a one-device graph (by tensor id: inputs from `inputs`, parameters
+// drawn from `seed` as the executor draws them, every activation), op by op without autograd:
+// what the oracle cuts pieces from.
+std::vector<at::Tensor> reference_values(const graph::Graph& single, const KernelRegistry& kernels,
+                                         uint64_t seed,
+                                         const std::unordered_map<int64_t, at::Tensor>& inputs);
+
 // `full` holds the single-device value of every FullTensor of `planned` (by tensor id), e.g.
-// from Executor::forward_all. Relative tolerance against the largest magnitude of each piece.
+// from reference_values. Relative tolerance against the largest magnitude of each piece.
 OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::Tensor>& full,
                             const KernelRegistry& kernels, double tolerance = 1e-5);
 

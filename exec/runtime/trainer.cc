@@ -18,7 +18,6 @@
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
-#include "exec/runtime/rank_executor.h"
 #include "models/model.h"
 #include "plan/plan.h"
 
@@ -28,17 +27,15 @@ struct Trainer::Impl {
   Config config;
   graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
   KernelRegistry kernels = KernelRegistry::with_builtin_kernels();
-  graph::Graph graph;
+  graph::Graph graph;    // the model, on one device
+  graph::Graph planned;  // the plan's graph: every op on a rank and a stage
+  lower::Lowered lowered;
+  std::shared_ptr<comm::Comm> world;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<InputFeeder> inputs;
   std::unique_ptr<Optimizer> optimizer;
   int64_t items_per_sample = 1;  // throughput unit: tokens (GPT), images (Swin)
   int64_t step = 0;
-  // Multi-rank runs.
-  std::shared_ptr<comm::Comm> world;
-  graph::Graph planned;
-  lower::Lowered lowered;
-  std::unique_ptr<RankExecutor> rank_exec;
 };
 
 namespace {
@@ -47,19 +44,12 @@ namespace {
 CheckpointTarget checkpoint_target(Trainer::Impl& s) {
   CheckpointTarget t;
   t.optimizer = s.optimizer.get();
-  if (s.rank_exec) {
-    t.graph = &s.planned;
-    t.pieces = s.rank_exec->parameter_pieces();
-    t.params = s.rank_exec->parameters();
-    t.world = s.world.get();
-    t.rank = s.world->world_rank().value();
-    t.world_size = s.world->size();
-    return t;
-  }
-  t.graph = &s.graph;
-  for (TensorId id : s.executor->parameter_ids())
-    t.pieces.push_back(graph::SubTensor::full(s.graph.tensor(id)));
+  t.graph = &s.planned;
+  t.pieces = s.executor->parameter_pieces();
   t.params = s.executor->parameters();
+  t.world = s.world.get();
+  t.rank = s.world->world_rank().value();
+  t.world_size = s.world->size();
   return t;
 }
 
@@ -105,8 +95,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                             std::to_string(config.micro_batches()));
   LOOM_TRY(lower::check_deadlock_free(plan_file->graph, plan_file->lowered));
   plan.file = *plan_file;
-  // A plan read from a file runs over a Comm even on one rank.
-  if (!world && world_size == 1) world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
   return create(config, std::move(plan), std::move(world), std::move(extensions));
 }
 
@@ -130,18 +118,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   }
 
   const int64_t world_size = plan.world_size();
-  if (world_size == 1 && !world) {
-    impl->executor = std::make_unique<Executor>(impl->graph, impl->kernels,
-                                                static_cast<uint64_t>(config.run.seed));
-    std::vector<bool> decay;
-    for (TensorId id : impl->executor->parameter_ids())
-      decay.push_back(impl->graph.tensor(id).shape.size() >= 2);
-    impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(),
-                                                  std::move(decay));
-    return resume(std::move(impl));
-  }
-
-  if (!world) {
+  if (!world && world_size == 1) {
+    // One process alone: a plan of one rank over a one-rank Comm.
+    world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
+  } else if (!world) {
     // A worker process among others on this machine takes its share of the cores.
     comm::configure_worker_threads();
     LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm));
@@ -156,14 +136,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   impl->world = world;
   impl->planned = std::move(plan.file.graph);
   impl->lowered = std::move(plan.file.lowered);
-  LOOM_ASSIGN_OR_RETURN(impl->rank_exec,
-                        RankExecutor::create(impl->planned, impl->lowered, world, impl->kernels,
-                                             static_cast<uint64_t>(config.run.seed)));
+  LOOM_ASSIGN_OR_RETURN(impl->executor,
+                        Executor::create(impl->planned, impl->lowered, world, impl->kernels,
+                                         static_cast<uint64_t>(config.run.seed)));
+  // Weight decay applies to matrices, not to biases and norm scales.
   std::vector<bool> decay;
-  for (const auto& piece : impl->rank_exec->parameter_pieces())
+  for (const auto& piece : impl->executor->parameter_pieces())
     decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
-  impl->optimizer = std::make_unique<Optimizer>(config.optimizer, impl->rank_exec->parameters(),
-                                                std::move(decay));
+  impl->optimizer =
+      std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay));
   return resume(std::move(impl));
 }
 
@@ -180,35 +161,11 @@ Result<StepStats> Trainer::step() {
     inputs.push_back(std::move(in));
   }
 
-  double loss_sum = 0, norm = 0;
   const double scale = 1.0 / static_cast<double>(micro);
-  if (s.rank_exec) {
-    LOOM_ASSIGN_OR_RETURN(loss_sum, s.rank_exec->run(inputs, scale));
-    // The global norm counts each element once: replicated pieces share their square.
-    const auto& params = s.rank_exec->parameters();
-    const auto& replicas = s.rank_exec->parameter_replicas();
-    // One norm per piece: no copy of a gradient (a double copy of a 150 MB embedding costs 600 MB).
-    double local = 0;
-    for (size_t i = 0; i < params.size(); ++i)
-      if (params[i].grad().defined()) {
-        const double n = params[i].grad().norm().item<double>();
-        local += n * n / static_cast<double>(replicas[i]);
-      }
-    at::Tensor sq = at::full({}, local, at::kDouble);
-    LOOM_TRY(s.rank_exec->world().all_reduce(sq));
-    norm = std::sqrt(sq.item<double>());
-  } else {
-    s.executor->zero_grad();
-    for (const auto& in : inputs) {
-      at::Tensor loss = s.executor->forward(in);
-      (loss * scale).backward();
-      loss_sum += loss.item<double>();
-    }
-    norm = std::sqrt(grad_norm_squared(s.executor->parameters()));
-  }
+  LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale));
+  const double norm = std::sqrt(sums.grad_norm_squared);
   maybe_kill_at_step(s.step + 1, rank());
-  clip_gradients(s.rank_exec ? s.rank_exec->parameters() : s.executor->parameters(), norm,
-                 s.config.optimizer.clip_grad_norm);
+  clip_gradients(s.executor->parameters(), norm, s.config.optimizer.clip_grad_norm);
   const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
   s.optimizer->step(lr);
   ++s.step;
@@ -217,7 +174,7 @@ Result<StepStats> Trainer::step() {
 
   StepStats st;
   st.step = s.step;
-  st.loss = loss_sum * scale;
+  st.loss = sums.loss * scale;
   st.lr = lr;
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -231,8 +188,6 @@ int64_t Trainer::steps_done() const { return impl_->step; }
 const Config& Trainer::config() const { return impl_->config; }
 const graph::Graph& Trainer::graph() const { return impl_->graph; }
 Executor& Trainer::executor() { return *impl_->executor; }
-bool Trainer::distributed() const { return impl_->rank_exec != nullptr; }
-RankExecutor& Trainer::rank_executor() { return *impl_->rank_exec; }
-int64_t Trainer::rank() const { return impl_->world ? impl_->world->world_rank().value() : 0; }
+int64_t Trainer::rank() const { return impl_->world->world_rank().value(); }
 
 }  // namespace loom::runtime

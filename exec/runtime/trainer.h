@@ -1,4 +1,4 @@
-// The single-process training loop: model graph, executor, data, optimizer and LR schedule.
+// The training loop of one rank: the plan, its executor, data, optimizer and LR schedule.
 // The header is LibTorch-free so command-line code compiles fast.
 #pragma once
 
@@ -12,7 +12,6 @@
 namespace loom::runtime {
 
 class Executor;
-class RankExecutor;
 struct Extensions;
 }  // namespace loom::runtime
 namespace loom::comm {
@@ -40,10 +39,10 @@ struct StepStats {
 class Trainer {
  public:
   // Runs `plan` (plan/plan.h's make_plan of `config`): builds the data, materialises this rank's
-  // parameters and optimizer. With parallel.dp x tp x pp > 1 the trainer is one rank of the
-  // plan and runs its program over `world` (by default the Comm made from comm.* and the
-  // launcher's environment). Every user mistake (config, data file, a world of the wrong size)
-  // is returned as an error naming the key or file.
+  // parameters and optimizer. The trainer is one rank of the plan and runs its program over
+  // `world`: by default a one-rank Comm when the plan has one rank, else the Comm made from
+  // comm.* and the launcher's environment. Every user mistake (config, data file, a world of the
+  // wrong size) is returned as an error naming the key or file.
   static Result<std::unique_ptr<Trainer>> create(const Config& config, plan::Plan plan,
                                                  std::shared_ptr<comm::Comm> world,
                                                  std::shared_ptr<const Extensions> extensions);
@@ -62,10 +61,8 @@ class Trainer {
   int64_t steps_done() const;
   const Config& config() const;
   const graph::Graph& graph() const;
-  Executor& executor();  // single-process runs
-  bool distributed() const;
-  RankExecutor& rank_executor();  // multi-rank runs
-  int64_t rank() const;           // 0 in single-process runs
+  Executor& executor();  // this rank's
+  int64_t rank() const;
 
   struct Impl;  // opaque; public so the checkpoint glue in trainer.cc can reach it
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "exec/lower/plan_file.h"
-#include "exec/runtime/rank_executor.h"
+#include "exec/runtime/executor.h"
 #include "exec/runtime/trainer.h"
 
 int main(int argc, char** argv) {
@@ -80,7 +80,7 @@ comm: {timeout_s: 60}
     peaks.push_back(st->peak_mem_bytes);
   }
   if (out_dir.empty()) return 0;
-  auto& exec = (*trainer)->rank_executor();
+  auto& exec = (*trainer)->executor();
   nlohmann::json index = {{"losses", losses},
                           {"first_step", first_step},
                           {"peak_mem_bytes", peaks},

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "exec/runtime/executor.h"
+#include "exec/runtime/trainer.h"
 #include "models/evoformer.h"
 
 namespace loom {
@@ -26,16 +27,17 @@ bool shift_only(const std::string& name) {
 }
 
 TEST(EvoformerReference, ForwardLossAndEveryGradientMatch) {
-  auto config = parse_config("model: {type: evoformer, preset: tiny}\n", "evo.yaml", {});
+  const int64_t batch = 2;  // one micro-batch of 2 samples
+  auto config = parse_config(
+      "run: {seed: 11}\nmodel: {type: evoformer, preset: tiny}\nbatch: {global: 2, micro: 2}\n",
+      "evo.yaml", {});
   ASSERT_TRUE(config.ok()) << config.error().message;
   auto spec = models::evoformer_spec(*config);
   ASSERT_TRUE(spec.ok()) << spec.error().message;
-  const int64_t batch = 2;
-  graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
-  auto g = models::build_evoformer(*spec, batch, ops);
-  ASSERT_TRUE(g.ok()) << g.error().message;
-  runtime::KernelRegistry kernels = runtime::KernelRegistry::with_builtin_kernels();
-  runtime::Executor exec(*g, kernels, 11);
+  auto trainer = runtime::Trainer::create(*config);
+  ASSERT_TRUE(trainer.ok()) << trainer.error().message;
+  runtime::Executor& exec = (*trainer)->executor();
+  const graph::Graph* g = &(*trainer)->graph();
 
   std::map<std::string, torch::Tensor> weights;
   for (const auto& t : g->tensors())
@@ -50,10 +52,12 @@ TEST(EvoformerReference, ForwardLossAndEveryGradientMatch) {
   torch::Tensor msa = torch::randn({batch, s.seqs, s.residues, s.msa_features});
   torch::Tensor pair = torch::randn({batch, s.residues, s.residues, s.pair_features});
   torch::Tensor targets = torch::randint(0, s.bins, {batch, s.residues, s.residues}, torch::kLong);
-  at::Tensor loss = exec.forward({{g->find_tensor("msa_feat")->value(), msa},
-                                  {g->find_tensor("pair_feat")->value(), pair},
-                                  {g->find_tensor("targets")->value(), targets}});
-  loss.backward();
+  auto sums = exec.run({{{g->find_tensor("msa_feat")->value(), msa},
+                         {g->find_tensor("pair_feat")->value(), pair},
+                         {g->find_tensor("targets")->value(), targets}}},
+                       1.0);
+  ASSERT_TRUE(sums.ok()) << sums.error().message;
+  at::Tensor loss = at::scalar_tensor(sums->loss, at::kDouble);
   torch::Tensor ref_loss = ref.loss(msa, pair, targets);
   ref_loss.backward();
   EXPECT_LE(max_rel_error(loss, ref_loss), kTolerance)

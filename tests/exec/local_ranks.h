@@ -18,7 +18,6 @@
 #include "exec/runtime/executor.h"
 #include "exec/runtime/inputs.h"
 #include "exec/runtime/oracle.h"
-#include "exec/runtime/rank_executor.h"
 #include "exec/runtime/trainer.h"
 #include "graph/verify.h"
 #include "models/model.h"
@@ -54,7 +53,7 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
       losses[static_cast<size_t>(rank)].push_back(st.loss);
     }
-    auto& exec = trainer->rank_executor();
+    auto& exec = trainer->executor();
     std::lock_guard<std::mutex> lock(mu);
     for (size_t i = 0; i < exec.parameters().size(); ++i) {
       const graph::SubTensor& piece = exec.parameter_pieces()[i];
@@ -94,9 +93,8 @@ inline void expect_ops_correct(const Config& config) {
   ASSERT_TRUE(feeder.ok()) << feeder.error().message;
   auto inputs = (*feeder)->micro_batch(0);
   ASSERT_TRUE(inputs.ok()) << inputs.error().message;
-  runtime::Executor exec(*single, kernels, 11);
   at::NoGradGuard no_grad;
-  const std::vector<at::Tensor> values = exec.forward_all(*inputs);
+  const std::vector<at::Tensor> values = runtime::reference_values(*single, kernels, 11, *inputs);
   auto plan = models::build_plan(config, ops, planner::PolicyRegistry::with_builtin_policies(),
                                  config.parallel.world_size());
   ASSERT_TRUE(plan.ok()) << plan.error().message;

@@ -31,7 +31,6 @@ Fixture make(const std::vector<std::string>& overrides) {
   auto g = models::build_model(f.config, f.ops);
   EXPECT_TRUE(g.ok()) << g.error().message;
   f.single = *g;
-  runtime::Executor exec(f.single, f.kernels, 11);
   const int64_t rows = f.single.tensor(*f.single.find_tensor("tokens")).shape[0];
   const int64_t seq = f.single.tensor(*f.single.find_tensor("tokens")).shape[1];
   auto data = runtime::make_token_source(f.config, 256, seq);
@@ -46,8 +45,9 @@ Fixture make(const std::vector<std::string>& overrides) {
     }
   }
   at::NoGradGuard no_grad;
-  f.values = exec.forward_all({{f.single.find_tensor("tokens")->value(), tokens},
-                               {f.single.find_tensor("targets")->value(), targets}});
+  f.values = runtime::reference_values(f.single, f.kernels, 11,
+                                       {{f.single.find_tensor("tokens")->value(), tokens},
+                                        {f.single.find_tensor("targets")->value(), targets}});
   return f;
 }
 

@@ -39,8 +39,8 @@ void expect_swin_matches_reference(const std::vector<std::string>& overrides, in
 
   // The reference reads copies of loom's initial weights as its own leaves.
   std::map<std::string, torch::Tensor> leaves;
-  for (TensorId id : exec.parameter_ids()) {
-    const std::string& name = g.tensor(id).name;
+  for (const graph::SubTensor& piece : exec.parameter_pieces()) {
+    const std::string& name = g.tensor(piece.tensor).name;
     leaves[name] = exec.parameter(name).detach().clone().requires_grad_(true);
   }
   reference::Swin ref({spec->image, spec->channels, spec->patch, spec->embed, spec->window,
@@ -54,9 +54,11 @@ void expect_swin_matches_reference(const std::vector<std::string>& overrides, in
   torch::manual_seed(11);
   torch::Tensor images = torch::randn({batch, spec->channels, spec->image, spec->image});
   torch::Tensor labels = torch::randint(0, spec->classes, {batch}, torch::kLong);
-  at::Tensor loss = exec.forward(
-      {{g.find_tensor("images")->value(), images}, {g.find_tensor("labels")->value(), labels}});
-  loss.backward();
+  auto sums = exec.run(
+      {{{g.find_tensor("images")->value(), images}, {g.find_tensor("labels")->value(), labels}}},
+      1.0);
+  ASSERT_TRUE(sums.ok()) << sums.error().message;
+  at::Tensor loss = at::scalar_tensor(sums->loss, at::kDouble);
   torch::Tensor ref_loss = ref.loss(images, labels);
   ref_loss.backward();
   EXPECT_LE(max_rel_error(loss, ref_loss), kTolerance)
