@@ -70,7 +70,7 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
 // forward takes the slowest rank's forward time per stage chunk, a backward twice that. A
 // searched schedule is the one found, its blocks at each stage's own durations (`searched`).
 Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
-                         const std::optional<sched::Schedule>& searched,
+                         const std::shared_ptr<const sched::Schedule>& searched,
                          const lower::Lowered& lowered, Plan& plan) {
   const auto& par = config.parallel;
   if (par.pp == 1 && par.chunks == 1) return Status::success();
@@ -182,7 +182,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   // The pipeline is ordered once the adapters are known: what they deliver counts in a stage's
   // activations, which bound how many micro-batches a searched schedule keeps in flight.
   const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
-  std::optional<sched::Schedule> searched;
+  std::shared_ptr<const sched::Schedule> searched;
   auto order =
       [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
     lower::StageCosts costs;  // only the search reads them

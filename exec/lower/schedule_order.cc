@@ -104,7 +104,7 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
     orders = found->schedule.device_orders();
     auto searched = at_stage_costs(found->schedule, costs);
     LOOM_CHECK(searched.ok()) << searched.error().to_string();
-    result.searched = std::move(searched).value();
+    result.searched = std::make_shared<const sched::Schedule>(std::move(searched).value());
   } else {
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);

@@ -1,7 +1,7 @@
 // The order of pipeline blocks each rank runs, from parallel.schedule and the scheduler.
 #pragma once
 
-#include <optional>
+#include <memory>
 #include <vector>
 
 #include "core/config.h"
@@ -37,7 +37,7 @@ struct PipelineOrder {
   // parallel.schedule search: the schedule found, its blocks at the stage costs' durations in
   // milliseconds (a forward of device d takes devices[d].forward_s) and memory in micro-batches
   // of activations (+1 on F, -1 on B).
-  std::optional<sched::Schedule> searched;
+  std::shared_ptr<const sched::Schedule> searched;  // null unless searched
 };
 
 // The search's input for parallel.schedule search: one micro-batch's V-shaped block graph

@@ -68,7 +68,7 @@ TEST(PipelineOrder, TheSearchedScheduleHasTheStageCostsDurations) {
   const StageCosts costs = four_stages(1.0);
   auto order = pipeline_order(c, 8, costs);
   ASSERT_TRUE(order.ok()) << order.error().message;
-  ASSERT_TRUE(order->searched.has_value());
+  ASSERT_NE(order->searched, nullptr);
   const sched::Schedule& s = *order->searched;
   EXPECT_EQ(s.workload().size(), 4 * 8 * 2);
   for (const sched::Block& b : s.workload().blocks()) {
@@ -130,7 +130,7 @@ TEST(PipelineOrder, PredefinedOrdersIgnoreTheStageCosts) {
   auto with = pipeline_order(c, 8, four_stages(4.0));
   auto without = pipeline_order(c, 8);
   ASSERT_TRUE(with.ok() && without.ok());
-  EXPECT_FALSE(with->searched.has_value());
+  EXPECT_EQ(with->searched, nullptr);
   auto rule = sched::device_orders(sched::ScheduleKind::k1F1B, 4, 8, 1);
   ASSERT_TRUE(rule.ok());
   for (size_t d = 0; d < 4; ++d) {
