@@ -448,7 +448,11 @@ void sync_gradients(Executor::Impl& s, const lower::Program& prog) {
 // replicated losses count once) and its gradients' squared norm (each piece divided by how
 // many ranks hold it, so every element counts once).
 at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
-  at::Tensor loss = at::zeros({}, at::kDouble);
+  // On the device the parameters live on, so the step reads the host once, at the end.
+  const auto options = at::TensorOptions()
+                           .dtype(at::kDouble)
+                           .device(s.params.empty() ? at::Device(at::kCPU) : s.params[0].device());
+  at::Tensor loss = at::zeros({}, options);
   for (const auto& m : s.micro)
     if (m.loss.defined()) loss += m.loss.detach().to(at::kDouble) * prog.loss_seed;
   std::vector<at::Tensor> grads;
@@ -459,10 +463,10 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
     grads.push_back(g);
     weights.push_back(1.0 / static_cast<double>(s.replicas[i]));
   }
-  at::Tensor norm = at::zeros({}, at::kDouble);
+  at::Tensor norm = at::zeros({}, options);
   if (!grads.empty()) {
     at::Tensor norms = at::stack(at::_foreach_norm(grads)).to(at::kDouble);
-    norm = (norms.square() * at::tensor(weights, at::kDouble)).sum();
+    norm = (norms.square() * at::tensor(weights, at::kDouble).to(options.device())).sum();
   }
   return at::stack({loss, norm});
 }

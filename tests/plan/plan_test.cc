@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "exec/lower/fusion.h"
 #include "models/model.h"
 #include "scheduler/csv.h"
 #include "scheduler/repetend.h"
@@ -29,6 +30,55 @@ Config config(const std::vector<std::string>& overrides = {}) {
   auto c = parse_config(kYaml, "plan_test.yaml", overrides);
   EXPECT_TRUE(c.ok()) << c.error().message;
   return *c;
+}
+
+// The executor runs a linear and the bias_add that alone reads it as one at::linear, and the
+// estimate counts no output for it: column-parallel pieces fuse; a row-parallel linear, whose
+// output is a partial sum the bias_add may only read after its all-reduce, does not.
+TEST(Fusion, ColumnParallelLinearsFuseRowParallelOnesDoNot) {
+  auto plan = make_plan(config({"parallel.dp=1", "parallel.pp=1"}));  // tp 2
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const graph::Graph& g = plan->file.graph;
+  const std::vector<bool> fused = lower::fused_into_next(g, plan->file.lowered);
+  ASSERT_EQ(fused.size(), g.ops().size());
+  int64_t linears = 0, column = 0, row = 0;
+  for (size_t i = 0; i < g.ops().size(); ++i) {
+    const graph::Op& op = g.ops()[i];
+    if (op.type() != "linear") {
+      EXPECT_FALSE(fused[i]) << op.name();
+      continue;
+    }
+    ++linears;
+    if (op.outputs[0].is_partial()) {
+      ++row;
+      EXPECT_FALSE(fused[i]) << op.name() << " writes a partial sum";
+    } else if (fused[i]) {
+      ++column;
+    }
+  }
+  // In each rank's program, a fused linear is followed by the bias_add that reads its output.
+  for (const auto& prog : plan->file.lowered.programs)
+    for (const auto& seg : prog.segments)
+      for (size_t k = 0; k < seg.items.size(); ++k) {
+        const auto& item = seg.items[k];
+        if (item.kind != lower::SegmentItem::Kind::kOp || !fused[static_cast<size_t>(item.index)])
+          continue;
+        ASSERT_LT(k + 1, seg.items.size());
+        const graph::Op& lin = g.ops()[static_cast<size_t>(item.index)];
+        const graph::Op& bias = g.ops()[static_cast<size_t>(seg.items[k + 1].index)];
+        EXPECT_EQ(bias.type(), "bias_add") << lin.name();
+        EXPECT_EQ(bias.device, lin.device) << lin.name();
+        EXPECT_TRUE(bias.inputs[0] == lin.outputs[0]) << lin.name();
+      }
+  EXPECT_GT(row, 0);     // attention out and mlp fc2 on each tp rank
+  EXPECT_GT(column, 0);  // q/k/v and mlp fc1 pieces
+  EXPECT_LT(column + row, linears + 1);
+
+  // Without fusion the estimate would count each fused linear's output once more.
+  auto single = make_plan(config({"parallel.dp=1", "parallel.tp=1", "parallel.pp=1"}));
+  ASSERT_TRUE(single.ok()) << single.error().message;
+  const std::vector<bool> one = lower::fused_into_next(single->file.graph, single->file.lowered);
+  EXPECT_GT(std::count(one.begin(), one.end(), true), 0);
 }
 
 TEST(MakePlan, PlansLowersAndEstimatesWithoutLibTorch) {
