@@ -59,6 +59,8 @@ void visit_fields(Config& c, V& v) {
   v("run", "output_dir", c.run.output_dir, non_empty());
   v("run", "seed", c.run.seed, non_negative());
   v("run", "steps", c.run.steps, positive());
+  v("run", "device", c.run.device, one_of({"cpu", "cuda"}));
+  v("run", "precision", c.run.precision, one_of({"fp32", "bf16"}));
 
   v("model", "type", c.model.type, non_empty());
   v("model", "preset", c.model.preset, Check<std::string>());

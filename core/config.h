@@ -17,6 +17,8 @@ struct RunConfig {
   std::string output_dir = "runs/loom";
   int64_t seed = 1234;
   int64_t steps = 100;
+  std::string device = "cpu";      // cpu | cuda (one GPU per rank: LOCAL_RANK mod visible GPUs)
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 compute, fp32 master weights and state)
 };
 
 // Model-specific hyperparameters (model.args) stay text until the model reads them, so a

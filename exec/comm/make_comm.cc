@@ -192,14 +192,17 @@ std::string default_process_backend() { return has("gloo") || !has("nccl") ? "gl
 
 }  // namespace
 
-Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLookup& env) {
+Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLookup& env,
+                                        bool gpu) {
   if (!(config.timeout_s > 0)) {
     return Error::at("comm.timeout_s", "must be a positive number of seconds, got " +
                                            std::to_string(config.timeout_s));
   }
   std::string backend = config.backend;
   if (backend == "auto") {
-    if (started_by_mpi(env) && !env("WORLD_SIZE")) {
+    if (gpu && (env("WORLD_SIZE") || started_by_mpi(env))) {
+      backend = "nccl";  // a build without nccl says so, naming comm.backend
+    } else if (started_by_mpi(env) && !env("WORLD_SIZE")) {
       backend = "mpi";
     } else if (started_by_mpi(env)) {
       // Under mpirun with loomrun's variables as well: mpi if this build has it.

@@ -29,13 +29,14 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 EnvLookup process_env();
 
 // The world Comm for config.backend:
-//   auto  mpi when started by mpirun/srun, else gloo when WORLD_SIZE is set (nccl in a build
-//         without gloo), else a world of one
+//   auto  for a run on GPUs (`gpu`), nccl when WORLD_SIZE is set or under mpirun/srun; else mpi
+//         when started by mpirun/srun, else gloo when WORLD_SIZE is set (nccl in a build
+//         without gloo); else a world of one
 //   gloo | mpi | nccl | local (local: a world of one; use LocalWorld for threads as ranks)
 // Every call of the Comm is bounded by config.timeout_s. Errors name comm.backend or the
 // environment variable at fault.
 Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config,
-                                        const EnvLookup& env = process_env());
+                                        const EnvLookup& env = process_env(), bool gpu = false);
 
 // The backends compiled into this build ("local"; "gloo", "mpi", "nccl" when found).
 std::vector<std::string> built_backends();

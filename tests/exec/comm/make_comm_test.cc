@@ -48,6 +48,19 @@ TEST(MakeComm, AutoWithoutLauncherIsAWorldOfOne) {
   EXPECT_TRUE(testing::check_primitives(**comm).ok());
 }
 
+// A run on GPUs started by a launcher talks over nccl: its error (bad RANK here, or a build
+// without nccl) names nccl, never gloo. Alone (no WORLD_SIZE) it is still a world of one.
+TEST(MakeComm, AutoOnGpusPicksNccl) {
+  auto bad_rank = make_comm(config("auto"), env_of({{"WORLD_SIZE", "2"}, {"RANK", "2"}}), true);
+  ASSERT_FALSE(bad_rank.ok());
+  EXPECT_EQ(bad_rank.error().key, "comm.backend");
+  EXPECT_NE(error_of(bad_rank).find("nccl"), std::string::npos) << error_of(bad_rank);
+  EXPECT_EQ(error_of(bad_rank).find("gloo"), std::string::npos) << error_of(bad_rank);
+  auto alone = make_comm(config("auto"), env_of({}), true);
+  ASSERT_TRUE(alone.ok()) << error_of(alone);
+  EXPECT_STREQ((*alone)->backend_name(), "local");
+}
+
 TEST(MakeComm, UnknownBackendNamesTheKey) {
   auto comm = make_comm(config("nccl2"), env_of({}));
   ASSERT_FALSE(comm.ok());
