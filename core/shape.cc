@@ -38,6 +38,9 @@ const DTypeInfo& info(DType dtype) {
 }  // namespace
 
 int64_t size_bytes(DType dtype) { return info(dtype).bytes; }
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
 std::string_view to_string(DType dtype) { return info(dtype).name; }
 std::optional<DType> parse_dtype(std::string_view name) {
   for (const auto& i : kDTypes)

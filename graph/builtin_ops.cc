@@ -67,9 +67,13 @@ OpRegistry OpRegistry::with_builtin_ops() {
   //   pick:            the target's logit; a piece of the vocabulary gives 0 for targets it
   //                    does not hold, so pieces are partial sums
   //   nll:             sum over tokens of (lse - target logit) / normalizer
-  must(OpSchema::simple("group_logsumexp", "b s (g v^) -> b s g"));
-  must(OpSchema::simple("logsumexp", "b s g^ -> b s"));
-  must(OpSchema::simple("pick", "b s (g+ v^), b s -> b s"));
+  for (auto [type, annotation] :
+       {std::pair{"group_logsumexp", "b s (g v^) -> b s g"},
+        std::pair{"logsumexp", "b s g^ -> b s"}, std::pair{"pick", "b s (g+ v^), b s -> b s"}}) {
+    OpSchema schema = OpSchema::simple(type, annotation);
+    schema.fp32_outputs = true;
+    must(std::move(schema));
+  }
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
   add_evoformer_ops(r);
   add_vision_ops(r);

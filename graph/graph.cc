@@ -10,6 +10,12 @@ const FullTensor& Graph::tensor(TensorId id) const {
   return tensors_[id.value()];
 }
 
+FullTensor& Graph::mutable_tensor(TensorId id) {
+  LOOM_CHECK(id.valid() && id.value() < static_cast<int64_t>(tensors_.size()))
+      << "no tensor " << id << " in graph " << name_;
+  return tensors_[id.value()];
+}
+
 std::optional<TensorId> Graph::find_tensor(const std::string& name) const {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return std::nullopt;

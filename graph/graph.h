@@ -18,6 +18,8 @@ class Graph {
   const std::vector<FullTensor>& tensors() const { return tensors_; }
   const std::vector<Op>& ops() const { return ops_; }
   std::vector<Op>& mutable_ops() { return ops_; }
+  // Ids and names are fixed; everything else of a tensor (dtype, role) may change.
+  FullTensor& mutable_tensor(TensorId id);
 
   const FullTensor& tensor(TensorId id) const;
   std::optional<TensorId> find_tensor(const std::string& name) const;

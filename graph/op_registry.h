@@ -25,6 +25,10 @@ struct OpSchema {
       infer_shapes;
   // Output dtypes; when unset, every output takes the first floating-point input's dtype.
   std::function<std::vector<DType>(const std::vector<DType>&, const Attrs&)> infer_dtypes;
+  // Under a low-precision run (graph/precision.h) its outputs stay float32: reductions whose
+  // results a loss sums (log-sum-exp, a target's logit), where bf16's 8-bit mantissa would
+  // move the loss by a few tenths of a percent.
+  bool fp32_outputs = false;
 
   // A schema with a constant annotation and the default rules.
   static OpSchema simple(std::string type, std::string annotation);

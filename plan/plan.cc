@@ -8,6 +8,7 @@
 #include <set>
 
 #include "exec/lower/schedule_order.h"
+#include "graph/precision.h"
 #include "graph/verify.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
@@ -154,6 +155,9 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
     if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
   }
   LOOM_TRY(graph::verify(model, registries.ops));
+  // run.precision is a property of the graph: byte counts, estimates and buffers follow it.
+  if (config.run.precision == "bf16")
+    model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
   return model;
 }
 

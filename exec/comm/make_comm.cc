@@ -192,8 +192,7 @@ std::string default_process_backend() { return has("gloo") || !has("nccl") ? "gl
 
 }  // namespace
 
-Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLookup& env,
-                                        bool gpu) {
+Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLookup& env, bool gpu) {
   if (!(config.timeout_s > 0)) {
     return Error::at("comm.timeout_s", "must be a positive number of seconds, got " +
                                            std::to_string(config.timeout_s));

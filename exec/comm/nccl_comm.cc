@@ -740,12 +740,9 @@ Result<std::shared_ptr<Comm>> make_nccl_comm(std::shared_ptr<RendezvousStore> st
   cudaGetDeviceCount(&devices);
   auto world = std::make_shared<NcclWorld>();
   world->store = std::move(store);
-  world->device = local_rank >= 0 ? local_rank : rank % devices;
-  if (world->device >= devices) {
-    return Error{"LOCAL_RANK=" + std::to_string(local_rank) + " but this machine has " +
-                     std::to_string(devices) + " CUDA devices",
-                 {}};
-  }
+  if (devices < 1) return Error{"this machine has no usable CUDA device", {}};
+  // As the runtime picks its device (exec/runtime/device.h): more ranks than GPUs share them.
+  world->device = (local_rank >= 0 ? local_rank : rank) % devices;
   world->watchdog = std::make_shared<Watchdog>(world->device, world->registry);
   GroupSpec spec;
   spec.name = "world";

@@ -149,7 +149,7 @@ Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t 
     for (size_t i = 0; i < t.pieces.size(); ++i) {
       const graph::SubTensor& piece = t.pieces[i];
       const graph::FullTensor& full = t.graph->tensor(piece.tensor);
-      at::Tensor value = (*tensors)[i].detach().to(at::kFloat).contiguous();
+      at::Tensor value = (*tensors)[i].detach().to(at::kCPU, at::kFloat).contiguous();
       CheckpointSlice s{
           full.name,          kind,       "F32", full.shape, ranges_of(piece), piece.value_chunk,
           piece.value_chunks, shard_name, ""};

@@ -38,9 +38,14 @@ struct Executor::Impl {
   graph::Graph graph;
   lower::Lowered lowered;
   std::shared_ptr<comm::Comm> world;
+  RunDevice device;
   int64_t rank = 0;
   std::unique_ptr<PathRunner> runner;
-  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> params;  // float32 masters
+  // What ops read during a step: the masters, or their copies in the compute dtype (made once
+  // per step; their gradients flow back to the masters in float32).
+  std::vector<at::Tensor> compute_params;
+  std::vector<at::ScalarType> dtype;  // by tensor id: the planned graph's dtype
   std::vector<graph::SubTensor> pieces;
   std::vector<int64_t> replicas;
   std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
@@ -69,6 +74,9 @@ struct Executor::Impl {
     int64_t fused_bias = -1;  // op index of the fused bias_add
     Source bias{Source::Kind::kParameter, -1};
     bool makes_loss = false;
+    // The planned dtype of each output: a kernel computing in float32 (layer norm, softmax)
+    // hands on the graph's dtype.
+    std::vector<at::ScalarType> out_dtypes;
   };
   std::map<int64_t, size_t> segment_of_stage;           // stage -> index in the program's segments
   std::vector<std::vector<ForwardStep>> forward_steps;  // per segment
@@ -86,10 +94,10 @@ struct Executor::Impl {
   };
   std::vector<Micro> micro;
 
-  // Runs a path; a failure inside autograd functions travels as CommFailure.
-  at::Tensor run_path(const CommPath& path, const Shape& full, at::Tensor x, Part part,
-                      int64_t tag_base) {
-    auto r = runner->run(path, full, std::move(x), part, tag_base);
+  // Runs a path of tensor `t`; a failure inside autograd functions travels as CommFailure.
+  at::Tensor run_path(const CommPath& path, TensorId t, at::Tensor x, Part part, int64_t tag_base) {
+    auto r = runner->run(path, graph.tensor(t).shape, std::move(x), part, tag_base,
+                         dtype[static_cast<size_t>(t.value())]);
     if (!r.ok()) throw CommFailure(r.error().message);
     return *r;
   }
@@ -99,8 +107,6 @@ struct Executor::Impl {
         << "micro-batch " << mb << " past the lowering's limit";
     return lower::message_tag(a.id, direction == 0, mb);
   }
-
-  const Shape& shape_of(TensorId t) const { return graph.tensor(t).shape; }
 
   // The value of tensor `id` made on this rank for micro-batch `m`.
   const at::Tensor& value(const Micro& m, int64_t id) const {
@@ -129,15 +135,14 @@ struct AdapterFn : public torch::autograd::Function<AdapterFn> {
     ctx->saved_data["mb"] = mb;
     auto* self = reinterpret_cast<Executor::Impl*>(impl);
     const Adapter& a = self->lowered.adapters[static_cast<size_t>(adapter)];
-    return {
-        self->run_path(a.forward, self->shape_of(a.tensor), x, Part::kAll, self->tag(a, 0, mb))};
+    return {self->run_path(a.forward, a.tensor, x, Part::kAll, self->tag(a, 0, mb))};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* self = reinterpret_cast<Executor::Impl*>(ctx->saved_data["impl"].toInt());
     const Adapter& a =
         self->lowered.adapters[static_cast<size_t>(ctx->saved_data["adapter"].toInt())];
-    at::Tensor g = self->run_path(a.backward, self->shape_of(a.tensor), grads[0], Part::kAll,
+    at::Tensor g = self->run_path(a.backward, a.tensor, grads[0], Part::kAll,
                                   self->tag(a, 1, ctx->saved_data["mb"].toInt()));
     return {g, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -174,7 +179,7 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
         continue;
       }
       slots[i].back() = static_cast<int64_t>(s.params.size());
-      at::Tensor p = init_parameter_piece(t, in, seed);
+      at::Tensor p = init_parameter_piece(t, in, seed).to(s.device.device);
       p.set_requires_grad(true);
       s.param_index[key] = s.params.size();
       s.params.push_back(p);
@@ -235,6 +240,8 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
       }
       const graph::Op& last =
           ops[static_cast<size_t>(step.fused_bias >= 0 ? step.fused_bias : item.index)];
+      for (const auto& out : last.outputs)
+        step.out_dtypes.push_back(s.dtype[static_cast<size_t>(out.tensor.value())]);
       step.makes_loss = s.graph.tensor(last.outputs[0].tensor).role == graph::TensorRole::kLoss;
       s.forward_steps[g].push_back(std::move(step));
     }
@@ -247,17 +254,20 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
 Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
                                                    const lower::Lowered& lowered,
                                                    std::shared_ptr<comm::Comm> world,
-                                                   const KernelRegistry& kernels, uint64_t seed) {
+                                                   const KernelRegistry& kernels, uint64_t seed,
+                                                   const RunDevice& device) {
   auto impl = std::make_unique<Impl>();
   impl->graph = planned;
   impl->lowered = lowered;
   impl->world = world;
+  impl->device = device;
   impl->rank = world->world_rank().value();
+  for (const auto& t : planned.tensors()) impl->dtype.push_back(scalar_type(t.dtype));
   if (static_cast<int64_t>(lowered.programs.size()) != world->size())
     return Error::at("comm", "the plan is for " + std::to_string(lowered.programs.size()) +
                                  " ranks but the world has " + std::to_string(world->size()));
   // Every group any step or gradient sync uses, created in the same order on every rank.
-  impl->runner = std::make_unique<PathRunner>(world);
+  impl->runner = std::make_unique<PathRunner>(world, device.device);
   std::vector<const CommPath*> paths;
   for (const Adapter& a : impl->lowered.adapters) {
     paths.push_back(&a.forward);
@@ -282,6 +292,16 @@ namespace {
 
 using Inputs = std::vector<std::unordered_map<int64_t, at::Tensor>>;
 
+// The inputs on the device: host tensors are copied from pinned memory without the host waiting
+// (the copies run on the current stream before the kernels that read them).
+Inputs to_device(const Inputs& inputs, const RunDevice& d) {
+  Inputs out(inputs.size());
+  for (size_t m = 0; m < inputs.size(); ++m)
+    for (const auto& [id, t] : inputs[m])
+      out[m][id] = t.device() == d.device ? t : t.pin_memory().to(d.device, /*non_blocking=*/true);
+  return out;
+}
+
 // The value an op input reads for micro-batch `mb`.
 at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
                 const graph::SubTensor& in, int64_t mb, const Inputs& inputs) {
@@ -289,7 +309,7 @@ at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
     case Source::Kind::kInput:
       return cut_piece(inputs[static_cast<size_t>(mb)].at(src.index), in).contiguous();
     case Source::Kind::kParameter:
-      return s.params[static_cast<size_t>(src.index)];
+      return s.compute_params[static_cast<size_t>(src.index)];
     case Source::Kind::kAdapter:
       return m.adapted.at(src.index);
     case Source::Kind::kSameStage:
@@ -307,18 +327,17 @@ at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
 void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::SegmentItem& item,
                  int64_t mb) {
   const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
-  const Shape& full = s.shape_of(a.tensor);
   const at::Tensor& held = m.env[static_cast<size_t>(a.tensor.value())];
   if (item.producer_side) {
     at::Tensor x = s.value(m, a.tensor.value());
-    s.run_path(a.forward, full, x.detach(), Part::kProducer, s.tag(a, 0, mb));
+    s.run_path(a.forward, a.tensor, x.detach(), Part::kProducer, s.tag(a, 0, mb));
     m.sent[a.id] = x;
   } else if (a.disjoint) {
-    at::Tensor z = s.run_path(a.forward, full, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
+    at::Tensor z = s.run_path(a.forward, a.tensor, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
     m.adapted[a.id] = z.detach().requires_grad_(true);
   } else if (a.cross_stage()) {
     at::Tensor x = held.defined() ? held.detach() : at::Tensor();
-    at::Tensor z = s.run_path(a.forward, full, x, Part::kAll, s.tag(a, 0, mb));
+    at::Tensor z = s.run_path(a.forward, a.tensor, x, Part::kAll, s.tag(a, 0, mb));
     m.adapted[a.id] = z.detach().requires_grad_(true);
   } else {
     m.adapted[a.id] =
@@ -352,6 +371,9 @@ void run_forward(Executor::Impl& s, size_t segment, int64_t mb, const Inputs& in
           << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
     }
     for (size_t o = 0; o < outs.size(); ++o)
+      if (outs[o].scalar_type() != step.out_dtypes[o] && at::isFloatingType(outs[o].scalar_type()))
+        outs[o] = outs[o].to(step.out_dtypes[o]);
+    for (size_t o = 0; o < outs.size(); ++o)
       m.env[static_cast<size_t>(made->outputs[o].tensor.value())] = outs[o];
     if (step.makes_loss) {
       m.loss = outs[0];
@@ -379,8 +401,8 @@ void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::Pr
   for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it)
     if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
       const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
-      at::Tensor g = s.run_path(a.backward, s.shape_of(a.tensor), at::Tensor(), Part::kConsumer,
-                                s.tag(a, 1, mb));
+      at::Tensor g =
+          s.run_path(a.backward, a.tensor, at::Tensor(), Part::kConsumer, s.tag(a, 1, mb));
       add_root(a.tensor.value(), m.sent.at(a.id), g);
     }
   std::vector<at::Tensor> tensors, grads;
@@ -397,9 +419,9 @@ void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::Pr
     at::Tensor z = m.adapted.at(a.id);
     at::Tensor g = z.grad().defined() ? z.grad() : at::zeros_like(z);
     if (a.disjoint) {
-      s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kProducer, s.tag(a, 1, mb));
+      s.run_path(a.backward, a.tensor, g, Part::kProducer, s.tag(a, 1, mb));
     } else {
-      at::Tensor gx = s.run_path(a.backward, s.shape_of(a.tensor), g, Part::kAll, s.tag(a, 1, mb));
+      at::Tensor gx = s.run_path(a.backward, a.tensor, g, Part::kAll, s.tag(a, 1, mb));
       const at::Tensor& x = m.env[static_cast<size_t>(a.tensor.value())];
       if (x.defined() && gx.defined())
         m.pending[s.stage_of(a.tensor.value())][a.tensor.value()] = {x, gx};
@@ -480,6 +502,11 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   s.micro.assign(inputs.size(), Impl::Micro{});
   for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
+  const Inputs on_device = s.device.cuda() ? to_device(inputs, s.device) : Inputs();
+  const Inputs& in = s.device.cuda() ? on_device : inputs;
+  s.compute_params.clear();
+  for (const at::Tensor& p : s.params)
+    s.compute_params.push_back(s.device.compute == at::kFloat ? p : p.to(s.device.compute));
   // A micro-batch's tensors are released after its last block on this rank (only its loss
   // value stays for the step's total), so a rank holds only what its schedule has in flight.
   std::vector<size_t> last_block(inputs.size(), 0);
@@ -493,7 +520,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
       LOOM_CHECK(seg != s.segment_of_stage.end())
           << "rank " << s.rank << " has no segment for stage " << block.stage;
       if (block.kind == lower::BlockKind::kForward) {
-        run_forward(s, seg->second, mb, inputs);
+        run_forward(s, seg->second, mb, in);
         continue;
       }
       run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);
@@ -509,6 +536,9 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
     at::Tensor sums = local_sums(s, prog);
     if (s.world->size() > 1) check(s.world->all_reduce(sums));
     sums = sums.cpu();  // the step's one host read
+    s.compute_params.clear();
+    // A GPU backend's failure surfaces after the work it broke: the step is not done then.
+    check(s.world->status());
     const double* v = sums.data_ptr<double>();
     return StepSums{v[0], v[1]};
   } catch (const CommFailure& e) {
@@ -528,5 +558,6 @@ at::Tensor Executor::parameter(const std::string& name) const {
   return at::Tensor();
 }
 comm::Comm& Executor::world() { return *impl_->world; }
+const RunDevice& Executor::device() const { return impl_->device; }
 
 }  // namespace loom::runtime

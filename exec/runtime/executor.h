@@ -14,6 +14,7 @@
 
 #include "exec/comm/comm.h"
 #include "exec/lower/program.h"
+#include "exec/runtime/device.h"
 #include "exec/runtime/kernels.h"
 #include "graph/graph.h"
 
@@ -29,20 +30,23 @@ class Executor {
  public:
   // Creates the sub-groups every adapter and gradient sync needs (a collective over `world`:
   // every rank constructs its executor at the same point) and materialises this rank's
-  // parameter pieces (seeded per FullTensor). Fails naming the op whose kernel is missing.
+  // parameter pieces (seeded per FullTensor on the CPU, then moved to `device`: every device
+  // starts from the same weights). Fails naming the op whose kernel is missing.
   static Result<std::unique_ptr<Executor>> create(const graph::Graph& planned,
                                                   const lower::Lowered& lowered,
                                                   std::shared_ptr<comm::Comm> world,
-                                                  const KernelRegistry& kernels, uint64_t seed);
+                                                  const KernelRegistry& kernels, uint64_t seed,
+                                                  const RunDevice& device = {});
   ~Executor();
 
   // Forward and backward of every micro-batch in program order; `inputs[m]` holds the full
-  // values of the graph inputs of micro-batch m by tensor id. Gradients are scaled by
+  // values of the graph inputs of micro-batch m by tensor id, on the host (copied to the device
+  // here, asynchronously from pinned memory) or on the device. Gradients are scaled by
   // `grad_scale` and synchronised. One all-reduce and one host read for the returned sums.
   Result<StepSums> run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
                        double grad_scale);
 
-  // This rank's parameter pieces (leaves with gradients after run()).
+  // This rank's parameter pieces, float32 on the device (leaves with gradients after run()).
   const std::vector<at::Tensor>& parameters() const;
   const std::vector<graph::SubTensor>& parameter_pieces() const;
   // How many ranks hold each parameter piece (for a global norm that counts elements once).
@@ -51,6 +55,7 @@ class Executor {
   // whole tensor.
   at::Tensor parameter(const std::string& name) const;
   comm::Comm& world();
+  const RunDevice& device() const;
 
   struct Impl;  // opaque; public so the adapter autograd function can reach it
 

@@ -5,34 +5,10 @@
 
 #include <algorithm>
 
+#include "exec/runtime/device.h"
 #include "exec/runtime/init.h"
 
 namespace loom::runtime {
-namespace {
-
-bool is_floating(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
-}
-
-at::ScalarType scalar_type(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return at::kFloat;
-    case DType::kFloat16:
-      return at::kHalf;
-    case DType::kBFloat16:
-      return at::kBFloat16;
-    case DType::kInt64:
-      return at::kLong;
-    case DType::kInt32:
-      return at::kInt;
-    case DType::kUInt16:
-      return at::kInt;  // no unsigned 16-bit type in LibTorch 1.13
-  }
-  return at::kFloat;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<InputFeeder>> InputFeeder::create(const Config& config,
                                                          const graph::Graph& graph) {

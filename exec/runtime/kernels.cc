@@ -2,8 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
+#include <torch/version.h>
 
 #include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
 
 #include "exec/runtime/kernels_evoformer.h"
 #include "exec/runtime/kernels_vision.h"
@@ -33,16 +38,19 @@ Tensors add_tensors(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
 Tensors gelu(const Ctx&, const Tensors& in) { return {at::gelu(in[0])}; }
 
+// In float32 whatever the activations' dtype (the executor hands on the graph's dtype).
 Tensors layer_norm(const Ctx& ctx, const Tensors& in) {
   double eps = ctx.op.attrs().get_or<double>("eps", 1e-5);
-  return {at::layer_norm(in[0], {in[0].size(-1)}, in[1], in[2], eps)};
+  return {at::layer_norm(in[0].to(at::kFloat), {in[0].size(-1)}, in[1].to(at::kFloat),
+                         in[2].to(at::kFloat), eps)};
 }
 
 Tensors linear(const Ctx&, const Tensors& in) { return {at::linear(in[0], in[1])}; }
 
 Tensors bias_add(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
-// Causal attention over [b, s, h*d] pieces; the head count is local (hidden piece / d).
+// Causal attention over [b, s, h*d] pieces; the head count is local (hidden piece / d). A
+// piece of s queries (sequence parallel) sees keys up to its own positions: the last s of t.
 Tensors attention(const Ctx& ctx, const Tensors& in) {
   const int64_t d = ctx.op.attrs().get<int64_t>("d");
   const at::Tensor& q = in[0];
@@ -52,21 +60,34 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
     return x.view({b, len, h, d}).transpose(1, 2);
   };
   at::Tensor qh = heads(q, s), kh = heads(in[1], t), vh = heads(in[2], t);
+  // The causal mask depends only on (s, t) and the device: one per shape, device and thread.
+  // `masked` is true where a query may not see a key.
+  thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> masks;
+  auto masked = [&]() -> const at::Tensor& {
+    at::Tensor& mask = masks[{s, t, q.device().str()}];
+    if (!mask.defined()) mask = at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1);
+    return mask;
+  };
+#if TORCH_VERSION_MAJOR >= 2
+  // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
+  // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left).
+  at::Tensor out =
+      s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
+             : at::scaled_dot_product_attention(qh, kh, vh, masked().logical_not(), 0.0, false);
+#else
   at::Tensor scores =
       at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  // The causal mask depends only on (s, t): keep one per shape and thread.
-  thread_local std::map<std::pair<int64_t, int64_t>, at::Tensor> masks;
-  at::Tensor& mask = masks[{s, t}];
-  if (!mask.defined()) mask = at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
-  at::Tensor out = at::matmul(at::softmax(scores, -1), vh);
+  scores = scores.masked_fill(masked(), -std::numeric_limits<double>::infinity());
+  // Softmax in float32 whatever the activations' dtype.
+  at::Tensor out = at::matmul(at::softmax(scores, -1, at::kFloat).to(vh.scalar_type()), vh);
+#endif
   return {out.transpose(1, 2).reshape({b, s, hd})};
 }
 
 // Sum of the token losses of this piece over the full micro-batch's token count.
 Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
   const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
-  const at::Tensor& logits = in[0];
+  const at::Tensor logits = in[0].to(at::kFloat);
   at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                            in[1].reshape({-1}), {}, at::Reduction::Sum);
   return {loss / static_cast<double>(normalizer)};
@@ -74,11 +95,13 @@ Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
 
 Tensors group_logsumexp(const Ctx& ctx, const Tensors& in) {
   const int64_t v = ctx.op.attrs().get<int64_t>("v");
-  const at::Tensor& x = in[0];
+  const at::Tensor x = in[0].to(at::kFloat);
   return {at::logsumexp(x.view({x.size(0), x.size(1), x.size(2) / v, v}), -1)};
 }
 
-Tensors logsumexp(const Ctx&, const Tensors& in) { return {at::logsumexp(in[0], -1)}; }
+Tensors logsumexp(const Ctx&, const Tensors& in) {
+  return {at::logsumexp(in[0].to(at::kFloat), -1)};
+}
 
 // The logit of each token's target, where this piece of the vocabulary holds it; else 0.
 Tensors pick(const Ctx& ctx, const Tensors& in) {

@@ -30,7 +30,9 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   at::Tensor scores = at::matmul(heads(q, len_q), heads(k, len_k).transpose(-2, -1)) *
                       (1.0 / std::sqrt(static_cast<double>(d)));
   if (bias) scores = scores + bias->permute({0, 3, 1, 2}).unsqueeze(1);  // [b, 1, h, q, k]
-  at::Tensor out = at::matmul(at::softmax(scores, -1), heads(v, len_k));
+  // Softmax in float32 whatever the activations' dtype.
+  at::Tensor out =
+      at::matmul(at::softmax(scores, -1, at::kFloat).to(v.scalar_type()), heads(v, len_k));
   return out.permute({0, 1, 3, 2, 4}).reshape({b, x, len_q, h * d});
 }
 

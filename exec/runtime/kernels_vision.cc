@@ -94,7 +94,9 @@ Tensors window_attention(const Ctx& ctx, const Tensors& in) {
     const int64_t first = ctx.op.inputs[0].ranges[1].start;
     scores = scores + mask.slice(0, first, first + s).view({1, s, 1, t, t});
   }
-  at::Tensor out = at::matmul(at::softmax(scores, -1), heads(in[2]));  // b s h t d
+  // Softmax in float32 whatever the activations' dtype.
+  at::Tensor out = at::matmul(at::softmax(scores, -1, at::kFloat).to(in[2].scalar_type()),
+                              heads(in[2]));  // b s h t d
   return {out.permute({0, 1, 3, 2, 4}).reshape({b, s, t, h * d})};
 }
 

@@ -1,10 +1,28 @@
 #include "exec/runtime/optimizer.h"
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <cmath>
 
+// LibTorch 2.1 added a fused CUDA AdamW kernel (one launch for every tensor of a list).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define LOOM_HAS_FUSED_ADAMW 1
+#else
+#define LOOM_HAS_FUSED_ADAMW 0
+#endif
+
 namespace loom::runtime {
+
+namespace {
+
+// The tensors of one update, gathered once per step: a multi-tensor op runs over each list in
+// one call instead of one dispatch per parameter.
+struct Lists {
+  std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+};
+
+}  // namespace
 
 Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params,
                      std::vector<bool> decay)
@@ -18,24 +36,58 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params,
 void Optimizer::step(double lr) {
   at::NoGradGuard no_grad;
   ++t_;
+  if (config_.type == "adamw")
+    adamw_step(lr);
+  else
+    sgd_step(lr);
+}
+
+void Optimizer::adamw_step(double lr) {
   const double wd = config_.weight_decay;
-  if (config_.type == "adamw") {
-    const double b1 = config_.betas[0], b2 = config_.betas[1];
+  const double b1 = config_.betas[0], b2 = config_.betas[1];
+  // Parameters that decay and those that do not are updated as two lists (decay differs).
+  Lists groups[2];
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& g = params_[i].grad();
+    if (!g.defined()) continue;
+    Lists& l = groups[decay_[i] && wd != 0 ? 1 : 0];
+    l.params.push_back(params_[i]);
+    l.grads.push_back(g);
+    l.exp_avg.push_back(exp_avg_[i]);
+    l.exp_avg_sq.push_back(exp_avg_sq_[i]);
+  }
+  for (int decays = 0; decays < 2; ++decays) {
+    Lists& l = groups[decays];
+    if (l.params.empty()) continue;
+    const double decay = decays ? wd : 0.0;
+#if LOOM_HAS_FUSED_ADAMW
+    if (l.params.front().is_cuda()) {
+      // The fused kernel reads the step count from a tensor per parameter (bias correction).
+      at::Tensor step = at::full({}, static_cast<double>(t_), l.params.front().options());
+      l.steps.assign(l.params.size(), step);
+      at::_fused_adamw_(l.params, l.grads, l.exp_avg, l.exp_avg_sq, /*max_exp_avg_sqs=*/{}, l.steps,
+                        lr, b1, b2, decay, config_.eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
+      continue;
+    }
+#endif
     const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
     const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t_)));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      at::Tensor& p = params_[i];
-      const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;
-      if (decay_[i] && wd != 0) p.mul_(1.0 - lr * wd);
-      exp_avg_[i].mul_(b1).add_(g, 1.0 - b1);
-      exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
-      at::Tensor denom = (exp_avg_sq_[i].sqrt() / bc2_sqrt).add_(config_.eps);
-      p.addcdiv_(exp_avg_[i], denom, -lr / bc1);
-    }
-    return;
+    if (decay != 0) at::_foreach_mul_(l.params, 1.0 - lr * decay);
+    at::_foreach_mul_(l.exp_avg, b1);
+    at::_foreach_add_(l.exp_avg, l.grads, 1.0 - b1);
+    at::_foreach_mul_(l.exp_avg_sq, b2);
+    at::_foreach_addcmul_(l.exp_avg_sq, l.grads, l.grads, 1.0 - b2);
+    std::vector<at::Tensor> denom = at::_foreach_sqrt(l.exp_avg_sq);
+    at::_foreach_div_(denom, bc2_sqrt);
+    at::_foreach_add_(denom, config_.eps);
+    at::_foreach_addcdiv_(l.params, l.exp_avg, denom, -lr / bc1);
   }
-  for (size_t i = 0; i < params_.size(); ++i) {  // sgd
+}
+
+void Optimizer::sgd_step(double lr) {
+  const double wd = config_.weight_decay;
+  for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
     at::Tensor g = p.grad();
@@ -52,11 +104,11 @@ void Optimizer::step(double lr) {
 }
 
 double grad_norm_squared(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(p.grad().norm());
-  if (norms.empty()) return 0.0;
-  double n = at::stack(norms).norm().item<double>();
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
+  double n = at::stack(at::_foreach_norm(grads)).norm().item<double>();
   return n * n;
 }
 
@@ -65,8 +117,10 @@ void clip_gradients(const std::vector<at::Tensor>& params, double total_norm, do
   const double coef = max_norm / (total_norm + 1e-6);
   if (coef >= 1.0) return;
   at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params)
-    if (p.grad().defined()) p.grad().mul_(coef);
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (!grads.empty()) at::_foreach_mul_(grads, coef);
 }
 
 }  // namespace loom::runtime

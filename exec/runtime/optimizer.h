@@ -1,4 +1,5 @@
 // Optimizers over local parameter pieces: AdamW and SGD (momentum), global-norm clipping.
+// AdamW runs as multi-tensor (`_foreach_*`) ops, or LibTorch's fused kernel on CUDA (>= 2.1).
 // Weight decay applies to matrices only (not to biases and norm gains), as in GPT training.
 #pragma once
 
@@ -28,6 +29,9 @@ class Optimizer {
   const std::string& type() const { return config_.type; }
 
  private:
+  void adamw_step(double lr);
+  void sgd_step(double lr);
+
   OptimizerConfig config_;
   std::vector<at::Tensor> params_;
   std::vector<bool> decay_;

@@ -22,8 +22,8 @@ int64_t position(const lower::Layout& l, int64_t rank) {
 
 }  // namespace
 
-PathRunner::PathRunner(std::shared_ptr<comm::Comm> world)
-    : world_(std::move(world)), rank_(world_->world_rank().value()) {}
+PathRunner::PathRunner(std::shared_ptr<comm::Comm> world, at::Device device)
+    : world_(std::move(world)), device_(device), rank_(world_->world_rank().value()) {}
 
 Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
                               const std::vector<std::vector<DeviceId>>& extra) {
@@ -48,7 +48,14 @@ Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
   return Status::success();
 }
 
+void PathRunner::start_waiting_sends() {
+  if (waiting_sends_.empty()) return;
+  sends_.push_back(world_->batch_isend_irecv(waiting_sends_));
+  waiting_sends_.clear();
+}
+
 Status PathRunner::flush() {
+  start_waiting_sends();
   for (auto& w : sends_) LOOM_TRY(w.wait());
   sends_.clear();
   return Status::success();
@@ -62,7 +69,7 @@ comm::Comm& PathRunner::group(const std::vector<DeviceId>& members) {
 }
 
 Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& full, at::Tensor x,
-                                   PathPart part, int64_t tag_base) {
+                                   PathPart part, int64_t tag_base, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
   at::Tensor cur = x.defined() ? x.contiguous() : x;
   bool crossed = false;  // past the first send/recv step
@@ -82,15 +89,21 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
           received = cur;
           continue;
         }
-        sends_.push_back(world_->send_async(cur, Rank(dst), tag));
+        waiting_sends_.push_back(comm::P2POp::send(cur, Rank(dst), tag));
       }
+      std::vector<comm::P2POp> batch;
       for (const auto& pair : st.groups) {
         const int64_t src = pair[0].value(), dst = pair[1].value();
         if (dst != rank_ || src == rank_ || !do_recv) continue;
-        // Activations and their gradients are float32, the graph's activation dtype.
         received = at::empty(st.after.piece(position(st.after, rank_), TensorId(0), full).shape(),
-                             at::TensorOptions().dtype(at::kFloat));
-        LOOM_TRY(world_->recv(received, Rank(src), tag));
+                             at::TensorOptions().dtype(dtype).device(device_));
+        batch.push_back(comm::P2POp::recv(received, Rank(src), tag));
+      }
+      if (!batch.empty()) {
+        // The sends waiting so far go with these receives: one batch, one wait.
+        batch.insert(batch.begin(), waiting_sends_.begin(), waiting_sends_.end());
+        waiting_sends_.clear();
+        LOOM_TRY(world_->batch_isend_irecv(batch).wait());
       }
       if (part == PathPart::kProducer && first_transfer) return at::Tensor();
       // A device whose piece stays where it is (same position in both layouts) keeps it.
@@ -103,6 +116,9 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
     if (part == PathPart::kConsumer && !crossed) continue;
     const int64_t pos = position(st.before, rank_);
     if (pos < 0) continue;
+    if (st.primitive == Primitive::kAllReduce || st.primitive == Primitive::kAllGather ||
+        st.primitive == Primitive::kReduceScatter || st.primitive == Primitive::kAllToAll)
+      start_waiting_sends();
     const int64_t k = st.k;
     const int64_t sub = st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % k;
     auto dim_of = [](int factor) { return static_cast<int64_t>(factor - 2); };

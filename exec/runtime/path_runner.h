@@ -1,6 +1,8 @@
 // Executes communication paths (exec/lower/path.h) on this rank's piece of a tensor with the
 // injected Comm: each collective over its group's sub-communicator, send/recv point to point,
-// local chunks and pads in place.
+// local chunks and pads in place. A path's sends wait to start with this rank's next receives,
+// as one batch_isend_irecv (one NCCL group): in a pipeline one rank sends activations while its
+// peer sends gradients, and two NCCL sends facing each other would wait forever.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +22,8 @@ enum class PathPart { kAll, kProducer, kConsumer };
 
 class PathRunner {
  public:
-  explicit PathRunner(std::shared_ptr<comm::Comm> world);
+  // Receive buffers are made on `device`.
+  explicit PathRunner(std::shared_ptr<comm::Comm> world, at::Device device = at::Device(at::kCPU));
 
   // Creates the sub-communicators of every collective group in `paths` and of `extra` groups.
   // A collective over the world: every rank calls it with the same arguments, in the same order.
@@ -31,20 +34,27 @@ class PathRunner {
 
   // Runs the steps of `path` that involve this rank, from its piece `x` of a tensor of shape
   // `full` (undefined when it holds none at the start). Returns its piece at the end (undefined
-  // when it holds none). Messages use tags from `tag_base` up (one per step).
+  // when it holds none). Messages use tags from `tag_base` up (one per step); what it receives
+  // has dtype `dtype` (the tensor's, graph/precision.h).
   Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x,
-                         PathPart part, int64_t tag_base);
+                         PathPart part, int64_t tag_base, at::ScalarType dtype = at::kFloat);
 
-  // Waits for every send still in flight. Sends do not block a path (a pipeline's sends and
-  // receives may cross, as in 1F1B); call this before the tensors sent may change.
+  // Starts the sends still waiting for a receive and waits for every send in flight; call this
+  // before the tensors sent may change.
   Status flush();
 
   comm::Comm& world() { return *world_; }
   int64_t rank() const { return rank_; }
 
  private:
+  // Starts the sends waiting for a receive, alone (before a collective, which must not wait on
+  // a peer that waits for them).
+  void start_waiting_sends();
+
   std::shared_ptr<comm::Comm> world_;
+  at::Device device_;
   int64_t rank_;
+  std::vector<comm::P2POp> waiting_sends_;  // not started: they go with the next receives
   std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups_;
   std::vector<comm::Work> sends_;  // in flight; each keeps its tensor alive
 };

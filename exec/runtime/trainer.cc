@@ -2,8 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "exec/comm/local_comm.h"
 #include "exec/comm/make_comm.h"
@@ -12,6 +16,7 @@
 #include "exec/runtime/checkpoint.h"
 #include "exec/runtime/data.h"
 #include "exec/runtime/debug_env.h"
+#include "exec/runtime/device.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/inputs.h"
@@ -31,6 +36,7 @@ struct Trainer::Impl {
   graph::Graph planned;  // the plan's graph: every op on a rank and a stage
   lower::Lowered lowered;
   std::shared_ptr<comm::Comm> world;
+  RunDevice device;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<InputFeeder> inputs;
   std::unique_ptr<Optimizer> optimizer;
@@ -117,6 +123,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
     }
   }
 
+  // The device first: a run on a GPU that is not there stops before any rendezvous.
+  const comm::EnvLookup env = comm::process_env();
+  int64_t local_rank = 0;
+  if (std::optional<std::string> v = env("LOCAL_RANK")) local_rank = std::atoll(v->c_str());
+  LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, std::max<int64_t>(local_rank, 0)));
   const int64_t world_size = plan.world_size();
   if (!world && world_size == 1) {
     // One process alone: a plan of one rank over a one-rank Comm.
@@ -124,7 +135,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   } else if (!world) {
     // A worker process among others on this machine takes its share of the cores.
     comm::configure_worker_threads();
-    LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm));
+    LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm, env, impl->device.cuda()));
   }
   if (world->size() != world_size)
     return config.error("parallel.dp",
@@ -138,7 +149,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   impl->lowered = std::move(plan.file.lowered);
   LOOM_ASSIGN_OR_RETURN(impl->executor,
                         Executor::create(impl->planned, impl->lowered, world, impl->kernels,
-                                         static_cast<uint64_t>(config.run.seed)));
+                                         static_cast<uint64_t>(config.run.seed), impl->device));
   // Weight decay applies to matrices, not to biases and norm scales.
   std::vector<bool> decay;
   for (const auto& piece : impl->executor->parameter_pieces())
@@ -151,7 +162,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
   auto start = std::chrono::steady_clock::now();
-  reset_peak_cpu_bytes();
+  reset_peak_device_bytes(s.device);
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
   // Every rank reads the whole micro-batch (cheap) and cuts the pieces its ops read.
@@ -180,7 +191,7 @@ Result<StepStats> Trainer::step() {
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   st.tokens_per_s =
       static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
-  st.peak_mem_bytes = peak_cpu_bytes();
+  st.peak_mem_bytes = peak_device_bytes(s.device);
   return st;
 }
 

@@ -33,7 +33,9 @@ struct StepStats {
   double step_time_s = 0;
   double tokens_per_s =
       0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
-  int64_t peak_mem_bytes = 0;  // most live CPU tensor bytes of this process during the step
+  // Most live tensor bytes of this process's device during the step (the CUDA caching
+  // allocator's peak on a GPU, the counting allocator's on the CPU).
+  int64_t peak_mem_bytes = 0;
 };
 
 class Trainer {

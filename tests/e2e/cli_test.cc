@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -129,6 +130,23 @@ TEST_F(Cli, MissingTokenFile) {
   expect_rejected("train " + write("c.yaml", base_config() + "data:\n  type: tokens\n  path: " +
                                                  (dir_ / "nope.bin").string() + "\n"),
                   "data.path: cannot read token file");
+}
+
+// run.device=cuda where no GPU is usable (none visible, or a CPU-only build): one line naming
+// the key, exit 2, nothing written. Unknown devices and precisions are refused the same way.
+TEST_F(Cli, CudaWithoutAUsableGpu) {
+  // An empty CUDA_VISIBLE_DEVICES hides every GPU, so a GPU machine refuses too.
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  std::string c = write("c.yaml", base_config());
+  expect_rejected("train " + c + " run.device=cuda", "run.device: cuda asked for, but this");
+  Outcome r = run("train " + c + " run.device=cuda");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  size_t lines = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) lines += !line.empty();
+  EXPECT_EQ(lines, 1u) << r.output;
+  expect_rejected("train " + c + " run.device=tpu", "run.device");
+  expect_rejected("train " + c + " run.precision=fp16", "run.precision");
 }
 
 TEST_F(Cli, MissingConfigAndBadFlags) {

@@ -26,7 +26,7 @@
 namespace loom::testing_support {
 
 // Trains `config` (world_size ranks) for as many steps as `ref` has losses; every rank's loss
-// must be within kLossRelTolerance of the reference and every parameter piece within the
+// must be within loss_tolerance (tolerance.h) of the reference and every parameter piece within the
 // policy's bound for the reference's optimizer (tests/support/tolerance.h). Parameters whose name
 // contains one of `noise` are not compared: their gradients are rounding noise by construction
 // (a bias that shifts every softmax score alike).
@@ -73,7 +73,7 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
   for (int r = 0; r < world_size; ++r) {
     ASSERT_EQ(losses[static_cast<size_t>(r)].size(), ref.losses.size()) << "rank " << r;
     for (int i = 0; i < steps; ++i)
-      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], kLossRelTolerance)
+      EXPECT_LE(std::abs(losses[r][i] - ref.losses[i]) / ref.losses[i], loss_tolerance(ref.trace))
           << "rank " << r << " step " << i + 1 << ": " << losses[r][i] << " vs " << ref.losses[i];
   }
   // Every parameter of the model is held (and so compared) somewhere.

@@ -119,6 +119,28 @@ TEST(MakePlan, PlansLowersAndEstimatesWithoutLibTorch) {
   }
 }
 
+// run.precision=bf16: activations are bf16 in the planned graph, so what crosses ranks is half
+// the bytes: pp2's activation sends exactly half. Master weights and their gradients stay
+// float32: parameter bytes and the tied embedding's gradient all-reduce do not change. Saved
+// activations fall to 0.6 (attention's float32 softmax statistics and the loss stay float32).
+TEST(MakePlan, Bf16HalvesTheActivationBytesSent) {
+  const std::vector<std::string> pp2 = {"parallel.dp=1", "parallel.tp=1", "parallel.pp=2"};
+  auto fp32 = make_plan(config(pp2));
+  std::vector<std::string> bf16_overrides = pp2;
+  bf16_overrides.push_back("run.precision=bf16");
+  auto bf16 = make_plan(config(bf16_overrides));
+  ASSERT_TRUE(fp32.ok() && bf16.ok());
+  for (size_t r = 0; r < fp32->estimate.ranks.size(); ++r) {
+    const RankEstimate &a = fp32->estimate.ranks[r], &b = bf16->estimate.ranks[r];
+    ASSERT_GT(a.sent.at("send_recv"), 0);
+    EXPECT_EQ(b.sent.at("send_recv"), 0.5 * a.sent.at("send_recv")) << "rank " << r;
+    EXPECT_EQ(b.sent.at("grad all_reduce"), a.sent.at("grad all_reduce")) << "rank " << r;
+    EXPECT_EQ(b.param_bytes, a.param_bytes) << "rank " << r;
+    EXPECT_LE(b.activation_bytes, 0.61 * a.activation_bytes) << "rank " << r;
+  }
+  EXPECT_NE(bf16->file.hash, fp32->file.hash);
+}
+
 // The estimate follows the cost model: an H100 computes 4x faster than the A100 preset, and the
 // cost model names itself in the plan.
 TEST(MakePlan, TheEstimateFollowsTheCostModel) {

@@ -42,6 +42,7 @@ inline Reference train_single_device(const Config& config, int steps) {
   if (!t.ok()) return r;
   r.init = parameters_of(**t);
   r.trace.type = config.optimizer.type;
+  r.trace.precision = config.run.precision;
   r.trace.momentum = config.optimizer.type == "sgd" ? config.optimizer.momentum : 0;
   for (int i = 0; i < steps; ++i) {
     auto st = (*t)->step();
@@ -67,7 +68,7 @@ inline bool is_noise(const std::string& name, const std::vector<std::string>& no
 }
 
 // The losses and parameter pieces train_worker's ranks wrote into `dir` equal `ref`: losses
-// within kLossRelTolerance, every piece (but `noise`) within the policy's bound. Returns how
+// within loss_tolerance, every piece (but `noise`) within the policy's bound. Returns how
 // many pieces were compared, over all ranks.
 inline int expect_worker_results_equal(const Reference& ref, const std::filesystem::path& dir,
                                        int world_size, const std::vector<std::string>& noise) {
@@ -84,7 +85,7 @@ inline int expect_worker_results_equal(const Reference& ref, const std::filesyst
     auto losses = index["losses"].get<std::vector<double>>();
     EXPECT_EQ(losses.size(), ref.losses.size()) << "rank " << r;
     for (size_t i = 0; i < std::min(losses.size(), ref.losses.size()); ++i)
-      EXPECT_LE(std::abs(losses[i] - ref.losses[i]) / ref.losses[i], kLossRelTolerance)
+      EXPECT_LE(std::abs(losses[i] - ref.losses[i]) / ref.losses[i], loss_tolerance(ref.trace))
           << "rank " << r << " step " << i + 1 << ": " << losses[i] << " vs " << ref.losses[i];
     for (const auto& p : index["params"]) {
       const std::string name = p["name"];

@@ -1,0 +1,22 @@
+#include "graph/precision.h"
+
+#include <vector>
+
+namespace loom::graph {
+Graph with_compute_dtype(Graph graph, DType compute, const OpRegistry& ops) {
+  if (compute == DType::kFloat32) return graph;
+  std::vector<bool> keep(graph.tensors().size(), false);
+  for (const Op& op : graph.ops()) {
+    const OpSchema* schema = ops.find(op.type());
+    if (!schema || !schema->fp32_outputs) continue;
+    for (const SubTensor& out : op.outputs) keep[static_cast<size_t>(out.tensor.value())] = true;
+  }
+  for (const FullTensor& t : graph.tensors()) {
+    const bool lowered = t.role == TensorRole::kActivation || t.role == TensorRole::kInput;
+    if (!lowered || !is_floating(t.dtype) || keep[static_cast<size_t>(t.id.value())]) continue;
+    graph.mutable_tensor(t.id).dtype = compute;
+  }
+  return graph;
+}
+
+}  // namespace loom::graph
