@@ -74,6 +74,8 @@ struct LoggingConfig {
 struct CommConfig {
   std::string backend = "auto";  // auto | gloo | mpi | nccl | local
   double timeout_s = 300;
+  // Gradient buckets all-reduced during backward: at most this many MiB each (DDP's default).
+  double bucket_mb = 25;
 };
 
 // The run's cost model (core/cost_model.h): a preset of configs/cost-model.yaml (or of `file`),

@@ -21,6 +21,9 @@ inline constexpr DebugEnvVar kDebugEnv[] = {
     {"LOOM_DEBUG_CKPT_CRASH_AT",
      "N: SIGKILL the process at the N-th (1-based) point of checkpoint writing: each file "
      "half-written, synced and renamed, the manifest removed, each old checkpoint pruned"},
+    {"LOOM_PROFILE_STEP",
+     "N: record step N (1-based) with LibTorch's profiler: every op with its time and shapes, "
+     "written as a chrome trace to <run.output_dir>/profile_step_N_rank_R.json"},
     {"LOOM_VERIFY_EACH_TRANSFORM",
      "1: the planner checks the graph after every transform a policy applies, in release "
      "builds too (debug builds and tests always do); 0: never, in debug builds too"},

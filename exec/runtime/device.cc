@@ -47,9 +47,10 @@ Result<RunDevice> select_device(const Config& config, int64_t local_rank) {
 #if LOOM_TORCH_CUDA
   const int64_t count = cuda_device_count();
   if (count < 1)
-    return config.error("run.device",
-                        "cuda asked for, but this machine has no usable GPU (CUDA sees no "
-                        "device: check the driver and CUDA_VISIBLE_DEVICES), or use run.device=cpu");
+    return config.error(
+        "run.device",
+        "cuda asked for, but this machine has no usable GPU (CUDA sees no "
+        "device: check the driver and CUDA_VISIBLE_DEVICES), or use run.device=cpu");
   const auto index = static_cast<c10::DeviceIndex>(local_rank % count);
   c10::cuda::set_device(index);
   d.device = at::Device(at::kCUDA, index);

@@ -4,11 +4,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <stdexcept>
 
 #include "exec/lower/fusion.h"
+#include "exec/runtime/grad_buckets.h"
 #include "exec/runtime/init.h"
 #include "exec/runtime/oracle.h"
 #include "exec/runtime/path_runner.h"
@@ -41,7 +43,8 @@ struct Executor::Impl {
   RunDevice device;
   int64_t rank = 0;
   std::unique_ptr<PathRunner> runner;
-  std::vector<at::Tensor> params;  // float32 masters
+  std::unique_ptr<GradBuckets> buckets;  // null when no parameter piece is shared
+  std::vector<at::Tensor> params;        // float32 masters
   // What ops read during a step: the masters, or their copies in the compute dtype (made once
   // per step; their gradients flow back to the masters in float32).
   std::vector<at::Tensor> compute_params;
@@ -191,6 +194,38 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
   return slots;
 }
 
+// The buckets of the parameter pieces this rank shares with others (grad_buckets.h). A piece's
+// gradient is final after as many accumulations as there are backward blocks of the stages
+// that read it on this rank.
+void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>& param_slots,
+                      std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups,
+                      int64_t bucket_bytes) {
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  if (prog.grad_syncs.empty()) return;
+  std::map<int64_t, int64_t> backward_blocks;  // stage -> backward blocks in the program
+  for (const auto& block : prog.blocks)
+    if (block.kind == lower::BlockKind::kBackward) ++backward_blocks[block.stage.value()];
+  std::vector<std::set<int64_t>> stages(s.params.size());  // stages reading each piece
+  for (size_t i = 0; i < param_slots.size(); ++i)
+    for (int64_t slot : param_slots[i])
+      if (slot >= 0) stages[static_cast<size_t>(slot)].insert(s.graph.ops()[i].stage.value());
+  // In the order of the plan's gradient syncs (about the order the forward uses them), the same
+  // on every rank: members of a group lay out their buckets alike.
+  std::vector<std::pair<int64_t, GradBuckets::Param>> shared;
+  for (int64_t id : prog.grad_syncs) {
+    const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
+    const size_t index = s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()});
+    GradBuckets::Param p{s.params[index], sync.devices, 0};
+    for (int64_t stage : stages[index]) p.accumulations += backward_blocks[stage];
+    shared.emplace_back(id, std::move(p));
+  }
+  std::sort(shared.begin(), shared.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<GradBuckets::Param> params;
+  for (auto& [id, p] : shared) params.push_back(std::move(p));
+  s.buckets = std::make_unique<GradBuckets>(std::move(params), std::move(groups), bucket_bytes);
+}
+
 // Resolves, once, where every input of every op of this rank's forward blocks comes from, and
 // which linear + bias_add pairs run fused.
 Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
@@ -254,8 +289,9 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
 Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
                                                    const lower::Lowered& lowered,
                                                    std::shared_ptr<comm::Comm> world,
-                                                   const KernelRegistry& kernels, uint64_t seed,
-                                                   const RunDevice& device) {
+                                                   const KernelRegistry& kernels,
+                                                   const ExecutorOptions& options) {
+  const RunDevice& device = options.device;
   auto impl = std::make_unique<Impl>();
   impl->graph = planned;
   impl->lowered = lowered;
@@ -273,9 +309,20 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
     paths.push_back(&a.forward);
     paths.push_back(&a.backward);
   }
-  std::vector<std::vector<DeviceId>> syncs;
-  for (const auto& s : impl->lowered.grad_syncs) syncs.push_back(s.devices);
-  LOOM_TRY(impl->runner->add_groups(paths, syncs));
+  LOOM_TRY(impl->runner->add_groups(paths));
+  // Gradient buckets reduce on communicators of their own: their all-reduces start inside
+  // backward, and must not take turns with the adapters' collectives on a shared one.
+  std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> grad_groups;
+  for (const auto& sync : impl->lowered.grad_syncs) {
+    std::vector<int64_t> key;
+    std::vector<Rank> ranks;
+    for (DeviceId d : sync.devices) {
+      key.push_back(d.value());
+      ranks.push_back(Rank(d.value()));
+    }
+    if (ranks.size() < 2 || grad_groups.count(key)) continue;
+    LOOM_ASSIGN_OR_RETURN(grad_groups[key], world->new_group(ranks, "grad"));
+  }
   impl->producer_stage.assign(planned.tensors().size(), -1);
   for (const graph::Op& op : planned.ops()) {
     if (op.device.value() != impl->rank) continue;
@@ -283,8 +330,9 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
       impl->producer_stage[static_cast<size_t>(o.tensor.value())] = op.stage.value();
     for (const auto& in : op.inputs) impl->consumed[op.stage.value()].insert(in.tensor.value());
   }
-  const auto param_slots = add_parameters(*impl, seed);
+  const auto param_slots = add_parameters(*impl, options.seed);
   LOOM_TRY(plan_forward_steps(*impl, kernels, param_slots));
+  add_grad_buckets(*impl, param_slots, std::move(grad_groups), options.bucket_bytes);
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
@@ -436,36 +484,6 @@ void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::Pr
   }
 }
 
-// Gradients of parameter pieces held by several ranks are summed over those ranks: one flat
-// all-reduce per group of ranks (a bucket), in the same order on every rank.
-void sync_gradients(Executor::Impl& s, const lower::Program& prog) {
-  std::map<std::vector<int64_t>, std::vector<at::Tensor*>> buckets;
-  std::vector<std::vector<int64_t>> bucket_order;
-  for (int64_t id : prog.grad_syncs) {
-    const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
-    std::vector<int64_t> key;
-    for (DeviceId d : sync.devices) key.push_back(d.value());
-    at::Tensor& p = s.params[s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()})];
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    if (!buckets.count(key)) bucket_order.push_back(key);
-    buckets[key].push_back(&p);
-  }
-  for (const auto& key : bucket_order) {
-    std::vector<at::Tensor> grads;
-    for (at::Tensor* p : buckets[key]) grads.push_back(p->grad().reshape({-1}));
-    at::Tensor flat = at::cat(grads);
-    std::vector<DeviceId> members;
-    for (int64_t r : key) members.push_back(DeviceId(r));
-    check(s.runner->group(members).all_reduce(flat));
-    int64_t offset = 0;
-    for (at::Tensor* p : buckets[key]) {
-      const int64_t n = p->numel();
-      p->mutable_grad().copy_(flat.narrow(0, offset, n).view(p->sizes()));
-      offset += n;
-    }
-  }
-}
-
 // This rank's share of the step's sums: its loss pieces (weighted by the loss seed, so
 // replicated losses count once) and its gradients' squared norm (each piece divided by how
 // many ranks hold it, so every element counts once).
@@ -502,6 +520,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   s.micro.assign(inputs.size(), Impl::Micro{});
   for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
+  if (s.buckets) s.buckets->begin_step();
   const Inputs on_device = s.device.cuda() ? to_device(inputs, s.device) : Inputs();
   const Inputs& in = s.device.cuda() ? on_device : inputs;
   s.compute_params.clear();
@@ -532,7 +551,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
       }
     }
     check(s.runner->flush());
-    sync_gradients(s, prog);
+    if (s.buckets) check(s.buckets->finish());
     at::Tensor sums = local_sums(s, prog);
     if (s.world->size() > 1) check(s.world->all_reduce(sums));
     sums = sums.cpu();  // the step's one host read
@@ -559,5 +578,6 @@ at::Tensor Executor::parameter(const std::string& name) const {
 }
 comm::Comm& Executor::world() { return *impl_->world; }
 const RunDevice& Executor::device() const { return impl_->device; }
+const GradBuckets* Executor::gradient_buckets() const { return impl_->buckets.get(); }
 
 }  // namespace loom::runtime

@@ -26,6 +26,16 @@ struct StepSums {
   double grad_norm_squared = 0;  // of the scaled gradients, each element counted once
 };
 
+// How the executor runs: the parameters' seed, the device and precision, the gradient bucket
+// size (comm.bucket_mb).
+class GradBuckets;
+
+struct ExecutorOptions {
+  uint64_t seed = 0;
+  RunDevice device;
+  int64_t bucket_bytes = int64_t{25} << 20;
+};
+
 class Executor {
  public:
   // Creates the sub-groups every adapter and gradient sync needs (a collective over `world`:
@@ -35,14 +45,15 @@ class Executor {
   static Result<std::unique_ptr<Executor>> create(const graph::Graph& planned,
                                                   const lower::Lowered& lowered,
                                                   std::shared_ptr<comm::Comm> world,
-                                                  const KernelRegistry& kernels, uint64_t seed,
-                                                  const RunDevice& device = {});
+                                                  const KernelRegistry& kernels,
+                                                  const ExecutorOptions& options);
   ~Executor();
 
   // Forward and backward of every micro-batch in program order; `inputs[m]` holds the full
   // values of the graph inputs of micro-batch m by tensor id, on the host (copied to the device
   // here, asynchronously from pinned memory) or on the device. Gradients are scaled by
-  // `grad_scale` and synchronised. One all-reduce and one host read for the returned sums.
+  // `grad_scale` and synchronised (in buckets started during backward: grad_buckets.h). One
+  // all-reduce and one host read for the returned sums.
   Result<StepSums> run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
                        double grad_scale);
 
@@ -56,6 +67,8 @@ class Executor {
   at::Tensor parameter(const std::string& name) const;
   comm::Comm& world();
   const RunDevice& device() const;
+  // The gradient buckets of the parameter pieces this rank shares; null when it shares none.
+  const GradBuckets* gradient_buckets() const;
 
   struct Impl;  // opaque; public so the adapter autograd function can reach it
 

@@ -1,11 +1,14 @@
 #include "exec/runtime/trainer.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -45,6 +48,10 @@ struct Trainer::Impl {
 };
 
 namespace {
+
+int64_t bucket_bytes(const Config& config) {
+  return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
+}
 
 // The pieces, values and optimizer a checkpoint saves and loads.
 CheckpointTarget checkpoint_target(Trainer::Impl& s) {
@@ -149,7 +156,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   impl->lowered = std::move(plan.file.lowered);
   LOOM_ASSIGN_OR_RETURN(impl->executor,
                         Executor::create(impl->planned, impl->lowered, world, impl->kernels,
-                                         static_cast<uint64_t>(config.run.seed), impl->device));
+                                         ExecutorOptions{static_cast<uint64_t>(config.run.seed),
+                                                         impl->device, bucket_bytes(config)}));
   // Weight decay applies to matrices, not to biases and norm scales.
   std::vector<bool> decay;
   for (const auto& piece : impl->executor->parameter_pieces())
@@ -161,6 +169,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
 
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
+  // LOOM_PROFILE_STEP=N: LibTorch's profiler records step N's ops (times, shapes) as a chrome
+  // trace in the run's output directory.
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+  if (debug_env_int("LOOM_PROFILE_STEP", 0) == s.step + 1) {
+    std::filesystem::create_directories(s.config.run.output_dir);
+    profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
+        (std::filesystem::path(s.config.run.output_dir) /
+         ("profile_step_" + std::to_string(s.step + 1) + "_rank_" + std::to_string(rank()) +
+          ".json"))
+            .string());
+  }
   auto start = std::chrono::steady_clock::now();
   reset_peak_device_bytes(s.device);
   const int64_t micro = s.config.micro_batches();

@@ -23,11 +23,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define LOOM_NEED_GPU()                                                                      \
-  do {                                                                                       \
-    if (runtime::cuda_device_count() < 1)                                                    \
-      GTEST_SKIP() << "no usable GPU here (this LibTorch has no CUDA, or CUDA sees no "     \
-                      "device): scripts/gpu-check runs this on a GPU machine";               \
+#define LOOM_NEED_GPU()                                                                 \
+  do {                                                                                  \
+    if (runtime::cuda_device_count() < 1)                                               \
+      GTEST_SKIP() << "no usable GPU here (this LibTorch has no CUDA, or CUDA sees no " \
+                      "device): scripts/gpu-check runs this on a GPU machine";          \
   } while (0)
 
 Config config(const std::vector<std::string>& overrides) {

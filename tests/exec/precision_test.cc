@@ -89,8 +89,7 @@ optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_nor
 comm: {timeout_s: 60}
 )";
   at::set_num_threads(1);
-  const testing_support::Reference ref =
-      testing_support::train_single_device(config(yaml, {}), 6);
+  const testing_support::Reference ref = testing_support::train_single_device(config(yaml, {}), 6);
   testing_support::expect_equal_to_single_device(
       ref, config(yaml, {"parallel.tp=2", "parallel.pp=2"}), 4, {"attn.k.b"});
 }
