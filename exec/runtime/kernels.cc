@@ -60,26 +60,35 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
     return x.view({b, len, h, d}).transpose(1, 2);
   };
   at::Tensor qh = heads(q, s), kh = heads(in[1], t), vh = heads(in[2], t);
-  // The causal mask depends only on (s, t) and the device: one per shape, device and thread.
-  // `masked` is true where a query may not see a key.
-  thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> masks;
-  auto masked = [&]() -> const at::Tensor& {
-    at::Tensor& mask = masks[{s, t, q.device().str()}];
-    if (!mask.defined()) mask = at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1);
-    return mask;
-  };
 #if TORCH_VERSION_MAJOR >= 2
   // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
-  // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left).
-  at::Tensor out =
-      s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
-             : at::scaled_dot_product_attention(qh, kh, vh, masked().logical_not(), 0.0, false);
+  // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left): true
+  // where a query may see a key. One mask per shape, device and thread.
+  thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> visible;
+  auto mask = [&]() -> const at::Tensor& {
+    at::Tensor& m = visible[{s, t, q.device().str()}];
+    if (!m.defined()) m = at::ones({s, t}, q.options().dtype(at::kBool)).tril(t - s);
+    return m;
+  };
+  at::Tensor out = s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
+                          : at::scaled_dot_product_attention(qh, kh, vh, mask(), 0.0, false);
 #else
-  at::Tensor scores =
-      at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  scores = scores.masked_fill(masked(), -std::numeric_limits<double>::infinity());
+  // Scale, scores and causal mask in one batched product: baddbmm adds an additive mask (0 where
+  // a query sees a key, -inf elsewhere) to scale * q k^T, and its backward has nothing to do for
+  // the mask (a masked_fill's backward is another pass over the s x t scores). One mask per
+  // shape, device, dtype and thread.
+  thread_local std::map<std::tuple<int64_t, int64_t, std::string, int>, at::Tensor> biases;
+  at::Tensor& bias = biases[{s, t, q.device().str(), static_cast<int>(q.scalar_type())}];
+  if (!bias.defined())
+    bias = at::zeros({s, t}, q.options())
+               .masked_fill_(at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1),
+                             -std::numeric_limits<double>::infinity());
+  const at::Tensor k3 = kh.reshape({b * h, t, d});
+  at::Tensor scores = at::baddbmm(bias, qh.reshape({b * h, s, d}), k3.transpose(1, 2), 1.0,
+                                  1.0 / std::sqrt(static_cast<double>(d)));
   // Softmax in float32 whatever the activations' dtype.
-  at::Tensor out = at::matmul(at::softmax(scores, -1, at::kFloat).to(vh.scalar_type()), vh);
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vh.scalar_type());
+  at::Tensor out = at::bmm(probs, vh.reshape({b * h, t, d})).view({b, h, s, d});
 #endif
   return {out.transpose(1, 2).reshape({b, s, hd})};
 }
