@@ -144,6 +144,7 @@ class Gpt(nn.Module):
         self.blocks = nn.ModuleList(Block(hidden, heads, ffn, eps) for _ in range(layers))
         self.lnf = nn.LayerNorm(hidden, eps=eps)
         self.lm_head = None if tied else nn.Linear(hidden, vocab, bias=False)
+        self.loom_loss = False
 
     def loom_names(self):
         """(loom FullTensor name, parameter) of every parameter."""
@@ -178,7 +179,22 @@ class Gpt(nn.Module):
         x = self.lnf(x)
         head = self.wte.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(x, head)
+        if self.loom_loss:
+            return loom_loss(logits, targets)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def loom_loss(logits, targets):
+    """The loss as models/gpt.cc builds it: log-sum-exp in vocabulary groups (so tp can split
+    it), then over the groups, minus the target's logit, summed over the tokens' count."""
+    b, s, vocab = logits.shape
+    groups = 64  # the largest power of two up to 64 that divides the vocabulary
+    while groups > 1 and vocab % groups:
+        groups //= 2
+    group_lse = torch.logsumexp(logits.view(b, s, groups, vocab // groups), -1)
+    lse = torch.logsumexp(group_lse, -1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (lse - picked).sum() / (b * s)
 
 
 # ---- the timed loop -----------------------------------------------------------------------------
@@ -204,6 +220,13 @@ def main():
     ap.add_argument("--dp", type=int, default=1,
                     help="DDP over gloo; the processes come from a launcher (loomrun, torchrun) "
                          "that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT")
+    # Ablations: make eager do the extra work loom's step does, to see what it costs.
+    ap.add_argument("--loom-loss", action="store_true",
+                    help="the loss as loom computes it (vocabulary-group log-sum-exp minus the "
+                         "target logit) instead of F.cross_entropy")
+    ap.add_argument("--grad-norm", action="store_true",
+                    help="compute the global gradient norm every step and read it with the "
+                         "loss, as loom does even with clipping off")
     ap.add_argument("--print-losses", type=int, default=0,
                     help="print the first N step losses (at most --warmup; with DDP the mean "
                          "over ranks, reduced outside the timer)")
@@ -236,6 +259,8 @@ def main():
     model = Gpt(args.layers, args.hidden, args.heads, args.vocab, args.seq, ffn, args.ln_eps,
                 args.tied)
     model.init_like_loom(args.seed, args.init_std, args.layers)
+    model.loom_loss = args.loom_loss
+    params = list(model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -259,8 +284,12 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss = train(tokens, targets)
         loss.backward()
+        if args.grad_norm:
+            norms = torch.stack(torch._foreach_norm([p.grad for p in params])).double()
+            value = torch.stack([loss.detach().double(), norms.square().sum()]).tolist()[0]
         opt.step()
-        value = loss.item()
+        if not args.grad_norm:
+            value = loss.item()
         t1 = time.perf_counter()
         if world > 1 and k < min(args.print_losses, args.warmup):
             # The global batch's loss (loom reports that one), outside the timer, warm-up only.
@@ -276,10 +305,11 @@ def main():
             shown = losses[:min(args.print_losses, args.warmup)]
             print("eager_gpt: losses " + " ".join("%.6f" % v for v in shown))
         print("eager_gpt: median_step_ms=%.4f steps=%d warmup=%d world=%d batch_per_rank=%d "
-              "threads=%d torch=%s params=%d" %
+              "threads=%d torch=%s params=%d loss=%s grad_norm=%s" %
               (statistics.median(times) * 1e3, len(times), args.warmup, world, rows,
-               torch.get_num_threads(), torch.__version__,
-               sum(p.numel() for p in model.parameters())), flush=True)
+               torch.get_num_threads(), torch.__version__, sum(p.numel() for p in params),
+               "loom" if args.loom_loss else "cross_entropy", "yes" if args.grad_norm else "no"),
+              flush=True)
     if world > 1:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
