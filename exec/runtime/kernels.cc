@@ -1,6 +1,7 @@
 #include "exec/runtime/kernels.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <ATen/core/Reduction.h>
 #include <torch/version.h>
 
@@ -102,14 +103,33 @@ Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
   return {loss / static_cast<double>(normalizer)};
 }
 
+// Log-sum-exp over the last dimension, as at::logsumexp computes it, with a backward that makes
+// one buffer: d lse / dx = exp(x - lse), exponentiated and scaled in place. (Autograd's own
+// backward allocates the difference, its exponential and their product, each the size of the
+// logits: three fresh allocations of the largest tensor of a language model's step.)
+struct LogSumExp : public torch::autograd::Function<LogSumExp> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    at::Tensor lse = at::logsumexp(x, -1);
+    ctx->save_for_backward({x, lse});
+    return lse;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor g = saved[0] - saved[1].unsqueeze(-1);
+    g.exp_().mul_(grads[0].unsqueeze(-1));
+    return {g};
+  }
+};
+
 Tensors group_logsumexp(const Ctx& ctx, const Tensors& in) {
   const int64_t v = ctx.op.attrs().get<int64_t>("v");
   const at::Tensor x = in[0].to(at::kFloat);
-  return {at::logsumexp(x.view({x.size(0), x.size(1), x.size(2) / v, v}), -1)};
+  return {LogSumExp::apply(x.view({x.size(0), x.size(1), x.size(2) / v, v}))};
 }
 
 Tensors logsumexp(const Ctx&, const Tensors& in) {
-  return {at::logsumexp(in[0].to(at::kFloat), -1)};
+  return {LogSumExp::apply(in[0].to(at::kFloat))};
 }
 
 // The logit of each token's target, where this piece of the vocabulary holds it; else 0.
