@@ -77,7 +77,8 @@ GradBuckets::GradBuckets(std::vector<Param> params,
     for (auto it = members[g].rbegin(); it != members[g].rend(); ++it) {
       const at::Tensor& p = params_[*it].param;
       const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
-      const int64_t cap = filled.size() == 1 ? std::min(bucket_bytes, kFirstBucketBytes) : bucket_bytes;
+      const int64_t cap =
+          filled.size() == 1 ? std::min(bucket_bytes, kFirstBucketBytes) : bucket_bytes;
       if (!filled.back().empty() && bytes + b > cap) {
         filled.emplace_back();
         bytes = 0;
@@ -119,12 +120,10 @@ GradBuckets::~GradBuckets() { *self_ = nullptr; }
 int64_t GradBuckets::bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
 
 void GradBuckets::begin_step() {
+  // Nothing is zeroed: a parameter's first accumulation of the step is copied into its view
+  // (autograd hands over a fresh gradient then), later ones add to it in place.
   for (auto& b : buckets_) {
-    b->flat.zero_();
-    for (size_t k = 0; k < b->params.size(); ++k) {
-      at::Tensor& p = params_[b->params[k]].param;
-      p.mutable_grad() = b->flat.narrow(0, b->offset[k], p.numel()).view(p.sizes());
-    }
+    for (size_t i : b->params) params_[i].param.mutable_grad() = at::Tensor();
     b->pending = static_cast<int64_t>(b->params.size());
     b->started = false;
     b->work = comm::Work();
@@ -135,9 +134,23 @@ void GradBuckets::begin_step() {
   in_step_ = true;
 }
 
+at::Tensor GradBuckets::view(size_t param) const {
+  const Bucket& b = *buckets_[bucket_of_[param]];
+  const auto k =
+      static_cast<size_t>(std::find(b.params.begin(), b.params.end(), param) - b.params.begin());
+  const at::Tensor& p = params_[param].param;
+  return b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes());
+}
+
 void GradBuckets::accumulated(size_t param) {
   if (!in_step_) return;  // a backward outside a step (a test's, the oracle's)
   Bucket& b = *buckets_[bucket_of_[param]];
+  at::Tensor& p = params_[param].param;
+  if (remaining_[param] == params_[param].accumulations) {
+    at::Tensor v = view(param);
+    v.copy_(p.grad());
+    p.mutable_grad() = v;
+  }
   if (remaining_[param] == 0) {
     // More accumulations than the program's backward blocks: only harmless while the bucket
     // has not started reducing.
@@ -162,6 +175,13 @@ void GradBuckets::start_ready(size_t group, bool during_backward) {
 }
 
 Status GradBuckets::finish() {
+  // A parameter backward never reached contributes zeros.
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (remaining_[i] == params_[i].accumulations) {
+      at::Tensor v = view(i);
+      v.zero_();
+      params_[i].param.mutable_grad() = v;
+    }
   for (size_t g = 0; g < group_buckets_.size(); ++g) start_ready(g, false);
   in_step_ = false;
   for (auto& b : buckets_) LOOM_TRY(b->work.wait());

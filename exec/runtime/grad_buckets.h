@@ -43,7 +43,8 @@ class GradBuckets {
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
 
-  // Zeroes the buckets and points every bucketed parameter's gradient at its view.
+  // Starts a step: every bucketed parameter's first gradient of the step is copied into its view
+  // of the bucket (and the gradient becomes that view), later ones accumulate into it.
   void begin_step();
   // Starts the buckets not started during backward (parameters that got no gradient, or fewer
   // accumulations than expected), in order, and waits for every all-reduce. After it, every
@@ -57,7 +58,8 @@ class GradBuckets {
  private:
   struct Bucket;
   struct Hook;
-  void accumulated(size_t param);  // called by the hook
+  void accumulated(size_t param);       // called by the hook
+  at::Tensor view(size_t param) const;  // its gradient's place in its bucket
   // Starts the group's next buckets in order: those whose parameters are final (during
   // backward), or all that remain.
   void start_ready(size_t group, bool during_backward);
@@ -70,7 +72,7 @@ class GradBuckets {
   std::vector<size_t> next_;                        // per group: the next bucket to start
   std::vector<size_t> group_of_bucket_;
   std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked autograd nodes alive
-  std::shared_ptr<GradBuckets*> self_;  // what the hooks call; null once destroyed
+  std::shared_ptr<GradBuckets*> self_;               // what the hooks call; null once destroyed
   int64_t started_early_ = 0;
   bool in_step_ = false;
 };

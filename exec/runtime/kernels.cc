@@ -1,8 +1,8 @@
 #include "exec/runtime/kernels.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <ATen/core/Reduction.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/version.h>
 
 #include <cmath>

@@ -21,8 +21,7 @@ comm: {timeout_s: 60, bucket_mb: 0.01}
 }
 
 const testing_support::Reference& reference() {
-  static const testing_support::Reference ref =
-      testing_support::train_single_device(config({}), 4);
+  static const testing_support::Reference ref = testing_support::train_single_device(config({}), 4);
   return ref;
 }
 
