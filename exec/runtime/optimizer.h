@@ -1,5 +1,6 @@
 // Optimizers over local parameter pieces: AdamW and SGD (momentum), global-norm clipping.
-// AdamW runs as multi-tensor (`_foreach_*`) ops, or LibTorch's fused kernel on CUDA (>= 2.1).
+// AdamW runs as one fused pass per tensor on the CPU, LibTorch's fused kernel on CUDA (>= 2.1),
+// else multi-tensor (`_foreach_*`) ops.
 // Weight decay applies to matrices only (not to biases and norm gains), as in GPT training.
 #pragma once
 
