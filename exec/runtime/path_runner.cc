@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace loom::runtime {
 namespace {
 
@@ -23,7 +25,10 @@ int64_t position(const lower::Layout& l, int64_t rank) {
 }  // namespace
 
 PathRunner::PathRunner(std::shared_ptr<comm::Comm> world, at::Device device)
-    : world_(std::move(world)), device_(device), rank_(world_->world_rank().value()) {}
+    : world_(std::move(world)),
+      device_(device),
+      rank_(world_->world_rank().value()),
+      defer_sends_(std::string(world_->backend_name()) == "nccl") {}
 
 Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
                               const std::vector<std::vector<DeviceId>>& extra) {
@@ -91,6 +96,7 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
         }
         waiting_sends_.push_back(comm::P2POp::send(cur, Rank(dst), tag));
       }
+      if (!defer_sends_) start_waiting_sends();
       std::vector<comm::P2POp> batch;
       for (const auto& pair : st.groups) {
         const int64_t src = pair[0].value(), dst = pair[1].value();

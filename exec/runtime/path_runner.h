@@ -1,8 +1,11 @@
 // Executes communication paths (exec/lower/path.h) on this rank's piece of a tensor with the
 // injected Comm: each collective over its group's sub-communicator, send/recv point to point,
-// local chunks and pads in place. A path's sends wait to start with this rank's next receives,
-// as one batch_isend_irecv (one NCCL group): in a pipeline one rank sends activations while its
-// peer sends gradients, and two NCCL sends facing each other would wait forever.
+// local chunks and pads in place. Sends are asynchronous and waited for at flush(), before the
+// tensors they read may change. On nccl a path's sends wait to start with this rank's next
+// receives, as one batch_isend_irecv (one NCCL group): in a pipeline one rank sends activations
+// while its peer sends gradients, and two NCCL sends facing each other would wait forever. The
+// CPU backends' sends never block, so they start at once and the peer's data is on its way
+// while this rank computes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -54,6 +57,7 @@ class PathRunner {
   std::shared_ptr<comm::Comm> world_;
   at::Device device_;
   int64_t rank_;
+  bool defer_sends_;                        // nccl: sends start with the next receives
   std::vector<comm::P2POp> waiting_sends_;  // not started: they go with the next receives
   std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups_;
   std::vector<comm::Work> sends_;  // in flight; each keeps its tensor alive
