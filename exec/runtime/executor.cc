@@ -484,6 +484,27 @@ void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::Pr
   }
 }
 
+// Posts the receives `block` starts with (a pipeline stage's activations in a forward, its
+// output gradients in a backward) before the block before it computes, so they arrive meanwhile.
+void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
+  auto seg = s.segment_of_stage.find(block.stage.value());
+  if (seg == s.segment_of_stage.end()) return;
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  const int64_t mb = block.micro_batch.value();
+  const bool forward = block.kind == lower::BlockKind::kForward;
+  for (const lower::SegmentItem& it : prog.segments[seg->second].items) {
+    if (it.kind != lower::SegmentItem::Kind::kAdapter) continue;
+    const Adapter& a = s.lowered.adapters[static_cast<size_t>(it.index)];
+    const auto t = static_cast<size_t>(a.tensor.value());
+    if (forward && !it.producer_side && a.disjoint)
+      s.runner->prepost(a.forward, s.graph.tensor(a.tensor).shape, Part::kConsumer, s.tag(a, 0, mb),
+                        s.dtype[t]);
+    else if (!forward && it.producer_side)
+      s.runner->prepost(a.backward, s.graph.tensor(a.tensor).shape, Part::kConsumer,
+                        s.tag(a, 1, mb), s.dtype[t]);
+  }
+}
+
 // This rank's share of the step's sums: its loss pieces (weighted by the loss seed, so
 // replicated losses count once) and its gradients' squared norm (each piece divided by how
 // many ranks hold it, so every element counts once).
@@ -534,6 +555,8 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   try {
     for (size_t block_index = 0; block_index < prog.blocks.size(); ++block_index) {
       const lower::ProgramBlock& block = prog.blocks[block_index];
+      if (block_index == 0) prepost_receives(s, block);
+      if (block_index + 1 < prog.blocks.size()) prepost_receives(s, prog.blocks[block_index + 1]);
       const int64_t mb = block.micro_batch.value();
       auto seg = s.segment_of_stage.find(block.stage.value());
       LOOM_CHECK(seg != s.segment_of_stage.end())

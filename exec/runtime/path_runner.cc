@@ -59,7 +59,29 @@ void PathRunner::start_waiting_sends() {
   waiting_sends_.clear();
 }
 
+void PathRunner::prepost(const lower::CommPath& path, const Shape& full, PathPart part,
+                         int64_t tag_base, at::ScalarType dtype) {
+  if (defer_sends_ || part == PathPart::kProducer) return;
+  for (size_t i = 0; i < path.steps.size(); ++i) {
+    const CommStep& st = path.steps[i];
+    if (st.primitive != Primitive::kSendRecv) continue;
+    const int tag = static_cast<int>(tag_base + static_cast<int64_t>(i));
+    for (const auto& pair : st.groups) {
+      const int64_t src = pair[0].value(), dst = pair[1].value();
+      if (dst != rank_ || src == rank_ || posted_.count({src, tag})) continue;
+      Posted p;
+      p.buffer = at::empty(st.after.piece(position(st.after, rank_), TensorId(0), full).shape(),
+                           at::TensorOptions().dtype(dtype).device(device_));
+      p.work = world_->recv_async(p.buffer, Rank(src), tag);
+      posted_[{src, tag}] = std::move(p);
+    }
+    return;  // only the first transfer: later ones depend on what this rank does in between
+  }
+}
+
 Status PathRunner::flush() {
+  LOOM_CHECK(posted_.empty()) << "rank " << rank_ << ": " << posted_.size()
+                              << " posted receives were never taken";
   start_waiting_sends();
   for (auto& w : sends_) LOOM_TRY(w.wait());
   sends_.clear();
@@ -98,9 +120,16 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
       }
       if (!defer_sends_) start_waiting_sends();
       std::vector<comm::P2POp> batch;
+      std::vector<comm::Work> taken;  // receives posted ahead (prepost)
       for (const auto& pair : st.groups) {
         const int64_t src = pair[0].value(), dst = pair[1].value();
         if (dst != rank_ || src == rank_ || !do_recv) continue;
+        if (auto it = posted_.find({src, tag}); it != posted_.end()) {
+          received = it->second.buffer;
+          taken.push_back(it->second.work);
+          posted_.erase(it);
+          continue;
+        }
         received = at::empty(st.after.piece(position(st.after, rank_), TensorId(0), full).shape(),
                              at::TensorOptions().dtype(dtype).device(device_));
         batch.push_back(comm::P2POp::recv(received, Rank(src), tag));
@@ -111,6 +140,7 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
         waiting_sends_.clear();
         LOOM_TRY(world_->batch_isend_irecv(batch).wait());
       }
+      for (auto& w : taken) LOOM_TRY(w.wait());
       if (part == PathPart::kProducer && first_transfer) return at::Tensor();
       // A device whose piece stays where it is (same position in both layouts) keeps it.
       const int64_t before = position(st.before, rank_);

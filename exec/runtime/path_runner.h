@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "exec/comm/comm.h"
@@ -42,8 +43,15 @@ class PathRunner {
   Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x,
                          PathPart part, int64_t tag_base, at::ScalarType dtype = at::kFloat);
 
+  // Posts now the receives this rank's `part` of `path` starts with (its first send/recv step),
+  // so their data arrives while this rank computes; the run() of the same path, part and
+  // tag_base takes them. Only where sends do not wait for receives (the CPU backends); on nccl
+  // it does nothing (a receive posted alone would hold the stream its sends need).
+  void prepost(const lower::CommPath& path, const Shape& full, PathPart part, int64_t tag_base,
+               at::ScalarType dtype = at::kFloat);
+
   // Starts the sends still waiting for a receive and waits for every send in flight; call this
-  // before the tensors sent may change.
+  // before the tensors sent may change. Every posted receive must have been taken by then.
   Status flush();
 
   comm::Comm& world() { return *world_; }
@@ -61,6 +69,11 @@ class PathRunner {
   std::vector<comm::P2POp> waiting_sends_;  // not started: they go with the next receives
   std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups_;
   std::vector<comm::Work> sends_;  // in flight; each keeps its tensor alive
+  struct Posted {
+    at::Tensor buffer;
+    comm::Work work;
+  };
+  std::map<std::pair<int64_t, int>, Posted> posted_;  // (source rank, tag) -> posted receive
 };
 
 }  // namespace loom::runtime
