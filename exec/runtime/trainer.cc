@@ -44,6 +44,8 @@ struct Trainer::Impl {
   std::unique_ptr<InputFeeder> inputs;
   std::unique_ptr<Optimizer> optimizer;
   int64_t items_per_sample = 1;  // throughput unit: tokens (GPT), images (Swin)
+  // LOOM_PROFILE_STEP (core/debug_env.h), read once: the step LibTorch's profiler records.
+  int64_t profile_step = debug_env_int("LOOM_PROFILE_STEP", 0);
   int64_t step = 0;
 };
 
@@ -172,7 +174,7 @@ Result<StepStats> Trainer::step() {
   // LOOM_PROFILE_STEP=N: LibTorch's profiler records step N's ops (times, shapes) as a chrome
   // trace in the run's output directory.
   std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
-  if (debug_env_int("LOOM_PROFILE_STEP", 0) == s.step + 1) {
+  if (s.profile_step == s.step + 1) {
     std::filesystem::create_directories(s.config.run.output_dir);
     profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
         (std::filesystem::path(s.config.run.output_dir) /

@@ -29,8 +29,10 @@ int64_t position(const lower::Layout& l, int64_t rank) {
   return -1;
 }
 
+// With `prepost`, every rank posts the receives of the path's first transfer before running it
+// (as the executor does one block ahead); run() must take them and flush() finds none left.
 void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout& to,
-              int world_size, bool gradient) {
+              int world_size, bool gradient, bool prepost = false) {
   lower::PathFinder finder;
   auto path = finder.find(shape, 4, from, to, gradient);
   ASSERT_TRUE(path.ok()) << path.error().message;
@@ -46,6 +48,7 @@ void run_case(const Shape& shape, const lower::Layout& from, const lower::Layout
     at::Tensor x;
     if (int64_t p = position(from, rank); p >= 0)
       x = cut_piece(full, from.piece(p, TensorId(0), shape));
+    if (prepost) runner.prepost(*path, shape, PathPart::kAll, 0);
     LOOM_ASSIGN_OR_RETURN(at::Tensor y, runner.run(*path, shape, x, PathPart::kAll, 0));
     LOOM_TRY(runner.flush());
     const int64_t q = position(to, rank);
@@ -82,7 +85,7 @@ TEST(PathRunner, RandomLayoutsWithinAGroup) {
   }
 }
 
-TEST(PathRunner, RandomLayoutsAcrossGroups) {
+void across_groups(bool prepost) {
   std::mt19937 rng(9);
   const int64_t dims[] = {2, 4, 8};
   for (int iter = 0; iter < 100; ++iter) {
@@ -92,10 +95,13 @@ TEST(PathRunner, RandomLayoutsAcrossGroups) {
     int n1 = 1 + static_cast<int>(rng() % 4), n2 = 1 + static_cast<int>(rng() % 4);
     lower::Layout from = lower::random_layout(rng, shape, devices(0, n1));
     lower::Layout to = lower::random_layout(rng, shape, devices(n1, n2));
-    run_case(shape, from, to, n1 + n2, false);
-    if (HasFatalFailure() || HasFailure()) return;
+    run_case(shape, from, to, n1 + n2, false, prepost);
+    if (testing::Test::HasFatalFailure() || testing::Test::HasFailure()) return;
   }
 }
+
+TEST(PathRunner, RandomLayoutsAcrossGroups) { across_groups(false); }
+TEST(PathRunner, RandomLayoutsAcrossGroupsWithPostedReceives) { across_groups(true); }
 
 }  // namespace
 }  // namespace loom::runtime
