@@ -12,9 +12,8 @@
 namespace loom::runtime {
 
 struct GradBuckets::Bucket {
-  at::Tensor flat;              // the gradients of `params`, back to back
-  std::vector<size_t> params;   // indices into params_
-  std::vector<int64_t> offset;  // of each in `flat`
+  at::Tensor flat;             // the gradients of `params`, back to back
+  std::vector<size_t> params;  // indices into params_
   std::shared_ptr<comm::Comm> comm;
   int64_t pending = 0;  // parameters whose gradient is not final yet this step
   bool started = false;
@@ -65,6 +64,7 @@ GradBuckets::GradBuckets(std::vector<Param> params,
     members[static_cast<size_t>(it - group_keys.begin())].push_back(i);
   }
   bucket_of_.assign(params_.size(), 0);
+  offset_of_.assign(params_.size(), 0);
   group_buckets_.resize(group_keys.size());
   next_.assign(group_keys.size(), 0);
   for (size_t g = 0; g < group_keys.size(); ++g) {
@@ -92,8 +92,8 @@ GradBuckets::GradBuckets(std::vector<Param> params,
       int64_t n = 0;
       for (size_t i : list) {
         bucket->params.push_back(i);
-        bucket->offset.push_back(n);
         bucket_of_[i] = buckets_.size();
+        offset_of_[i] = n;
         n += params_[i].param.numel();
       }
       bucket->flat = at::zeros({n}, params_[list.front()].param.options());
@@ -135,11 +135,8 @@ void GradBuckets::begin_step() {
 }
 
 at::Tensor GradBuckets::view(size_t param) const {
-  const Bucket& b = *buckets_[bucket_of_[param]];
-  const auto k =
-      static_cast<size_t>(std::find(b.params.begin(), b.params.end(), param) - b.params.begin());
   const at::Tensor& p = params_[param].param;
-  return b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes());
+  return buckets_[bucket_of_[param]]->flat.narrow(0, offset_of_[param], p.numel()).view(p.sizes());
 }
 
 void GradBuckets::accumulated(size_t param) {

@@ -66,8 +66,9 @@ class GradBuckets {
 
   std::vector<Param> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  std::vector<size_t> bucket_of_;                   // per param
-  std::vector<int64_t> remaining_;                  // per param: accumulations still due
+  std::vector<int64_t> offset_of_;  // per param: where its gradient starts in its bucket
+  std::vector<size_t> bucket_of_;   // per param
+  std::vector<int64_t> remaining_;  // per param: accumulations still due
   std::vector<std::vector<size_t>> group_buckets_;  // per group: its buckets, in order
   std::vector<size_t> next_;                        // per group: the next bucket to start
   std::vector<size_t> group_of_bucket_;
