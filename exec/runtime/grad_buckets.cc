@@ -123,7 +123,6 @@ void GradBuckets::begin_step() {
   // Nothing is zeroed: a parameter's first accumulation of the step is copied into its view
   // (autograd hands over a fresh gradient then), later ones add to it in place.
   for (auto& b : buckets_) {
-    for (size_t i : b->params) params_[i].param.mutable_grad() = at::Tensor();
     b->pending = static_cast<int64_t>(b->params.size());
     b->started = false;
     b->work = comm::Work();

@@ -43,8 +43,9 @@ class GradBuckets {
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
 
-  // Starts a step: every bucketed parameter's first gradient of the step is copied into its view
-  // of the bucket (and the gradient becomes that view), later ones accumulate into it.
+  // Starts a step whose parameters have no gradient yet (the executor drops them first): every
+  // bucketed parameter's first gradient of the step is copied into its view of the bucket (and
+  // the gradient becomes that view), later ones accumulate into it.
   void begin_step();
   // Starts the buckets not started during backward (parameters that got no gradient, or fewer
   // accumulations than expected), in order, and waits for every all-reduce. After it, every
