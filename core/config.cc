@@ -73,6 +73,7 @@ void visit_fields(Config& c, V& v) {
     one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search"}));
   v("parallel", "chunks", c.parallel.chunks, positive());
   v("parallel", "policy", c.parallel.policy, non_empty());
+  v("parallel", "recompute", c.parallel.recompute, one_of({"none", "selective", "full"}));
   v("parallel", "stages", c.parallel.stages, Check<std::vector<std::vector<int64_t>>>());
 
   v("batch", "global", c.batch.global, positive());

@@ -37,6 +37,10 @@ struct ParallelConfig {
   std::string schedule = "1f1b";
   int64_t chunks = 1;
   std::string policy = "hybrid";
+  // Activations the forward keeps for the backward: none keeps all; selective recomputes the
+  // attention cores (their score-sized tensors) in the backward; full keeps only each model
+  // layer's inputs and recomputes the layer in its backward.
+  std::string recompute = "none";
   // Explicit pipeline stage boundaries: each entry is [first_layer, last_layer] (inclusive).
   std::vector<std::vector<int64_t>> stages;
 

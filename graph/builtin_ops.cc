@@ -47,7 +47,10 @@ OpRegistry OpRegistry::with_builtin_ops() {
   must(ranked("bias_add", [](const std::string& l) { return l + " n, n -> " + l + " n"; }));
   // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
   // head size, so splitting heads keeps whole heads together.
-  must(OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)"));
+  OpSchema attention =
+      OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
+  attention.attention_core = true;
+  must(std::move(attention));
   // Sum of token losses divided by attribute `normalizer` (the token count of the full
   // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
   // Cross-entropy over the last dimension (classes) of logits of any rank (attribute ndim,

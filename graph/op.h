@@ -25,6 +25,9 @@ struct OpDef {
   Attrs attrs;
   Annotation annotation;
   int64_t layer = kPreLayers;  // model layer the op belongs to
+  // Its kernel keeps tensors the size of its scores (queries x keys) for its backward:
+  // parallel.recompute: selective recomputes exactly these ops (OpSchema::attention_core).
+  bool attention_core = false;
 };
 
 // Which piece of its op a sub-operator is: one (index, count) per split or replication, in the

@@ -29,6 +29,10 @@ struct OpSchema {
   // results a loss sums (log-sum-exp, a target's logit), where bf16's 8-bit mantissa would
   // move the loss by a few tenths of a percent.
   bool fp32_outputs = false;
+  // Its kernel keeps tensors the size of its attention scores (queries x keys per head) for its
+  // backward, quadratic in the sequence: parallel.recompute: selective recomputes it in its
+  // backward instead (Megatron's selective activation recomputation).
+  bool attention_core = false;
 
   // A schema with a constant annotation and the default rules.
   static OpSchema simple(std::string type, std::string annotation);

@@ -45,8 +45,11 @@ void add_evoformer_ops(OpRegistry& r) {
   // Elementwise on 4-D tensors: ReLU, and AlphaFold2's gating x * sigmoid(g).
   must(OpSchema::simple("relu", "b s x h -> b s x h"));
   must(OpSchema::simple("sigmoid_gate", "b s x h, b s x h -> b s x h"));
-  must(with_attrs("row_attention", row_attention));
-  must(with_attrs("column_attention", column_attention));
+  for (OpSchema s : {with_attrs("row_attention", row_attention),
+                     with_attrs("column_attention", column_attention)}) {
+    s.attention_core = true;
+    must(std::move(s));
+  }
   // mean over s of a[s, i, c] (x) b[s, j, e], flattened to [b, i, j, c*e]: splitting s leaves
   // partial sums of the mean.
   must(OpSchema::simple("outer_product_mean", "b s+ i c^, b s+ j e^ -> b i j (c^ e^)"));

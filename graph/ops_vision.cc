@@ -38,8 +38,10 @@ void add_vision_ops(OpRegistry& r) {
   // relative position bias table [(2w-1)^2, heads]. Attributes: d (head size), window (w),
   // shift, grid_y and grid_x (windows per image column and row, for the shifted-window mask).
   // Windows and heads are independent, so both split; a piece reads its windows' masks.
-  must(OpSchema::simple("window_attention",
-                        "b s t^ (h d^), b s t^ (h d^), b s t^ (h d^), r^ h -> b s t^ (h d^)"));
+  OpSchema attention = OpSchema::simple(
+      "window_attention", "b s t^ (h d^), b s t^ (h d^), b s t^ (h d^), r^ h -> b s t^ (h d^)");
+  attention.attention_core = true;
+  must(std::move(attention));
 
   // Swin's patch merging: each 2x2 block of tokens [b, 2y, 2x, c] becomes one token of 4c
   // features, ordered (0,0), (1,0), (0,1), (1,1) by (row, column) offset as in the paper's code.

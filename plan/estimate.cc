@@ -41,12 +41,73 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
 // What each rank holds and keeps, from its sub-operators, the adapters and the gradient syncs.
 struct Holdings {
   std::vector<double> params, acts, largest_piece, incoming, sync_buffer;
+  std::vector<double> recompute_bytes;  // the largest region's, while its backward runs
 };
+
+// What a recomputed region drops and runs again on its rank.
+struct RegionCost {
+  double dropped_bytes = 0;
+  double flops = 0;
+};
+
+// The readers of each tensor on one rank: (segment, item) of every op and adapter item.
+using Readers = std::map<int64_t, std::vector<std::pair<size_t, int64_t>>>;
+Readers readers_of(const graph::Graph& g, const lower::Lowered& lowered,
+                   const lower::Program& prog) {
+  Readers readers;
+  for (size_t s = 0; s < prog.segments.size(); ++s)
+    for (size_t i = 0; i < prog.segments[s].items.size(); ++i) {
+      const lower::SegmentItem& it = prog.segments[s].items[i];
+      const auto at = std::make_pair(s, static_cast<int64_t>(i));
+      if (it.kind == lower::SegmentItem::Kind::kAdapter)
+        readers[lowered.adapters[static_cast<size_t>(it.index)].tensor.value()].push_back(at);
+      else
+        for (const auto& in : g.ops()[static_cast<size_t>(it.index)].inputs)
+          readers[in.tensor.value()].push_back(at);
+    }
+  return readers;
+}
+
+RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
+                       const std::vector<bool>& fused, const Readers& readers, size_t segment,
+                       const lower::Segment& seg, const lower::RecomputeRegion& region,
+                       int64_t rank) {
+  RegionCost c;
+  auto kept_outside = [&](int64_t tensor) {
+    if (g.tensor(TensorId(tensor)).role == graph::TensorRole::kLoss) return true;
+    auto it = readers.find(tensor);
+    if (it == readers.end()) return false;
+    for (const auto& [s, i] : it->second)
+      if (s != segment || i < region.begin || i >= region.end) return true;
+    return false;
+  };
+  for (int64_t i = region.begin; i < region.end; ++i) {
+    const lower::SegmentItem& it = seg.items[static_cast<size_t>(i)];
+    if (it.kind == lower::SegmentItem::Kind::kAdapter) {
+      const lower::Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+      const auto& t = g.tensor(a.tensor);
+      for (int64_t pos = 0; pos < a.to.size(); ++pos)
+        if (a.to.devices[static_cast<size_t>(pos)].value() == rank)
+          c.dropped_bytes += static_cast<double>(numel(a.to.piece(pos, a.tensor, t.shape).shape()) *
+                                                 size_bytes(t.dtype));
+      continue;
+    }
+    const auto index = static_cast<size_t>(it.index);
+    const graph::Op& op = g.ops()[index];
+    c.flops += planner::op_flops(op);
+    c.dropped_bytes += saved_extra_bytes(op);
+    if (fused[index]) continue;
+    bool kept = false;
+    for (const auto& out : op.outputs) kept = kept || kept_outside(out.tensor.value());
+    if (!kept) c.dropped_bytes += planner::op_output_bytes(g, op);
+  }
+  return c;
+}
 
 Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, int64_t world) {
   const size_t n = static_cast<size_t>(world);
   Holdings h{std::vector<double>(n, 0), std::vector<double>(n, 0), std::vector<double>(n, 0),
-             std::vector<double>(n, 0), std::vector<double>(n, 0)};
+             std::vector<double>(n, 0), std::vector<double>(n, 0), std::vector<double>(n, 0)};
   // Autograd sums the gradients of a parameter read by several ops (a tied embedding and LM
   // head) in its input buffer before accumulating: the two incoming gradients and their sum.
   std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
@@ -89,6 +150,11 @@ Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, in
     for (int64_t id : lowered.programs[r].grad_syncs)
       h.sync_buffer[r] +=
           static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
+  // Recomputed regions keep only what crosses their border; one region's activations come back
+  // while its backward runs.
+  const RecomputeCost rc = recompute_cost(planned, lowered, CostModel{});
+  h.recompute_bytes = rc.largest_region_bytes;
+  for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
   return h;
 }
 
@@ -107,11 +173,35 @@ RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
   RankMemory m;
   m.activation_bytes = h.acts[r];
   m.held_bytes = h.params[r] * 4 * (2 + optimizer_copies(config)) + h.incoming[r] +
-                 pipeline_extra_micro_batches(config) * h.acts[r];
+                 pipeline_extra_micro_batches(config) * h.acts[r] + h.recompute_bytes[r];
   return m;
 }
 
 }  // namespace
+
+RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
+                             const CostModel& cost) {
+  const size_t n = lowered.programs.size();
+  RecomputeCost out{std::vector<double>(n, 0), std::vector<double>(n, 0),
+                    std::vector<double>(n, 0)};
+  const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
+  for (size_t r = 0; r < n; ++r) {
+    const lower::Program& prog = lowered.programs[r];
+    bool any = false;
+    for (const auto& seg : prog.segments) any = any || !seg.recompute.empty();
+    if (!any) continue;
+    const Readers readers = readers_of(planned, lowered, prog);
+    for (size_t s = 0; s < prog.segments.size(); ++s)
+      for (const lower::RecomputeRegion& region : prog.segments[s].recompute) {
+        const RegionCost c = region_cost(planned, lowered, fused, readers, s, prog.segments[s],
+                                         region, static_cast<int64_t>(r));
+        out.dropped_bytes[r] += c.dropped_bytes;
+        out.largest_region_bytes[r] = std::max(out.largest_region_bytes[r], c.dropped_bytes);
+        if (cost.device_flops_per_s > 0) out.forward_s[r] += c.flops / cost.device_flops_per_s;
+      }
+  }
+  return out;
+}
 
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
                                     const lower::Lowered& lowered) {
@@ -164,6 +254,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const double m = static_cast<double>(config.micro_batches());
   const int64_t ranks_per_stage = par.tp * par.dp;
   const std::vector<double> fwd = forward_seconds(planned, world, cost);
+  const std::vector<double> refwd = recompute_cost(planned, lowered, cost).forward_s;
   const Holdings h = holdings(planned, lowered, world);
   const bool pipelined = !pipeline.busy_s.empty();
 
@@ -186,7 +277,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     const size_t stage = static_cast<size_t>(static_cast<int64_t>(r) / ranks_per_stage);
     // Compute: forward + backward (twice the forward) of every micro-batch, or the pipeline
     // schedule's makespan with this rank's stage idle for its bubble.
-    re.compute_s = 3 * m * fwd[r];
+    re.compute_s = m * (3 * fwd[r] + refwd[r]);
     if (pipelined) {
       re.compute_s = pipeline.makespan_s;
       if (stage < pipeline.busy_s.size() && pipeline.makespan_s > 0)
@@ -227,8 +318,9 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     re.grad_bucket_bytes = h.sync_buffer[r];
     re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes = std::max(
-        {re.grad_bucket_bytes, re.activation_bytes + h.incoming[r], re.optimizer_temporary_bytes});
+    re.working_set_bytes =
+        std::max({re.grad_bucket_bytes, re.activation_bytes + h.incoming[r] + h.recompute_bytes[r],
+                  re.optimizer_temporary_bytes});
     re.peak_bytes = re.param_bytes * (2 + opt_copies) + re.working_set_bytes;
     e.step_s = std::max(e.step_s, re.step_s);
   }

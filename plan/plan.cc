@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "exec/lower/recompute.h"
 #include "exec/lower/schedule_order.h"
 #include "graph/precision.h"
 #include "graph/verify.h"
@@ -71,6 +72,7 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
 // forward takes the slowest rank's forward time per stage chunk, a backward twice that. A
 // searched schedule is the one found, its blocks at each stage's own durations (`searched`).
 Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
+                         const std::vector<double>& recompute_s,
                          const std::shared_ptr<const sched::Schedule>& searched,
                          const lower::Lowered& lowered, Plan& plan) {
   const auto& par = config.parallel;
@@ -84,13 +86,15 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
     if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
     double unit_s = 0;                         // the slowest stage's forward per micro-batch
     for (double f : forward_s) unit_s = std::max(unit_s, f);
+    double again_s = 0;  // the forward a recomputing backward runs again
+    for (double f : recompute_s) again_s = std::max(again_s, f);
     auto spec =
         sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
                                 static_cast<int>(par.chunks));
     // The renderer draws one time unit as 1 ms: simulate in milliseconds.
     const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
     spec.fwd = unit_ms;
-    spec.bwd = 2 * unit_ms;
+    spec.bwd = 2 * unit_ms + again_s / static_cast<double>(par.chunks) * 1e3;
     auto built = sched::build_predefined(*kind, spec);
     if (!built.ok()) return config.error("parallel.schedule", built.error().message);
     schedule = std::move(built).value();
@@ -116,6 +120,7 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
   const std::vector<RankMemory> memory = rank_memory(config, planned, lowered);
   const std::vector<double> forward_s =
       forward_seconds(planned, static_cast<int64_t>(memory.size()), cost);
+  const std::vector<double> recompute_s = recompute_cost(planned, lowered, cost).forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
   const int64_t pp = config.parallel.pp;
@@ -134,6 +139,7 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
     const size_t d = static_cast<size_t>(std::min(r / ranks_per_stage, pp - 1));
     lower::StageCost& c = costs.devices[d];
     c.forward_s = std::max(c.forward_s, forward_s[static_cast<size_t>(r)]);
+    c.recompute_s = std::max(c.recompute_s, recompute_s[static_cast<size_t>(r)]);
     const RankMemory& m = memory[static_cast<size_t>(r)];
     if (tightness(m) > tightest[d]) {
       tightest[d] = tightness(m);
@@ -186,12 +192,17 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   // The pipeline is ordered once the adapters are known: what they deliver counts in a stage's
   // activations, which bound how many micro-batches a searched schedule keeps in flight.
   const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
+  LOOM_ASSIGN_OR_RETURN(const lower::Recompute recompute,
+                        lower::parse_recompute(config.parallel.recompute));
   std::shared_ptr<const sched::Schedule> searched;
   auto order =
       [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
     lower::StageCosts costs;  // only the search reads them
-    if (config.parallel.schedule == "search" && config.parallel.pp > 1)
-      costs = stage_costs(config, file.graph, lowered, cost);
+    if (config.parallel.schedule == "search" && config.parallel.pp > 1) {
+      lower::Lowered marked = lowered;  // what a micro-batch holds depends on recomputation
+      lower::mark_recompute(file.graph, marked, recompute);
+      costs = stage_costs(config, file.graph, marked, cost);
+    }
     LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder o,
                           lower::pipeline_order(config, config.micro_batches(), costs));
     searched = std::move(o.searched);
@@ -200,8 +211,13 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   lower::PathFinder paths(cost);
   LOOM_ASSIGN_OR_RETURN(file.lowered,
                         lower::lower(file.graph, world_size, config.micro_batches(), paths, order));
+  lower::mark_recompute(file.graph, file.lowered, recompute);
+  // A recomputed forward repeats its collectives inside the backward: check that order too.
+  if (recompute != lower::Recompute::kNone)
+    LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
-  LOOM_TRY(simulate_pipeline(config, forward_s, searched, file.lowered, plan));
+  const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
+  LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, searched, file.lowered, plan));
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;

@@ -157,6 +157,7 @@ void put_graph(const graph::Graph& g, pb::Graph* out) {
       }
       pd->set_annotation(op.def->annotation.to_string());
       pd->set_layer(op.def->layer);
+      pd->set_attention_core(op.def->attention_core);
     }
     auto* po = out->add_ops();
     po->set_id(op.id.value());
@@ -207,6 +208,11 @@ void put_lowered(const Lowered& l, pb::Lowered* out) {
                                                          : pb::SegmentItem::ADAPTER);
         pi->set_index(item.index);
         pi->set_producer_side(item.producer_side);
+      }
+      for (const RecomputeRegion& region : seg.recompute) {
+        auto* pr = ps->add_recompute();
+        pr->set_begin(region.begin);
+        pr->set_end(region.end);
       }
     }
     for (const ProgramBlock& b : p.blocks) {
@@ -350,6 +356,7 @@ class Reader {
         return bad("graph.defs[" + std::to_string(i) + "].annotation", annotation.error().message);
       def->annotation = *annotation;
       def->layer = pd.layer();
+      def->attention_core = pd.attention_core();
       defs.push_back(std::move(def));
     }
     for (int i = 0; i < p.ops_size(); ++i) {
@@ -440,6 +447,17 @@ class Reader {
           LOOM_TRY(in_range(pi.index(), is_op ? ops : adapters, f + ".segments.items.index"));
           seg.items.push_back({is_op ? SegmentItem::Kind::kOp : SegmentItem::Kind::kAdapter,
                                pi.index(), pi.producer_side()});
+        }
+        int64_t covered = 0;  // regions are in order and disjoint
+        for (const auto& pr : ps.recompute()) {
+          if (pr.begin() < covered || pr.end() <= pr.begin() ||
+              pr.end() > static_cast<int64_t>(seg.items.size()))
+            return bad(f + ".segments.recompute",
+                       "region [" + std::to_string(pr.begin()) + ", " + std::to_string(pr.end()) +
+                           ") is not a non-empty range of the segment's " +
+                           std::to_string(seg.items.size()) + " items after the previous region");
+          covered = pr.end();
+          seg.recompute.push_back({pr.begin(), pr.end()});
         }
         prog.segments.push_back(std::move(seg));
       }

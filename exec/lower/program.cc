@@ -402,8 +402,8 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
       if (seg == prog.segments.end())
         return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
                                         b.stage.to_string() + " it does not run");
-      const bool fwd = b.kind == BlockKind::kForward;
-      auto visit = [&](const SegmentItem& it) {
+      const bool block_fwd = b.kind == BlockKind::kForward;
+      auto visit = [&](const SegmentItem& it, bool fwd) {
         if (it.kind != SegmentItem::Kind::kAdapter) return;
         const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
         const Sides& s = sides[static_cast<size_t>(it.index)];
@@ -414,10 +414,18 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
                     b.micro_batch.value(), r, side, fwd ? s.producer : s.consumer,
                     events[static_cast<size_t>(r)]);
       };
-      if (fwd)
-        for (const SegmentItem& it : seg->items) visit(it);
-      else
-        for (auto it = seg->items.rbegin(); it != seg->items.rend(); ++it) visit(*it);
+      if (block_fwd) {
+        for (const SegmentItem& it : seg->items) visit(it, true);
+        continue;
+      }
+      // A recomputed region's backward runs its forward (its collectives) again first.
+      for (int64_t i = static_cast<int64_t>(seg->items.size()) - 1; i >= 0; --i) {
+        for (const RecomputeRegion& region : seg->recompute)
+          if (region.end - 1 == i)
+            for (int64_t j = region.begin; j < region.end; ++j)
+              visit(seg->items[static_cast<size_t>(j)], true);
+        visit(seg->items[static_cast<size_t>(i)], false);
+      }
     }
     for (int64_t s : prog.grad_syncs)
       events[static_cast<size_t>(r)].push_back({Event::Kind::kCollective, -s - 1, DeviceId(),
@@ -501,7 +509,11 @@ std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
      << prog.blocks.size() << " blocks, loss seed " << prog.loss_seed << "\n";
   for (const Segment& seg : prog.segments) {
     os << "  stage " << seg.stage << ":\n";
-    for (const SegmentItem& it : seg.items) {
+    for (size_t i = 0; i < seg.items.size(); ++i) {
+      const SegmentItem& it = seg.items[i];
+      for (const RecomputeRegion& r : seg.recompute)
+        if (r.begin == static_cast<int64_t>(i))
+          os << "    recompute in backward: the next " << r.end - r.begin << " item(s)\n";
       if (it.kind == SegmentItem::Kind::kOp) {
         const auto& op = g.ops()[static_cast<size_t>(it.index)];
         os << "    run  " << op.name() << " (" << op.type() << ")\n";

@@ -49,10 +49,21 @@ struct SegmentItem {
   bool producer_side = false;
 };
 
+// Items [begin, end) of a segment whose forward keeps only what enters and leaves them: their
+// backward runs their forward again first (parallel.recompute; exec/lower/recompute.h).
+struct RecomputeRegion {
+  int64_t begin = 0;
+  int64_t end = 0;
+  friend bool operator==(const RecomputeRegion& a, const RecomputeRegion& b) {
+    return a.begin == b.begin && a.end == b.end;
+  }
+};
+
 // The work of one pipeline stage on one rank.
 struct Segment {
   StageId stage;
   std::vector<SegmentItem> items;
+  std::vector<RecomputeRegion> recompute;  // in item order, disjoint
 };
 
 // Parameter pieces held by several devices: their gradients are summed over `devices`.

@@ -27,7 +27,11 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
         costs.devices.empty()
             ? 1.0
             : std::max(costs.devices[static_cast<size_t>(b.stage.value())].forward_s, 1e-15) * 1e3;
-    b.duration = b.kind == sched::BlockKind::kF ? f_ms : 2 * f_ms;
+    const double again_ms =
+        costs.devices.empty()
+            ? 0.0
+            : costs.devices[static_cast<size_t>(b.stage.value())].recompute_s * 1e3;
+    b.duration = b.kind == sched::BlockKind::kF ? f_ms : 2 * f_ms + again_ms;
     b.memory = b.kind == sched::BlockKind::kF ? 1.0 : -1.0;
   }
   LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(found.workload().num_devices(),
@@ -73,7 +77,10 @@ Result<sched::Placement> search_placement(const Config& config, const StageCosts
             ? std::max(1.0, std::round(costs.devices[d].forward_s / slowest * kSearchGrid)) /
                   kSearchGrid
             : 1.0;
-    b.span = b.kind == sched::BlockKind::kF ? f : 2 * f;
+    const double again =
+        slowest > 0 ? std::round(costs.devices[d].recompute_s / slowest * kSearchGrid) / kSearchGrid
+                    : 0.0;
+    b.span = b.kind == sched::BlockKind::kF ? f : 2 * f + again;
     b.memory = b.kind == sched::BlockKind::kF ? share[d] : -share[d];
   }
   return sched::Placement::create(pp, memory ? 1.0 : static_cast<double>(pp), std::move(blocks));

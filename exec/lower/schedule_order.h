@@ -21,6 +21,7 @@ struct StageCost {
   // gradients, optimizer state, a backward's working memory), in bytes.
   double activation_bytes = 0;
   double held_bytes = 0;
+  double recompute_s = 0;  // the forward its backward runs again (parallel.recompute)
 };
 
 // Per pipeline device (pp index) what its blocks cost; `device_memory_bytes` is the cost

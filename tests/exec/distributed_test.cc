@@ -51,6 +51,25 @@ TEST(LocalRanks, Dp2Pp2) { expect_equal_to_single_device({"parallel.dp=2", "para
 TEST(LocalRanks, Dp2Tp2Pp2) {
   expect_equal_to_single_device({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}, 8);
 }
+// Recomputation changes what a forward keeps, never what it computes: one device and every
+// plan equal the single device that keeps everything. The tp and dp plans recompute regions
+// holding tensor-parallel collectives (run again inside the backward).
+TEST(Recompute, FullOneDevice) { expect_equal_to_single_device({"parallel.recompute=full"}, 1); }
+TEST(Recompute, SelectiveOneDevice) {
+  expect_equal_to_single_device({"parallel.recompute=selective"}, 1);
+}
+TEST(Recompute, FullTp2Pp2) {
+  expect_equal_to_single_device({"parallel.recompute=full", "parallel.tp=2", "parallel.pp=2"}, 4);
+}
+TEST(Recompute, SelectiveDp2Tp2Sp) {
+  expect_equal_to_single_device(
+      {"parallel.recompute=selective", "parallel.dp=2", "parallel.tp=2", "parallel.sp=true"}, 4);
+}
+TEST(Recompute, FullDp2Tp2AdamW) {
+  expect_equal_to_single_device({"parallel.recompute=full", "parallel.dp=2", "parallel.tp=2"}, 4,
+                                {"optimizer.type=adamw", "optimizer.lr=0.002"});
+}
+
 // Pipeline schedules from the scheduler drive each rank's order of blocks.
 void expect_schedule(const std::string& schedule, int pp, int chunks) {
   expect_equal_to_single_device(

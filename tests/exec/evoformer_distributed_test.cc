@@ -53,6 +53,17 @@ TEST(EvoformerLocalRanks, Dp2Dap2) {
   expect_equal_to_single_device({"parallel.policy=dap", "parallel.dp=2", "parallel.tp=2"}, 4);
 }
 
+// Recomputation: the axial attentions alone (selective), or each Evoformer block (full), also
+// with DAP's all-to-alls inside the recomputed blocks.
+TEST(EvoformerRecompute, Full) { expect_equal_to_single_device({"parallel.recompute=full"}, 1); }
+TEST(EvoformerRecompute, Selective) {
+  expect_equal_to_single_device({"parallel.recompute=selective"}, 1);
+}
+TEST(EvoformerRecompute, FullDap2) {
+  expect_equal_to_single_device({"parallel.recompute=full", "parallel.policy=dap", "parallel.tp=2"},
+                                2);
+}
+
 // Before any communication: every sub-operator of the DAP 4 and tp 2 plans computes exactly the
 // piece of the single-device run it claims (the per-op oracle).
 TEST(EvoformerOracle, EverySubOperatorOfDapAndTpIsExact) {

@@ -36,6 +36,17 @@ TEST(SwinLocalRanks, WindowParallel2Dp2) {
   expect_equal_to_single_device({"parallel.policy=window", "parallel.tp=2", "parallel.dp=2"}, 4);
 }
 
+// Recomputation: window attention alone (selective), or each Swin block (full), also with the
+// window split's collectives inside the recomputed blocks.
+TEST(SwinRecompute, Full) { expect_equal_to_single_device({"parallel.recompute=full"}, 1); }
+TEST(SwinRecompute, Selective) {
+  expect_equal_to_single_device({"parallel.recompute=selective"}, 1);
+}
+TEST(SwinRecompute, FullWindowParallel2) {
+  expect_equal_to_single_device(
+      {"parallel.recompute=full", "parallel.policy=window", "parallel.tp=2"}, 2);
+}
+
 // Window 4: stage 0 (4 x 4 windows) splits windows; stage 1 (2 x 2 windows) cannot, and its
 // attention and MLP fall back to the Megatron split.
 TEST(SwinLocalRanks, WindowParallel4) {

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include "exec/lower/fusion.h"
 #include "models/model.h"
@@ -117,6 +119,74 @@ TEST(MakePlan, PlansLowersAndEstimatesWithoutLibTorch) {
     std::ofstream(std::filesystem::path(out) / "plan.json") << *json;
     std::ofstream(std::filesystem::path(out) / "config.yaml") << kYaml;
   }
+}
+
+// parallel.recompute=full marks one region per model layer on every rank (GPT tiny: 2), each
+// holding that layer's ops and the tensor-parallel all-reduces between them; selective marks
+// each attention core alone.
+TEST(Recompute, FullMarksEachLayerSelectiveEachAttentionCore) {
+  for (const std::string mode : {"full", "selective"}) {
+    auto plan = make_plan(config({"parallel.dp=1", "parallel.pp=1", "parallel.recompute=" + mode}));
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    const graph::Graph& g = plan->file.graph;
+    for (const lower::Program& prog : plan->file.lowered.programs) {
+      ASSERT_EQ(prog.segments.size(), 1u);
+      const lower::Segment& seg = prog.segments[0];
+      ASSERT_EQ(seg.recompute.size(), 2u) << mode;
+      std::set<int64_t> layers;
+      for (const lower::RecomputeRegion& r : seg.recompute) {
+        int64_t adapters = 0;
+        std::set<int64_t> region_layers;
+        for (int64_t i = r.begin; i < r.end; ++i) {
+          const lower::SegmentItem& it = seg.items[static_cast<size_t>(i)];
+          if (it.kind == lower::SegmentItem::Kind::kAdapter) {
+            ++adapters;
+            continue;
+          }
+          const graph::Op& op = g.ops()[static_cast<size_t>(it.index)];
+          region_layers.insert(op.layer());
+          if (mode == "selective") {
+            EXPECT_EQ(op.type(), "attention");
+          }
+        }
+        ASSERT_EQ(region_layers.size(), 1u);
+        EXPECT_TRUE(layers.insert(*region_layers.begin()).second);
+        if (mode == "full") {
+          EXPECT_GE(adapters, 2) << "the attention and MLP all-reduces";
+        } else {
+          EXPECT_EQ(r.end - r.begin, 1);
+        }
+      }
+    }
+    const std::string listing = lower::listing(g, plan->file.lowered, Rank(0));
+    EXPECT_NE(listing.find("recompute in backward"), std::string::npos) << listing;
+  }
+}
+
+// The estimate keeps less and computes more the more is recomputed: full keeps only the layers'
+// inputs (and the embedding, head and loss), selective drops attention's probabilities; the
+// recomputed forward lengthens the backward (pipeline blocks included).
+TEST(Recompute, TheEstimateKeepsLessAndComputesMore) {
+  std::map<std::string, Estimate> e;
+  std::map<std::string, double> makespan;
+  for (const std::string mode : {"none", "selective", "full"}) {
+    auto plan = make_plan(config(
+        {"parallel.dp=1", "parallel.tp=1", "model.args.layers=4", "parallel.recompute=" + mode}));
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    e[mode] = plan->estimate;
+    makespan[mode] = plan->pipeline.makespan_s;
+  }
+  for (size_t r = 0; r < 2; ++r) {
+    const double none = e["none"].ranks[r].activation_bytes;
+    EXPECT_LT(e["selective"].ranks[r].activation_bytes, none) << r;
+    EXPECT_LT(e["full"].ranks[r].activation_bytes, e["selective"].ranks[r].activation_bytes) << r;
+    EXPECT_GT(e["selective"].ranks[r].compute_s, e["none"].ranks[r].compute_s) << r;
+    EXPECT_GT(e["full"].ranks[r].compute_s, e["selective"].ranks[r].compute_s) << r;
+  }
+  // Full recompute runs every layer's forward again: the makespan grows, but by less than a
+  // third (a backward is twice a forward; the head is not recomputed).
+  EXPECT_GT(makespan["full"], makespan["none"]);
+  EXPECT_LT(makespan["full"], makespan["none"] * 4 / 3);
 }
 
 // run.precision=bf16: activations are bf16 in the planned graph, so what crosses ranks is half

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "exec/lower/recompute.h"
 #include "exec/lower/schedule_order.h"
 #include "graph/dump.h"
 #include "models/model.h"
@@ -42,6 +43,9 @@ PlanFile make(const std::vector<std::string>& overrides) {
   auto l =
       lower(*g, world, c.micro_batches(), paths, order->ranks.empty() ? nullptr : &order->ranks);
   EXPECT_TRUE(l.ok()) << l.error().message;
+  auto recompute = parse_recompute(c.parallel.recompute);
+  EXPECT_TRUE(recompute.ok());
+  mark_recompute(*g, *l, *recompute);
   PlanFile p;
   p.code_fingerprint = fingerprint();
   p.model_digest = digest(c);
@@ -85,7 +89,12 @@ TEST_P(RoundTrip, JsonReadsBackToTheSamePlan) {
     EXPECT_EQ(back->lowered.grad_syncs[i].piece, plan.lowered.grad_syncs[i].piece);
     EXPECT_EQ(back->lowered.grad_syncs[i].devices, plan.lowered.grad_syncs[i].devices);
   }
+  for (int64_t r = 0; r < plan.world_size; ++r)
+    for (size_t s = 0; s < plan.lowered.programs[r].segments.size(); ++s)
+      EXPECT_EQ(back->lowered.programs[r].segments[s].recompute,
+                plan.lowered.programs[r].segments[s].recompute);
   for (size_t i = 0; i < plan.graph.ops().size(); ++i) {
+    EXPECT_EQ(back->graph.ops()[i].def->attention_core, plan.graph.ops()[i].def->attention_core);
     EXPECT_EQ(back->graph.ops()[i].attrs(), plan.graph.ops()[i].attrs());
     EXPECT_EQ(back->graph.ops()[i].annotation(), plan.graph.ops()[i].annotation());
   }
@@ -102,8 +111,9 @@ INSTANTIATE_TEST_SUITE_P(
                     std::vector<std::string>{"parallel.tp=2", "parallel.pp=2"},
                     std::vector<std::string>{"parallel.dp=2", "parallel.tp=2", "parallel.sp=true"},
                     std::vector<std::string>{"model.args.layers=4", "parallel.pp=2",
-                                             "parallel.chunks=2",
-                                             "parallel.schedule=interleaved"}));
+                                             "parallel.chunks=2", "parallel.schedule=interleaved"},
+                    std::vector<std::string>{"parallel.tp=2", "parallel.recompute=full"},
+                    std::vector<std::string>{"parallel.pp=2", "parallel.recompute=selective"}));
 
 TEST(PlanHash, FollowsThePlanKeysOnly) {
   const std::string base = plan_hash(config_with({"parallel.tp=2"}), "m", "c");

@@ -1,0 +1,29 @@
+// Activation recomputation as a pass over lowered programs (parallel.recompute): it marks, per
+// segment, the item ranges whose forward keeps only what enters and leaves them and whose
+// backward runs that forward again. The executor runs the marks; the estimator counts them.
+#pragma once
+
+#include <string>
+
+#include "core/result.h"
+#include "exec/lower/program.h"
+#include "graph/graph.h"
+
+namespace loom::lower {
+
+enum class Recompute { kNone, kSelective, kFull };
+// "none" | "selective" | "full"; the error names parallel.recompute.
+Result<Recompute> parse_recompute(const std::string& text);
+
+// Marks `lowered`'s segments (replacing earlier marks):
+//  - selective: every attention-core op (graph::OpDef::attention_core) alone;
+//  - full: each run of items of one model layer (ops before the first layer and after the last
+//    are kept as they are). An adapter counts with the op after it; an adapter that sends,
+//    receives, or crosses stages ends a region, so a recomputed forward repeats only
+//    collectives among the ranks of its own stage, never a pipeline transfer.
+void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mode);
+
+// Whether item `item` of `segment` lies in one of its regions.
+bool recomputed(const Segment& segment, int64_t item);
+
+}  // namespace loom::lower
