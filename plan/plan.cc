@@ -20,9 +20,10 @@ namespace loom::plan {
 namespace {
 
 // Adds a "communication" track under every pipeline device of the chrome trace: after each
-// forward (backward) block, the cost-model time of the adapters' forward (gradient) paths the
-// device's slowest rank takes part in for one micro-batch. The simulated blocks do not wait
-// for it: the track shows how much communication each block brings, not a re-simulation.
+// forward (backward or input-gradient) block, the cost-model time of the adapters' forward
+// (gradient) paths the device's slowest rank takes part in for one micro-batch. The simulated
+// blocks do not wait for it: the track shows how much communication each block brings, not a
+// re-simulation.
 std::string with_comm_track(const std::string& trace, const lower::Lowered& lowered,
                             int64_t ranks_per_stage) {
   auto json = nlohmann::json::parse(trace, nullptr, false);
@@ -44,7 +45,7 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   for (const auto& e : json["traceEvents"]) {
     if (e.value("ph", "") != "X") continue;
     const std::string cat = e.value("cat", "");
-    if (cat != "F" && cat != "B") continue;
+    if (cat != "F" && cat != "B" && cat != "I") continue;  // W blocks communicate nothing
     const int64_t pid = e.value("pid", 0);
     const auto it = per_device.find(pid);
     const double dur_us =
@@ -94,7 +95,14 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
     // The renderer draws one time unit as 1 ms: simulate in milliseconds.
     const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
     spec.fwd = unit_ms;
-    spec.bwd = 2 * unit_ms + again_s / static_cast<double>(par.chunks) * 1e3;
+    const double again_ms = again_s / static_cast<double>(par.chunks) * 1e3;
+    spec.bwd = 2 * unit_ms + again_ms;
+    if (*kind == sched::ScheduleKind::kZbH1) {
+      // The split backward: I (the input gradients) and W (the weight matrix products, about
+      // half a backward's FLOPs) take about a forward each; I first runs the recomputed forward.
+      spec.bwd = unit_ms + again_ms;
+      spec.wgrad = unit_ms;
+    }
     auto built = sched::build_predefined(*kind, spec);
     if (!built.ok()) return config.error("parallel.schedule", built.error().message);
     schedule = std::move(built).value();

@@ -33,6 +33,34 @@ uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
   return h;
 }
 
+pb::Block::Kind to_proto(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::kForward:
+      return pb::Block::FORWARD;
+    case BlockKind::kBackward:
+      return pb::Block::BACKWARD;
+    case BlockKind::kInputGrad:
+      return pb::Block::INPUT_GRAD;
+    case BlockKind::kWeightGrad:
+      return pb::Block::WEIGHT_GRAD;
+  }
+  return pb::Block::FORWARD;
+}
+
+// The reader has checked the kind is one of the enum's values.
+BlockKind from_proto(pb::Block::Kind kind) {
+  switch (kind) {
+    case pb::Block::BACKWARD:
+      return BlockKind::kBackward;
+    case pb::Block::INPUT_GRAD:
+      return BlockKind::kInputGrad;
+    case pb::Block::WEIGHT_GRAD:
+      return BlockKind::kWeightGrad;
+    default:
+      return BlockKind::kForward;
+  }
+}
+
 std::string hex(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -217,7 +245,7 @@ void put_lowered(const Lowered& l, pb::Lowered* out) {
     }
     for (const ProgramBlock& b : p.blocks) {
       auto* pb_block = pp->add_blocks();
-      pb_block->set_kind(b.kind == BlockKind::kForward ? pb::Block::FORWARD : pb::Block::BACKWARD);
+      pb_block->set_kind(to_proto(b.kind));
       pb_block->set_stage(b.stage.value());
       pb_block->set_micro_batch(b.micro_batch.value());
     }
@@ -463,12 +491,13 @@ class Reader {
       }
       for (const auto& pb_block : pp.blocks()) {
         LOOM_TRY(in_range(pb_block.micro_batch(), micro_batches, f + ".blocks.micro_batch"));
+        if (!pb::Block::Kind_IsValid(pb_block.kind()))
+          return bad(f + ".blocks.kind", "unknown block kind " + std::to_string(pb_block.kind()));
         if (!segment_stages.count(pb_block.stage()))
           return bad(f + ".blocks.stage", "stage " + std::to_string(pb_block.stage()) +
                                               " has no segment on rank " + std::to_string(r));
-        prog.blocks.push_back(
-            {pb_block.kind() == pb::Block::FORWARD ? BlockKind::kForward : BlockKind::kBackward,
-             StageId(pb_block.stage()), MicroBatch(pb_block.micro_batch())});
+        prog.blocks.push_back({from_proto(pb_block.kind()), StageId(pb_block.stage()),
+                               MicroBatch(pb_block.micro_batch())});
       }
       for (int64_t id : pp.grad_syncs()) {
         LOOM_TRY(in_range(id, static_cast<int64_t>(l.grad_syncs.size()), f + ".grad_syncs"));

@@ -375,6 +375,20 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
 
 }  // namespace
 
+char block_letter(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::kForward:
+      return 'F';
+    case BlockKind::kBackward:
+      return 'B';
+    case BlockKind::kInputGrad:
+      return 'I';
+    case BlockKind::kWeightGrad:
+      return 'W';
+  }
+  return '?';
+}
+
 Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   // Per adapter: each side's membership and each step's groups by rank.
@@ -402,6 +416,7 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
       if (seg == prog.segments.end())
         return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
                                         b.stage.to_string() + " it does not run");
+      if (b.kind == BlockKind::kWeightGrad) continue;  // local matrix products only
       const bool block_fwd = b.kind == BlockKind::kForward;
       auto visit = [&](const SegmentItem& it, bool fwd) {
         if (it.kind != SegmentItem::Kind::kAdapter) return;
@@ -527,7 +542,7 @@ std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
   }
   os << "  order:";
   for (const ProgramBlock& b : prog.blocks)
-    os << " " << (b.kind == BlockKind::kForward ? "F" : "B") << b.stage << "." << b.micro_batch;
+    os << " " << block_letter(b.kind) << b.stage << "." << b.micro_batch;
   os << "\n";
   for (int64_t s : prog.grad_syncs) {
     const GradSync& gs = lowered.grad_syncs[static_cast<size_t>(s)];

@@ -73,7 +73,17 @@ struct GradSync {
   std::vector<DeviceId> devices;
 };
 
-enum class BlockKind { kForward, kBackward };
+// A backward may run whole (kBackward) or split as zero-bubble schedules run it: the input
+// gradient (kInputGrad: the backward pass with its communication, parameter matrix products
+// left out) and later the weight gradient (kWeightGrad: those matrix products, no
+// communication), which fills pipeline bubbles.
+enum class BlockKind { kForward, kBackward, kInputGrad, kWeightGrad };
+// The schedule's letter of a block kind: F, B, I or W.
+char block_letter(BlockKind kind);
+// Whether blocks of `kind` run the backward pass and its communication (B and I do).
+inline bool runs_backward_pass(BlockKind kind) {
+  return kind == BlockKind::kBackward || kind == BlockKind::kInputGrad;
+}
 struct ProgramBlock {
   BlockKind kind;
   StageId stage;

@@ -31,8 +31,22 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
         costs.devices.empty()
             ? 0.0
             : costs.devices[static_cast<size_t>(b.stage.value())].recompute_s * 1e3;
-    b.duration = b.kind == sched::BlockKind::kF ? f_ms : 2 * f_ms + again_ms;
-    b.memory = b.kind == sched::BlockKind::kF ? 1.0 : -1.0;
+    // A split backward's halves (I: the input gradients, W: the weight matrix products) take
+    // about a forward each; W releases the activations. A recomputing backward first runs the
+    // recomputed forward again (in B, or in I when split).
+    switch (b.kind) {
+      case sched::BlockKind::kF:
+      case sched::BlockKind::kW:
+        b.duration = f_ms;
+        break;
+      case sched::BlockKind::kB:
+        b.duration = 2 * f_ms + again_ms;
+        break;
+      case sched::BlockKind::kI:
+        b.duration = f_ms + again_ms;
+        break;
+    }
+    b.memory = b.kind == sched::BlockKind::kF ? 1.0 : b.kind == sched::BlockKind::kI ? 0.0 : -1.0;
   }
   LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(found.workload().num_devices(),
                                                                std::move(blocks), std::move(deps)));
@@ -40,6 +54,20 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
 }
 
 }  // namespace
+
+BlockKind program_kind(sched::BlockKind kind) {
+  switch (kind) {
+    case sched::BlockKind::kF:
+      return BlockKind::kForward;
+    case sched::BlockKind::kB:
+      return BlockKind::kBackward;
+    case sched::BlockKind::kI:
+      return BlockKind::kInputGrad;
+    case sched::BlockKind::kW:
+      return BlockKind::kWeightGrad;
+  }
+  return BlockKind::kBackward;
+}
 
 Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs) {
   const int pp = static_cast<int>(config.parallel.pp);
@@ -96,10 +124,6 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
   const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches),
             v = static_cast<int>(p.chunks);
   std::vector<std::vector<sched::BlockId>> orders;
-  if (p.schedule == "zb-h1")
-    return config.error("parallel.schedule",
-                        "zb-h1 splits the backward pass into input- and weight-gradient passes, "
-                        "which loom train does not run; it is available to loom schedule");
   if (p.schedule == "search") {
     if (v != 1)
       return config.error("parallel.chunks", "the searched schedule places one stage per device");
@@ -131,16 +155,11 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
   out.resize(static_cast<size_t>(world));
   for (int64_t r = 0; r < world; ++r)
     for (const sched::BlockId& b : orders[static_cast<size_t>(r / (p.tp * p.dp))]) {
-      if (b.kind != sched::BlockKind::kF && b.kind != sched::BlockKind::kB)
-        return config.error("parallel.schedule",
-                            "block " + b.describe() + " is not a full forward or backward");
       // Chimera's up pipeline (odd micro-batches) runs its own replica of stage s, numbered p + s
       // by the planner (planner/chimera.h).
       const bool up = p.schedule == "chimera" && b.mb.value() % 2 == 1;
       const StageId stage = up ? StageId(pp + b.stage.value()) : b.stage;
-      out[static_cast<size_t>(r)].push_back(
-          {b.kind == sched::BlockKind::kF ? BlockKind::kForward : BlockKind::kBackward, stage,
-           b.mb});
+      out[static_cast<size_t>(r)].push_back({program_kind(b.kind), stage, b.mb});
     }
   return result;
 }

@@ -55,10 +55,13 @@ constexpr int kSearchGrid = 4;
 constexpr int64_t kSearchNodeLimit = 100'000;
 Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs);
 
+// The program's kind of a schedule's block: F, B, I and W map one to one.
+BlockKind program_kind(sched::BlockKind kind);
+
 // Each rank's blocks for parallel.schedule with `micro_batches` micro-batches; rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism. Chimera's
-// up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1 is refused (loom schedule
-// simulates it). Only the search reads `costs` (empty: uniform stages, pp micro-batches in
+// up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1's split backward runs as I and W
+// blocks. Only the search reads `costs` (empty: uniform stages, pp micro-batches in
 // flight); predefined schedules follow their own rules.
 Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
                                      const StageCosts& costs = {});

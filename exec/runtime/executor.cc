@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "exec/lower/fusion.h"
+#include "exec/runtime/deferred_linear.h"
 #include "exec/runtime/grad_buckets.h"
 #include "exec/runtime/init.h"
 #include "exec/runtime/oracle.h"
@@ -77,6 +78,9 @@ struct Executor::Impl {
     const Kernel* kernel = nullptr;
     std::vector<Source> sources;
     int64_t fused_bias = -1;  // op index of the fused bias_add
+    // A linear reading a parameter in a stage whose backward is split (I and W blocks): its
+    // weight gradient waits in the micro-batch's stash for the W block (deferred_linear.h).
+    bool deferred = false;
     Source bias{Source::Kind::kParameter, -1};
     bool makes_loss = false;
     // The planned dtype of each output: a kernel computing in float32 (layer norm, softmax)
@@ -111,7 +115,8 @@ struct Executor::Impl {
     std::unordered_map<int64_t, at::Tensor> sent;     // adapter id -> what the producers sent
     std::unordered_map<int64_t, at::Tensor> leaves;   // tensor id -> same-rank stage boundary
     std::map<int64_t, std::map<int64_t, std::pair<at::Tensor, at::Tensor>>>
-        pending;  // stage -> tensor -> (value, grad)
+        pending;                                  // stage -> tensor -> (value, grad)
+    std::map<int64_t, WeightGradStash> deferred;  // stage -> weight gradients left for W
     at::Tensor loss;
     TensorId loss_tensor;  // which loss (Chimera's pipelines each have their own)
     // A recomputed region's parameter inputs by slot (read instead of compute_params).
@@ -219,20 +224,32 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
 }
 
 // The buckets of the parameter pieces this rank shares with others (grad_buckets.h). A piece's
-// gradient is final after as many accumulations as there are backward blocks of the stages
-// that read it on this rank.
+// gradient is final after as many accumulations as there are backward (or input-gradient)
+// blocks of the stages that read it on this rank through autograd, plus the weight-gradient
+// blocks of the stages whose linears defer its gradient to them.
 void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>& param_slots,
                       std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups,
                       int64_t bucket_bytes) {
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   if (prog.grad_syncs.empty()) return;
-  std::map<int64_t, int64_t> backward_blocks;  // stage -> backward blocks in the program
-  for (const auto& block : prog.blocks)
-    if (block.kind == lower::BlockKind::kBackward) ++backward_blocks[block.stage.value()];
-  std::vector<std::set<int64_t>> stages(s.params.size());  // stages reading each piece
+  std::map<int64_t, int64_t> backward_blocks, weight_blocks;  // stage -> its blocks
+  for (const auto& block : prog.blocks) {
+    if (lower::runs_backward_pass(block.kind)) ++backward_blocks[block.stage.value()];
+    if (block.kind == lower::BlockKind::kWeightGrad) ++weight_blocks[block.stage.value()];
+  }
+  std::set<std::pair<size_t, int64_t>> deferred_reads;  // (op, input) reads left to W
+  for (const auto& steps : s.forward_steps)
+    for (const ForwardStep& step : steps)
+      if (step.deferred) deferred_reads.insert({step.op, 1});
+  std::vector<std::set<int64_t>> stages(s.params.size());     // stages reading it via autograd
+  std::vector<std::set<int64_t>> deferring(s.params.size());  // stages deferring it to W
   for (size_t i = 0; i < param_slots.size(); ++i)
-    for (int64_t slot : param_slots[i])
-      if (slot >= 0) stages[static_cast<size_t>(slot)].insert(s.graph.ops()[i].stage.value());
+    for (size_t k = 0; k < param_slots[i].size(); ++k) {
+      const int64_t slot = param_slots[i][k];
+      if (slot < 0) continue;
+      auto& to = deferred_reads.count({i, static_cast<int64_t>(k)}) ? deferring : stages;
+      to[static_cast<size_t>(slot)].insert(s.graph.ops()[i].stage.value());
+    }
   // In the order of the plan's gradient syncs (about the order the forward uses them), the same
   // on every rank: members of a group lay out their buckets alike.
   std::vector<std::pair<int64_t, GradBuckets::Param>> shared;
@@ -241,6 +258,7 @@ void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>
     const size_t index = s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()});
     GradBuckets::Param p{s.params[index], sync.devices, 0};
     for (int64_t stage : stages[index]) p.accumulations += backward_blocks[stage];
+    for (int64_t stage : deferring[index]) p.accumulations += weight_blocks[stage];
     shared.emplace_back(id, std::move(p));
   }
   std::sort(shared.begin(), shared.end(),
@@ -272,6 +290,9 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
             t.id.value()};
   };
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  std::set<int64_t> split_stages;  // stages with weight-gradient blocks
+  for (const lower::ProgramBlock& b : prog.blocks)
+    if (b.kind == lower::BlockKind::kWeightGrad) split_stages.insert(b.stage.value());
   s.forward_steps.resize(prog.segments.size());
   for (size_t g = 0; g < prog.segments.size(); ++g) {
     const lower::Segment& seg = prog.segments[g];
@@ -292,6 +313,8 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
         return Error::at(op.name(), "no kernel registered for op type '" + op.type() + "' (op " +
                                         op.name() + ")");
       for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
+      step.deferred = split_stages.count(seg.stage.value()) && op.type() == "linear" &&
+                      step.sources.size() == 2 && step.sources[1].kind == Source::Kind::kParameter;
       if (fused[step.op]) {  // lower/fusion.h: the next item is its bias_add
         step.fused_bias = seg.items[i + 1].index;
         step.bias = source(ops[static_cast<size_t>(step.fused_bias)],
@@ -532,11 +555,18 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
     for (size_t k = 0; k < op.inputs.size(); ++k)
       args.push_back(read(s, m, step.sources[k], op.inputs[k], mb, inputs));
     std::vector<at::Tensor> outs;
-    const graph::Op* made = &op;
-    if (step.fused_bias >= 0) {
-      made = &ops[static_cast<size_t>(step.fused_bias)];
+    const graph::Op* made = step.fused_bias >= 0 ? &ops[static_cast<size_t>(step.fused_bias)] : &op;
+    if (step.fused_bias >= 0 || step.deferred) {
+      const at::Tensor bias =
+          step.fused_bias >= 0 ? read(s, m, step.bias, made->inputs[1], mb, inputs) : at::Tensor();
       outs.push_back(
-          at::linear(args[0], args[1], read(s, m, step.bias, made->inputs[1], mb, inputs)));
+          step.deferred
+              // The micro-batch's own stash, also when `m` is a recomputed
+              // region's scratch (its backward stashes after the scratch is gone).
+              ? deferred_linear(args[0], args[1], bias,
+                                s.micro[static_cast<size_t>(mb)].deferred[op.stage.value()],
+                                step.sources[1].index)
+              : at::linear(args[0], args[1], bias));
     } else {
       outs = (*step.kernel)(KernelContext{s.graph, op}, args);
       LOOM_CHECK(outs.size() == op.outputs.size())
@@ -753,6 +783,31 @@ void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::Pr
   }
 }
 
+// Adds a gradient computed outside autograd to parameter slot `slot`'s float32 master, counted
+// by the gradient buckets when it is bucketed (its all-reduce may start then).
+void accumulate_grad(Executor::Impl& s, int64_t slot, const at::Tensor& grad) {
+  at::Tensor& p = s.params[static_cast<size_t>(slot)];
+  if (s.buckets && s.buckets->holds(p)) {
+    s.buckets->accumulate(p, grad);
+  } else if (!p.grad().defined()) {
+    p.mutable_grad() = grad;
+  } else {
+    p.mutable_grad().add_(grad);
+  }
+}
+
+// A weight-gradient block: the matrix products the stage's input-gradient block of micro-batch
+// `mb` deferred, each parameter's summed and accumulated once.
+void run_weight_grad(Executor::Impl& s, const lower::ProgramBlock& block, int64_t mb) {
+  Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  auto it = m.deferred.find(block.stage.value());
+  if (it == m.deferred.end()) return;
+  // Outside autograd, as its accumulations are: gradients are never part of a graph.
+  at::NoGradGuard no_grad;
+  for (const auto& [slot, grad] : it->second.take_weight_grads()) accumulate_grad(s, slot, grad);
+  m.deferred.erase(it);
+}
+
 // Posts the receives `block` starts with (a pipeline stage's activations in a forward, its
 // output gradients in a backward) before the block before it computes, so they arrive meanwhile.
 void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
@@ -760,6 +815,7 @@ void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
   if (seg == s.segment_of_stage.end()) return;
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   const int64_t mb = block.micro_batch.value();
+  if (block.kind == lower::BlockKind::kWeightGrad) return;  // no communication
   const bool forward = block.kind == lower::BlockKind::kForward;
   for (const lower::SegmentItem& it : prog.segments[seg->second].items) {
     if (it.kind != lower::SegmentItem::Kind::kAdapter) continue;
@@ -834,7 +890,10 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
         run_forward(s, seg->second, mb, in);
         continue;
       }
-      run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);
+      if (block.kind == lower::BlockKind::kWeightGrad)
+        run_weight_grad(s, block, mb);
+      else
+        run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);
       if (block_index == last_block[static_cast<size_t>(mb)]) {
         Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
         at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();

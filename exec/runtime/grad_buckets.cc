@@ -111,11 +111,29 @@ GradBuckets::GradBuckets(std::vector<Param> params,
     LOOM_CHECK(acc != nullptr) << "a bucketed parameter does not require a gradient";
     acc->add_post_hook(std::make_unique<Hook>(self_, i));
     accumulators_.push_back(acc);
+    index_of_[params_[i].param.unsafeGetTensorImpl()] = i;
   }
   remaining_.assign(params_.size(), 0);
 }
 
 GradBuckets::~GradBuckets() { *self_ = nullptr; }
+
+bool GradBuckets::holds(const at::Tensor& param) const {
+  return index_of_.count(param.unsafeGetTensorImpl()) > 0;
+}
+
+void GradBuckets::accumulate(const at::Tensor& param, const at::Tensor& grad) {
+  auto it = index_of_.find(param.unsafeGetTensorImpl());
+  LOOM_CHECK(it != index_of_.end()) << "accumulate: not a bucketed parameter";
+  at::Tensor& p = params_[it->second].param;
+  at::NoGradGuard no_grad;
+  // In place once the gradient is the bucket's view, as autograd's accumulation does.
+  if (!p.grad().defined())
+    p.mutable_grad() = grad;
+  else
+    p.mutable_grad().add_(grad);
+  accumulated(it->second);
+}
 
 int64_t GradBuckets::bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
 

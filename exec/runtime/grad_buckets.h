@@ -52,6 +52,13 @@ class GradBuckets {
   // bucketed gradient is the sum over its group.
   Status finish();
 
+  // Whether `param` is one of the bucketed parameters.
+  bool holds(const at::Tensor& param) const;
+  // Adds `grad` (the parameter's dtype and shape) to bucketed `param`'s gradient outside
+  // autograd (a split backward's weight-gradient block) and counts it as one of the step's
+  // accumulations, as the hook counts autograd's.
+  void accumulate(const at::Tensor& param, const at::Tensor& grad);
+
   int64_t bucket_count() const;
   // How many buckets backward started (the rest started in finish()): for tests and benches.
   int64_t started_during_backward() const { return started_early_; }
@@ -67,9 +74,10 @@ class GradBuckets {
 
   std::vector<Param> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  std::vector<int64_t> offset_of_;  // per param: where its gradient starts in its bucket
-  std::vector<size_t> bucket_of_;   // per param
-  std::vector<int64_t> remaining_;  // per param: accumulations still due
+  std::vector<int64_t> offset_of_;          // per param: where its gradient starts in its bucket
+  std::vector<size_t> bucket_of_;           // per param
+  std::map<const void*, size_t> index_of_;  // the parameter's TensorImpl -> its index
+  std::vector<int64_t> remaining_;          // per param: accumulations still due
   std::vector<std::vector<size_t>> group_buckets_;  // per group: its buckets, in order
   std::vector<size_t> next_;                        // per group: the next bucket to start
   std::vector<size_t> group_of_bucket_;

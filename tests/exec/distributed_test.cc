@@ -94,6 +94,19 @@ TEST(Schedules, ChimeraDp2Pp2) {
       {"parallel.dp=2", "parallel.pp=2", "parallel.schedule=chimera", "batch.micro=1"}, 4);
 }
 TEST(Schedules, SearchPp4) { expect_schedule("search", 4, 1); }
+// Zero bubble: every backward split into I (input gradients) and W (the weight matrix products,
+// deferred: exec/runtime/deferred_linear.h).
+TEST(Schedules, ZbH1Pp2) { expect_schedule("zb-h1", 2, 1); }
+TEST(Schedules, ZbH1Pp4) { expect_schedule("zb-h1", 4, 1); }
+TEST(Schedules, ZbH1Tp2Pp2) {
+  expect_equal_to_single_device({"parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1"}, 4);
+}
+// A recomputed layer's backward in an I block: its linears defer their weight gradients to W
+// from inside the recomputation.
+TEST(Schedules, ZbH1Tp2Pp2RecomputeFull) {
+  expect_equal_to_single_device(
+      {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1", "parallel.recompute=full"}, 4);
+}
 
 TEST(LocalRanks, Dp2Tp2Pp2SpAdamW) {
   expect_equal_to_single_device(

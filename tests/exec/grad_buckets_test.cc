@@ -56,6 +56,10 @@ TEST(GradBuckets, Dp2StartDuringBackward) { expect_buckets_overlap({"parallel.dp
 TEST(GradBuckets, Dp2Pp2StartDuringBackward) {
   expect_buckets_overlap({"parallel.dp=2", "parallel.pp=2"}, 4);
 }
+// Split backwards: weight gradients arrive in W blocks, outside autograd, and count too.
+TEST(GradBuckets, Dp2Pp2ZbH1StartDuringBackward) {
+  expect_buckets_overlap({"parallel.dp=2", "parallel.pp=2", "parallel.schedule=zb-h1"}, 4);
+}
 TEST(GradBuckets, Dp2Tp2StartDuringBackward) {
   expect_buckets_overlap({"parallel.dp=2", "parallel.tp=2"}, 4);
 }

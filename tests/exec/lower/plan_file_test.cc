@@ -113,7 +113,8 @@ INSTANTIATE_TEST_SUITE_P(
                     std::vector<std::string>{"model.args.layers=4", "parallel.pp=2",
                                              "parallel.chunks=2", "parallel.schedule=interleaved"},
                     std::vector<std::string>{"parallel.tp=2", "parallel.recompute=full"},
-                    std::vector<std::string>{"parallel.pp=2", "parallel.recompute=selective"}));
+                    std::vector<std::string>{"parallel.pp=2", "parallel.recompute=selective"},
+                    std::vector<std::string>{"parallel.pp=2", "parallel.schedule=zb-h1"}));
 
 TEST(PlanHash, FollowsThePlanKeysOnly) {
   const std::string base = plan_hash(config_with({"parallel.tp=2"}), "m", "c");

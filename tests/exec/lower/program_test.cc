@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "exec/lower/schedule_order.h"
@@ -170,6 +171,37 @@ TEST(Lowering, AnOrderThatWaitsForItselfIsADeadlock) {
       s.error().message.find("rank 0 waits at recv from rank 1 (step 0 of the gradient path of"),
       std::string::npos)
       << s.error().message;
+}
+
+// ZB-H1 over 2 pipeline ranks: every backward is split into an input-gradient block (I, with the
+// backward's communication) and a weight-gradient block (W, none), both in the listing; W blocks
+// moved anywhere leave the programs deadlock-free, as they communicate nothing.
+TEST(Lowering, ZbH1SplitsEveryBackwardIntoIAndW) {
+  Lowering l = lower_plan({"parallel.pp=2", "parallel.schedule=zb-h1"}, 2, true);
+  for (int64_t r = 0; r < 2; ++r) {
+    const Program& prog = l.lowered.programs[static_cast<size_t>(r)];
+    std::map<BlockKind, int> kinds;
+    for (const ProgramBlock& b : prog.blocks) ++kinds[b.kind];
+    EXPECT_EQ(kinds[BlockKind::kForward], 4) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kInputGrad], 4) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kWeightGrad], 4) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kBackward], 0) << "rank " << r;
+    const std::string text = listing(l.graph, l.lowered, Rank(r));
+    EXPECT_NE(text.find(" I" + std::to_string(r) + ".0"), std::string::npos) << text;
+    EXPECT_NE(text.find(" W" + std::to_string(r) + ".0"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(check_deadlock_free(l.graph, l.lowered).ok());
+  auto& blocks0 = l.lowered.programs[0].blocks;
+  std::stable_partition(blocks0.begin(), blocks0.end(),
+                        [](const ProgramBlock& b) { return b.kind == BlockKind::kWeightGrad; });
+  EXPECT_TRUE(check_deadlock_free(l.graph, l.lowered).ok());
+  // Without its I blocks rank 1 never sends the gradients rank 0's I blocks wait for.
+  auto& blocks1 = l.lowered.programs[1].blocks;
+  blocks1.erase(
+      std::remove_if(blocks1.begin(), blocks1.end(),
+                     [](const ProgramBlock& b) { return b.kind == BlockKind::kInputGrad; }),
+      blocks1.end());
+  EXPECT_FALSE(check_deadlock_free(l.graph, l.lowered).ok());
 }
 
 TEST(GradLayout, SwapsReplicasAndValueChunks) {

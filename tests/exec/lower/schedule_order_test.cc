@@ -144,5 +144,30 @@ TEST(PipelineOrder, PredefinedOrdersIgnoreTheStageCosts) {
   }
 }
 
+// zb-h1 runs: each rank's order is its pipeline device's F, I and W blocks, one to one.
+TEST(PipelineOrder, ZbH1MapsItsSplitBackward) {
+  auto c = parse_config(
+      "model: {type: gpt, preset: tiny}\nparallel: {pp: 2, schedule: zb-h1}\n"
+      "batch: {global: 4, micro: 1}\n",
+      "z.yaml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto order = pipeline_order(*c, 4);
+  ASSERT_TRUE(order.ok()) << order.error().message;
+  auto expected = sched::device_orders(sched::ScheduleKind::kZbH1, 2, 4);
+  ASSERT_TRUE(expected.ok());
+  ASSERT_EQ(order->ranks.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    const auto& want = (*expected)[r];
+    ASSERT_EQ(order->ranks[r].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(order->ranks[r][i].kind, program_kind(want[i].kind)) << want[i].describe();
+      EXPECT_EQ(order->ranks[r][i].stage, want[i].stage);
+      EXPECT_EQ(order->ranks[r][i].micro_batch, want[i].mb);
+    }
+  }
+  EXPECT_EQ(program_kind(sched::BlockKind::kI), BlockKind::kInputGrad);
+  EXPECT_EQ(program_kind(sched::BlockKind::kW), BlockKind::kWeightGrad);
+}
+
 }  // namespace
 }  // namespace loom::lower
