@@ -57,8 +57,7 @@ std::optional<BlockKind> program_kind(sched::BlockKind kind) {
 // parallel.pp x chunks stages placed as the planner places them (stage s on pipeline rank
 // s mod pp), the step's micro-batches, and only blocks that programs run. Errors name
 // parallel.schedule_csv, the file and, where there is one, the cell.
-Result<std::vector<std::vector<sched::BlockId>>> csv_orders(const Config& config, int pp, int m,
-                                                            int v) {
+Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v) {
   const std::string& file = config.parallel.schedule_csv;
   auto fail = [&](const std::string& message) {
     return config.error("parallel.schedule_csv", file + ": " + message);
@@ -110,7 +109,7 @@ Result<std::vector<std::vector<sched::BlockId>>> csv_orders(const Config& config
     }
   if (off_rank) return fail(off_rank->to_string() + ": " + off_rank_what);
   if (split) return fail(split->to_string() + ": " + split_what);
-  return s.device_orders();
+  return s;
 }
 
 }  // namespace
@@ -184,7 +183,9 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
     LOOM_CHECK(searched.ok()) << searched.error().to_string();
     result.searched = std::make_shared<const sched::Schedule>(std::move(searched).value());
   } else if (p.schedule == "csv") {
-    LOOM_ASSIGN_OR_RETURN(orders, csv_orders(config, pp, m, v));
+    LOOM_ASSIGN_OR_RETURN(sched::Schedule imported, csv_schedule(config, pp, m, v));
+    orders = imported.device_orders();
+    result.imported = std::make_shared<const sched::Schedule>(std::move(imported));
   } else {
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);

@@ -38,6 +38,9 @@ struct PipelineOrder {
   // milliseconds (a forward of device d takes devices[d].forward_s) and memory in micro-batches
   // of activations (+1 on F, -1 on B).
   std::shared_ptr<const sched::Schedule> searched;  // null unless searched
+  // parallel.schedule csv: the file's schedule at read_csv's default costs (a forward of one
+  // device's share takes 1, a backward 2; memory in micro-batches of activations).
+  std::shared_ptr<const sched::Schedule> imported;  // null unless read from a CSV
 };
 
 // The search's input for parallel.schedule search: one micro-batch's V-shaped block graph
