@@ -60,8 +60,9 @@ Result<sched::Placement> search_placement(const Config& config, const StageCosts
 // Each rank's blocks for parallel.schedule with `micro_batches` micro-batches; rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism. Chimera's
 // up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1 is refused (loom schedule
-// simulates it). Only the search reads `costs` (empty: uniform stages, pp micro-batches in
-// flight); predefined schedules follow their own rules.
+// simulates it). csv runs the rows of parallel.schedule_csv (errors name the key, the file and
+// the cell). Only the search reads `costs` (empty: uniform stages, pp micro-batches in flight);
+// predefined schedules follow their own rules.
 Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
                                      const StageCosts& costs = {});
 
