@@ -70,7 +70,8 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "pp", c.parallel.pp, positive());
   v("parallel", "sp", c.parallel.sp, Check<bool>());
   v("parallel", "schedule", c.parallel.schedule,
-    one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search"}));
+    one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search", "csv"}));
+  v("parallel", "schedule_csv", c.parallel.schedule_csv, Check<std::string>());
   v("parallel", "chunks", c.parallel.chunks, positive());
   v("parallel", "policy", c.parallel.policy, non_empty());
   v("parallel", "recompute", c.parallel.recompute, one_of({"none", "selective", "full"}));
@@ -378,6 +379,13 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
                                             std::to_string(config.parallel.dp) + ")");
   if (config.data.type == "tokens" && config.data.path.empty())
     return config.error("data.path", "data.type is 'tokens' but no data.path is given");
+  if (p.schedule == "csv" && p.schedule_csv.empty())
+    return config.error("parallel.schedule_csv",
+                        "parallel.schedule is 'csv' but no parallel.schedule_csv file is given");
+  if (p.schedule != "csv" && !p.schedule_csv.empty())
+    return config.error("parallel.schedule_csv",
+                        "a schedule file is given but parallel.schedule is '" + p.schedule +
+                            "'; set parallel.schedule: csv to run it");
   for (size_t i = 0; i < config.parallel.stages.size(); ++i)
     if (config.parallel.stages[i].size() != 2)
       return config.error("parallel.stages",

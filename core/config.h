@@ -35,6 +35,9 @@ struct ParallelConfig {
   int64_t pp = 1;
   bool sp = false;
   std::string schedule = "1f1b";
+  // schedule csv: the torch.distributed.pipelining CSV whose order every rank runs (a path
+  // relative to the working directory, as data.path and cost.file are).
+  std::string schedule_csv;
   int64_t chunks = 1;
   std::string policy = "hybrid";
   // Activations the forward keeps for the backward: none keeps all; selective recomputes the

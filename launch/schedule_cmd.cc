@@ -1,6 +1,6 @@
-// `loom schedule`: build a predefined pipeline schedule or search one for a placement, simulate
-// it, print makespan, bubble ratio and per-device peak memory, and optionally write the CSV,
-// an SVG Gantt chart and a chrome trace.
+// `loom schedule`: build a predefined pipeline schedule, search one for a placement or read one
+// from a torch.distributed.pipelining CSV, simulate it, print makespan, bubble ratio and per-device
+// peak memory, and optionally write the CSV, an SVG Gantt chart and a chrome trace.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "core/strings.h"
@@ -47,19 +48,34 @@ struct Flags {
   std::string placement;
   std::optional<double> mem_limit;
   std::string csv, svg, trace;
+  std::string from_csv;
   bool json = false;
 };
+
+// The schedule of a CSV file at the --fwd/--bwd/--wgrad costs; errors name the file and cell.
+Result<CsvSchedule> read_schedule_file(const Flags& f) {
+  std::ifstream in(f.from_csv);
+  if (!in) return error("cannot read schedule file '" + f.from_csv + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  CsvImportOptions opt;
+  opt.fwd = f.fwd, opt.bwd = f.bwd, opt.wgrad = f.wgrad;
+  auto s = read_csv(text.str(), opt);
+  if (!s.ok()) return error(f.from_csv + ": " + s.error().message);
+  return s;
+}
 
 }  // namespace
 
 int schedule_main(const Args& args) {
   Flags f;
   CLI::App app{"Build or search a pipeline schedule, simulate it and draw it.", "loom schedule"};
-  app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search")
-      ->required();
+  app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search");
+  app.add_option("--from-csv", f.from_csv,
+                 "read the schedule from a torch.distributed.pipelining CSV (one row per rank)");
   app.add_option("--stages", f.stages,
                  "P: pipeline devices (for search without --placement: the V-shape's)");
-  app.add_option("--micro-batches", f.micro_batches, "M: micro-batches")->required();
+  app.add_option("--micro-batches", f.micro_batches, "M: micro-batches");
   app.add_option("--chunks", f.chunks, "V: stages per device (interleaved, looped-bfs)");
   app.add_option("--fwd", f.fwd, "forward time of one device's share for one micro-batch");
   app.add_option("--bwd", f.bwd, "backward time (zb-h1: the input-gradient part I)");
@@ -82,9 +98,19 @@ int schedule_main(const Args& args) {
     return fail(kExitBadInput, std::string(e.what()) + " (see loom schedule --help)");
   }
 
+  const bool imported = !f.from_csv.empty();
+  if (imported &&
+      (!f.kind.empty() || f.stages || f.micro_batches || f.chunks != 1 || !f.placement.empty()))
+    return fail(kExitBadInput,
+                "--from-csv takes the stages, ranks and micro-batches from the file; drop "
+                "--kind, --stages, --micro-batches, --chunks and --placement");
+  if (!imported && f.kind.empty())
+    return fail(kExitBadInput, "--kind or --from-csv is required (see loom schedule --help)");
+  if (!imported && f.micro_batches == 0)
+    return fail(kExitBadInput, "--micro-batches is required (see loom schedule --help)");
   const bool search = f.kind == "search";
   std::optional<ScheduleKind> kind;
-  if (!search) {
+  if (!search && !imported) {
     auto k = parse_schedule_kind(f.kind);
     if (!k.ok()) {
       std::vector<std::string> names = schedule_kind_names();
@@ -96,7 +122,8 @@ int schedule_main(const Args& args) {
     }
     kind = *k;
   }
-  if (f.micro_batches < 1) return fail(kExitBadInput, "--micro-batches must be at least 1");
+  if (!imported && f.micro_batches < 1)
+    return fail(kExitBadInput, "--micro-batches must be at least 1");
   if (f.comm < 0) return fail(kExitBadInput, "--comm must not be negative");
   if (f.mem_limit && !(*f.mem_limit > 0))
     return fail(kExitBadInput, "--mem-limit must be positive");
@@ -105,7 +132,18 @@ int schedule_main(const Args& args) {
   Schedule schedule;
   Timeline timeline;
   std::optional<SearchResult> found;
-  if (search) {
+  if (imported) {
+    if (!(f.fwd > 0) || !(f.bwd > 0) || !(f.wgrad > 0))
+      return fail(kExitBadInput, "--fwd, --bwd and --wgrad must be positive");
+    auto s = read_schedule_file(f);
+    if (!s.ok()) return fail(kExitBadInput, s.error().message);
+    schedule = std::move(s->schedule);
+    f.kind = "csv";
+    f.micro_batches = s->micro_batches;
+    auto t = simulate(schedule, SimOptions{f.comm});
+    if (!t.ok()) return fail(kExitFailure, t.error().message);
+    timeline = std::move(t).value();
+  } else if (search) {
     if (f.chunks != 1)
       return fail(kExitBadInput,
                   "--chunks does not apply to --kind search (the placement says where blocks run)");

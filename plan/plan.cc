@@ -69,31 +69,44 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   return json.dump(1);
 }
 
-// Simulates the pipeline schedule at the cost model's block durations. Predefined schedules: a
-// forward takes the slowest rank's forward time per stage chunk, a backward twice that. A
-// searched schedule is the one found, its blocks at each stage's own durations (`searched`).
+// An imported schedule's order with every block's duration times `factor` (its time unit in ms).
+Result<sched::Schedule> scaled(const sched::Schedule& s, double factor) {
+  std::vector<sched::Block> blocks = s.workload().blocks();
+  std::vector<std::vector<int>> deps;
+  for (int i = 0; i < s.workload().size(); ++i) deps.push_back(s.workload().deps(i));
+  for (sched::Block& b : blocks) b.duration *= factor;
+  LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(s.workload().num_devices(),
+                                                               std::move(blocks), std::move(deps)));
+  return sched::Schedule::from_indices(std::move(workload), s.order(), s.name());
+}
+
+// Simulates the pipeline schedule at the cost model's block durations. Predefined and CSV
+// schedules: a forward takes the slowest rank's forward time per stage chunk, a backward twice
+// that. A searched schedule is the one found, its blocks at each stage's own durations.
 Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
-                         const std::vector<double>& recompute_s,
-                         const std::shared_ptr<const sched::Schedule>& searched,
+                         const std::vector<double>& recompute_s, const lower::PipelineOrder& order,
                          const lower::Lowered& lowered, Plan& plan) {
   const auto& par = config.parallel;
   if (par.pp == 1 && par.chunks == 1) return Status::success();
+  double unit_s = 0;  // the slowest stage's forward per micro-batch
+  for (double f : forward_s) unit_s = std::max(unit_s, f);
+  // The renderer draws one time unit as 1 ms: simulate in milliseconds.
+  const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
   sched::Schedule schedule;
   if (par.schedule == "search") {
-    if (!searched) return Status::success();  // pipeline_order has refused what cannot run
-    schedule = *searched;
+    if (!order.searched) return Status::success();  // pipeline_order has refused what cannot run
+    schedule = *order.searched;
+  } else if (par.schedule == "csv") {
+    if (!order.imported) return Status::success();  // pipeline_order has refused what cannot run
+    LOOM_ASSIGN_OR_RETURN(schedule, scaled(*order.imported, unit_ms));
   } else {
     auto kind = sched::parse_schedule_kind(par.schedule);
     if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
-    double unit_s = 0;                         // the slowest stage's forward per micro-batch
-    for (double f : forward_s) unit_s = std::max(unit_s, f);
-    double again_s = 0;  // the forward a recomputing backward runs again
+    double again_s = 0;                        // the forward a recomputing backward runs again
     for (double f : recompute_s) again_s = std::max(again_s, f);
     auto spec =
         sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
                                 static_cast<int>(par.chunks));
-    // The renderer draws one time unit as 1 ms: simulate in milliseconds.
-    const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
     spec.fwd = unit_ms;
     const double again_ms = again_s / static_cast<double>(par.chunks) * 1e3;
     spec.bwd = 2 * unit_ms + again_ms;
@@ -202,7 +215,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
   LOOM_ASSIGN_OR_RETURN(const lower::Recompute recompute,
                         lower::parse_recompute(config.parallel.recompute));
-  std::shared_ptr<const sched::Schedule> searched;
+  lower::PipelineOrder pipeline;  // its ranks move into the lowering; the schedules stay
   auto order =
       [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
     lower::StageCosts costs;  // only the search reads them
@@ -211,10 +224,8 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
       lower::mark_recompute(file.graph, marked, recompute);
       costs = stage_costs(config, file.graph, marked, cost);
     }
-    LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder o,
-                          lower::pipeline_order(config, config.micro_batches(), costs));
-    searched = std::move(o.searched);
-    return std::move(o.ranks);
+    LOOM_ASSIGN_OR_RETURN(pipeline, lower::pipeline_order(config, config.micro_batches(), costs));
+    return std::move(pipeline.ranks);
   };
   lower::PathFinder paths(cost);
   LOOM_ASSIGN_OR_RETURN(file.lowered,
@@ -225,7 +236,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
     LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
   const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
-  LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, searched, file.lowered, plan));
+  LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, pipeline, file.lowered, plan));
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;

@@ -28,14 +28,20 @@ Result<Workload> Workload::chain(const ChainLayout& l) {
   std::vector<Block> blocks;
   std::vector<std::vector<int>> deps;
   const int S = l.num_stages;
-  const int kinds = l.split_backward ? 3 : 2;
-  // Index of (stage, mb, kind slot) where slot 0 = F, 1 = B or I, 2 = W.
-  auto idx = [&](int s, int k, int slot) { return (k * S + s) * kinds + slot; };
+  auto split = [&](int s, int k) {
+    return l.split_at ? l.split_at(StageId(s), MicroBatch(k)) : l.split_backward;
+  };
+  // First block index of (stage, mb); its slots are 0 = F, 1 = B or I, 2 = W.
+  std::vector<int> first(static_cast<size_t>(l.micro_batches) * S + 1, 0);
+  for (int k = 0; k < l.micro_batches; ++k)
+    for (int s = 0; s < S; ++s) first[k * S + s + 1] = first[k * S + s] + (split(s, k) ? 3 : 2);
+  auto idx = [&](int s, int k, int slot) { return first[k * S + s] + slot; };
   for (int k = 0; k < l.micro_batches; ++k) {
     for (int s = 0; s < S; ++s) {
-      for (int slot = 0; slot < kinds; ++slot) {
+      const bool split_here = split(s, k);
+      for (int slot = 0; slot < (split_here ? 3 : 2); ++slot) {
         BlockKind kind = slot == 0   ? BlockKind::kF
-                         : slot == 1 ? (l.split_backward ? BlockKind::kI : BlockKind::kB)
+                         : slot == 1 ? (split_here ? BlockKind::kI : BlockKind::kB)
                                      : BlockKind::kW;
         Block b;
         b.stage = StageId(s);

@@ -21,6 +21,9 @@ struct ChainLayout {
   int num_stages = 0;
   int micro_batches = 0;
   bool split_backward = false;
+  // When set, says per stage and micro-batch whether its backward is split (I + W) or a full B,
+  // in place of split_backward: an imported schedule may split some backwards and not others.
+  std::function<bool(StageId, MicroBatch)> split_at;
   // Devices running stage s for micro-batch k (Chimera places a stage per micro-batch).
   std::function<std::vector<DeviceId>(StageId, MicroBatch)> devices;
   // Duration of a block of this kind at this stage (time units).

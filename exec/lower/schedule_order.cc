@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
+#include "scheduler/csv.h"
 #include "scheduler/predefined.h"
 #include "scheduler/repetend.h"
 
@@ -51,6 +54,58 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
   LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(found.workload().num_devices(),
                                                                std::move(blocks), std::move(deps)));
   return sched::Schedule::from_indices(std::move(workload), found.order(), "search");
+}
+
+// parallel.schedule csv: the file's order, checked against the plan: a row per pipeline rank,
+// parallel.pp x chunks stages placed as the planner places them (stage s on pipeline rank
+// s mod pp) and the step's micro-batches. Errors name
+// parallel.schedule_csv, the file and, where there is one, the cell.
+Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v) {
+  const std::string& file = config.parallel.schedule_csv;
+  auto fail = [&](const std::string& message) {
+    return config.error("parallel.schedule_csv", file + ": " + message);
+  };
+  std::ifstream in(file);
+  if (!in) return config.error("parallel.schedule_csv", "cannot read schedule file '" + file + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto read = sched::read_csv(text.str());
+  if (!read.ok()) return fail(read.error().message);
+  const sched::Schedule& s = read->schedule;
+  if (s.num_devices() != pp)
+    return fail("the schedule has " + std::to_string(s.num_devices()) +
+                " rows (ranks), parallel.pp is " + std::to_string(pp));
+  if (read->num_stages != pp * v)
+    return fail("the schedule has " + std::to_string(read->num_stages) +
+                " stages, parallel.pp x parallel.chunks is " + std::to_string(pp) + " x " +
+                std::to_string(v) + " = " + std::to_string(pp * v));
+  if (read->micro_batches != m)
+    return fail("the schedule has " + std::to_string(read->micro_batches) +
+                " micro-batches, a step has " + std::to_string(m) + " (batch.global " +
+                std::to_string(config.batch.global) + " / (batch.micro " +
+                std::to_string(config.batch.micro) + " x parallel.dp " +
+                std::to_string(config.parallel.dp) + "))");
+  // The first offending block in reading order, so the message points where a reader looks.
+  std::optional<sched::CsvCell> off_rank;
+  std::string off_rank_what;
+  auto earlier = [](const std::optional<sched::CsvCell>& a, const sched::CsvCell& b) {
+    return !a || b.row < a->row || (b.row == a->row && b.column < a->column);
+  };
+  for (int d = 0; d < pp; ++d)
+    for (int i : s.order()[static_cast<size_t>(d)]) {
+      const sched::Block& b = s.workload().block(i);
+      const sched::CsvCell& cell = read->cells[static_cast<size_t>(i)];
+      if (b.stage.value() % pp != d && earlier(off_rank, cell)) {
+        off_rank = cell;
+        off_rank_what = "block " + b.id().to_string() + " runs on row " + std::to_string(d + 1) +
+                        ", but the planner places stage " + b.stage.to_string() +
+                        " on pipeline rank " + std::to_string(b.stage.value() % pp) + " (row " +
+                        std::to_string(b.stage.value() % pp + 1) +
+                        "): stage s runs on rank s mod parallel.pp";
+      }
+    }
+  if (off_rank) return fail(off_rank->to_string() + ": " + off_rank_what);
+  return s;
 }
 
 }  // namespace
@@ -136,6 +191,10 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
     auto searched = at_stage_costs(found->schedule, costs);
     LOOM_CHECK(searched.ok()) << searched.error().to_string();
     result.searched = std::make_shared<const sched::Schedule>(std::move(searched).value());
+  } else if (p.schedule == "csv") {
+    LOOM_ASSIGN_OR_RETURN(sched::Schedule imported, csv_schedule(config, pp, m, v));
+    orders = imported.device_orders();
+    result.imported = std::make_shared<const sched::Schedule>(std::move(imported));
   } else {
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);

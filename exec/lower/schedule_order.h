@@ -39,6 +39,9 @@ struct PipelineOrder {
   // milliseconds (a forward of device d takes devices[d].forward_s) and memory in micro-batches
   // of activations (+1 on F, -1 on B).
   std::shared_ptr<const sched::Schedule> searched;  // null unless searched
+  // parallel.schedule csv: the file's schedule at read_csv's default costs (a forward of one
+  // device's share takes 1, a backward 2; memory in micro-batches of activations).
+  std::shared_ptr<const sched::Schedule> imported;  // null unless read from a CSV
 };
 
 // The search's input for parallel.schedule search: one micro-batch's V-shaped block graph
@@ -61,8 +64,9 @@ BlockKind program_kind(sched::BlockKind kind);
 // Each rank's blocks for parallel.schedule with `micro_batches` micro-batches; rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism. Chimera's
 // up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1's split backward runs as I and W
-// blocks. Only the search reads `costs` (empty: uniform stages, pp micro-batches in
-// flight); predefined schedules follow their own rules.
+// blocks. csv runs the rows of parallel.schedule_csv (errors name the key, the file and the
+// cell). Only the search reads `costs` (empty: uniform stages, pp micro-batches in flight);
+// predefined schedules follow their own rules.
 Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
                                      const StageCosts& costs = {});
 

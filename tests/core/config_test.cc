@@ -149,6 +149,21 @@ TEST(ConfigErrors, TokensNeedAPath) {
   EXPECT_NE(e.find("data.path"), std::string::npos) << e;
 }
 
+TEST(ConfigErrors, CsvScheduleAndItsFileGoTogether) {
+  std::string none = error_of("parallel:\n  pp: 2\n  schedule: csv\n");
+  EXPECT_NE(none.find("parallel.schedule_csv: parallel.schedule is 'csv' but no "
+                      "parallel.schedule_csv file is given"),
+            std::string::npos)
+      << none;
+  std::string other = error_of("parallel:\n  pp: 2\n  schedule_csv: s.csv\n");
+  EXPECT_NE(other.find("t.yaml:3: parallel.schedule_csv: a schedule file is given but "
+                       "parallel.schedule is '1f1b'"),
+            std::string::npos)
+      << other;
+  Config c = must_parse("parallel:\n  pp: 2\n  schedule: csv\n  schedule_csv: s.csv\n");
+  EXPECT_EQ(c.parallel.schedule_csv, "s.csv");
+}
+
 TEST(ModelArgs, TypedAccessNamesTheLine) {
   Config c = must_parse(kGood, {"model.args.tied=yes", "model.args.heads=four"});
   ModelArgs args(c);

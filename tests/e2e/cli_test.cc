@@ -354,4 +354,83 @@ TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
                   "were started");
 }
 
+// `loom schedule --from-csv`: a schedule exported with --csv reads back to the same simulation,
+// printed and drawn the same ways; split backward cells simulate too.
+TEST_F(Cli, ScheduleFromCsvSimulatesWhatScheduleCsvExported) {
+  const std::string csv = (dir_ / "i.csv").string();
+  Outcome out = run(
+      "schedule --kind interleaved --stages 2 --chunks 2 --micro-batches 4 --json --csv " + csv);
+  ASSERT_EQ(out.code, 0) << out.output;
+  const fs::path svg = dir_ / "s.svg", trace = dir_ / "t.json";
+  Outcome in = run("schedule --from-csv " + csv + " --json --svg " + svg.string() + " --trace " +
+                   trace.string());
+  ASSERT_EQ(in.code, 0) << in.output;
+  const nlohmann::json a = nlohmann::json::parse(out.output), b = nlohmann::json::parse(in.output);
+  EXPECT_EQ(b["kind"], "csv");
+  EXPECT_EQ(b["devices"], 2);
+  EXPECT_EQ(b["micro_batches"], 4);
+  for (const char* key : {"makespan", "bubble_ratio", "peak_memory"}) EXPECT_EQ(b[key], a[key]);
+  EXPECT_TRUE(fs::exists(svg));
+  std::ifstream t(trace);
+  EXPECT_FALSE(nlohmann::json::parse(t)["traceEvents"].empty());
+
+  const std::string zb = (dir_ / "zb.csv").string();
+  ASSERT_EQ(run("schedule --kind zb-h1 --stages 2 --micro-batches 2 --csv " + zb).code, 0);
+  Outcome split = run("schedule --from-csv " + zb + " --wgrad 0.5");
+  ASSERT_EQ(split.code, 0) << split.output;
+  EXPECT_NE(split.output.find("schedule       csv (2 devices, 2 micro-batches)"), std::string::npos)
+      << split.output;
+}
+
+TEST_F(Cli, ScheduleFromCsvRefusesABadFileNamingTheCell) {
+  expect_rejected("schedule --from-csv " + write("m.csv", "0F0,0X1\n"),
+                  "m.csv: row 1, column 2: '0X1' is not a block");
+  expect_rejected("schedule --from-csv " + write("g.csv", "0F0,0F1,0B0\n,1F0,1B0,1F1,1B1\n"),
+                  "g.csv: block 0B1 (stage 0, micro-batch 1, B) is missing: row 1, which runs "
+                  "stage 0 for micro-batch 1, does not list it");
+  expect_rejected("schedule --from-csv " + write("d.csv", "0F0,,,0B0\n,1B0,1F0,\n"),
+                  "d.csv: row 2, column 2: block 1B0 waits for 1F0, which its row runs later");
+  expect_rejected("schedule --from-csv " + write("l.csv", "0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n"),
+                  "l.csv: the schedule deadlocks: row 1, column 2 (0B0) waits for 1B0 (row 2, "
+                  "column 3); row 2, column 1 (1F1) waits for 0F1 (row 1, column 3)");
+  const std::string none = (dir_ / "none.csv").string();
+  expect_rejected("schedule --from-csv " + none, "cannot read schedule file '" + none + "'");
+  expect_rejected("schedule --from-csv " + write("k.csv", "0F0,0B0\n") + " --kind 1f1b",
+                  "--from-csv takes the stages, ranks and micro-batches from the file");
+}
+
+// parallel.schedule csv: `loom plan` runs and dumps the file's order, a split backward's (zb-h1's)
+// too; `loom train` refuses a file with too few rows, naming the key and the file.
+TEST_F(Cli, PlanAndTrainReadParallelScheduleCsv) {
+  const std::string csv = (dir_ / "i.csv").string();
+  ASSERT_EQ(
+      run("schedule --kind interleaved --stages 2 --chunks 2 --micro-batches 4 --csv " + csv).code,
+      0);
+  const std::string config = write("c.yaml", base_config());
+  const std::string keys =
+      " parallel.pp=2 parallel.chunks=2 model.args.layers=4 batch.global=8 "
+      "batch.micro=2 parallel.schedule=csv parallel.schedule_csv=";
+  Outcome plan = run("plan " + config + keys + csv + " --out " + (dir_ / "plan").string());
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  auto read = [](const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  EXPECT_EQ(read(dir_ / "plan" / "schedule.csv"), read(csv));
+
+  const std::string zb = (dir_ / "zb.csv").string();
+  ASSERT_EQ(run("schedule --kind zb-h1 --stages 2 --micro-batches 4 --csv " + zb).code, 0);
+  // The split backward plans (and trains: tests/exec/distributed_test.cc) as I and W blocks.
+  const std::string zb_keys =
+      " parallel.pp=2 batch.micro=2 parallel.schedule=csv parallel.schedule_csv=";
+  Outcome zb_plan = run("plan " + config + zb_keys + zb + " --out " + (dir_ / "zb").string());
+  ASSERT_EQ(zb_plan.code, 0) << zb_plan.output;
+  EXPECT_EQ(read(dir_ / "zb" / "schedule.csv"), read(zb));
+  expect_rejected("train " + config + zb_keys + csv + " parallel.pp=4 model.args.layers=4",
+                  "parallel.schedule_csv: " + csv +
+                      ": the schedule has 2 rows (ranks), parallel.pp is 4");
+}
+
 }  // namespace

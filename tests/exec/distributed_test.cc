@@ -2,6 +2,11 @@
 // backend, 10 steps; losses and every parameter piece against the single-device run.
 // Tolerances: tests/support/tolerance.h, per optimizer (SGD is linear in the gradient and held to
 // 1e-5 of each parameter's travel; AdamW's sign-like update gets its own floor).
+#include <filesystem>
+#include <fstream>
+
+#include "scheduler/csv.h"
+#include "scheduler/predefined.h"
 #include "tests/exec/local_ranks.h"
 
 namespace loom {
@@ -107,6 +112,28 @@ TEST(Schedules, ZbH1Tp2Pp2RecomputeFull) {
   expect_equal_to_single_device(
       {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1", "parallel.recompute=full"}, 4);
 }
+// A predefined schedule exported as torch.distributed.pipelining CSV (what `loom schedule --csv`
+// writes) and read back through parallel.schedule_csv trains equal to one device.
+void expect_csv_schedule(sched::ScheduleKind kind, int pp, int chunks) {
+  const int m = 4;  // batch.global 8 / batch.micro 2
+  auto s = sched::build_predefined(kind, sched::PipelineSpec::of(pp, m, chunks));
+  ASSERT_TRUE(s.ok()) << s.error().to_string();
+  auto csv = sched::to_csv(*s);
+  ASSERT_TRUE(csv.ok()) << csv.error().to_string();
+  const std::filesystem::path file =
+      std::filesystem::path(testing::TempDir()) /
+      ("loom_" + sched::to_string(kind) + "_pp" + std::to_string(pp) + ".csv");
+  std::ofstream(file) << *csv;
+  expect_equal_to_single_device(
+      {"parallel.pp=" + std::to_string(pp), "parallel.chunks=" + std::to_string(chunks),
+       "parallel.schedule=csv", "parallel.schedule_csv=" + file.string()},
+      pp, {"model.args.layers=8"});
+}
+TEST(Schedules, CsvOneFOneBPp2) { expect_csv_schedule(sched::ScheduleKind::k1F1B, 2, 1); }
+TEST(Schedules, CsvInterleavedPp2Chunks2) {
+  expect_csv_schedule(sched::ScheduleKind::kInterleaved, 2, 2);
+}
+TEST(Schedules, CsvZbH1Pp2) { expect_csv_schedule(sched::ScheduleKind::kZbH1, 2, 1); }
 
 TEST(LocalRanks, Dp2Tp2Pp2SpAdamW) {
   expect_equal_to_single_device(

@@ -9,6 +9,7 @@
 #include "scheduler/predefined.h"
 #include "scheduler/render.h"
 #include "scheduler/repetend.h"
+#include "scheduler/simulator.h"
 
 namespace loom::sched {
 namespace {
@@ -39,18 +40,140 @@ TEST(Csv, CellsAndIdleSteps) {
   EXPECT_EQ(*csv, "0F0,0F1,,0B0,,0B1\n,1F0,1B0,1F1,1B1,\n");
 }
 
+// The message of a CSV that must be refused.
+std::string refused(const std::string& csv) {
+  auto s = from_csv(csv);
+  EXPECT_FALSE(s.ok()) << csv;
+  return s.ok() ? "" : s.error().message;
+}
+
 TEST(Csv, ImportErrorsNameTheCell) {
-  auto bad = from_csv("0F0,0X1\n");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("row 1, column 2"), std::string::npos) << bad.error().message;
-  auto missing = from_csv("0F0,0F1,0B0\n,1F0,1B0,1F1,1B1\n");
-  ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.error().message,
-            "block 0B1 (stage 0, micro-batch 1, B) is missing: no rank runs it");
-  auto deadlock = from_csv("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n");
-  ASSERT_FALSE(deadlock.ok());
-  EXPECT_NE(deadlock.error().message.find("deadlocks"), std::string::npos)
-      << deadlock.error().message;
+  EXPECT_EQ(refused("0F0,0X1\n"),
+            "row 1, column 2: '0X1' is not a block: expected STAGE KIND MICROBATCH such as 0F0, "
+            "1B3, 2I1, 2W1");
+  EXPECT_EQ(refused("0F0,0B0,(0F1;0B1\n"),
+            "row 1, column 3: '(0F1;0B1' opens '(' without closing it; a composite cell is "
+            "written (0F7;7B3)OVERLAP_F_B");
+  EXPECT_EQ(refused("0F0,0B0,(0F1;0B1)OVERLAP\n"),
+            "row 1, column 3: '(0F1;0B1)OVERLAP' is a composite cell of an unknown kind; "
+            "expected (0F7;7B3)OVERLAP_F_B");
+  EXPECT_EQ(refused("0F0,(0F1;;0B1)OVERLAP_F_B,0B0\n"),
+            "row 1, column 2: '(0F1;;0B1)OVERLAP_F_B' has an empty action; a composite cell is "
+            "written (0F7;7B3)OVERLAP_F_B");
+  EXPECT_EQ(refused("0F0,0F1,0B0,0F1,0B1\n"),
+            "row 1, column 4: block 0F1 (stage 0, micro-batch 1, F) is listed twice (first at "
+            "row 1, column 2); ranks that run a block together list it in one column");
+  EXPECT_EQ(refused("0F0,0B0\n\n1F0\n"),
+            "row 2 is blank: every row is a rank (a rank that idles has a row of empty cells)");
+  EXPECT_EQ(refused("\n\n"), "the schedule has no rows");
+}
+
+TEST(Csv, MissingBlockNamesTheRowThatShouldRunIt) {
+  EXPECT_EQ(refused("0F0,0F1,0B0\n,1F0,1B0,1F1,1B1\n"),
+            "block 0B1 (stage 0, micro-batch 1, B) is missing: row 1, which runs stage 0 for "
+            "micro-batch 1, does not list it");
+  EXPECT_EQ(refused("0F0,,,,0B0\n,,,,\n,,2F0,2B0,\n"),
+            "block 1F0 (stage 1, micro-batch 0, F) is missing: no row runs stage 1 (the schedule "
+            "names stages 0..2)");
+  EXPECT_EQ(refused("0F0,0I0\n"),
+            "block 0W0 (stage 0, micro-batch 0, W) is missing: row 1, which runs stage 0 for "
+            "micro-batch 0, does not list it");
+}
+
+TEST(Csv, BlockOffItsStagesRank) {
+  // Stage 1 runs on rank 1 for every micro-batch but one backward.
+  EXPECT_EQ(refused("0F0,0F1,,,0B0,1B1,0B1\n,1F0,1F1,1B0,,,\n"),
+            "row 1, column 6: block 1B1 (stage 1, micro-batch 1, B) runs on row 1, but stage 1 "
+            "runs on row 2");
+}
+
+TEST(Csv, BrokenDependencyNamesTheFirstBlockThatCannotStart) {
+  // Rank 1 lists 1B0 before the 1F0 it depends on.
+  EXPECT_EQ(refused("0F0,,,0B0\n,1B0,1F0,\n"),
+            "row 2, column 2: block 1B0 waits for 1F0, which its row runs later (row 2, column "
+            "3): it can never start");
+}
+
+TEST(Csv, DeadlockNamesWhereEachRankWaits) {
+  EXPECT_EQ(refused("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n"),
+            "the schedule deadlocks: row 1, column 2 (0B0) waits for 1B0 (row 2, column 3); "
+            "row 2, column 1 (1F1) waits for 0F1 (row 1, column 3)");
+}
+
+TEST(Csv, CompositeCellsRunTheirActionsInOrder) {
+  // 1F1B with the steady state's forward and backward written as one overlapped cell each.
+  auto s = from_csv(
+      "0F0,0F1,,(0F2;0B0)OVERLAP_F_B,,(0F3;0B1)OVERLAP_F_B,,0B2,,0B3\n"
+      ",1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3,\n");
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s->to_string(),
+            "d0: 0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3\n"
+            "d1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3\n");
+  // Whitespace around cells and actions, and a Windows line end, change nothing.
+  auto spaced = from_csv(
+      " 0F0 , 0F1 ,, ( 0F2 ; 0B0 )OVERLAP_F_B ,,(0F3;0B1)OVERLAP_F_B,,0B2,,0B3\r\n"
+      ",1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3,\r\n");
+  ASSERT_TRUE(spaced.ok()) << spaced.error().message;
+  EXPECT_EQ(*spaced, *s);
+}
+
+TEST(Csv, InfersLoopedAndVShapedPlacements) {
+  // Looped: stage s on rank s mod 2 (interleaved 1F1B exports it).
+  auto looped = interleaved_1f1b(PipelineSpec::of(2, 4, 2));
+  auto back = from_csv(*to_csv(*looped));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  for (const Block& b : back->workload().blocks())
+    EXPECT_EQ(b.devices, std::vector<DeviceId>{DeviceId(b.stage.value() % 2)}) << b.to_string();
+  // V-shape: stages 0 and 3 on rank 0, 1 and 2 on rank 1.
+  auto vshape = from_csv(
+      "0F0,0F1,,,3F0,3B0,,,3F1,3B1,,,0B0,0B1\n"
+      ",1F0,2F0,1F1,2F1,,,2B0,1B0,,2B1,1B1,,\n");
+  ASSERT_TRUE(vshape.ok()) << vshape.error().message;
+  for (const Block& b : vshape->workload().blocks()) {
+    const int64_t s = b.stage.value();
+    EXPECT_EQ(b.devices, std::vector<DeviceId>{DeviceId(s < 2 ? s : 3 - s)}) << b.to_string();
+  }
+  auto t = simulate(*vshape);
+  ASSERT_TRUE(t.ok());
+  EXPECT_GT(t->makespan, 0);
+}
+
+TEST(Csv, SplitAndFullBackwardsMixPerMicroBatch) {
+  // Micro-batch 0 runs a full backward, micro-batch 1 an input-gradient then a deferred weight
+  // gradient; W releases the activations that I keeps.
+  auto s = from_csv("0F0,0F1,,0B0,,0I1,0W1\n,1F0,1B0,1F1,1I1,1W1,\n");
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const Workload& w = s->workload();
+  EXPECT_EQ(w.block(*w.find(BlockId::of(0, BlockKind::kI, 1))).memory, 0);
+  EXPECT_EQ(w.block(*w.find(BlockId::of(0, BlockKind::kW, 1))).memory, -1);
+  auto t = simulate(*s);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->peak_memory[0], 2.0);
+  // One micro-batch's backward at one stage is one or the other.
+  EXPECT_EQ(refused("0F0,0B0,0I0,0W0\n"),
+            "row 1, column 3: block 0I0 and 0B0 (at row 1, column 2) both run the backward of "
+            "stage 0, micro-batch 0; a backward is either B or I + W");
+}
+
+TEST(Csv, BlocksSeveralRanksRunTogetherShareAColumn) {
+  // What to_csv writes for a block on two devices (a tensor-parallel stage): one column.
+  auto s = from_csv("0F0,1F0,1B0,0B0\n,1F0,1B0,\n");
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const Workload& w = s->workload();
+  EXPECT_EQ(w.block(*w.find(BlockId::of(1, BlockKind::kF, 0))).devices,
+            (std::vector<DeviceId>{DeviceId(0), DeviceId(1)}));
+}
+
+TEST(Csv, ReadCsvKeepsEachBlocksCell) {
+  auto r = read_csv("0F0,,(0F1;0B0)OVERLAP_F_B,0B1\n,1F0,1B0,1F1,1B1\n");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->num_stages, 2);
+  EXPECT_EQ(r->micro_batches, 2);
+  const Workload& w = r->schedule.workload();
+  EXPECT_EQ(r->cells[static_cast<size_t>(*w.find(BlockId::of(0, BlockKind::kB, 0)))],
+            (CsvCell{1, 3}));
+  EXPECT_EQ(r->cells[static_cast<size_t>(*w.find(BlockId::of(1, BlockKind::kB, 1)))],
+            (CsvCell{2, 5}));
 }
 
 TEST(Render, ChromeTraceParsesBack) {

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
+#include "scheduler/csv.h"
 #include "scheduler/predefined.h"
 #include "scheduler/simulator.h"
 
@@ -167,6 +170,107 @@ TEST(PipelineOrder, ZbH1MapsItsSplitBackward) {
   }
   EXPECT_EQ(program_kind(sched::BlockKind::kI), BlockKind::kInputGrad);
   EXPECT_EQ(program_kind(sched::BlockKind::kW), BlockKind::kWeightGrad);
+}
+
+// parallel.schedule csv: each rank runs its row of the file, checked against the plan.
+class CsvOrder : public testing::Test {
+ protected:
+  // A config with pp pipeline ranks, `chunks` stages each and m micro-batches per step,
+  // running the CSV `text`.
+  Config config(const std::string& text, int pp, int m, int chunks = 1) {
+    file_ = std::filesystem::path(testing::TempDir()) /
+            ("loom_csv_" +
+             std::string(testing::UnitTest::GetInstance()->current_test_info()->name()) + ".csv");
+    std::ofstream(file_) << text;
+    auto c = parse_config(
+        "model: {type: gpt, preset: tiny}\n", "c.yaml",
+        {"parallel.pp=" + std::to_string(pp), "parallel.chunks=" + std::to_string(chunks),
+         "parallel.schedule=csv", "parallel.schedule_csv=" + file_.string(),
+         "batch.global=" + std::to_string(m), "batch.micro=1"});
+    EXPECT_TRUE(c.ok()) << c.error().message;
+    return *c;
+  }
+  std::string refused(const std::string& text, int pp, int m, int chunks = 1) {
+    auto o = pipeline_order(config(text, pp, m, chunks), m);
+    EXPECT_FALSE(o.ok());
+    return o.ok() ? "" : o.error().message;
+  }
+  std::filesystem::path file_;
+};
+
+TEST_F(CsvOrder, ExportedInterleavedRunsThePredefinedOrder) {
+  auto s = sched::interleaved_1f1b(sched::PipelineSpec::of(2, 4, 2));
+  auto csv = sched::to_csv(*s);
+  ASSERT_TRUE(csv.ok());
+  auto o = pipeline_order(config(*csv, 2, 4, 2), 4);
+  ASSERT_TRUE(o.ok()) << o.error().message;
+  auto rule = sched::device_orders(sched::ScheduleKind::kInterleaved, 2, 4, 2);
+  ASSERT_TRUE(rule.ok());
+  for (size_t d = 0; d < 2; ++d) {
+    ASSERT_EQ(o->ranks[d].size(), (*rule)[d].size());
+    for (size_t i = 0; i < (*rule)[d].size(); ++i) {
+      EXPECT_EQ(o->ranks[d][i].stage, (*rule)[d][i].stage);
+      EXPECT_EQ(o->ranks[d][i].micro_batch, (*rule)[d][i].mb);
+      EXPECT_EQ(o->ranks[d][i].kind == BlockKind::kForward,
+                (*rule)[d][i].kind == sched::BlockKind::kF);
+    }
+  }
+}
+
+TEST_F(CsvOrder, ShapeMismatchesNameTheKeysAndNumbers) {
+  const std::string pp2 = "0F0,0F1,,0B0,,0B1\n,1F0,1B0,1F1,1B1,\n";
+  std::string rows = refused(pp2, 4, 2);
+  EXPECT_NE(rows.find("parallel.schedule_csv: " + file_.string() +
+                      ": the schedule has 2 rows (ranks), parallel.pp is 4"),
+            std::string::npos)
+      << rows;
+  std::string stages = refused(pp2, 2, 2, 2);
+  EXPECT_NE(stages.find("the schedule has 2 stages, parallel.pp x parallel.chunks is 2 x 2 = 4"),
+            std::string::npos)
+      << stages;
+  std::string mbs = refused(pp2, 2, 4);
+  EXPECT_NE(mbs.find("the schedule has 2 micro-batches, a step has 4 (batch.global 4 / "
+                     "(batch.micro 1 x parallel.dp 1))"),
+            std::string::npos)
+      << mbs;
+}
+
+TEST_F(CsvOrder, FileErrorsNameTheKeyTheFileAndTheCell) {
+  std::string bad = refused("0F0,0F1,,0B0,,0Q1\n,1F0,1B0,1F1,1B1,\n", 2, 2);
+  EXPECT_NE(bad.find("parallel.schedule_csv: " + file_.string() + ": row 1, column 6: '0Q1'"),
+            std::string::npos)
+      << bad;
+  Config c = config("", 2, 2);
+  c.parallel.schedule_csv = "/nonexistent/s.csv";
+  auto missing = pipeline_order(c, 2);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find(
+                "parallel.schedule_csv: cannot read schedule file '/nonexistent/s.csv'"),
+            std::string::npos)
+      << missing.error().message;
+}
+
+TEST_F(CsvOrder, StagesMustSitWhereThePlannerPutsThem) {
+  // A V-shape (stage 3 on rank 0) is a fine schedule, but the planner loops stages over ranks.
+  std::string v = refused(
+      "0F0,0F1,,,3F0,3B0,,,3F1,3B1,,,0B0,0B1\n,1F0,2F0,1F1,2F1,,,2B0,1B0,,2B1,1B1,,\n", 2, 2, 2);
+  EXPECT_NE(v.find("row 1, column 5: block 3F0 runs on row 1, but the planner places stage 3 on "
+                   "pipeline rank 1 (row 2): stage s runs on rank s mod parallel.pp"),
+            std::string::npos)
+      << v;
+}
+
+TEST_F(CsvOrder, SplitBackwardRunsAsIAndWBlocks) {
+  auto zb = sched::zb_h1(sched::PipelineSpec::of(2, 2));
+  ASSERT_TRUE(zb.ok());
+  auto o = pipeline_order(config(*sched::to_csv(*zb), 2, 2), 2);
+  ASSERT_TRUE(o.ok()) << o.error().message;
+  const auto rule = zb->device_orders();
+  for (size_t d = 0; d < 2; ++d) {
+    ASSERT_EQ(o->ranks[d].size(), rule[d].size());
+    for (size_t i = 0; i < rule[d].size(); ++i)
+      EXPECT_EQ(o->ranks[d][i].kind, program_kind(rule[d][i].kind)) << rule[d][i].describe();
+  }
 }
 
 }  // namespace
