@@ -44,6 +44,10 @@ struct ParallelConfig {
   // attention cores (their score-sized tensors) in the backward; full keeps only each model
   // layer's inputs and recomputes the layer in its backward.
   std::string recompute = "none";
+  // Optimizer state over the ranks sharing a parameter piece (data-parallel replicas): 0 keeps
+  // it whole on every rank; 1 (ZeRO-1) has one owner per piece update it and keep its state,
+  // the gradients reduce-scattered to the owners and the updated values gathered back.
+  int64_t zero = 0;
   // Explicit pipeline stage boundaries: each entry is [first_layer, last_layer] (inclusive).
   std::vector<std::vector<int64_t>> stages;
 

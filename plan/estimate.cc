@@ -5,6 +5,7 @@
 #include <set>
 
 #include "exec/lower/fusion.h"
+#include "exec/lower/grad_bucketing.h"
 #include "planner/cost.h"
 
 namespace loom::plan {
@@ -38,10 +39,58 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
   return 2 * (k - 1) * (alpha + bytes / k * beta);
 }
 
+// Under parallel.zero 1, what a rank's shared pieces come to: the elements it owns (and keeps
+// optimizer state for) of those it holds, and its segments of the reduced gradients, from the
+// same bucketing as the runtime's (exec/lower/grad_bucketing.h).
+struct ZeroShare {
+  double shared = 0, owned = 0, segments = 0;
+};
+ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t rank) {
+  ZeroShare z;
+  std::vector<int64_t> ids = lowered.programs[rank].grad_syncs;
+  std::sort(ids.begin(), ids.end());  // the executor's order (executor.cc, add_grad_buckets)
+  std::vector<std::vector<DeviceId>> groups;
+  std::vector<std::vector<int64_t>> numels;
+  for (int64_t id : ids) {
+    const lower::GradSync& sync = lowered.grad_syncs[static_cast<size_t>(id)];
+    auto it = std::find(groups.begin(), groups.end(), sync.devices);
+    if (it == groups.end()) {
+      groups.push_back(sync.devices);
+      numels.emplace_back();
+      it = groups.end() - 1;
+    }
+    numels[static_cast<size_t>(it - groups.begin())].push_back(numel(sync.piece.shape()));
+  }
+  const auto bucket_bytes = static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const auto members = static_cast<int64_t>(groups[k].size());
+    const auto me =
+        std::find(groups[k].begin(), groups[k].end(), DeviceId(static_cast<int64_t>(rank))) -
+        groups[k].begin();
+    for (const lower::BucketPlan& b :
+         lower::plan_buckets(numels[k], 4, bucket_bytes, members, /*zero1=*/true)) {
+      z.segments += static_cast<double>(b.segment);
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const int64_t n = numels[k][b.params[j]];
+        const auto [begin, end] = b.owned(j, n, me);
+        z.shared += static_cast<double>(n);
+        z.owned += static_cast<double>(end - begin);
+      }
+    }
+  }
+  return z;
+}
+
 // What each rank holds and keeps, from its sub-operators, the adapters and the gradient syncs.
 struct Holdings {
   std::vector<double> params, acts, largest_piece, incoming, sync_buffer;
   std::vector<double> recompute_bytes;  // the largest region's, while its backward runs
+  std::vector<double> largest_output;   // the largest op output (e.g. the logits)
+  std::vector<double> state_params;     // elements whose optimizer state the rank keeps
+  std::vector<double> zero_segments;    // parallel.zero 1: reduced gradient segments held
+  // parallel.zero 1 on gloo: its reduce-scatter (an all-to-all, then a local sum) receives every
+  // member's copy of a bucket in a buffer of the bucket's size, for every bucket in flight.
+  std::vector<double> zero_receive;
 };
 
 // What a recomputed region drops and runs again on its rank.
@@ -104,10 +153,14 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
   return c;
 }
 
-Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, int64_t world) {
+Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
+                  int64_t world) {
   const size_t n = static_cast<size_t>(world);
-  Holdings h{std::vector<double>(n, 0), std::vector<double>(n, 0), std::vector<double>(n, 0),
-             std::vector<double>(n, 0), std::vector<double>(n, 0), std::vector<double>(n, 0)};
+  Holdings h;
+  for (auto* v :
+       {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer, &h.recompute_bytes,
+        &h.largest_output, &h.state_params, &h.zero_segments, &h.zero_receive})
+    v->assign(n, 0);
   // Autograd sums the gradients of a parameter read by several ops (a tied embedding and LM
   // head) in its input buffer before accumulating: the two incoming gradients and their sum.
   std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
@@ -118,6 +171,7 @@ Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, in
     const graph::Op& op = planned.ops()[i];
     const size_t r = static_cast<size_t>(op.device.value());
     if (!fused[i]) h.acts[r] += planner::op_output_bytes(planned, op);
+    h.largest_output[r] = std::max(h.largest_output[r], planner::op_output_bytes(planned, op));
     h.acts[r] += saved_extra_bytes(op);
     for (const auto& in : op.inputs) {
       const auto& t = planned.tensor(in.tensor);
@@ -155,12 +209,33 @@ Holdings holdings(const graph::Graph& planned, const lower::Lowered& lowered, in
   const RecomputeCost rc = recompute_cost(planned, lowered, CostModel{});
   h.recompute_bytes = rc.largest_region_bytes;
   for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
+  // Optimizer state: every held element, or under ZeRO-1 only the owned shared ones.
+  h.state_params = h.params;
+  h.zero_segments.assign(n, 0);
+  if (config.parallel.zero == 1)
+    for (size_t r = 0; r < n; ++r) {
+      const ZeroShare z = zero_share(config, lowered, r);
+      h.state_params[r] = h.params[r] - z.shared + z.owned;
+      // The summed segments are written inside the buckets, but for MPI (grad_buckets.cc).
+      h.zero_segments[r] = config.comm.backend == "mpi" ? z.segments : 0.0;
+      const bool gloo = config.comm.backend == "gloo" || config.comm.backend == "local" ||
+                        (config.comm.backend == "auto" && config.run.device == "cpu");
+      h.zero_receive[r] = gloo ? z.shared : 0.0;
+    }
   return h;
 }
 
 // The optimizer's state per parameter: AdamW's two moments, SGD's one buffer (allocated with or
 // without momentum).
 double optimizer_copies(const Config& config) { return config.optimizer.type == "adamw" ? 2 : 1; }
+
+// What a backward holds besides the saved activations, at its largest: the gradient of the
+// largest activation and a buffer of its size (the loss's: the logits' gradient and the
+// log-sum-exp backward's buffer, measured on GPT with a 4096-token vocabulary), or a recomputed
+// region's activations, made again while its backward runs.
+double backward_transient(const Holdings& h, size_t r) {
+  return std::max(2 * h.largest_output[r], h.recompute_bytes[r]);
+}
 
 // A pipeline stage also holds, while it runs a backward, about half a micro-batch more: the
 // received output gradients and the boundary tensors of the blocks around it (measured on GPT
@@ -172,8 +247,9 @@ double pipeline_extra_micro_batches(const Config& config) {
 RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
   RankMemory m;
   m.activation_bytes = h.acts[r];
-  m.held_bytes = h.params[r] * 4 * (2 + optimizer_copies(config)) + h.incoming[r] +
-                 pipeline_extra_micro_batches(config) * h.acts[r] + h.recompute_bytes[r];
+  m.held_bytes = h.params[r] * 4 * 2 + h.state_params[r] * 4 * optimizer_copies(config) +
+                 h.zero_segments[r] * 4 + h.incoming[r] +
+                 pipeline_extra_micro_batches(config) * h.acts[r] + backward_transient(h, r);
   return m;
 }
 
@@ -206,7 +282,7 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
                                     const lower::Lowered& lowered) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
-  const Holdings h = holdings(planned, lowered, world);
+  const Holdings h = holdings(config, planned, lowered, world);
   std::vector<RankMemory> out;
   for (size_t r = 0; r < static_cast<size_t>(world); ++r) out.push_back(memory_of(config, h, r));
   return out;
@@ -255,7 +331,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const int64_t ranks_per_stage = par.tp * par.dp;
   const std::vector<double> fwd = forward_seconds(planned, world, cost);
   const std::vector<double> refwd = recompute_cost(planned, lowered, cost).forward_s;
-  const Holdings h = holdings(planned, lowered, world);
+  const Holdings h = holdings(config, planned, lowered, world);
   const bool pipelined = !pipeline.busy_s.empty();
 
   // The optimizer keeps two moments (AdamW) or one buffer (SGD, allocated with or without
@@ -264,10 +340,9 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const bool adamw = config.optimizer.type == "adamw";
   const double opt_copies = optimizer_copies(config);
   const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
-  // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines; all
-  // of them without one when several ranks run (the lowered program runs every forward before
-  // the backwards); one in the single-process executor.
-  const double flat_units = world > 1 ? m : 1.0;
+  // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;
+  // one without (each micro-batch's backward follows its forward: exec/lower/program.h).
+  const double flat_units = 1.0;
 
   Estimate e;
   e.bubble_ratio = pipeline.bubble_ratio;
@@ -314,14 +389,15 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     re.parameters = h.params[r];
     re.param_bytes = h.params[r] * 4;
     re.grad_bytes = re.param_bytes;
-    re.optimizer_bytes = re.param_bytes * opt_copies;
-    re.grad_bucket_bytes = h.sync_buffer[r];
+    re.grad_bucket_bytes = h.sync_buffer[r] + h.zero_receive[r] * 4;
+    // Under ZeRO-1: state only for what this rank owns (and on MPI its reduced segments).
+    re.optimizer_bytes = (h.state_params[r] * opt_copies + h.zero_segments[r]) * 4;
     re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes =
-        std::max({re.grad_bucket_bytes, re.activation_bytes + h.incoming[r] + h.recompute_bytes[r],
-                  re.optimizer_temporary_bytes});
-    re.peak_bytes = re.param_bytes * (2 + opt_copies) + re.working_set_bytes;
+    re.working_set_bytes = std::max({re.grad_bucket_bytes,
+                                     re.activation_bytes + h.incoming[r] + backward_transient(h, r),
+                                     re.optimizer_temporary_bytes});
+    re.peak_bytes = re.param_bytes * 2 + re.optimizer_bytes + re.working_set_bytes;
     e.step_s = std::max(e.step_s, re.step_s);
   }
   return e;

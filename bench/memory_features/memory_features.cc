@@ -100,12 +100,15 @@ int main(int argc, char** argv) {
       {"recompute none", {"parallel.recompute=none"}, 1, -1},
       {"recompute selective", {"parallel.recompute=selective"}, 1, 0},
       {"recompute full", {"parallel.recompute=full"}, 1, 0},
+      {"dp2 zero 0", {"parallel.dp=2", "batch.global=16"}, 2, -1},
+      {"dp2 zero 1", {"parallel.dp=2", "batch.global=16", "parallel.zero=1"}, 2, 3},
   };
   std::vector<Measured> got;
   for (const Case& c : cases) got.push_back(measure(path, c, steps));
   std::printf(
       "bench/memory_features: gpt (4 layers, hidden 256, heads 4, seq 256, vocab 4096), "
-      "8 samples per step, AdamW; peak = the most live bytes of a step on the busiest rank\n");
+      "8 samples per rank per step, AdamW; peak = the most live bytes of a step on the busiest "
+      "rank\n");
   std::printf("%-22s %12s %12s %10s %12s %10s\n", "case", "peak MiB", "est. MiB", "meas/est",
               "vs baseline", "step ms");
   for (size_t i = 0; i < cases.size(); ++i) {

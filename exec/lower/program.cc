@@ -167,8 +167,9 @@ Result<std::vector<std::vector<int64_t>>> insert_adapters(const graph::Graph& g,
 }
 
 // Pass 3: each rank's program: its ops in segments per stage with the adapters they read
-// through (and the adapter steps it takes part in without consuming), in GPipe's block order
-// (pass 6 replaces it with the schedule's).
+// through (and the adapter steps it takes part in without consuming), each micro-batch's
+// forward and backward in turn, as gradient accumulation runs them: one micro-batch's
+// activations at a time (pass 6 replaces the order with a pipeline schedule's).
 void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t>>& op_adapters,
                     int64_t world_size, int64_t micro_batches, Lowered& out) {
   const auto& ops = g.ops();
@@ -212,12 +213,12 @@ void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t
     Program& prog = out.programs[static_cast<size_t>(r)];
     prog.rank = Rank(r);
     for (auto& [s, seg] : segments[static_cast<size_t>(r)]) prog.segments.push_back(seg);
-    for (int64_t m = 0; m < micro_batches; ++m)
+    for (int64_t m = 0; m < micro_batches; ++m) {
       for (const Segment& seg : prog.segments)
         prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
-    for (int64_t m = 0; m < micro_batches; ++m)
       for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
         prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
+    }
   }
 }
 

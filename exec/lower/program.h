@@ -130,9 +130,9 @@ inline MessageTagParts message_tag_parts(int64_t tag) {
   return p;
 }
 
-// Lowers `graph` (placed on `world_size` ranks) with `micro_batches` micro-batches per step in
-// GPipe order (all forwards, then all backwards in reverse), or in `order` when given: per rank,
-// its (kind, stage, micro-batch) blocks. Fails naming the tensor when pieces do not form
+// Lowers `graph` (placed on `world_size` ranks) with `micro_batches` micro-batches per step, each
+// micro-batch's forward then its backward (gradient accumulation), or in `order` when given: per
+// rank, its (kind, stage, micro-batch) blocks. Fails naming the tensor when pieces do not form
 // layouts, and the ranks and steps when the programs would deadlock.
 Result<Lowered> lower(const graph::Graph& graph, int64_t world_size, int64_t micro_batches,
                       PathFinder& paths,

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "checkpoint/crc32.h"
+#include "checkpoint/flat_range.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
 #include "core/durable_file.h"
@@ -42,6 +43,41 @@ SliceRanges ranges_of(const graph::SubTensor& piece) {
   SliceRanges r;
   for (const auto& range : piece.ranges) r.emplace_back(range.start, range.end);
   return r;
+}
+
+int64_t region_numel(const SliceRanges& ranges) {
+  int64_t n = 1;
+  for (const auto& [b, e] : ranges) n *= e - b;
+  return n;
+}
+
+std::string ranges_string(const SliceRanges& ranges) {
+  std::string s = "[";
+  for (size_t d = 0; d < ranges.size(); ++d)
+    s += (d ? "," : "") + std::to_string(ranges[d].first) + ":" + std::to_string(ranges[d].second);
+  return s + "]";
+}
+
+// The global regions `value` (what is stored for `piece`) covers, each with its offset in
+// `value`'s elements: the piece, or for optimizer state of part of it (parallel.zero 1: the
+// elements `optimizer->owned()` names) the boxes of that run of elements.
+std::vector<std::pair<SliceRanges, int64_t>> stored_regions(const CheckpointTarget& t,
+                                                            const graph::SubTensor& piece,
+                                                            const at::Tensor& value, size_t i) {
+  const SliceRanges whole = ranges_of(piece);
+  if (value.numel() == numel(piece.shape())) return {{whole, 0}};
+  LOOM_CHECK(t.optimizer != nullptr) << "a stored tensor smaller than its piece";
+  const auto [begin, end] = t.optimizer->owned()[i];
+  std::vector<std::pair<SliceRanges, int64_t>> out;
+  for (const FlatBox& box : flat_range_boxes(piece.shape(), begin, end)) {
+    SliceRanges global = box.ranges;
+    for (size_t d = 0; d < global.size(); ++d) {
+      global[d].first += whole[d].first;
+      global[d].second += whole[d].first;
+    }
+    out.emplace_back(std::move(global), box.offset - begin);
+  }
+  return out;
 }
 
 std::string_view bytes_of(const at::Tensor& t) {
@@ -147,15 +183,20 @@ Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t 
   SafeTensorsWriter writer;
   for (const auto& [kind, tensors] : stored_kinds(t)) {
     for (size_t i = 0; i < t.pieces.size(); ++i) {
+      // Optimizer state of elements other ranks own (parallel.zero 1): its owners write it.
+      if (!(*tensors)[i].defined()) continue;
       const graph::SubTensor& piece = t.pieces[i];
       const graph::FullTensor& full = t.graph->tensor(piece.tensor);
       at::Tensor value = (*tensors)[i].detach().to(at::kCPU, at::kFloat).contiguous();
-      CheckpointSlice s{
-          full.name,          kind,       "F32", full.shape, ranges_of(piece), piece.value_chunk,
-          piece.value_chunks, shard_name, ""};
-      s.key = std::string(kind) + "/" + full.name + "/" + piece.ranges_string();
-      writer.add(s.key, "F32", s.shape(), bytes_of(value));
-      part.slices.push_back(std::move(s));
+      for (const auto& [ranges, offset] : stored_regions(t, piece, (*tensors)[i], i)) {
+        at::Tensor region = value.view({-1}).narrow(0, offset, region_numel(ranges));
+        CheckpointSlice s{full.name,          kind,       "F32",
+                          full.shape,         ranges,     piece.value_chunk,
+                          piece.value_chunks, shard_name, ""};
+        s.key = std::string(kind) + "/" + full.name + "/" + ranges_string(ranges);
+        writer.add(s.key, "F32", s.shape(), bytes_of(region));
+        part.slices.push_back(std::move(s));
+      }
     }
   }
   // The generator state, so a run that draws random numbers after initialisation resumes them.
@@ -240,6 +281,10 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
   for (const auto& [kind, tensors] : kinds) {
     std::vector<at::Tensor> values;
     for (size_t i = 0; i < t.pieces.size(); ++i) {
+      if (!(*tensors)[i].defined()) {  // state of a piece another rank owns
+        values.emplace_back();
+        continue;
+      }
       const graph::SubTensor& piece = t.pieces[i];
       const graph::FullTensor& full = t.graph->tensor(piece.tensor);
       if (piece.is_partial())
@@ -247,11 +292,13 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
                                         "': this plan holds it as value chunk " +
                                         std::to_string(piece.value_chunk) + " of " +
                                         std::to_string(piece.value_chunks));
-      LOOM_ASSIGN_OR_RETURN(std::string bytes, reader.read(full.name, kind, ranges_of(piece)));
-      at::Tensor v = at::empty(piece.shape(), at::kFloat);
-      LOOM_CHECK(static_cast<size_t>(v.numel() * 4) == bytes.size())
-          << "region size of " << full.name;
-      std::memcpy(v.data_ptr(), bytes.data(), bytes.size());
+      at::Tensor v = at::empty((*tensors)[i].sizes(), at::kFloat);
+      for (const auto& [ranges, offset] : stored_regions(t, piece, (*tensors)[i], i)) {
+        LOOM_ASSIGN_OR_RETURN(std::string bytes, reader.read(full.name, kind, ranges));
+        LOOM_CHECK(static_cast<size_t>(region_numel(ranges) * 4) == bytes.size())
+            << "region size of " << full.name;
+        std::memcpy(static_cast<char*>(v.data_ptr()) + offset * 4, bytes.data(), bytes.size());
+      }
       values.push_back(v);
     }
     loaded.push_back(std::move(values));
@@ -274,7 +321,8 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
 
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < kinds.size(); ++k)
-    for (size_t i = 0; i < t.pieces.size(); ++i) (*kinds[k].second)[i].detach().copy_(loaded[k][i]);
+    for (size_t i = 0; i < t.pieces.size(); ++i)
+      if (loaded[k][i].defined()) (*kinds[k].second)[i].detach().copy_(loaded[k][i]);
   if (t.optimizer) t.optimizer->set_steps_taken(m.optimizer_steps);
   if (rng.defined()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();

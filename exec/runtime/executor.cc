@@ -229,7 +229,7 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
 // blocks of the stages whose linears defer its gradient to them.
 void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>& param_slots,
                       std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups,
-                      int64_t bucket_bytes) {
+                      int64_t bucket_bytes, bool zero1) {
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   if (prog.grad_syncs.empty()) return;
   std::map<int64_t, int64_t> backward_blocks, weight_blocks;  // stage -> its blocks
@@ -265,7 +265,8 @@ void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>
             [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<GradBuckets::Param> params;
   for (auto& [id, p] : shared) params.push_back(std::move(p));
-  s.buckets = std::make_unique<GradBuckets>(std::move(params), std::move(groups), bucket_bytes);
+  s.buckets =
+      std::make_unique<GradBuckets>(std::move(params), std::move(groups), bucket_bytes, zero1);
 }
 
 // Resolves, once, where every input of every op of this rank's forward blocks comes from, and
@@ -477,7 +478,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
   const auto param_slots = add_parameters(*impl, options.seed);
   LOOM_TRY(plan_forward_steps(*impl, kernels, param_slots));
   plan_regions(*impl);
-  add_grad_buckets(*impl, param_slots, std::move(grad_groups), options.bucket_bytes);
+  add_grad_buckets(*impl, param_slots, std::move(grad_groups), options.bucket_bytes, options.zero1);
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
@@ -846,6 +847,14 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
   for (size_t i = 0; i < s.params.size(); ++i) {
     const at::Tensor& g = s.params[i].grad();
     if (!g.defined()) continue;
+    // Under ZeRO-1 each element of a shared piece's summed gradient is on its owner only.
+    if (s.buckets && s.buckets->zero1() && s.replicas[i] > 1) {
+      const auto [begin, end] = s.buckets->owned(s.params[i]);
+      if (begin == end) continue;
+      grads.push_back(g.reshape({-1}).narrow(0, begin, end - begin));
+      weights.push_back(1.0);
+      continue;
+    }
     grads.push_back(g);
     weights.push_back(1.0 / static_cast<double>(s.replicas[i]));
   }
@@ -922,6 +931,21 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
 const std::vector<at::Tensor>& Executor::parameters() const { return impl_->params; }
 const std::vector<graph::SubTensor>& Executor::parameter_pieces() const { return impl_->pieces; }
 const std::vector<int64_t>& Executor::parameter_replicas() const { return impl_->replicas; }
+std::vector<std::pair<int64_t, int64_t>> Executor::parameter_owned() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const at::Tensor& p : impl_->params)
+    out.push_back(impl_->buckets ? impl_->buckets->owned(p)
+                                 : std::make_pair(int64_t{0}, p.numel()));
+  return out;
+}
+Status Executor::gather_parameters() {
+  if (!impl_->buckets) return Status::success();
+  try {
+    return impl_->buckets->gather_parameters();
+  } catch (const c10::Error& e) {
+    return Error::at("comm", e.what_without_backtrace());
+  }
+}
 at::Tensor Executor::parameter(const std::string& name) const {
   for (size_t i = 0; i < impl_->pieces.size(); ++i)
     if (impl_->graph.tensor(impl_->pieces[i].tensor).name == name) return impl_->params[i];

@@ -34,6 +34,9 @@ struct ExecutorOptions {
   uint64_t seed = 0;
   RunDevice device;
   int64_t bucket_bytes = int64_t{25} << 20;
+  // parallel.zero 1: each shared piece's gradient is summed onto one owner, which alone keeps
+  // optimizer state for it and updates it (grad_buckets.h).
+  bool zero1 = false;
 };
 
 class Executor {
@@ -62,6 +65,12 @@ class Executor {
   const std::vector<graph::SubTensor>& parameter_pieces() const;
   // How many ranks hold each parameter piece (for a global norm that counts elements once).
   const std::vector<int64_t>& parameter_replicas() const;
+  // The elements [begin, end) of each piece (flattened) this rank updates: all of them, but
+  // under parallel.zero 1 its share of the shared pieces (grad_buckets.h).
+  std::vector<std::pair<int64_t, int64_t>> parameter_owned() const;
+  // parallel.zero 1: after the optimizer step, every holder of a shared piece receives the
+  // owner's updated values. Nothing to do otherwise.
+  Status gather_parameters();
   // This rank's first piece of parameter `name`; undefined when it holds none. On one rank, the
   // whole tensor.
   at::Tensor parameter(const std::string& name) const;

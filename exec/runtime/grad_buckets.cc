@@ -8,11 +8,15 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "exec/lower/grad_bucketing.h"
 
 namespace loom::runtime {
 
 struct GradBuckets::Bucket {
-  at::Tensor flat;             // the gradients of `params`, back to back
+  at::Tensor flat;   // the gradients of `params`, back to back (ZeRO-1: by owner)
+  at::Tensor shard;  // ZeRO-1: this member's segment of the summed gradients (in `flat` but on MPI)
+  int64_t segment = 0;         // ZeRO-1: elements of each member's segment
+  int64_t member = 0;          // ZeRO-1: this rank's index in the group
   std::vector<size_t> params;  // indices into params_
   std::shared_ptr<comm::Comm> comm;
   int64_t pending = 0;  // parameters whose gradient is not final yet this step
@@ -37,8 +41,6 @@ struct GradBuckets::Hook : torch::autograd::FunctionPostHook {
 
 namespace {
 
-constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
-
 std::vector<int64_t> key_of(const std::vector<DeviceId>& members) {
   std::vector<int64_t> k;
   for (DeviceId d : members) k.push_back(d.value());
@@ -49,8 +51,9 @@ std::vector<int64_t> key_of(const std::vector<DeviceId>& members) {
 
 GradBuckets::GradBuckets(std::vector<Param> params,
                          std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups,
-                         int64_t bucket_bytes)
-    : params_(std::move(params)), self_(std::make_shared<GradBuckets*>(this)) {
+                         int64_t bucket_bytes, bool zero1)
+    : params_(std::move(params)), zero1_(zero1), self_(std::make_shared<GradBuckets*>(this)) {
+  owned_.resize(params_.size());
   std::vector<std::vector<int64_t>> group_keys;  // in order of first appearance
   std::vector<std::vector<size_t>> members;      // params of each group
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -72,31 +75,33 @@ GradBuckets::GradBuckets(std::vector<Param> params,
     LOOM_CHECK(comm != nullptr) << "no gradient communicator for a group this rank is in";
     // Backward finishes the last-used parameters first: they fill the first bucket, which is
     // kept small (1 MiB, as DDP's) so communication starts early.
-    std::vector<std::vector<size_t>> filled(1);
-    int64_t bytes = 0;
-    for (auto it = members[g].rbegin(); it != members[g].rend(); ++it) {
-      const at::Tensor& p = params_[*it].param;
-      const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
-      const int64_t cap =
-          filled.size() == 1 ? std::min(bucket_bytes, kFirstBucketBytes) : bucket_bytes;
-      if (!filled.back().empty() && bytes + b > cap) {
-        filled.emplace_back();
-        bytes = 0;
-      }
-      filled.back().push_back(*it);
-      bytes += b;
-    }
-    for (const auto& list : filled) {
+    std::vector<int64_t> numel;
+    for (size_t i : members[g]) numel.push_back(params_[i].param.numel());
+    const int64_t k = static_cast<int64_t>(group_keys[g].size());
+    const int64_t me = static_cast<int64_t>(
+        std::find(group_keys[g].begin(), group_keys[g].end(), comm->world_rank().value()) -
+        group_keys[g].begin());
+    for (const lower::BucketPlan& plan : lower::plan_buckets(
+             numel, params_[members[g].front()].param.element_size(), bucket_bytes, k, zero1_)) {
       auto bucket = std::make_unique<Bucket>();
       bucket->comm = comm;
-      int64_t n = 0;
-      for (size_t i : list) {
+      bucket->segment = plan.segment;
+      bucket->member = me;
+      for (size_t j = 0; j < plan.params.size(); ++j) {
+        const size_t i = members[g][plan.params[j]];
         bucket->params.push_back(i);
         bucket_of_[i] = buckets_.size();
-        offset_of_[i] = n;
-        n += params_[i].param.numel();
+        offset_of_[i] = plan.offset[j];
+        owned_[i] = plan.owned(j, params_[i].param.numel(), me);
       }
-      bucket->flat = at::zeros({n}, params_[list.front()].param.options());
+      const at::TensorOptions options = params_[members[g].front()].param.options();
+      bucket->flat = at::zeros({plan.buffer_elements()}, options);
+      // The summed segment lands in place, in this member's part of the buffer, where the
+      // backend allows it (MPI's reduce-scatter may not write inside what it reads).
+      if (plan.segment > 0)
+        bucket->shard = std::string(comm->backend_name()) == "mpi"
+                            ? at::zeros({plan.segment}, options)
+                            : bucket->flat.narrow(0, me * plan.segment, plan.segment);
       group_buckets_[g].push_back(buckets_.size());
       buckets_.push_back(std::move(bucket));
     }
@@ -181,7 +186,8 @@ void GradBuckets::start_ready(size_t group, bool during_backward) {
   while (next_[group] < order.size()) {
     Bucket& b = *buckets_[order[next_[group]]];
     if (during_backward && b.pending > 0) return;
-    b.work = b.comm->all_reduce_async(b.flat);
+    b.work = b.shard.defined() ? b.comm->reduce_scatter_flat_async(b.shard, b.flat)
+                               : b.comm->all_reduce_async(b.flat);
     b.started = true;
     if (during_backward) ++started_early_;
     ++next_[group];
@@ -199,6 +205,37 @@ Status GradBuckets::finish() {
   for (size_t g = 0; g < group_buckets_.size(); ++g) start_ready(g, false);
   in_step_ = false;
   for (auto& b : buckets_) LOOM_TRY(b->work.wait());
+  // ZeRO-1 on MPI: the summed segment goes back to its place in the buffer, where the owned
+  // parts of the pieces' gradients are.
+  for (auto& b : buckets_)
+    if (b->shard.defined() && !b->shard.is_alias_of(b->flat))
+      b->flat.narrow(0, b->member * b->segment, b->segment).copy_(b->shard);
+  return Status::success();
+}
+
+std::pair<int64_t, int64_t> GradBuckets::owned(const at::Tensor& param) const {
+  auto it = index_of_.find(param.unsafeGetTensorImpl());
+  if (it == index_of_.end()) return {0, param.numel()};
+  return owned_[it->second];
+}
+
+Status GradBuckets::gather_parameters() {
+  at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    Bucket& b = *bucket;
+    if (b.segment == 0) continue;
+    // This member's updated elements, laid out as its segment; all-gathered into the bucket's
+    // buffer (its gradients are spent), from which every piece takes its values.
+    at::Tensor mine = at::zeros({b.segment}, b.flat.options());
+    for (size_t i : b.params) {
+      const auto [begin, end] = owned_[i];
+      if (begin == end) continue;
+      mine.narrow(0, offset_of_[i] + begin - b.member * b.segment, end - begin)
+          .copy_(params_[i].param.detach().reshape({-1}).narrow(0, begin, end - begin));
+    }
+    LOOM_TRY(b.comm->all_gather_flat(b.flat, mine));
+    for (size_t i : b.params) params_[i].param.detach().copy_(view(i));
+  }
   return Status::success();
 }
 

@@ -36,9 +36,13 @@ class GradBuckets {
   // Buckets over `params`, given in the forward's order of use and in the same order on every
   // member of a group (buckets are filled from the end), each group's on its communicator from
   // `groups` (keyed by member list).
+  // With `zero1` (parallel.zero 1), each bucket is split into equal segments over the members
+  // of its group (exec/lower/grad_bucketing.h): buckets are reduce-scattered, so each member
+  // has the summed gradients of its segment only and updates exactly those elements;
+  // gather_parameters() then hands every member the updated values.
   GradBuckets(std::vector<Param> params,
               std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups,
-              int64_t bucket_bytes);
+              int64_t bucket_bytes, bool zero1 = false);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -58,6 +62,14 @@ class GradBuckets {
   // autograd (a split backward's weight-gradient block) and counts it as one of the step's
   // accumulations, as the hook counts autograd's.
   void accumulate(const at::Tensor& param, const at::Tensor& grad);
+
+  // The elements [begin, end) of `param` (flattened) this rank updates: all of them without
+  // zero1 or for a piece it does not share; under zero1 its segment's share (maybe empty).
+  std::pair<int64_t, int64_t> owned(const at::Tensor& param) const;
+  bool zero1() const { return zero1_; }
+  // ZeRO-1: after the owners' optimizer step, every member receives the updated pieces of each
+  // bucket (an all-gather of the owners' segments). Nothing to do without zero1.
+  Status gather_parameters();
 
   int64_t bucket_count() const;
   // How many buckets backward started (the rest started in finish()): for tests and benches.
@@ -81,6 +93,8 @@ class GradBuckets {
   std::vector<std::vector<size_t>> group_buckets_;  // per group: its buckets, in order
   std::vector<size_t> next_;                        // per group: the next bucket to start
   std::vector<size_t> group_of_bucket_;
+  bool zero1_ = false;
+  std::vector<std::pair<int64_t, int64_t>> owned_;   // per param: the elements it updates
   std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked autograd nodes alive
   std::shared_ptr<GradBuckets*> self_;               // what the hooks call; null once destroyed
   int64_t started_early_ = 0;

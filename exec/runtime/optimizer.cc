@@ -58,12 +58,34 @@ bool fused_cpu_adamw(const Lists& l, double lr, double decay, double b1, double 
 }  // namespace
 
 Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params,
-                     std::vector<bool> decay)
-    : config_(std::move(config)), params_(std::move(params)), decay_(std::move(decay)) {
-  for (const auto& p : params_) {
-    exp_avg_.push_back(at::zeros_like(p));
-    if (config_.type == "adamw") exp_avg_sq_.push_back(at::zeros_like(p));
+                     std::vector<bool> decay, std::vector<std::pair<int64_t, int64_t>> owned)
+    : config_(std::move(config)),
+      params_(std::move(params)),
+      decay_(std::move(decay)),
+      owned_(std::move(owned)) {
+  if (owned_.empty())
+    for (const at::Tensor& p : params_) owned_.emplace_back(0, p.numel());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto [begin, end] = owned_[i];
+    at::Tensor state;
+    if (end > begin) state = at::zeros_like(target(i));
+    exp_avg_.push_back(state);
+    if (config_.type == "adamw") exp_avg_sq_.push_back(end > begin ? at::zeros_like(state) : state);
   }
+}
+
+at::Tensor Optimizer::target(size_t i) const {
+  const at::Tensor& p = params_[i];
+  const auto [begin, end] = owned_[i];
+  if (begin == 0 && end == p.numel()) return p;
+  return p.detach().view({-1}).narrow(0, begin, end - begin);
+}
+
+at::Tensor Optimizer::target_grad(size_t i) const {
+  const at::Tensor& g = params_[i].grad();
+  const auto [begin, end] = owned_[i];
+  if (!g.defined() || (begin == 0 && end == g.numel())) return g;
+  return g.reshape({-1}).narrow(0, begin, end - begin);
 }
 
 void Optimizer::step(double lr) {
@@ -81,10 +103,10 @@ void Optimizer::adamw_step(double lr) {
   // Parameters that decay and those that do not are updated as two lists (decay differs).
   Lists groups[2];
   for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor& g = params_[i].grad();
-    if (!g.defined()) continue;
+    const at::Tensor g = target_grad(i);
+    if (!g.defined() || !exp_avg_[i].defined()) continue;
     Lists& l = groups[decay_[i] && wd != 0 ? 1 : 0];
-    l.params.push_back(params_[i]);
+    l.params.push_back(target(i));
     l.grads.push_back(g);
     l.exp_avg.push_back(exp_avg_[i]);
     l.exp_avg_sq.push_back(exp_avg_sq_[i]);
@@ -122,9 +144,9 @@ void Optimizer::adamw_step(double lr) {
 void Optimizer::sgd_step(double lr) {
   const double wd = config_.weight_decay;
   for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
-    if (!p.grad().defined()) continue;
-    at::Tensor g = p.grad();
+    at::Tensor p = target(i);
+    at::Tensor g = target_grad(i);
+    if (!g.defined() || !exp_avg_[i].defined()) continue;
     if (decay_[i] && wd != 0) g = g.add(p, wd);
     if (config_.momentum != 0) {
       if (t_ == 1)

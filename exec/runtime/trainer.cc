@@ -156,16 +156,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   impl->world = world;
   impl->planned = std::move(plan.file.graph);
   impl->lowered = std::move(plan.file.lowered);
-  LOOM_ASSIGN_OR_RETURN(impl->executor,
-                        Executor::create(impl->planned, impl->lowered, world, impl->kernels,
-                                         ExecutorOptions{static_cast<uint64_t>(config.run.seed),
-                                                         impl->device, bucket_bytes(config)}));
+  LOOM_ASSIGN_OR_RETURN(
+      impl->executor,
+      Executor::create(impl->planned, impl->lowered, world, impl->kernels,
+                       ExecutorOptions{static_cast<uint64_t>(config.run.seed), impl->device,
+                                       bucket_bytes(config), config.parallel.zero == 1}));
   // Weight decay applies to matrices, not to biases and norm scales.
   std::vector<bool> decay;
   for (const auto& piece : impl->executor->parameter_pieces())
     decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
   impl->optimizer =
-      std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay));
+      std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay),
+                                  impl->executor->parameter_owned());
   return resume(std::move(impl));
 }
 
@@ -200,6 +202,7 @@ Result<StepStats> Trainer::step() {
   clip_gradients(s.executor->parameters(), norm, s.config.optimizer.clip_grad_norm);
   const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
   s.optimizer->step(lr);
+  LOOM_TRY(s.executor->gather_parameters());
   ++s.step;
   if (s.config.checkpoint.every > 0 && s.step % s.config.checkpoint.every == 0)
     LOOM_TRY(save_checkpoint(checkpoint_target(s), s.config, s.step, checkpoint_root(s.config)));

@@ -428,9 +428,9 @@ TEST_F(Cli, PlanAndTrainReadParallelScheduleCsv) {
   Outcome zb_plan = run("plan " + config + zb_keys + zb + " --out " + (dir_ / "zb").string());
   ASSERT_EQ(zb_plan.code, 0) << zb_plan.output;
   EXPECT_EQ(read(dir_ / "zb" / "schedule.csv"), read(zb));
-  expect_rejected("train " + config + zb_keys + csv + " parallel.pp=4 model.args.layers=4",
-                  "parallel.schedule_csv: " + csv +
-                      ": the schedule has 2 rows (ranks), parallel.pp is 4");
+  expect_rejected(
+      "train " + config + zb_keys + csv + " parallel.pp=4 model.args.layers=4",
+      "parallel.schedule_csv: " + csv + ": the schedule has 2 rows (ranks), parallel.pp is 4");
 }
 
 }  // namespace

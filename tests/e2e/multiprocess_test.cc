@@ -152,6 +152,19 @@ TEST(MemoryEstimate, Gpt2Pp2) {
 TEST(MemoryEstimate, Gpt2Dp2) {
   expect_memory_estimate("124m_dp2", with_124m({"parallel.dp=2"}), 2);
 }
+// ZeRO-1: each replica keeps the optimizer state of the pieces it owns (here the SGD momentum of
+// about half the parameters).
+TEST(MemoryEstimate, Gpt2Dp2Zero1) {
+  expect_memory_estimate("124m_dp2_zero1", with_124m({"parallel.dp=2", "parallel.zero=1"}), 2);
+}
+// Full recomputation on a model whose activations dominate (4 layers, hidden 256, 256 tokens):
+// each layer keeps its input; one layer's activations come back in its backward.
+TEST(MemoryEstimate, RecomputeFull) {
+  expect_memory_estimate("recompute_full",
+                         {"model.args.layers=4", "model.args.hidden=256", "model.args.heads=4",
+                          "model.args.seq=256", "model.args.vocab=4096", "parallel.recompute=full"},
+                         1);
+}
 
 void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides,
                       int world_size) {
