@@ -12,8 +12,8 @@
 namespace loom {
 
 struct FlatBox {
-  int64_t offset = 0;   // of its first element in the flattened tensor
-  SliceRanges ranges;   // [start, end) per dimension; its elements are contiguous in that order
+  int64_t offset = 0;  // of its first element in the flattened tensor
+  SliceRanges ranges;  // [start, end) per dimension; its elements are contiguous in that order
 };
 
 // The boxes covering elements [begin, end) of a tensor of `shape`, in order: at most two

@@ -15,7 +15,7 @@ namespace loom::lower {
 constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
 
 struct BucketPlan {
-  std::vector<size_t> params;  // indices into the group's pieces, in bucket order
+  std::vector<size_t> params;   // indices into the group's pieces, in bucket order
   std::vector<int64_t> offset;  // per entry of `params`: where it starts in the flat buffer
   int64_t elements = 0;         // of the pieces, back to back
   // ZeRO-1: the flat buffer is `members` equal segments (the last padded); member j owns

@@ -12,6 +12,7 @@
 
 #include "exec/lower/fusion.h"
 #include "exec/runtime/deferred_linear.h"
+#include "exec/runtime/executor_impl.h"
 #include "exec/runtime/grad_buckets.h"
 #include "exec/runtime/init.h"
 #include "exec/runtime/oracle.h"
@@ -27,134 +28,7 @@ using lower::Primitive;
 
 using Part = PathPart;
 
-// Thrown inside autograd functions, caught by Executor::run.
-struct CommFailure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(const Status& s) {
-  if (!s.ok()) throw CommFailure(s.error().message);
-}
-
 }  // namespace
-
-struct Executor::Impl {
-  graph::Graph graph;
-  lower::Lowered lowered;
-  std::shared_ptr<comm::Comm> world;
-  RunDevice device;
-  int64_t rank = 0;
-  std::unique_ptr<PathRunner> runner;
-  std::unique_ptr<GradBuckets> buckets;  // null when no parameter piece is shared
-  std::vector<at::Tensor> params;        // float32 masters
-  // What ops read during a step: the masters, or their copies in the compute dtype (made once
-  // per step; their gradients flow back to the masters in float32).
-  std::vector<at::Tensor> compute_params;
-  std::vector<at::ScalarType> dtype;  // by tensor id: the planned graph's dtype
-  std::vector<graph::SubTensor> pieces;
-  std::vector<int64_t> replicas;
-  std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
-  std::vector<int64_t> producer_stage;  // by tensor id: the stage that makes it here, or -1
-  std::map<int64_t, std::set<int64_t>> consumed;  // stage -> tensors its ops read
-
-  // Where an op reads one input from, resolved once when the executor is made.
-  struct Source {
-    enum class Kind {
-      kInput,      // a graph input: the piece is cut from the micro-batch's full value
-      kParameter,  // index: parameter slot
-      kAdapter,    // index: adapter id (the value its consumers read)
-      kSameStage,  // index: tensor id, made earlier in the same forward block
-      kStageLeaf,  // index: tensor id, made by another stage on this rank (a leaf here)
-    } kind;
-    int64_t index;
-  };
-  // One unit of a forward block: an adapter item, or an op (a linear whose only reader is the
-  // bias_add that follows it runs with it as one at::linear; the IR keeps them apart so
-  // row-parallel splits stay partial sums).
-  struct ForwardStep {
-    int64_t item = 0;  // its (first) item in the segment
-    const lower::SegmentItem* adapter = nullptr;
-    size_t op = 0;
-    const Kernel* kernel = nullptr;
-    std::vector<Source> sources;
-    int64_t fused_bias = -1;  // op index of the fused bias_add
-    // A linear reading a parameter in a stage whose backward is split (I and W blocks): its
-    // weight gradient waits in the micro-batch's stash for the W block (deferred_linear.h).
-    bool deferred = false;
-    Source bias{Source::Kind::kParameter, -1};
-    bool makes_loss = false;
-    // The planned dtype of each output: a kernel computing in float32 (layer norm, softmax)
-    // hands on the graph's dtype.
-    std::vector<at::ScalarType> out_dtypes;
-  };
-  std::map<int64_t, size_t> segment_of_stage;           // stage -> index in the program's segments
-  std::vector<std::vector<ForwardStep>> forward_steps;  // per segment
-
-  // A recomputed region of a segment (lower::RecomputeRegion) as forward steps, with what it
-  // reads from outside (the checkpoint its backward recomputes from) and what outside reads
-  // of what it makes.
-  struct Value {
-    enum class Kind { kEnv, kAdapted, kLeaf, kParameter } kind;
-    int64_t index;  // tensor id, adapter id, tensor id, parameter slot
-    friend bool operator<(const Value& a, const Value& b) {
-      return std::tie(a.kind, a.index) < std::tie(b.kind, b.index);
-    }
-  };
-  struct Region {
-    size_t begin = 0, end = 0;  // forward steps
-    std::vector<Value> inputs;
-    std::vector<Value> outputs;  // kEnv or kAdapted only
-  };
-  std::vector<std::vector<Region>> regions;        // per segment, in step order
-  std::vector<std::vector<int64_t>> region_start;  // per segment, per step: region index or -1
-
-  // Per micro-batch values.
-  struct Micro {
-    std::vector<at::Tensor> env;                      // by tensor id: outputs of this rank's ops
-    std::unordered_map<int64_t, at::Tensor> adapted;  // adapter id -> value consumers read
-    std::unordered_map<int64_t, at::Tensor> sent;     // adapter id -> what the producers sent
-    std::unordered_map<int64_t, at::Tensor> leaves;   // tensor id -> same-rank stage boundary
-    std::map<int64_t, std::map<int64_t, std::pair<at::Tensor, at::Tensor>>>
-        pending;                                  // stage -> tensor -> (value, grad)
-    std::map<int64_t, WeightGradStash> deferred;  // stage -> weight gradients left for W
-    at::Tensor loss;
-    TensorId loss_tensor;  // which loss (Chimera's pipelines each have their own)
-    // A recomputed region's parameter inputs by slot (read instead of compute_params).
-    std::unordered_map<int64_t, at::Tensor> params;
-    // What each recomputed region of this micro-batch keeps for its backward (recompute.cc).
-    std::vector<std::shared_ptr<void>> checkpoints;
-  };
-  std::vector<Micro> micro;
-
-  // Runs a path of tensor `t`; a failure inside autograd functions travels as CommFailure.
-  at::Tensor run_path(const CommPath& path, TensorId t, at::Tensor x, Part part, int64_t tag_base) {
-    auto r = runner->run(path, graph.tensor(t).shape, std::move(x), part, tag_base,
-                         dtype[static_cast<size_t>(t.value())]);
-    if (!r.ok()) throw CommFailure(r.error().message);
-    return *r;
-  }
-
-  int64_t tag(const Adapter& a, int direction, int64_t mb) const {
-    LOOM_CHECK(mb < lower::kMaxMicroBatches)
-        << "micro-batch " << mb << " past the lowering's limit";
-    return lower::message_tag(a.id, direction == 0, mb);
-  }
-
-  // The value of tensor `id` made on this rank for micro-batch `m`.
-  const at::Tensor& value(const Micro& m, int64_t id) const {
-    const at::Tensor& t = m.env[static_cast<size_t>(id)];
-    LOOM_CHECK(t.defined()) << "rank " << rank << ": '"
-                            << graph.tensors()[static_cast<size_t>(id)].name
-                            << "' has no value yet";
-    return t;
-  }
-  int64_t stage_of(int64_t tensor) const {
-    const int64_t s = producer_stage[static_cast<size_t>(tensor)];
-    LOOM_CHECK(s >= 0) << "rank " << rank << " makes no '"
-                       << graph.tensors()[static_cast<size_t>(tensor)].name << "'";
-    return s;
-  }
-};
 
 namespace {
 
@@ -333,102 +207,6 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
   return Status::success();
 }
 
-using Value = Executor::Impl::Value;
-using Region = Executor::Impl::Region;
-
-// What region `r` (forward steps [begin, end) of segment `g`) reads from outside and makes for
-// outside: the values its recomputation starts from and the ones it hands on.
-void add_region_values(const Executor::Impl& s, size_t g, Region& r) {
-  const auto& steps = s.forward_steps[g];
-  const auto& ops = s.graph.ops();
-  std::set<Value> made, read;
-  auto read_source = [&](const Source& src) {
-    switch (src.kind) {
-      case Source::Kind::kInput:
-        return;  // cut again from the micro-batch's inputs
-      case Source::Kind::kParameter:
-        read.insert({Value::Kind::kParameter, src.index});
-        return;
-      case Source::Kind::kAdapter:
-        read.insert({Value::Kind::kAdapted, src.index});
-        return;
-      case Source::Kind::kSameStage:
-        read.insert({Value::Kind::kEnv, src.index});
-        return;
-      case Source::Kind::kStageLeaf:
-        read.insert({Value::Kind::kLeaf, src.index});
-        return;
-    }
-  };
-  for (size_t i = r.begin; i < r.end; ++i) {
-    const ForwardStep& step = steps[i];
-    if (step.adapter) {
-      const Adapter& a = s.lowered.adapters[static_cast<size_t>(step.adapter->index)];
-      LOOM_CHECK(!step.adapter->producer_side && !a.disjoint && !a.cross_stage())
-          << "a recomputed region may only hold adapters within its stage's ranks";
-      read.insert({Value::Kind::kEnv, a.tensor.value()});
-      made.insert({Value::Kind::kAdapted, a.id});
-      continue;
-    }
-    LOOM_CHECK(!step.makes_loss) << "a recomputed region makes the loss";
-    for (const Source& src : step.sources) read_source(src);
-    if (step.fused_bias >= 0) read_source(step.bias);
-    const graph::Op& last =
-        ops[step.fused_bias >= 0 ? static_cast<size_t>(step.fused_bias) : step.op];
-    for (const auto& out : last.outputs) made.insert({Value::Kind::kEnv, out.tensor.value()});
-  }
-  for (const Value& v : read)
-    if (!made.count(v)) r.inputs.push_back(v);
-  // Everything outside the region that reads what it made, on this rank.
-  std::set<Value> wanted;
-  for (size_t h = 0; h < s.forward_steps.size(); ++h)
-    for (size_t i = 0; i < s.forward_steps[h].size(); ++i) {
-      if (h == g && i >= r.begin && i < r.end) continue;
-      const ForwardStep& step = s.forward_steps[h][i];
-      if (step.adapter) {
-        const Adapter& a = s.lowered.adapters[static_cast<size_t>(step.adapter->index)];
-        wanted.insert({Value::Kind::kEnv, a.tensor.value()});
-        continue;
-      }
-      std::vector<Source> sources = step.sources;
-      if (step.fused_bias >= 0) sources.push_back(step.bias);
-      for (const Source& src : sources) {
-        if (src.kind == Source::Kind::kAdapter) wanted.insert({Value::Kind::kAdapted, src.index});
-        if (src.kind == Source::Kind::kSameStage || src.kind == Source::Kind::kStageLeaf)
-          wanted.insert({Value::Kind::kEnv, src.index});
-      }
-    }
-  for (const Value& v : made)
-    if (wanted.count(v)) r.outputs.push_back(v);
-}
-
-// The program's recomputed regions (lower/recompute.h) as ranges of forward steps.
-void plan_regions(Executor::Impl& s) {
-  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
-  s.regions.resize(prog.segments.size());
-  s.region_start.resize(prog.segments.size());
-  for (size_t g = 0; g < prog.segments.size(); ++g) {
-    const auto& steps = s.forward_steps[g];
-    s.region_start[g].assign(steps.size(), -1);
-    for (const lower::RecomputeRegion& marked : prog.segments[g].recompute) {
-      Region r;
-      auto first_at = [&](int64_t item) {
-        size_t i = 0;
-        while (i < steps.size() && steps[i].item < item) ++i;
-        return i;
-      };
-      r.begin = first_at(marked.begin);
-      r.end = first_at(marked.end);
-      LOOM_CHECK(r.begin < r.end && r.begin < steps.size())
-          << "rank " << s.rank << ": recompute region [" << marked.begin << ", " << marked.end
-          << ") holds no forward step";
-      add_region_values(s, g, r);
-      s.region_start[g][r.begin] = static_cast<int64_t>(s.regions[g].size());
-      s.regions[g].push_back(std::move(r));
-    }
-  }
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
@@ -484,8 +262,6 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
 
 namespace {
 
-using Inputs = std::vector<std::unordered_map<int64_t, at::Tensor>>;
-
 // The inputs on the device: host tensors are copied from pinned memory without the host waiting
 // (the copies run on the current stream before the kernels that read them).
 Inputs to_device(const Inputs& inputs, const RunDevice& d) {
@@ -496,7 +272,8 @@ Inputs to_device(const Inputs& inputs, const RunDevice& d) {
   return out;
 }
 
-// The value an op input reads for micro-batch `mb`.
+}  // namespace
+
 at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
                 const graph::SubTensor& in, int64_t mb, const Inputs& inputs) {
   switch (src.kind) {
@@ -517,6 +294,8 @@ at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
   }
   return at::Tensor();
 }
+
+namespace {
 
 // Runs an adapter item of a forward block.
 void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::SegmentItem& item,
@@ -540,7 +319,8 @@ void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::Segme
   }
 }
 
-// Forward steps [begin, end) of `segment` for micro-batch `mb`, into `m`.
+}  // namespace
+
 void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size_t begin,
                size_t end, int64_t mb, const Inputs& inputs) {
   const auto& ops = s.graph.ops();
@@ -585,134 +365,7 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
   }
 }
 
-// ---- Recomputed regions (parallel.recompute) -------------------------------------------------
-
-// What a recomputed region of one micro-batch keeps for its backward: the values it reads from
-// outside, in Region::inputs order.
-struct Checkpoint {
-  Executor::Impl* s = nullptr;
-  size_t segment = 0, region = 0;
-  int64_t mb = 0;
-  const Inputs* inputs = nullptr;
-  std::vector<at::Tensor> values;
-};
-
-// Runs the region on `values` (its inputs) in a scratch micro-batch and returns what it hands
-// on, in Region::outputs order. Nothing else it makes outlives the call.
-std::vector<at::Tensor> replay(const Checkpoint& cp, const std::vector<at::Tensor>& values) {
-  Executor::Impl& s = *cp.s;
-  const Region& r = s.regions[cp.segment][cp.region];
-  Executor::Impl::Micro local;
-  local.env.resize(s.graph.tensors().size());
-  for (size_t i = 0; i < r.inputs.size(); ++i) {
-    const Value& v = r.inputs[i];
-    switch (v.kind) {
-      case Value::Kind::kEnv:
-        local.env[static_cast<size_t>(v.index)] = values[i];
-        break;
-      case Value::Kind::kAdapted:
-        local.adapted[v.index] = values[i];
-        break;
-      case Value::Kind::kLeaf:
-        local.leaves[v.index] = values[i];
-        break;
-      case Value::Kind::kParameter:
-        local.params[v.index] = values[i];
-        break;
-    }
-  }
-  run_steps(s, local, cp.segment, r.begin, r.end, cp.mb, *cp.inputs);
-  std::vector<at::Tensor> out;
-  for (const Value& v : r.outputs) {
-    at::Tensor t = v.kind == Value::Kind::kEnv ? local.env[static_cast<size_t>(v.index)]
-                                               : local.adapted.at(v.index);
-    LOOM_CHECK(t.defined()) << "a recomputed region did not make what it hands on";
-    // An autograd function's output must not be a view of something it made and dropped.
-    out.push_back(t.is_view() ? t.clone() : t);
-  }
-  return out;
-}
-
-// A region as one autograd function: its forward runs without recording (keeping only its
-// inputs); its backward runs the region again with recording on and differentiates that.
-struct RegionFn : public torch::autograd::Function<RegionFn> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                at::TensorList inputs, int64_t checkpoint) {
-    ctx->saved_data["checkpoint"] = checkpoint;
-    const auto& cp = *reinterpret_cast<const Checkpoint*>(checkpoint);
-    return replay(cp, std::vector<at::Tensor>(inputs.begin(), inputs.end()));
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto& cp = *reinterpret_cast<Checkpoint*>(ctx->saved_data["checkpoint"].toInt());
-    std::vector<at::Tensor> values;
-    for (const at::Tensor& v : cp.values)
-      values.push_back(v.requires_grad() ? v.detach().requires_grad_(true) : v.detach());
-    torch::autograd::variable_list out(values.size() + 1);
-    {
-      at::AutoGradMode recording(true);
-      std::vector<at::Tensor> outs = replay(cp, values), roots, seeds, wrt;
-      for (size_t i = 0; i < outs.size(); ++i)
-        if (grads[i].defined() && outs[i].requires_grad()) {
-          roots.push_back(outs[i]);
-          seeds.push_back(grads[i]);
-        }
-      std::vector<size_t> wrt_index;
-      for (size_t i = 0; i < values.size(); ++i)
-        if (values[i].requires_grad()) {
-          wrt.push_back(values[i]);
-          wrt_index.push_back(i);
-        }
-      if (!roots.empty() && !wrt.empty()) {
-        auto g = torch::autograd::grad(roots, wrt, seeds, /*retain_graph=*/false,
-                                       /*create_graph=*/false, /*allow_unused=*/true);
-        for (size_t k = 0; k < g.size(); ++k) out[wrt_index[k]] = g[k];
-      }
-    }
-    cp.values.clear();  // the checkpoint is spent
-    return out;
-  }
-};
-
-// The value `v` of the micro-batch's forward so far (a stage leaf is made on first read).
-at::Tensor fetch(Executor::Impl& s, Executor::Impl::Micro& m, const Value& v) {
-  switch (v.kind) {
-    case Value::Kind::kEnv:
-      return s.value(m, v.index);
-    case Value::Kind::kAdapted:
-      return m.adapted.at(v.index);
-    case Value::Kind::kLeaf: {
-      auto& leaf = m.leaves[v.index];
-      if (!leaf.defined()) leaf = s.value(m, v.index).detach().requires_grad_(true);
-      return leaf;
-    }
-    case Value::Kind::kParameter:
-      return s.compute_params[static_cast<size_t>(v.index)];
-  }
-  return at::Tensor();
-}
-
-void run_region(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size_t region,
-                int64_t mb, const Inputs& inputs) {
-  const Region& r = s.regions[segment][region];
-  auto cp = std::make_shared<Checkpoint>();
-  cp->s = &s;
-  cp->segment = segment;
-  cp->region = region;
-  cp->mb = mb;
-  cp->inputs = &inputs;
-  for (const Value& v : r.inputs) cp->values.push_back(fetch(s, m, v));
-  const std::vector<at::Tensor> outs =
-      RegionFn::apply(at::TensorList(cp->values), reinterpret_cast<int64_t>(cp.get()));
-  m.checkpoints.push_back(std::move(cp));
-  for (size_t i = 0; i < r.outputs.size(); ++i) {
-    const Value& v = r.outputs[i];
-    if (v.kind == Value::Kind::kEnv)
-      m.env[static_cast<size_t>(v.index)] = outs[i];
-    else
-      m.adapted[v.index] = outs[i];
-  }
-}
+namespace {
 
 // A forward block: the segment's adapters and ops in order for micro-batch `mb`, each
 // recomputed region as one autograd function.

@@ -15,7 +15,8 @@ TEST(FlatRange, BoxesCoverEveryRunExactlyOnceInOrder) {
       for (int64_t e = b; e <= n; ++e) {
         int64_t next = b;  // the next element the boxes must start at
         for (const FlatBox& box : flat_range_boxes(shape, b, e)) {
-          ASSERT_EQ(box.offset, next) << "shape rank " << shape.size() << " [" << b << "," << e << ")";
+          ASSERT_EQ(box.offset, next)
+              << "shape rank " << shape.size() << " [" << b << "," << e << ")";
           ASSERT_EQ(box.ranges.size(), shape.size());
           // Row-major contiguity: after the first dimension whose range is not a single index,
           // every dimension is whole.

@@ -46,7 +46,8 @@ void expect_zero1(std::vector<std::string> overrides, int world_size,
   std::vector<double> owned(world_size), share(world_size), shared(world_size);
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(config(all), comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer,
+                          runtime::Trainer::create(config(all), comm.shared_from_this()));
     const auto& exec = trainer->executor();
     const auto mine = exec.parameter_owned();
     const int64_t r = comm.world_rank().value();
@@ -97,7 +98,8 @@ std::vector<double> train(const std::vector<std::string>& overrides, int world_s
   std::vector<double> losses;
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(config(all), comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer,
+                          runtime::Trainer::create(config(all), comm.shared_from_this()));
     for (int i = 0; i < steps; ++i) {
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
       if (comm.world_rank().value() == 0) losses.push_back(st.loss);
@@ -111,7 +113,8 @@ std::vector<double> train(const std::vector<std::string>& overrides, int world_s
 // A zero-1 checkpoint holds each piece's optimizer state once, written by its owner: one device
 // resumes from it as from its own, and a dp2 zero-1 run resumes from one device's.
 TEST(Zero1, CheckpointsMoveBetweenZero1AndZero0) {
-  const fs::path root = fs::temp_directory_path() / ("loom_zero1_ckpt_" + std::to_string(::getpid()));
+  const fs::path root =
+      fs::temp_directory_path() / ("loom_zero1_ckpt_" + std::to_string(::getpid()));
   fs::remove_all(root);
   const std::vector<double> whole = train({}, 1, 5, root / "one");
   ASSERT_EQ(whole.size(), 5u);
