@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "scheduler/list_scheduler.h"
+#include "scheduler/predefined.h"
+#include "scheduler/validator.h"
 
 namespace loom::sched {
 
@@ -44,6 +46,23 @@ std::vector<Baseline> baselines(const Placement& pl, int m, double limit, const 
   if (limit != Placement::kNoLimit) {
     pol.memory_limit.assign(p, limit);
     add("1f1b", list_schedule(*w, pol));  // backward first, forwards within the memory limit
+  }
+  const bool split = std::any_of(w->blocks().begin(), w->blocks().end(),
+                                 [](const Block& b) { return b.kind == BlockKind::kW; });
+  if (split) {
+    // The zero-bubble rule: I (or B) first, then forwards within the memory limit, W last: a W
+    // waits until a device would otherwise idle or needs the memory it frees (the bubbles).
+    ListPolicy zb = pol;
+    zb.priority = [&](int i) {
+      const Block& b = w->block(i);
+      const double rank = b.kind == BlockKind::kW ? 2e9 : b.kind == BlockKind::kF ? 1e9 : 0.0;
+      return rank + b.mb.value() * 1e3 + (i % 1000) * 1e-3;
+    };
+    add("zb", list_schedule(*w, zb));
+    // ZB-H1's own order where the placement is its chain (stage d alone on device d); other
+    // placements fail to resolve (unknown or misplaced blocks) and keep the rule above only.
+    if (auto ids = device_orders(ScheduleKind::kZbH1, p, m); ids.ok())
+      add("zb-h1", resolve_order(*w, *ids));
   }
   return out;
 }

@@ -1,7 +1,8 @@
 // Baselines for an arbitrary placement: the rules of the predefined schedules applied to its
 // blocks (GPipe: all forwards, then all backwards; 1F1B / Chimera: backward first, oldest
-// micro-batch first, forwards only while memory allows). The search must never be worse than
-// the best of them that fits the memory limit.
+// micro-batch first, forwards only while memory allows; for split backwards the zero-bubble rule,
+// I first, then forwards, W where a device would idle, and ZB-H1's own order on its chain). The
+// search must never be worse than the best of them that fits the memory limit.
 #pragma once
 
 #include <string>
@@ -15,7 +16,7 @@
 namespace loom::sched {
 
 struct Baseline {
-  std::string name;  // "gpipe", "1f1b", "chimera"
+  std::string name;  // "gpipe", "1f1b", "chimera", "zb", "zb-h1"
   Schedule schedule;
   Timeline timeline;
   double makespan() const { return timeline.makespan; }

@@ -94,6 +94,26 @@ Placement Placement::v_shape(int p, double fwd, double bwd) {
   return must(create(p, p, std::move(b)));
 }
 
+Placement Placement::v_shape_split(int p, double fwd, double input, double weight) {
+  std::vector<PlacedBlock> b;
+  std::vector<int> f(p);
+  for (int s = 0; s < p; ++s) {
+    f[s] = static_cast<int>(b.size());
+    b.push_back(make("f" + std::to_string(s), BlockKind::kF, s, {DeviceId(s)}, fwd, 1,
+                     s == 0 ? std::vector<int>{} : std::vector<int>{f[s - 1]}));
+  }
+  int prev = f[p - 1];
+  for (int s = p - 1; s >= 0; --s) {
+    std::vector<int> after = {prev};
+    if (s != p - 1) after.push_back(f[s]);
+    const int i = static_cast<int>(b.size());
+    b.push_back(make("i" + std::to_string(s), BlockKind::kI, s, {DeviceId(s)}, input, 0, after));
+    b.push_back(make("w" + std::to_string(s), BlockKind::kW, s, {DeviceId(s)}, weight, -1, {i}));
+    prev = i;
+  }
+  return must(create(p, p, std::move(b)));
+}
+
 Placement Placement::x_shape(int p, double fwd, double bwd) {
   std::vector<PlacedBlock> b;
   add_chain(b, single(p, false), 0, 0, "down_", fwd, bwd, {});

@@ -47,6 +47,10 @@ class Placement {
 
   // 1F1B's placement: stage s on device s, F down the chain, B back up.
   static Placement v_shape(int p, double fwd = 1, double bwd = 2);
+  // ZB-H1's placement: the V-shape with each backward split into I (input gradients, back up
+  // the chain, releasing nothing) and W (weight gradients, after the stage's own I on the same
+  // device, releasing the activations).
+  static Placement v_shape_split(int p, double fwd = 1, double input = 1, double weight = 1);
   // Chimera's pair: micro-batch 0 down (stage s on device s), micro-batch 1 up (on p-1-s).
   static Placement x_shape(int p, double fwd = 1, double bwd = 2);
   // A GPT: embedding and LM head on all devices around a V chain (LM head logits: 1 unit).

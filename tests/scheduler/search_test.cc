@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
+#include <map>
 
 #include "scheduler/baseline.h"
 #include "scheduler/predefined.h"
@@ -233,6 +235,53 @@ TEST(Search, RespectsTheMemoryLimitAtEveryInstant) {
   }
   for (double limit : {2.0, 3.0, 4.0})
     expect_within_memory(search(Placement::x_shape(4), 8, limit), limit);
+}
+
+TEST(Search, SplitVShapeIsZbH1sPlacement) {
+  const Placement pl = Placement::v_shape_split(3, 1, 2, 1);
+  ASSERT_EQ(pl.blocks().size(), 9u);
+  for (int d = 0; d < 3; ++d) {
+    std::vector<BlockKind> kinds;
+    for (const auto& b : pl.blocks())
+      if (b.devices == std::vector<DeviceId>{DeviceId(d)}) kinds.push_back(b.kind);
+    EXPECT_EQ(kinds, (std::vector<BlockKind>{BlockKind::kF, BlockKind::kI, BlockKind::kW}));
+    EXPECT_EQ(pl.load(DeviceId(d)), 4);
+  }
+  // Only W frees the activations F took; I of the last stage follows its F.
+  for (const auto& b : pl.blocks())
+    EXPECT_EQ(b.memory, b.kind == BlockKind::kF ? 1 : b.kind == BlockKind::kW ? -1 : 0) << b.name;
+  EXPECT_EQ(pl.blocks()[3].name, "i2");
+  EXPECT_EQ(pl.blocks()[3].after, std::vector<int>{2});
+  EXPECT_EQ(pl.blocks()[4].after, std::vector<int>{3});
+}
+
+// The search on ZB-H1's placement with 1F1B's memory (p micro-batches in flight) is never
+// slower than ZB-H1 itself, at equal and at unequal I and W costs.
+TEST(Search, SplitVShapeNoWorseThanZbH1) {
+  const int p = 4, m = 8;
+  for (auto [input, weight] : {std::pair{1.0, 1.0}, std::pair{2.0, 1.0}, std::pair{1.5, 0.5}}) {
+    SearchResult s = search(Placement::v_shape_split(p, 1, input, weight), m, p);
+    expect_within_memory(s, p);
+    PipelineSpec spec = PipelineSpec::of(p, m);
+    spec.fwd = 1, spec.bwd = input, spec.wgrad = weight;
+    auto zb = zb_h1(spec);
+    ASSERT_TRUE(zb.ok()) << zb.error().to_string();
+    auto zt = simulate(*zb);
+    ASSERT_TRUE(zt.ok()) << zt.error().to_string();
+    EXPECT_LE(s.timeline.makespan, zt->makespan + kTol)
+        << "I=" << input << " W=" << weight << " completion " << s.completion;
+    EXPECT_NEAR(s.repetend.period, 1 + input + weight, kTol);  // no steady-state bubble
+    // Every device runs F, I and W of every micro-batch.
+    for (int d = 0; d < p; ++d) {
+      std::map<BlockKind, int> count;
+      for (int i : s.schedule.order()[d]) ++count[s.schedule.workload().block(i).kind];
+      EXPECT_EQ(count[BlockKind::kF], m);
+      EXPECT_EQ(count[BlockKind::kI], m);
+      EXPECT_EQ(count[BlockKind::kW], m);
+    }
+    std::printf("v-split p=%d m=%d I=%g W=%g: search %g (%s), zb-h1 %g\n", p, m, input, weight,
+                s.timeline.makespan, s.completion.c_str(), zt->makespan);
+  }
 }
 
 TEST(Search, ErrorsNameTheProblem) {
