@@ -65,6 +65,21 @@ Result<CsvSchedule> read_schedule_file(const Flags& f) {
   return s;
 }
 
+// --placement NAME: the generated shapes, at --stages devices and the --fwd/--bwd/--wgrad costs
+// (v-split: ZB-H1's split backward, --bwd its I and --wgrad its W, as --kind zb-h1 reads them).
+const std::vector<std::string>& placement_names() {
+  static const std::vector<std::string> names = {"v", "v-split", "x", "m", "k"};
+  return names;
+}
+
+Placement named_placement(const std::string& name, const Flags& f) {
+  if (name == "v-split") return Placement::v_shape_split(f.stages, f.fwd, f.bwd, f.wgrad);
+  if (name == "x") return Placement::x_shape(f.stages, f.fwd, f.bwd);
+  if (name == "m") return Placement::m_shape(f.stages, f.fwd, f.bwd);
+  if (name == "k") return Placement::k_shape(f.stages, f.fwd, f.bwd);
+  return Placement::v_shape(f.stages, f.fwd, f.bwd);
+}
+
 }  // namespace
 
 int schedule_main(const Args& args) {
@@ -81,7 +96,9 @@ int schedule_main(const Args& args) {
   app.add_option("--bwd", f.bwd, "backward time (zb-h1: the input-gradient part I)");
   app.add_option("--wgrad", f.wgrad, "zb-h1: weight-gradient time W");
   app.add_option("--comm", f.comm, "delay between blocks on different devices");
-  app.add_option("--placement", f.placement, "search: placement YAML (configs/placements/)");
+  app.add_option("--placement", f.placement,
+                 "search: placement YAML (configs/placements/), or v, v-split (ZB-H1's I and W), "
+                 "x, m, k at --stages devices");
   app.add_option("--mem-limit", f.mem_limit,
                  "per-device memory limit, in micro-batches of activations");
   app.add_option("--csv", f.csv, "write the schedule as torch.distributed.pipelining CSV");
@@ -148,7 +165,16 @@ int schedule_main(const Args& args) {
       return fail(kExitBadInput,
                   "--chunks does not apply to --kind search (the placement says where blocks run)");
     Placement pl;
-    if (!f.placement.empty()) {
+    const auto& names = placement_names();
+    if (std::find(names.begin(), names.end(), f.placement) != names.end()) {
+      if (f.stages < 1)
+        return fail(kExitBadInput, "--placement " + f.placement + " needs --stages P");
+      if (f.placement == "k" && f.stages < 2)
+        return fail(kExitBadInput, "--placement k needs at least 2 --stages");
+      if (!(f.fwd > 0) || !(f.bwd > 0) || !(f.wgrad > 0))
+        return fail(kExitBadInput, "--fwd, --bwd and --wgrad must be positive");
+      pl = named_placement(f.placement, f);
+    } else if (!f.placement.empty()) {
       auto loaded = Placement::load(f.placement);
       if (!loaded.ok()) return fail(kExitBadInput, loaded.error().message);
       pl = std::move(loaded).value();

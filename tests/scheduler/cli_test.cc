@@ -64,6 +64,18 @@ TEST(ScheduleCommand, SearchWritesCsvSvgTrace) {
   EXPECT_NE(placed.out.find("period"), std::string::npos);
 }
 
+TEST(ScheduleCommand, SearchesTheSplitVShapeNoWorseThanZbH1) {
+  const std::string costs = " --stages 4 --micro-batches 8 --fwd 1 --bwd 1 --wgrad 1 --json";
+  CommandRun searched = loom_schedule("--kind search --placement v-split" + costs);
+  ASSERT_EQ(searched.code, 0) << searched.out;
+  CommandRun zb = loom_schedule("--kind zb-h1" + costs);
+  ASSERT_EQ(zb.code, 0) << zb.out;
+  auto s = nlohmann::json::parse(searched.out), z = nlohmann::json::parse(zb.out);
+  EXPECT_LE(s["makespan"].get<double>(), z["makespan"].get<double>() + 1e-9);
+  EXPECT_EQ(s["period"].get<double>(), 3);  // F + I + W: no bubble in the steady state
+  for (const auto& peak : s["peak_memory"]) EXPECT_LE(peak.get<double>(), 4 + 1e-9);
+}
+
 TEST(ScheduleCommand, BadInputIsOneClearMessageAndExit2) {
   struct Case {
     const char* flags;
@@ -77,6 +89,7 @@ TEST(ScheduleCommand, BadInputIsOneClearMessageAndExit2) {
         Case{"--kind interleaved --stages 4 --micro-batches 6 --chunks 2", "multiple of p"},
         Case{"--kind search --placement /nonexistent.yaml --micro-batches 4", "/nonexistent.yaml"},
         Case{"--kind search --stages 4 --micro-batches 4 --mem-limit 0.5", "memory limit"},
+        Case{"--kind search --placement v-split --micro-batches 4", "needs --stages"},
         Case{"--stages 4 --micro-batches 4", "--kind"}}) {
     CommandRun r = loom_schedule(c.flags);
     EXPECT_EQ(r.code, 2) << c.flags << "\n" << r.out;
