@@ -70,7 +70,8 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "pp", c.parallel.pp, positive());
   v("parallel", "sp", c.parallel.sp, Check<bool>());
   v("parallel", "schedule", c.parallel.schedule,
-    one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search", "csv"}));
+    one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search", "search-zb",
+            "csv"}));
   v("parallel", "schedule_csv", c.parallel.schedule_csv, Check<std::string>());
   v("parallel", "chunks", c.parallel.chunks, positive());
   v("parallel", "policy", c.parallel.policy, non_empty());

@@ -93,7 +93,7 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
   // The renderer draws one time unit as 1 ms: simulate in milliseconds.
   const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
   sched::Schedule schedule;
-  if (par.schedule == "search") {
+  if (par.schedule == "search" || par.schedule == "search-zb") {
     if (!order.searched) return Status::success();  // pipeline_order has refused what cannot run
     schedule = *order.searched;
   } else if (par.schedule == "csv") {
@@ -219,7 +219,8 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   auto order =
       [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
     lower::StageCosts costs;  // only the search reads them
-    if (config.parallel.schedule == "search" && config.parallel.pp > 1) {
+    const std::string& kind = config.parallel.schedule;
+    if ((kind == "search" || kind == "search-zb") && config.parallel.pp > 1) {
       lower::Lowered marked = lowered;  // what a micro-batch holds depends on recomputation
       lower::mark_recompute(file.graph, marked, recompute);
       costs = stage_costs(config, file.graph, marked, cost);

@@ -126,7 +126,10 @@ BlockKind program_kind(sched::BlockKind kind) {
 
 Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs) {
   const int pp = static_cast<int>(config.parallel.pp);
-  const sched::Placement v = sched::Placement::v_shape(pp);
+  // search-zb: ZB-H1's placement, each backward split into I and W.
+  const bool split = config.parallel.schedule == "search-zb";
+  const sched::Placement v =
+      split ? sched::Placement::v_shape_split(pp) : sched::Placement::v_shape(pp);
   if (costs.devices.empty()) return v;
   LOOM_CHECK(static_cast<int>(costs.devices.size()) == pp)
       << costs.devices.size() << " stage costs for parallel.pp " << pp;
@@ -163,8 +166,22 @@ Result<sched::Placement> search_placement(const Config& config, const StageCosts
     const double again =
         slowest > 0 ? std::round(costs.devices[d].recompute_s / slowest * kSearchGrid) / kSearchGrid
                     : 0.0;
-    b.span = b.kind == sched::BlockKind::kF ? f : 2 * f + again;
-    b.memory = b.kind == sched::BlockKind::kF ? share[d] : -share[d];
+    // As at_stage_costs: I and W take about a forward each, I runs the recomputed forward
+    // again, and W (not I) releases the activations.
+    switch (b.kind) {
+      case sched::BlockKind::kF:
+        b.span = f, b.memory = share[d];
+        break;
+      case sched::BlockKind::kB:
+        b.span = 2 * f + again, b.memory = -share[d];
+        break;
+      case sched::BlockKind::kI:
+        b.span = f + again, b.memory = 0;
+        break;
+      case sched::BlockKind::kW:
+        b.span = f, b.memory = -share[d];
+        break;
+    }
   }
   return sched::Placement::create(pp, memory ? 1.0 : static_cast<double>(pp), std::move(blocks));
 }
@@ -179,7 +196,7 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
   const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches),
             v = static_cast<int>(p.chunks);
   std::vector<std::vector<sched::BlockId>> orders;
-  if (p.schedule == "search") {
+  if (p.schedule == "search" || p.schedule == "search-zb") {
     if (v != 1)
       return config.error("parallel.chunks", "the searched schedule places one stage per device");
     LOOM_ASSIGN_OR_RETURN(sched::Placement placement, search_placement(config, costs));

@@ -45,12 +45,12 @@ struct PipelineOrder {
 };
 
 // The search's input for parallel.schedule search: one micro-batch's V-shaped block graph
-// (stage d on device d) with spans from `costs` in units of the slowest forward (rounded to
-// 1/kSearchGrid of it: the search branches over integer time slots, and finer ones multiply its
-// work), memory deltas as shares of each device's room for activations and a memory limit of 1.
-// Without costs (or device memory) every F adds one micro-batch and the limit is pp
-// micro-batches in flight. Errors name parallel.schedule when a device cannot hold one
-// micro-batch's activations.
+// (stage d on device d; for search-zb ZB-H1's, each backward split into I and W) with spans from
+// `costs` in units of the slowest forward (rounded to 1/kSearchGrid of it: the search branches over
+// integer time slots, and finer ones multiply its work), memory deltas as shares of each device's
+// room for activations and a memory limit of 1. Without costs (or device memory) every F adds one
+// micro-batch and the limit is pp micro-batches in flight. Errors name parallel.schedule when a
+// device cannot hold one micro-batch's activations.
 constexpr int kSearchGrid = 4;
 // Branch-and-bound nodes per candidate period when a plan searches its schedule: every plan
 // (loom plan, loom train) makes one, so the search stops proving optimality past this; the

@@ -101,6 +101,8 @@ TEST(Schedules, ChimeraDp2Pp2) {
 TEST(Schedules, SearchPp4) { expect_schedule("search", 4, 1); }
 // Zero bubble: every backward split into I (input gradients) and W (the weight matrix products,
 // deferred: exec/runtime/deferred_linear.h).
+TEST(Schedules, SearchZbPp2) { expect_schedule("search-zb", 2, 1); }
+TEST(Schedules, SearchZbPp4) { expect_schedule("search-zb", 4, 1); }
 TEST(Schedules, ZbH1Pp2) { expect_schedule("zb-h1", 2, 1); }
 TEST(Schedules, ZbH1Pp4) { expect_schedule("zb-h1", 4, 1); }
 TEST(Schedules, ZbH1Tp2Pp2) {

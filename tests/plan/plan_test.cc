@@ -325,6 +325,37 @@ TEST(SearchedSchedule, ThePlanDumpsTheScheduleFound) {
   EXPECT_NE(plan->schedule.csv, one_f_one_b->schedule.csv);
 }
 
+// search-zb: the plan dumps the schedule searched on ZB-H1's placement at the plan's stage
+// costs, each rank runs an F, an I and a W per micro-batch, and it is no slower than zb-h1's.
+TEST(SearchedSchedule, SearchZbDumpsTheSplitScheduleFound) {
+  const Config c = search_config({"parallel.schedule=search-zb"});
+  auto plan = make_plan(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const lower::StageCosts costs = stage_costs(c, plan->file.graph, plan->file.lowered, plan->cost);
+  auto placement = lower::search_placement(c, costs);
+  ASSERT_TRUE(placement.ok()) << placement.error().message;
+  sched::SearchOptions options;
+  options.node_limit = lower::kSearchNodeLimit;
+  auto found = sched::search_schedule(*placement, 8, options);
+  ASSERT_TRUE(found.ok()) << found.error().message;
+  auto csv = sched::to_csv(found->schedule);
+  ASSERT_TRUE(csv.ok());
+  EXPECT_EQ(plan->schedule.csv, *csv);
+  EXPECT_NE(csv->find("I"), std::string::npos);
+  EXPECT_NE(csv->find("W"), std::string::npos);
+  for (const auto& program : plan->file.lowered.programs) {
+    std::map<lower::BlockKind, int> count;
+    for (const auto& b : program.blocks) ++count[b.kind];
+    EXPECT_EQ(count[lower::BlockKind::kForward], 8);
+    EXPECT_EQ(count[lower::BlockKind::kInputGrad], 8);
+    EXPECT_EQ(count[lower::BlockKind::kWeightGrad], 8);
+    EXPECT_EQ(count[lower::BlockKind::kBackward], 0);
+  }
+  auto zb = make_plan(search_config({"parallel.schedule=zb-h1"}));
+  ASSERT_TRUE(zb.ok()) << zb.error().message;
+  EXPECT_LE(plan->pipeline.makespan_s, zb->pipeline.makespan_s * (1 + 1e-9));
+}
+
 // A device memory that leaves the tightest rank room for two micro-batches' activations keeps
 // at most two in flight there (and on every device no more than its room); one that leaves less
 // than one is an error naming the key.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
@@ -19,11 +20,11 @@ namespace {
 
 constexpr double kGiB = 1ull << 30;
 
-Config search_config(int pp, int micro_batches) {
-  auto c = parse_config(
-      "model: {type: gpt, preset: tiny}\nparallel: {pp: " + std::to_string(pp) +
-          ", schedule: search}\nbatch: {global: " + std::to_string(micro_batches) + ", micro: 1}\n",
-      "s.yaml");
+Config search_config(int pp, int micro_batches, const std::string& schedule = "search") {
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nparallel: {pp: " + std::to_string(pp) +
+                            ", schedule: " + schedule +
+                            "}\nbatch: {global: " + std::to_string(micro_batches) + ", micro: 1}\n",
+                        "s.yaml");
   EXPECT_TRUE(c.ok()) << c.error().message;
   return *c;
 }
@@ -47,6 +48,61 @@ TEST(SearchPlacement, BlocksCarryEachStagesDurationAndMemory) {
     const double f = b.devices[0].value() == 2 ? 1.0 : 0.5;  // in slowest forwards
     EXPECT_DOUBLE_EQ(b.span, b.kind == sched::BlockKind::kF ? f : 2 * f) << b.name;
     EXPECT_DOUBLE_EQ(b.memory, b.kind == sched::BlockKind::kF ? 0.25 : -0.25) << b.name;
+  }
+}
+
+// search-zb: ZB-H1's placement; I and W take a forward each (I also the recomputed forward's
+// share) and W, not I, releases the activations.
+TEST(SearchPlacement, SearchZbSplitsEachBackwardIntoIAndW) {
+  const Config c = search_config(4, 8, "search-zb");
+  StageCosts costs = four_stages(2.5);
+  costs.devices[1].recompute_s = 0.5e-3;
+  auto placement = search_placement(c, costs);
+  ASSERT_TRUE(placement.ok()) << placement.error().message;
+  EXPECT_EQ(placement->blocks().size(), 12u);
+  for (const sched::PlacedBlock& b : placement->blocks()) {
+    const int d = static_cast<int>(b.devices[0].value());
+    const double f = d == 2 ? 1.0 : 0.5, again = d == 1 ? 0.25 : 0.0;
+    EXPECT_NE(b.kind, sched::BlockKind::kB) << b.name;
+    EXPECT_DOUBLE_EQ(b.span, b.kind == sched::BlockKind::kI ? f + again : f) << b.name;
+    EXPECT_DOUBLE_EQ(b.memory, b.kind == sched::BlockKind::kF   ? 0.25
+                               : b.kind == sched::BlockKind::kW ? -0.25
+                                                                : 0.0)
+        << b.name;
+  }
+  auto uniform = search_placement(c, {});
+  ASSERT_TRUE(uniform.ok());
+  EXPECT_EQ(*uniform, sched::Placement::v_shape_split(4));
+}
+
+// Each rank of a search-zb pipeline runs one F, one I and one W per micro-batch, and the plan's
+// schedule is at the stage costs (I and W a forward each).
+TEST(PipelineOrder, SearchZbGivesEachRankFIAndWBlocks) {
+  const Config c = search_config(2, 4, "search-zb");
+  StageCosts costs;
+  for (double f : {1e-3, 1e-3}) costs.devices.push_back(StageCost{f, 0.1 * kGiB, 1 * kGiB});
+  costs.device_memory_bytes = 16 * kGiB;
+  for (const StageCosts& with : {StageCosts{}, costs}) {
+    auto order = pipeline_order(c, 4, with);
+    ASSERT_TRUE(order.ok()) << order.error().message;
+    ASSERT_EQ(order->ranks.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      std::map<std::pair<BlockKind, int64_t>, int> seen;
+      for (const ProgramBlock& b : order->ranks[static_cast<size_t>(r)]) {
+        EXPECT_EQ(b.stage, StageId(r));
+        ++seen[{b.kind, b.micro_batch.value()}];
+      }
+      EXPECT_EQ(seen.size(), 3u * 4u);
+      for (BlockKind k : {BlockKind::kForward, BlockKind::kInputGrad, BlockKind::kWeightGrad})
+        for (int64_t mb = 0; mb < 4; ++mb)
+          EXPECT_EQ((seen[{k, mb}]), 1) << "rank " << r << " micro-batch " << mb;
+    }
+    ASSERT_NE(order->searched, nullptr);
+    for (const sched::Block& b : order->searched->workload().blocks())
+      EXPECT_EQ(b.memory, b.kind == sched::BlockKind::kF   ? 1.0
+                          : b.kind == sched::BlockKind::kW ? -1.0
+                                                           : 0.0)
+          << b.to_string();
   }
 }
 
