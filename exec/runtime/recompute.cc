@@ -111,7 +111,6 @@ void plan_regions(Executor::Impl& s) {
 
 namespace {
 
-
 // What a recomputed region of one micro-batch keeps for its backward: the values it reads from
 // outside, in Region::inputs order.
 struct Checkpoint {
