@@ -6,6 +6,7 @@
 
 #include "exec/lower/fusion.h"
 #include "exec/lower/grad_bucketing.h"
+#include "exec/lower/recompute.h"
 #include "planner/cost.h"
 
 namespace loom::plan {
@@ -49,17 +50,20 @@ ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t
   ZeroShare z;
   std::vector<int64_t> ids = lowered.programs[rank].grad_syncs;
   std::sort(ids.begin(), ids.end());  // the executor's order (executor.cc, add_grad_buckets)
+  // The runtime's groups and buckets (exec/lower/grad_bucketing.h).
+  std::vector<std::vector<int64_t>> keys;
+  for (int64_t id : ids) {
+    keys.emplace_back();
+    for (DeviceId d : lowered.grad_syncs[static_cast<size_t>(id)].devices)
+      keys.back().push_back(d.value());
+  }
   std::vector<std::vector<DeviceId>> groups;
   std::vector<std::vector<int64_t>> numels;
-  for (int64_t id : ids) {
-    const lower::GradSync& sync = lowered.grad_syncs[static_cast<size_t>(id)];
-    auto it = std::find(groups.begin(), groups.end(), sync.devices);
-    if (it == groups.end()) {
-      groups.push_back(sync.devices);
-      numels.emplace_back();
-      it = groups.end() - 1;
-    }
-    numels[static_cast<size_t>(it - groups.begin())].push_back(numel(sync.piece.shape()));
+  for (const std::vector<size_t>& members : lower::group_in_order(keys)) {
+    groups.push_back(lowered.grad_syncs[static_cast<size_t>(ids[members.front()])].devices);
+    numels.emplace_back();
+    for (size_t j : members)
+      numels.back().push_back(numel(lowered.grad_syncs[static_cast<size_t>(ids[j])].piece.shape()));
   }
   const auto bucket_bytes = static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
   for (size_t k = 0; k < groups.size(); ++k) {
@@ -99,41 +103,19 @@ struct RegionCost {
   double flops = 0;
 };
 
-// The readers of each tensor on one rank: (segment, item) of every op and adapter item.
-using Readers = std::map<int64_t, std::vector<std::pair<size_t, int64_t>>>;
-Readers readers_of(const graph::Graph& g, const lower::Lowered& lowered,
-                   const lower::Program& prog) {
-  Readers readers;
-  for (size_t s = 0; s < prog.segments.size(); ++s)
-    for (size_t i = 0; i < prog.segments[s].items.size(); ++i) {
-      const lower::SegmentItem& it = prog.segments[s].items[i];
-      const auto at = std::make_pair(s, static_cast<int64_t>(i));
-      if (it.kind == lower::SegmentItem::Kind::kAdapter)
-        readers[lowered.adapters[static_cast<size_t>(it.index)].tensor.value()].push_back(at);
-      else
-        for (const auto& in : g.ops()[static_cast<size_t>(it.index)].inputs)
-          readers[in.tensor.value()].push_back(at);
-    }
-  return readers;
-}
-
 RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
-                       const std::vector<bool>& fused, const Readers& readers, size_t segment,
-                       const lower::Segment& seg, const lower::RecomputeRegion& region,
-                       int64_t rank) {
+                       const std::vector<bool>& fused, const lower::Program& prog, size_t segment,
+                       const lower::RecomputeRegion& region, int64_t rank) {
   RegionCost c;
-  auto kept_outside = [&](int64_t tensor) {
-    if (g.tensor(TensorId(tensor)).role == graph::TensorRole::kLoss) return true;
-    auto it = readers.find(tensor);
-    if (it == readers.end()) return false;
-    for (const auto& [s, i] : it->second)
-      if (s != segment || i < region.begin || i >= region.end) return true;
-    return false;
-  };
+  const lower::Segment& seg = prog.segments[segment];
+  const lower::RegionBorder border = lower::region_border(g, lowered, prog, segment, region);
+  const std::set<int64_t> kept(border.tensors.begin(), border.tensors.end());
+  const std::set<int64_t> handed_on(border.adapters.begin(), border.adapters.end());
   for (int64_t i = region.begin; i < region.end; ++i) {
     const lower::SegmentItem& it = seg.items[static_cast<size_t>(i)];
     if (it.kind == lower::SegmentItem::Kind::kAdapter) {
       const lower::Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+      if (handed_on.count(a.id)) continue;
       const auto& t = g.tensor(a.tensor);
       for (int64_t pos = 0; pos < a.to.size(); ++pos)
         if (a.to.devices[static_cast<size_t>(pos)].value() == rank)
@@ -146,9 +128,9 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
     c.flops += planner::op_flops(op);
     c.dropped_bytes += saved_extra_bytes(op);
     if (fused[index]) continue;
-    bool kept = false;
-    for (const auto& out : op.outputs) kept = kept || kept_outside(out.tensor.value());
-    if (!kept) c.dropped_bytes += planner::op_output_bytes(g, op);
+    bool keeps = false;
+    for (const auto& out : op.outputs) keeps = keeps || kept.count(out.tensor.value()) > 0;
+    if (!keeps) c.dropped_bytes += planner::op_output_bytes(g, op);
   }
   return c;
 }
@@ -266,11 +248,10 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
     bool any = false;
     for (const auto& seg : prog.segments) any = any || !seg.recompute.empty();
     if (!any) continue;
-    const Readers readers = readers_of(planned, lowered, prog);
     for (size_t s = 0; s < prog.segments.size(); ++s)
       for (const lower::RecomputeRegion& region : prog.segments[s].recompute) {
-        const RegionCost c = region_cost(planned, lowered, fused, readers, s, prog.segments[s],
-                                         region, static_cast<int64_t>(r));
+        const RegionCost c =
+            region_cost(planned, lowered, fused, prog, s, region, static_cast<int64_t>(r));
         out.dropped_bytes[r] += c.dropped_bytes;
         out.largest_region_bytes[r] = std::max(out.largest_region_bytes[r], c.dropped_bytes);
         if (cost.device_flops_per_s > 0) out.forward_s[r] += c.flops / cost.device_flops_per_s;

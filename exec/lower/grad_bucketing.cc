@@ -12,6 +12,21 @@ std::pair<int64_t, int64_t> BucketPlan::owned(size_t j, int64_t numel, int64_t m
   return {begin - offset[j], end - offset[j]};
 }
 
+std::vector<std::vector<size_t>> group_in_order(const std::vector<std::vector<int64_t>>& keys) {
+  std::vector<std::vector<int64_t>> seen;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = std::find(seen.begin(), seen.end(), keys[i]);
+    if (it == seen.end()) {
+      seen.push_back(keys[i]);
+      groups.emplace_back();
+      it = seen.end() - 1;
+    }
+    groups[static_cast<size_t>(it - seen.begin())].push_back(i);
+  }
+  return groups;
+}
+
 std::vector<BucketPlan> plan_buckets(const std::vector<int64_t>& numel, int64_t element_bytes,
                                      int64_t bucket_bytes, int64_t members, bool zero1) {
   std::vector<BucketPlan> out(1);

@@ -28,6 +28,10 @@ struct BucketPlan {
   std::pair<int64_t, int64_t> owned(size_t j, int64_t numel, int64_t m) const;
 };
 
+// Indices of `keys` (the group of ranks each shared piece is summed over, in the forward's order
+// of use) grouped by equal key, groups in order of first appearance: a rank's gradient groups.
+std::vector<std::vector<size_t>> group_in_order(const std::vector<std::vector<int64_t>>& keys);
+
 // The buckets of one group's pieces (`numel` elements of `element_bytes` each, in the forward's
 // order of use, the same on every member): filled from the last-used piece, at most
 // `bucket_bytes` each (the first at most kFirstBucketBytes). With `zero1`, each bucket is split

@@ -1,5 +1,7 @@
 #include "exec/lower/recompute.h"
 
+#include <set>
+
 #include "exec/lower/fusion.h"
 
 namespace loom::lower {
@@ -92,6 +94,57 @@ void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mod
           break;
       }
     }
+}
+
+RegionBorder region_border(const graph::Graph& g, const Lowered& lowered, const Program& prog,
+                           size_t segment, const RecomputeRegion& region) {
+  auto inside = [&](size_t s, size_t i) {
+    return s == segment && static_cast<int64_t>(i) >= region.begin &&
+           static_cast<int64_t>(i) < region.end;
+  };
+  // Which op reads which tensor through an adapter, by (tensor, consumer op name).
+  std::set<std::pair<int64_t, std::string>> through_adapter;
+  for (const Adapter& a : lowered.adapters)
+    for (const std::string& c : a.consumers) through_adapter.insert({a.tensor.value(), c});
+  std::set<int64_t> read_outside;                       // tensors read directly outside
+  std::set<std::pair<int64_t, std::string>> consumers;  // (tensor, op) reading through adapters
+  for (size_t s = 0; s < prog.segments.size(); ++s)
+    for (size_t i = 0; i < prog.segments[s].items.size(); ++i) {
+      if (inside(s, i)) continue;
+      const SegmentItem& it = prog.segments[s].items[i];
+      if (it.kind == SegmentItem::Kind::kAdapter) {
+        read_outside.insert(lowered.adapters[static_cast<size_t>(it.index)].tensor.value());
+        continue;
+      }
+      const graph::Op& op = g.ops()[static_cast<size_t>(it.index)];
+      for (const auto& in : op.inputs) {
+        const std::pair<int64_t, std::string> key{in.tensor.value(), op.def->name};
+        if (through_adapter.count(key))
+          consumers.insert(key);
+        else
+          read_outside.insert(in.tensor.value());
+      }
+    }
+  RegionBorder border;
+  const Segment& seg = prog.segments[segment];
+  for (int64_t i = region.begin; i < region.end; ++i) {
+    const SegmentItem& it = seg.items[static_cast<size_t>(i)];
+    if (it.kind == SegmentItem::Kind::kAdapter) {
+      const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+      for (const std::string& c : a.consumers)
+        if (consumers.count({a.tensor.value(), c})) {
+          border.adapters.push_back(a.id);
+          break;
+        }
+      continue;
+    }
+    for (const auto& out : g.ops()[static_cast<size_t>(it.index)].outputs) {
+      const int64_t t = out.tensor.value();
+      if (read_outside.count(t) || g.tensor(out.tensor).role == graph::TensorRole::kLoss)
+        border.tensors.push_back(t);
+    }
+  }
+  return border;
 }
 
 bool recomputed(const Segment& segment, int64_t item) {

@@ -26,4 +26,14 @@ void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mod
 // Whether item `item` of `segment` lies in one of its regions.
 bool recomputed(const Segment& segment, int64_t item);
 
+// What a region hands on: the values its forward must keep for readers outside it on its rank,
+// since the rest of what it makes is made again in its backward. The executor keeps exactly
+// these and the estimator counts exactly these.
+struct RegionBorder {
+  std::vector<int64_t> tensors;   // made by its ops, read outside it (directly), or the loss
+  std::vector<int64_t> adapters;  // delivered inside it to a consumer op outside it
+};
+RegionBorder region_border(const graph::Graph& planned, const Lowered& lowered,
+                           const Program& program, size_t segment, const RecomputeRegion& region);
+
 }  // namespace loom::lower

@@ -54,18 +54,11 @@ GradBuckets::GradBuckets(std::vector<Param> params,
                          int64_t bucket_bytes, bool zero1)
     : params_(std::move(params)), zero1_(zero1), self_(std::make_shared<GradBuckets*>(this)) {
   owned_.resize(params_.size());
-  std::vector<std::vector<int64_t>> group_keys;  // in order of first appearance
-  std::vector<std::vector<size_t>> members;      // params of each group
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto key = key_of(params_[i].group);
-    auto it = std::find(group_keys.begin(), group_keys.end(), key);
-    if (it == group_keys.end()) {
-      group_keys.push_back(key);
-      members.emplace_back();
-      it = group_keys.end() - 1;
-    }
-    members[static_cast<size_t>(it - group_keys.begin())].push_back(i);
-  }
+  std::vector<std::vector<int64_t>> keys;
+  for (const Param& p : params_) keys.push_back(key_of(p.group));
+  const std::vector<std::vector<size_t>> members = lower::group_in_order(keys);  // per group
+  std::vector<std::vector<int64_t>> group_keys;
+  for (const auto& m : members) group_keys.push_back(keys[m.front()]);
   bucket_of_.assign(params_.size(), 0);
   offset_of_.assign(params_.size(), 0);
   group_buckets_.resize(group_keys.size());

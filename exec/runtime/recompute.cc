@@ -1,6 +1,8 @@
 // Recomputed regions (parallel.recompute, exec/lower/recompute.h): a region's forward runs as
 // one autograd function that keeps only what the region reads from outside; its backward runs
 // the region again with recording on and differentiates that.
+#include "exec/lower/recompute.h"
+
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -17,7 +19,7 @@ using Region = Executor::Impl::Region;
 
 // What region `r` (forward steps [begin, end) of segment `g`) reads from outside and makes for
 // outside: the values its recomputation starts from and the ones it hands on.
-void add_region_values(const Executor::Impl& s, size_t g, Region& r) {
+void add_region_values(const Executor::Impl& s, size_t g, size_t region, Region& r) {
   const auto& steps = s.forward_steps[g];
   const auto& ops = s.graph.ops();
   std::set<Value> made, read;
@@ -58,25 +60,14 @@ void add_region_values(const Executor::Impl& s, size_t g, Region& r) {
   }
   for (const Value& v : read)
     if (!made.count(v)) r.inputs.push_back(v);
-  // Everything outside the region that reads what it made, on this rank.
+  // What readers outside the region take from it (lower/recompute.h: the estimate counts the
+  // same values).
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  const lower::RegionBorder border =
+      lower::region_border(s.graph, s.lowered, prog, g, prog.segments[g].recompute[region]);
   std::set<Value> wanted;
-  for (size_t h = 0; h < s.forward_steps.size(); ++h)
-    for (size_t i = 0; i < s.forward_steps[h].size(); ++i) {
-      if (h == g && i >= r.begin && i < r.end) continue;
-      const ForwardStep& step = s.forward_steps[h][i];
-      if (step.adapter) {
-        const Adapter& a = s.lowered.adapters[static_cast<size_t>(step.adapter->index)];
-        wanted.insert({Value::Kind::kEnv, a.tensor.value()});
-        continue;
-      }
-      std::vector<Source> sources = step.sources;
-      if (step.fused_bias >= 0) sources.push_back(step.bias);
-      for (const Source& src : sources) {
-        if (src.kind == Source::Kind::kAdapter) wanted.insert({Value::Kind::kAdapted, src.index});
-        if (src.kind == Source::Kind::kSameStage || src.kind == Source::Kind::kStageLeaf)
-          wanted.insert({Value::Kind::kEnv, src.index});
-      }
-    }
+  for (int64_t t : border.tensors) wanted.insert({Value::Kind::kEnv, t});
+  for (int64_t a : border.adapters) wanted.insert({Value::Kind::kAdapted, a});
   for (const Value& v : made)
     if (wanted.count(v)) r.outputs.push_back(v);
 }
@@ -102,7 +93,7 @@ void plan_regions(Executor::Impl& s) {
       LOOM_CHECK(r.begin < r.end && r.begin < steps.size())
           << "rank " << s.rank << ": recompute region [" << marked.begin << ", " << marked.end
           << ") holds no forward step";
-      add_region_values(s, g, r);
+      add_region_values(s, g, s.regions[g].size(), r);
       s.region_start[g][r.begin] = static_cast<int64_t>(s.regions[g].size());
       s.regions[g].push_back(std::move(r));
     }
