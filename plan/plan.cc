@@ -69,12 +69,17 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   return json.dump(1);
 }
 
-// An imported schedule's order with every block's duration times `factor` (its time unit in ms).
-Result<sched::Schedule> scaled(const sched::Schedule& s, double factor) {
+// An imported schedule's order with every block's duration times `factor` (its time unit in ms),
+// and `again_ms` more on the blocks that start a backward (B, or I when split): the forward a
+// recomputing backward runs again.
+Result<sched::Schedule> scaled(const sched::Schedule& s, double factor, double again_ms) {
   std::vector<sched::Block> blocks = s.workload().blocks();
   std::vector<std::vector<int>> deps;
   for (int i = 0; i < s.workload().size(); ++i) deps.push_back(s.workload().deps(i));
-  for (sched::Block& b : blocks) b.duration *= factor;
+  for (sched::Block& b : blocks) {
+    b.duration *= factor;
+    if (b.kind == sched::BlockKind::kB || b.kind == sched::BlockKind::kI) b.duration += again_ms;
+  }
   LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(s.workload().num_devices(),
                                                                std::move(blocks), std::move(deps)));
   return sched::Schedule::from_indices(std::move(workload), s.order(), s.name());
@@ -92,23 +97,23 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
   for (double f : forward_s) unit_s = std::max(unit_s, f);
   // The renderer draws one time unit as 1 ms: simulate in milliseconds.
   const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
+  double again_s = 0;  // the forward a recomputing backward runs again
+  for (double f : recompute_s) again_s = std::max(again_s, f);
+  const double again_ms = again_s / static_cast<double>(par.chunks) * 1e3;
   sched::Schedule schedule;
   if (par.schedule == "search" || par.schedule == "search-zb") {
     if (!order.searched) return Status::success();  // pipeline_order has refused what cannot run
     schedule = *order.searched;
   } else if (par.schedule == "csv") {
     if (!order.imported) return Status::success();  // pipeline_order has refused what cannot run
-    LOOM_ASSIGN_OR_RETURN(schedule, scaled(*order.imported, unit_ms));
+    LOOM_ASSIGN_OR_RETURN(schedule, scaled(*order.imported, unit_ms, again_ms));
   } else {
     auto kind = sched::parse_schedule_kind(par.schedule);
     if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
-    double again_s = 0;                        // the forward a recomputing backward runs again
-    for (double f : recompute_s) again_s = std::max(again_s, f);
     auto spec =
         sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
                                 static_cast<int>(par.chunks));
     spec.fwd = unit_ms;
-    const double again_ms = again_s / static_cast<double>(par.chunks) * 1e3;
     spec.bwd = 2 * unit_ms + again_ms;
     if (*kind == sched::ScheduleKind::kZbH1) {
       // The split backward: I (the input gradients) and W (the weight matrix products, about

@@ -325,8 +325,9 @@ Result<CsvSchedule> read_csv(const std::string& text, const CsvImportOptions& op
       case BlockKind::kF:
         return opt.fwd / v;
       case BlockKind::kB:
-      case BlockKind::kI:
         return opt.bwd / v;
+      case BlockKind::kI:
+        return (opt.input > 0 ? opt.input : opt.bwd) / v;
       case BlockKind::kW:
         return opt.wgrad / v;
     }

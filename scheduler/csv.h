@@ -17,11 +17,13 @@ namespace loom::sched {
 Result<std::string> to_csv(const Schedule& schedule);
 
 // Block costs of an imported chain pipeline, in `loom schedule` units: fwd and bwd per
-// device's share (a stage of v stages per device takes 1/v), wgrad for W when B is split.
+// device's share (a stage of v stages per device takes 1/v), wgrad for W when B is split, and
+// input for I (0: bwd, as `loom schedule --from-csv --bwd` gives I's time).
 struct CsvImportOptions {
   double fwd = 1;
   double bwd = 2;
   double wgrad = 1;
+  double input = 0;
 };
 
 // A cell of the file, 1-based as a spreadsheet shows it: the row is the line, the column the

@@ -69,7 +69,10 @@ Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v)
   if (!in) return config.error("parallel.schedule_csv", "cannot read schedule file '" + file + "'");
   std::stringstream text;
   text << in.rdbuf();
-  auto read = sched::read_csv(text.str());
+  // At the units the plan simulates in: B = 2 F, and a split backward's I = W = F as zb-h1's.
+  sched::CsvImportOptions units;
+  units.input = 1;
+  auto read = sched::read_csv(text.str(), units);
   if (!read.ok()) return fail(read.error().message);
   const sched::Schedule& s = read->schedule;
   if (s.num_devices() != pp)

@@ -356,6 +356,32 @@ TEST(SearchedSchedule, SearchZbDumpsTheSplitScheduleFound) {
   EXPECT_LE(plan->pipeline.makespan_s, zb->pipeline.makespan_s * (1 + 1e-9));
 }
 
+// A predefined schedule written as CSV and planned through parallel.schedule_csv is simulated
+// at the same block durations as the predefined plan (B = 2 F; a split backward's I = W = F; a
+// recomputing backward's forward again), so the two plans estimate the same makespan.
+TEST(CsvSchedule, PlansAtThePredefinedSchedulesDurations) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"parallel.schedule=1f1b"},
+        std::vector<std::string>{"parallel.schedule=zb-h1"},
+        std::vector<std::string>{"parallel.schedule=zb-h1", "parallel.recompute=full"}}) {
+    std::vector<std::string> overrides = {"parallel.dp=1", "parallel.tp=1"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    auto predefined = make_plan(config(overrides));
+    ASSERT_TRUE(predefined.ok()) << predefined.error().message;
+    const std::filesystem::path file =
+        std::filesystem::path(testing::TempDir()) / ("loom_plan_csv_" + extra.back() + ".csv");
+    std::ofstream(file) << predefined->schedule.csv;
+    overrides.push_back("parallel.schedule=csv");
+    overrides.push_back("parallel.schedule_csv=" + file.string());
+    auto imported = make_plan(config(overrides));
+    ASSERT_TRUE(imported.ok()) << imported.error().message;
+    EXPECT_NEAR(imported->pipeline.makespan_s, predefined->pipeline.makespan_s,
+                predefined->pipeline.makespan_s * 1e-9)
+        << extra.back();
+    EXPECT_EQ(imported->schedule.csv, predefined->schedule.csv) << extra.back();
+  }
+}
+
 // A device memory that leaves the tightest rank room for two micro-batches' activations keeps
 // at most two in flight there (and on every device no more than its room); one that leaves less
 // than one is an error naming the key.
