@@ -77,12 +77,8 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "policy", c.parallel.policy, non_empty());
   v("parallel", "recompute", c.parallel.recompute, one_of({"none", "selective", "full"}));
   v("parallel", "zero", c.parallel.zero, Check<int64_t>([](int64_t z) {
-      if (z == 0 || z == 1) return std::string();
-      if (z == 3)
-        return std::string(
-            "3 (parameters stored split over the data-parallel replicas) is not available yet; "
-            "use 0 or 1");
-      return "must be 0 or 1, got " + std::to_string(z);
+      if (z == 0 || z == 1 || z == 3) return std::string();
+      return "must be 0, 1 or 3, got " + std::to_string(z);
     }));
   v("parallel", "stages", c.parallel.stages, Check<std::vector<std::vector<int64_t>>>());
 

@@ -193,6 +193,26 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
   return model;
 }
 
+namespace {
+
+// parallel.zero 3 gathers a linear's weight again in its backward and reduce-scatters its
+// gradient there: a weight gradient deferred to a W block would need both again, which the W
+// blocks' promise (no communication, exec/lower/program.h) rules out.
+Status check_zero3_schedule(const Config& config, const lower::Lowered& lowered) {
+  if (config.parallel.zero != 3) return Status::success();
+  for (const lower::Program& prog : lowered.programs)
+    for (const lower::ProgramBlock& b : prog.blocks)
+      if (b.kind == lower::BlockKind::kWeightGrad)
+        return config.error("parallel.zero",
+                            "3 (parameters stored split) does not combine with a backward split "
+                            "into input- and weight-gradient blocks (parallel.schedule: " +
+                                config.parallel.schedule +
+                                "); use zero 1, or a schedule without W blocks");
+  return Status::success();
+}
+
+}  // namespace
+
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
                        int64_t world_size) {
   if (world_size == 0) world_size = config.parallel.world_size();
@@ -234,8 +254,11 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
     return std::move(pipeline.ranks);
   };
   lower::PathFinder paths(cost);
-  LOOM_ASSIGN_OR_RETURN(file.lowered,
-                        lower::lower(file.graph, world_size, config.micro_batches(), paths, order));
+  lower::LowerOptions options;
+  options.shard_parameters = config.parallel.zero == 3;
+  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
+                                                   paths, order, options));
+  LOOM_TRY(check_zero3_schedule(config, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, recompute);
   // A recomputed forward repeats its collectives inside the backward: check that order too.
   if (recompute != lower::Recompute::kNone)

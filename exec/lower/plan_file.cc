@@ -217,6 +217,8 @@ void put_lowered(const Lowered& l, pb::Lowered* out) {
     put_path(a.forward, pa->mutable_forward());
     put_path(a.backward, pa->mutable_backward());
     pa->set_disjoint(a.disjoint);
+    pa->set_parameter(a.parameter);
+    pa->set_regather(a.regather);
   }
   for (const GradSync& s : l.grad_syncs) {
     auto* ps = out->add_grad_syncs();
@@ -438,6 +440,10 @@ class Reader {
       LOOM_ASSIGN_OR_RETURN(a.forward, path(pa.forward(), world, f + ".forward"));
       LOOM_ASSIGN_OR_RETURN(a.backward, path(pa.backward(), world, f + ".backward"));
       a.disjoint = pa.disjoint();
+      a.parameter = pa.parameter();
+      a.regather = pa.regather();
+      if (a.regather && !a.parameter)
+        return bad(f + ".regather", "is set on an activation's adapter");
       l.adapters.push_back(std::move(a));
     }
     for (int i = 0; i < p.grad_syncs_size(); ++i) {

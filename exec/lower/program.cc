@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "core/strings.h"
+#include "exec/lower/param_shards.h"
 
 namespace loom::lower {
 
@@ -181,9 +182,19 @@ void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t
     const auto& op = ops[i];
     Segment& seg = segments[op.device.value()][op.stage.value()];
     seg.stage = op.stage;
+    // A bias_add's parameter gather goes before the linear it follows, so the two stay next to
+    // each other and run as one (exec/lower/fusion.h).
+    const bool after_linear = op.type() == "bias_add" && !seg.items.empty() &&
+                              seg.items.back().kind == SegmentItem::Kind::kOp &&
+                              ops[static_cast<size_t>(seg.items.back().index)].type() == "linear";
     for (int64_t a : op_adapters[i])
-      if (placed[op.device.value()].insert(a).second)
-        seg.items.push_back({SegmentItem::Kind::kAdapter, a, false});
+      if (placed[op.device.value()].insert(a).second) {
+        const SegmentItem item{SegmentItem::Kind::kAdapter, a, false};
+        if (after_linear && out.adapters[static_cast<size_t>(a)].parameter)
+          seg.items.insert(seg.items.end() - 1, item);
+        else
+          seg.items.push_back(item);
+      }
     seg.items.push_back({SegmentItem::Kind::kOp, static_cast<int64_t>(i), false});
   }
   // Devices of an adapter that do not consume through it still take part in its steps: the
@@ -222,13 +233,15 @@ void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t
   }
 }
 
-// Pass 4: gradient synchronisation of parameter pieces held by several devices.
-void add_grad_syncs(const graph::Graph& g, Lowered& out) {
+// Pass 4: gradient synchronisation of parameter pieces held by several devices (but those
+// stored split, whose gradient path reduce-scatters them).
+void add_grad_syncs(const graph::Graph& g, const std::set<int64_t>& sharded, Lowered& out) {
   const auto& ops = g.ops();
   std::map<int64_t, std::vector<std::pair<SubTensor, std::set<DeviceId>>>> holders;
   for (const auto& op : ops)
     for (const auto& in : op.inputs) {
       if (g.tensor(in.tensor).role != graph::TensorRole::kParameter) continue;
+      if (sharded.count(in.tensor.value())) continue;
       auto& list = holders[in.tensor.value()];
       auto it = std::find_if(list.begin(), list.end(),
                              [&](const auto& e) { return same_piece(e.first, in); });
@@ -280,13 +293,17 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
 }
 
 Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
-                      PathFinder& paths, const BlockOrderFn& order) {
+                      PathFinder& paths, const BlockOrderFn& order, const LowerOptions& options) {
   LOOM_TRY(check_placement(g, world_size, micro_batches));
   Lowered out;
   const ProducedMap produced = producers_of(g);
   LOOM_ASSIGN_OR_RETURN(auto op_adapters, insert_adapters(g, produced, paths, out));
+  std::set<int64_t> sharded;
+  if (options.shard_parameters) {
+    LOOM_ASSIGN_OR_RETURN(sharded, shard_parameters(g, paths, out, op_adapters));
+  }
   build_programs(g, op_adapters, world_size, micro_batches, out);
-  add_grad_syncs(g, out);
+  add_grad_syncs(g, sharded, out);
   LOOM_TRY(seed_losses(g, produced, out));
   if (order) {  // pass 6: the schedule's block order
     LOOM_ASSIGN_OR_RETURN(auto blocks, order(out));
@@ -426,6 +443,10 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
         // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
         int side = 0;
         if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
+        // A regathered parameter's backward gathers it again first.
+        if (!fwd && a.regather)
+          path_events(a.forward, s.forward, a.id, true, b.micro_batch.value(), r, side, s.producer,
+                      events[static_cast<size_t>(r)]);
         path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
                     b.micro_batch.value(), r, side, fwd ? s.producer : s.consumer,
                     events[static_cast<size_t>(r)]);
@@ -536,8 +557,11 @@ std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
       } else {
         const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
         os << "    comm " << g.tensor(a.tensor).name << " for " << join(a.consumers, ", ")
-           << (it.producer_side ? " [send side]" : "") << ": " << my_steps(a.forward, rank)
-           << " | backward: " << my_steps(a.backward, rank) << "\n";
+           << (it.producer_side ? " [send side]" : "")
+           << (a.parameter ? " [stored " + a.from.to_string() + "]" : "") << ": "
+           << my_steps(a.forward, rank)
+           << " | backward: " << (a.regather ? "again " + my_steps(a.forward, rank) + "; " : "")
+           << my_steps(a.backward, rank) << "\n";
       }
     }
   }

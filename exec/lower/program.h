@@ -36,6 +36,13 @@ struct Adapter {
   // Producers and consumers share no device: the adapter runs in two parts, the producers'
   // (steps and sends) and the consumers' (receives and steps).
   bool disjoint = false;
+  // parallel.zero 3 (exec/lower/param_shards.h): `tensor` is a parameter stored as `from` (split
+  // over the readers) and read as `to`; the adapter runs in its consumers' stage.
+  bool parameter = false;
+  // A parameter adapter whose consumers need the gathered value again in their backward (linear
+  // weights): its backward runs the forward path again before the gradient path, so the
+  // gathered value is not kept between a micro-batch's forward and backward.
+  bool regather = false;
   bool cross_stage() const { return producer_stage != consumer_stage; }
 };
 
@@ -143,10 +150,16 @@ Result<Lowered> lower(const graph::Graph& graph, int64_t world_size, int64_t mic
 // syncs are known, so an order may depend on what each stage holds (plan/plan.cc).
 using BlockOrderFn =
     std::function<Result<std::vector<std::vector<ProgramBlock>>>(const Lowered& lowered)>;
+// What a lowering does besides keeping data dependencies.
+struct LowerOptions {
+  // parallel.zero 3: parameters stored split over their readers (exec/lower/param_shards.h).
+  bool shard_parameters = false;
+};
 // The same, the order asked of `order` once adapters, gradient syncs and loss seeds are in
 // place; the deadlock check runs on the order it returns.
 Result<Lowered> lower(const graph::Graph& graph, int64_t world_size, int64_t micro_batches,
-                      PathFinder& paths, const BlockOrderFn& order);
+                      PathFinder& paths, const BlockOrderFn& order,
+                      const LowerOptions& options = {});
 
 // Simulates every rank's communication in program order (sends buffered, receives and
 // collectives blocking) and fails naming the stuck ranks and what each waits for.

@@ -71,20 +71,34 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
   for (const auto& sync : s.lowered.grad_syncs)
     holders[{sync.tensor.value(), sync.piece.ranges_string()}] =
         static_cast<int64_t>(sync.devices.size());
+  // parallel.zero 3: a parameter read through a parameter adapter is stored as its shard.
+  std::map<std::pair<int64_t, std::string>, const Adapter*> stored;  // (tensor, reader) -> adapter
+  for (const Adapter& a : s.lowered.adapters)
+    if (a.parameter) stored[{a.tensor.value(), a.consumer}] = &a;
   std::vector<std::vector<int64_t>> slots(s.graph.ops().size());
   for (size_t i = 0; i < s.graph.ops().size(); ++i) {
     const graph::Op& op = s.graph.ops()[i];
     if (op.device.value() != s.rank) continue;
-    for (const auto& in : op.inputs) {
-      const graph::FullTensor& t = s.graph.tensor(in.tensor);
+    for (const auto& read : op.inputs) {
+      const graph::FullTensor& t = s.graph.tensor(read.tensor);
       slots[i].push_back(-1);
       if (t.role != graph::TensorRole::kParameter) continue;
+      graph::SubTensor in = read;
+      const auto shard = stored.find({t.id.value(), op.def->name});
+      if (shard != stored.end()) {
+        const lower::Layout& from = shard->second->from;
+        const auto pos =
+            std::find(from.devices.begin(), from.devices.end(), op.device) - from.devices.begin();
+        in = from.piece(pos, t.id, t.shape);
+      }
       auto key = std::make_pair(t.id.value(), in.ranges_string());
       if (auto it = s.param_index.find(key); it != s.param_index.end()) {
         slots[i].back() = static_cast<int64_t>(it->second);
+        if (shard != stored.end()) s.shard_slot[shard->second->id] = slots[i].back();
         continue;
       }
       slots[i].back() = static_cast<int64_t>(s.params.size());
+      if (shard != stored.end()) s.shard_slot[shard->second->id] = slots[i].back();
       at::Tensor p = init_parameter_piece(t, in, seed).to(s.device.device);
       p.set_requires_grad(true);
       s.param_index[key] = s.params.size();
@@ -156,10 +170,11 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
   auto source = [&](const graph::Op& op, size_t op_index, size_t k) -> Source {
     const graph::FullTensor& t = s.graph.tensor(op.inputs[k].tensor);
     if (t.role == graph::TensorRole::kInput) return {Source::Kind::kInput, t.id.value()};
-    if (t.role == graph::TensorRole::kParameter)
-      return {Source::Kind::kParameter, param_slots[op_index][k]};
+    // An activation moved by an adapter, or a parameter gathered from its shards (zero 3).
     if (auto a = adapter_of.find({t.id.value(), op.def->name}); a != adapter_of.end())
       return {Source::Kind::kAdapter, a->second};
+    if (t.role == graph::TensorRole::kParameter)
+      return {Source::Kind::kParameter, param_slots[op_index][k]};
     const int64_t made_in = s.stage_of(t.id.value());
     return {made_in == op.stage.value() ? Source::Kind::kSameStage : Source::Kind::kStageLeaf,
             t.id.value()};
@@ -172,11 +187,16 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
   for (size_t g = 0; g < prog.segments.size(); ++g) {
     const lower::Segment& seg = prog.segments[g];
     s.segment_of_stage[seg.stage.value()] = g;
+    int64_t last_gather = -1;  // the segment's previous parameter adapter
     for (size_t i = 0; i < seg.items.size(); ++i) {
       const lower::SegmentItem& item = seg.items[i];
       ForwardStep step;
       step.item = static_cast<int64_t>(i);
       if (item.kind == lower::SegmentItem::Kind::kAdapter) {
+        if (s.lowered.adapters[static_cast<size_t>(item.index)].parameter) {
+          if (last_gather >= 0) s.next_gather[last_gather] = item.index;
+          last_gather = item.index;
+        }
         step.adapter = &item;
         s.forward_steps[g].push_back(std::move(step));
         continue;
@@ -190,6 +210,12 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
       for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
       step.deferred = split_stages.count(seg.stage.value()) && op.type() == "linear" &&
                       step.sources.size() == 2 && step.sources[1].kind == Source::Kind::kParameter;
+      if (op.type() == "linear" && step.sources.size() == 2 &&
+          step.sources[1].kind == Source::Kind::kAdapter &&
+          s.lowered.adapters[static_cast<size_t>(step.sources[1].index)].regather) {
+        step.gathered = step.sources[1].index;
+        step.sources[1] = {Source::Kind::kParameter, s.shard_slot.at(step.gathered)};
+      }
       if (fused[step.op]) {  // lower/fusion.h: the next item is its bias_add
         step.fused_bias = seg.items[i + 1].index;
         step.bias = source(ops[static_cast<size_t>(step.fused_bias)],
@@ -301,6 +327,10 @@ namespace {
 void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::SegmentItem& item,
                  int64_t mb) {
   const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
+  if (a.parameter) {
+    run_parameter_adapter(s, m, item, mb);
+    return;
+  }
   const at::Tensor& held = m.env[static_cast<size_t>(a.tensor.value())];
   if (item.producer_side) {
     at::Tensor x = s.value(m, a.tensor.value());
@@ -337,11 +367,12 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
       args.push_back(read(s, m, step.sources[k], op.inputs[k], mb, inputs));
     std::vector<at::Tensor> outs;
     const graph::Op* made = step.fused_bias >= 0 ? &ops[static_cast<size_t>(step.fused_bias)] : &op;
-    if (step.fused_bias >= 0 || step.deferred) {
+    if (step.fused_bias >= 0 || step.deferred || step.gathered >= 0) {
       const at::Tensor bias =
           step.fused_bias >= 0 ? read(s, m, step.bias, made->inputs[1], mb, inputs) : at::Tensor();
       outs.push_back(
-          step.deferred
+          step.gathered >= 0 ? gathered_linear(s, m, args[0], args[1], bias, step.gathered, mb)
+          : step.deferred
               // The micro-batch's own stash, also when `m` is a recomputed
               // region's scratch (its backward stashes after the scratch is gone).
               ? deferred_linear(args[0], args[1], bias,
@@ -381,6 +412,11 @@ void run_forward(Executor::Impl& s, size_t segment, int64_t mb, const Inputs& in
     run_region(s, m, segment, static_cast<size_t>(starts[i]), mb, inputs);
     i = s.regions[segment][static_cast<size_t>(starts[i])].end;
   }
+  // Gathered parameters live on only where autograd keeps them.
+  finish_prefetch(s);
+  for (const ForwardStep& step : s.forward_steps[segment])
+    if (step.adapter && s.lowered.adapters[static_cast<size_t>(step.adapter->index)].parameter)
+      m.adapted.erase(step.adapter->index);
 }
 
 // A backward block: autograd from the stage's roots (the loss, received output gradients,
@@ -545,6 +581,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
       if (block_index == 0) prepost_receives(s, block);
       if (block_index + 1 < prog.blocks.size()) prepost_receives(s, prog.blocks[block_index + 1]);
       const int64_t mb = block.micro_batch.value();
+      s.forwarding = block.kind == lower::BlockKind::kForward;
       auto seg = s.segment_of_stage.find(block.stage.value());
       LOOM_CHECK(seg != s.segment_of_stage.end())
           << "rank " << s.rank << " has no segment for stage " << block.stage;

@@ -46,6 +46,19 @@ struct Executor::Impl {
   std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
   std::vector<int64_t> producer_stage;  // by tensor id: the stage that makes it here, or -1
   std::map<int64_t, std::set<int64_t>> consumed;  // stage -> tensors its ops read
+  // parallel.zero 3 (param_gather.cc): per parameter adapter, the slot of the shard this rank
+  // stores; the next parameter adapter of the same segment, whose gather starts one ahead; the
+  // gather started so; whether a forward block runs (backward blocks replaying a recomputed
+  // region gather where they are).
+  std::unordered_map<int64_t, int64_t> shard_slot;
+  std::unordered_map<int64_t, int64_t> next_gather;
+  struct Prefetch {
+    int64_t adapter = -1;
+    int64_t mb = -1;
+    PathRunner::Started started;
+  };
+  Prefetch prefetch;
+  bool forwarding = false;
 
   // Where an op reads one input from, resolved once when the executor is made.
   struct Source {
@@ -71,6 +84,9 @@ struct Executor::Impl {
     // A linear reading a parameter in a stage whose backward is split (I and W blocks): its
     // weight gradient waits in the micro-batch's stash for the W block (deferred_linear.h).
     bool deferred = false;
+    // A linear whose weight is a sharded parameter gathered again for its backward
+    // (Adapter::regather): the adapter id; sources[1] is then the shard (param_gather.cc).
+    int64_t gathered = -1;
     Source bias{Source::Kind::kParameter, -1};
     bool makes_loss = false;
     // The planned dtype of each output: a kernel computing in float32 (layer norm, softmax)
@@ -156,6 +172,18 @@ at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Executor::Imp
 // Forward steps [begin, end) of `segment` for micro-batch `mb`, into `m` (executor.cc).
 void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size_t begin,
                size_t end, int64_t mb, const Inputs& inputs);
+
+// parallel.zero 3 (param_gather.cc). Runs a parameter adapter's item: gathers this rank's shard
+// (the gather started ahead, or now) into m.adapted, and starts the segment's next gather.
+void run_parameter_adapter(Executor::Impl& s, Executor::Impl::Micro& m,
+                           const lower::SegmentItem& item, int64_t mb);
+// Waits for a gather started ahead and not taken (the end of a forward block).
+void finish_prefetch(Executor::Impl& s);
+// x·Wᵀ (+ bias) for the weight `adapter` gathered into m.adapted (taken from there) from
+// `shard`: the backward gathers it again rather than keeping it.
+at::Tensor gathered_linear(Executor::Impl& s, Executor::Impl::Micro& m, const at::Tensor& x,
+                           const at::Tensor& shard, const at::Tensor& bias, int64_t adapter,
+                           int64_t mb);
 
 // The program's recomputed regions (lower/recompute.h) as ranges of forward steps, with what
 // each reads from outside and hands on (recompute.cc).

@@ -219,4 +219,35 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
   return cur;
 }
 
+bool PathRunner::is_one_all_gather(const lower::CommPath& path) const {
+  return path.steps.size() == 1 && path.steps[0].primitive == Primitive::kAllGather &&
+         position(path.steps[0].before, rank_) >= 0;
+}
+
+Result<PathRunner::Started> PathRunner::start_all_gather(const lower::CommPath& path,
+                                                         const at::Tensor& x) {
+  LOOM_CHECK(is_one_all_gather(path))
+      << "not one all-gather of rank " << rank_ << ": " << path.to_string();
+  at::NoGradGuard no_grad;
+  start_waiting_sends();  // a collective must not wait on a peer that waits for them
+  const CommStep& st = path.steps[0];
+  Started out;
+  out.dim = static_cast<int64_t>(st.from_factor - 2);
+  const at::Tensor in = x.contiguous();
+  for (int64_t j = 0; j < st.k; ++j) out.parts.push_back(at::empty_like(in));
+  for (const auto& g : st.groups)
+    for (DeviceId d : g)
+      if (d.value() == rank_) {
+        out.work = group(g).all_gather_async(out.parts, in);
+        return out;
+      }
+  return Error::at("comm",
+                   "rank " + std::to_string(rank_) + " is in no group of " + path.to_string());
+}
+
+Result<at::Tensor> PathRunner::finish(Started& started) {
+  LOOM_TRY(started.work.wait());
+  return at::cat(started.parts, started.dim);
+}
+
 }  // namespace loom::runtime

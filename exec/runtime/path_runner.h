@@ -50,6 +50,19 @@ class PathRunner {
   void prepost(const lower::CommPath& path, const Shape& full, PathPart part, int64_t tag_base,
                at::ScalarType dtype = at::kFloat);
 
+  // A path of one all-gather started now and finished later, so that it runs while this rank
+  // computes (a parameter's gather, parallel.zero 3, started one gather ahead).
+  struct Started {
+    std::vector<at::Tensor> parts;
+    comm::Work work;
+    int64_t dim = 0;
+  };
+  // Whether `path` is one all-gather this rank takes part in (what start_all_gather runs).
+  bool is_one_all_gather(const lower::CommPath& path) const;
+  Result<Started> start_all_gather(const lower::CommPath& path, const at::Tensor& x);
+  // Waits for it and returns what run() would have.
+  static Result<at::Tensor> finish(Started& started);
+
   // Starts the sends still waiting for a receive and waits for every send in flight; call this
   // before the tensors sent may change. Every posted receive must have been taken by then.
   Status flush();

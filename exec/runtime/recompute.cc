@@ -47,12 +47,16 @@ void add_region_values(const Executor::Impl& s, size_t g, size_t region, Region&
       const Adapter& a = s.lowered.adapters[static_cast<size_t>(step.adapter->index)];
       LOOM_CHECK(!step.adapter->producer_side && !a.disjoint && !a.cross_stage())
           << "a recomputed region may only hold adapters within its stage's ranks";
-      read.insert({Value::Kind::kEnv, a.tensor.value()});
+      if (a.parameter)  // gathered from this rank's shard (param_gather.cc)
+        read.insert({Value::Kind::kParameter, s.shard_slot.at(a.id)});
+      else
+        read.insert({Value::Kind::kEnv, a.tensor.value()});
       made.insert({Value::Kind::kAdapted, a.id});
       continue;
     }
     LOOM_CHECK(!step.makes_loss) << "a recomputed region makes the loss";
     for (const Source& src : step.sources) read_source(src);
+    if (step.gathered >= 0) read.insert({Value::Kind::kAdapted, step.gathered});
     if (step.fused_bias >= 0) read_source(step.bias);
     const graph::Op& last =
         ops[step.fused_bias >= 0 ? static_cast<size_t>(step.fused_bias) : step.op];
