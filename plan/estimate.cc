@@ -6,6 +6,7 @@
 
 #include "exec/lower/fusion.h"
 #include "exec/lower/grad_bucketing.h"
+#include "exec/lower/param_shards.h"
 #include "exec/lower/recompute.h"
 #include "planner/cost.h"
 
@@ -85,6 +86,13 @@ ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t
   return z;
 }
 
+// Whether reduce-scatters run as gloo's (an all-to-all into a buffer of the input's size, then
+// a local sum): besides its input, a reduce-scatter holds a copy as large as the input.
+bool gloo_reduce_scatter(const Config& config) {
+  return config.comm.backend == "gloo" || config.comm.backend == "local" ||
+         (config.comm.backend == "auto" && config.run.device == "cpu");
+}
+
 // What each rank holds and keeps, from its sub-operators, the adapters and the gradient syncs.
 struct Holdings {
   std::vector<double> params, acts, largest_piece, incoming, sync_buffer;
@@ -95,6 +103,8 @@ struct Holdings {
   // parallel.zero 1 on gloo: its reduce-scatter (an all-to-all, then a local sum) receives every
   // member's copy of a bucket in a buffer of the bucket's size, for every bucket in flight.
   std::vector<double> zero_receive;
+  // parallel.zero 3: the largest parameter piece a rank gathers (zero3_forward/backward).
+  std::vector<double> gathered;
 };
 
 // What a recomputed region drops and runs again on its rank.
@@ -141,8 +151,10 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   Holdings h;
   for (auto* v :
        {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer, &h.recompute_bytes,
-        &h.largest_output, &h.state_params, &h.zero_segments, &h.zero_receive})
+        &h.largest_output, &h.state_params, &h.zero_segments, &h.zero_receive, &h.gathered})
     v->assign(n, 0);
+  // Under parallel.zero 3 a rank holds the shards it stores, not the pieces its ops read.
+  const auto stored = lower::parameter_adapters(lowered);
   // Autograd sums the gradients of a parameter read by several ops (a tied embedding and LM
   // head) in its input buffer before accumulating: the two incoming gradients and their sum.
   std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
@@ -155,9 +167,15 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     if (!fused[i]) h.acts[r] += planner::op_output_bytes(planned, op);
     h.largest_output[r] = std::max(h.largest_output[r], planner::op_output_bytes(planned, op));
     h.acts[r] += saved_extra_bytes(op);
-    for (const auto& in : op.inputs) {
-      const auto& t = planned.tensor(in.tensor);
+    for (const auto& read : op.inputs) {
+      const auto& t = planned.tensor(read.tensor);
       if (t.role != graph::TensorRole::kParameter) continue;
+      const auto shard = stored.find({t.id.value(), op.def->name});
+      const graph::SubTensor in =
+          shard == stored.end() ? read : lower::stored_piece(*shard->second, op.device, t.shape);
+      if (shard != stored.end())
+        h.gathered[r] = std::max(
+            h.gathered[r], static_cast<double>(numel(read.shape()) * size_bytes(t.dtype)));
       const std::string key = t.name + in.ranges_string();
       auto& u = uses[r][key];
       u.first = static_cast<double>(numel(in.shape()) * 4);
@@ -175,6 +193,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // What an adapter delivers is a new tensor on each consumer rank (an all-reduced sum, a
   // gathered or received piece), held while its micro-batch is in flight like an op output.
   for (const auto& a : lowered.adapters) {
+    if (a.parameter) continue;  // h.gathered
     const auto& t = planned.tensor(a.tensor);
     for (int64_t pos = 0; pos < a.to.size(); ++pos)
       h.acts[static_cast<size_t>(a.to.devices[static_cast<size_t>(pos)].value())] +=
@@ -200,9 +219,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
       h.state_params[r] = h.params[r] - z.shared + z.owned;
       // The summed segments are written inside the buckets, but for MPI (grad_buckets.cc).
       h.zero_segments[r] = config.comm.backend == "mpi" ? z.segments : 0.0;
-      const bool gloo = config.comm.backend == "gloo" || config.comm.backend == "local" ||
-                        (config.comm.backend == "auto" && config.run.device == "cpu");
-      h.zero_receive[r] = gloo ? z.shared : 0.0;
+      h.zero_receive[r] = gloo_reduce_scatter(config) ? z.shared : 0.0;
     }
   return h;
 }
@@ -226,12 +243,22 @@ double pipeline_extra_micro_batches(const Config& config) {
   return config.parallel.pp > 1 ? 0.5 : 0.0;
 }
 
+// parallel.zero 3 in a forward, next to its activations: the largest gathered piece and the
+// next one, gathered ahead (or gloo's all-gather buffer).
+double zero3_forward(const Holdings& h, size_t r) { return 2 * h.gathered[r]; }
+// In the backward that reduce-scatters the largest piece's gradient (a first layer's: the
+// activations are gone by then, the shards' gradients counted with the parameters): the
+// gradient and the reduce-scatter's buffers (gloo_reduce_scatter).
+double zero3_backward(const Config& config, const Holdings& h, size_t r) {
+  return (gloo_reduce_scatter(config) ? 3 : 1) * h.gathered[r];
+}
+
 RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
   RankMemory m;
   m.activation_bytes = h.acts[r];
   m.held_bytes = h.params[r] * 4 * 2 + h.state_params[r] * 4 * optimizer_copies(config) +
-                 h.zero_segments[r] * 4 + h.incoming[r] +
-                 pipeline_extra_micro_batches(config) * h.acts[r] + backward_transient(h, r);
+                 h.zero_segments[r] * 4 + pipeline_extra_micro_batches(config) * h.acts[r] +
+                 std::max(h.incoming[r] + backward_transient(h, r), zero3_forward(h, r));
   return m;
 }
 
@@ -347,6 +374,9 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
       const auto& t = planned.tensor(a.tensor);
       add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
       add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
+      if (!a.regather) continue;  // a linear's weight is gathered again for its backward
+      re.comm_s += m * path_seconds(a.forward, static_cast<int64_t>(r));
+      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
     }
     for (int64_t id : lowered.programs[r].grad_syncs) {
       const auto& g = lowered.grad_syncs[static_cast<size_t>(id)];
@@ -375,9 +405,11 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     re.optimizer_bytes = (h.state_params[r] * opt_copies + h.zero_segments[r]) * 4;
     re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes = std::max({re.grad_bucket_bytes,
-                                     re.activation_bytes + h.incoming[r] + backward_transient(h, r),
-                                     re.optimizer_temporary_bytes});
+    re.working_set_bytes =
+        std::max({re.grad_bucket_bytes,
+                  re.activation_bytes + h.incoming[r] + backward_transient(h, r),
+                  re.activation_bytes + zero3_forward(h, r), zero3_backward(config, h, r),
+                  re.optimizer_temporary_bytes});
     re.peak_bytes = re.param_bytes * 2 + re.optimizer_bytes + re.working_set_bytes;
     e.step_s = std::max(e.step_s, re.step_s);
   }

@@ -102,6 +102,17 @@ int main(int argc, char** argv) {
       {"recompute full", {"parallel.recompute=full"}, 1, 0},
       {"dp2 zero 0", {"parallel.dp=2", "batch.global=16"}, 2, -1},
       {"dp2 zero 1", {"parallel.dp=2", "batch.global=16", "parallel.zero=1"}, 2, 3},
+      {"dp2 zero 3", {"parallel.dp=2", "batch.global=16", "parallel.zero=3"}, 2, 3},
+      // Sequences of 32: the parameters and their AdamW state dominate, as in large models.
+      {"seq 32 dp2 zero 0", {"parallel.dp=2", "batch.global=16", "model.args.seq=32"}, 2, -1},
+      {"seq 32 dp2 zero 1",
+       {"parallel.dp=2", "batch.global=16", "model.args.seq=32", "parallel.zero=1"},
+       2,
+       6},
+      {"seq 32 dp2 zero 3",
+       {"parallel.dp=2", "batch.global=16", "model.args.seq=32", "parallel.zero=3"},
+       2,
+       6},
   };
   std::vector<Measured> got;
   for (const Case& c : cases) got.push_back(measure(path, c, steps));

@@ -1,5 +1,6 @@
 #include "exec/lower/param_shards.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -11,6 +12,20 @@ int64_t shard_dim(const Shape& piece_shape, int64_t replicas) {
     if (piece_shape[k] >= replicas && piece_shape[k] % replicas == 0)
       return static_cast<int64_t>(k);
   return -1;
+}
+
+std::map<std::pair<int64_t, std::string>, const Adapter*> parameter_adapters(const Lowered& l) {
+  std::map<std::pair<int64_t, std::string>, const Adapter*> out;
+  for (const Adapter& a : l.adapters)
+    if (a.parameter) out[{a.tensor.value(), a.consumer}] = &a;
+  return out;
+}
+
+graph::SubTensor stored_piece(const Adapter& a, DeviceId device, const Shape& shape) {
+  const auto pos = std::find(a.from.devices.begin(), a.from.devices.end(), device);
+  LOOM_CHECK(pos != a.from.devices.end())
+      << "device " << device.value() << " stores no piece of " << a.from.to_string();
+  return a.from.piece(pos - a.from.devices.begin(), a.tensor, shape);
 }
 
 namespace {

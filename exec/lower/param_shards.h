@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <set>
 #include <vector>
 
@@ -31,6 +33,11 @@ namespace loom::lower {
 // through it; returns the parameters stored split (they get no gradient sync).
 Result<std::set<int64_t>> shard_parameters(const graph::Graph& g, PathFinder& paths, Lowered& out,
                                            std::vector<std::vector<int64_t>>& op_adapters);
+
+// Per (parameter, reading op's name): the parameter adapter the op reads it through.
+std::map<std::pair<int64_t, std::string>, const Adapter*> parameter_adapters(const Lowered& l);
+// The piece of parameter adapter `a`'s tensor (of `shape`) that `device` stores.
+graph::SubTensor stored_piece(const Adapter& a, DeviceId device, const Shape& shape);
 
 // The dimension a piece of `piece_shape` read by `replicas` devices is stored split along: the
 // first the replicas divide, or -1.

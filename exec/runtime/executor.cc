@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "exec/lower/fusion.h"
+#include "exec/lower/param_shards.h"
 #include "exec/runtime/deferred_linear.h"
 #include "exec/runtime/executor_impl.h"
 #include "exec/runtime/grad_buckets.h"
@@ -72,9 +73,7 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
     holders[{sync.tensor.value(), sync.piece.ranges_string()}] =
         static_cast<int64_t>(sync.devices.size());
   // parallel.zero 3: a parameter read through a parameter adapter is stored as its shard.
-  std::map<std::pair<int64_t, std::string>, const Adapter*> stored;  // (tensor, reader) -> adapter
-  for (const Adapter& a : s.lowered.adapters)
-    if (a.parameter) stored[{a.tensor.value(), a.consumer}] = &a;
+  const auto stored = lower::parameter_adapters(s.lowered);
   std::vector<std::vector<int64_t>> slots(s.graph.ops().size());
   for (size_t i = 0; i < s.graph.ops().size(); ++i) {
     const graph::Op& op = s.graph.ops()[i];
@@ -85,12 +84,7 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
       if (t.role != graph::TensorRole::kParameter) continue;
       graph::SubTensor in = read;
       const auto shard = stored.find({t.id.value(), op.def->name});
-      if (shard != stored.end()) {
-        const lower::Layout& from = shard->second->from;
-        const auto pos =
-            std::find(from.devices.begin(), from.devices.end(), op.device) - from.devices.begin();
-        in = from.piece(pos, t.id, t.shape);
-      }
+      if (shard != stored.end()) in = lower::stored_piece(*shard->second, op.device, t.shape);
       auto key = std::make_pair(t.id.value(), in.ranges_string());
       if (auto it = s.param_index.find(key); it != s.param_index.end()) {
         slots[i].back() = static_cast<int64_t>(it->second);
@@ -323,6 +317,12 @@ at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
 
 namespace {
 
+void drop_gathered(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src) {
+  if (src.kind == Source::Kind::kAdapter &&
+      s.lowered.adapters[static_cast<size_t>(src.index)].parameter)
+    m.adapted.erase(src.index);
+}
+
 // Runs an adapter item of a forward block.
 void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::SegmentItem& item,
                  int64_t mb) {
@@ -393,6 +393,11 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
       m.loss = outs[0];
       m.loss_tensor = made->outputs[0].tensor;
     }
+    // A gathered parameter has one reader (lower/param_shards.h): it lives on only where
+    // autograd keeps it.
+    args.clear();
+    for (const Source& src : step.sources) drop_gathered(s, m, src);
+    if (step.fused_bias >= 0) drop_gathered(s, m, step.bias);
   }
 }
 

@@ -22,14 +22,33 @@ using Tensors = std::vector<at::Tensor>;
 
 // A piece of the vocabulary [v0, v0 + rows) looks up the tokens it holds and gives zero rows
 // for the others (Megatron's vocab-parallel embedding): the pieces are partial sums.
+// A table lookup whose backward keeps the indices and the table's row count, not the table:
+// under parallel.zero 3 the table is a gathered copy that should go once the forward has read it.
+struct EmbeddingFn : public torch::autograd::Function<EmbeddingFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::Tensor table, at::Tensor indices) {
+    ctx->saved_data["rows"] = table.size(0);
+    ctx->save_for_backward({indices});
+    return {at::embedding(table, indices)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    return {at::embedding_backward(grads[0], indices, ctx->saved_data["rows"].toInt(),
+                                   /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
+                                   /*sparse=*/false),
+            at::Tensor()};
+  }
+};
+
 Tensors embedding(const Ctx& ctx, const Tensors& in) {
   const at::Tensor& tokens = in[0];
   const at::Tensor& table = in[1];
   const int64_t v0 = ctx.op.inputs[1].ranges[0].start;
-  if (v0 == 0 && table.size(0) == ctx.full_size(1, 0)) return {at::embedding(table, tokens)};
+  if (v0 == 0 && table.size(0) == ctx.full_size(1, 0)) return EmbeddingFn::apply(table, tokens);
   at::Tensor local = tokens - v0;
   at::Tensor outside = (local < 0).logical_or_(local >= table.size(0));
-  at::Tensor rows = at::embedding(table, local.masked_fill(outside, 0));
+  at::Tensor rows = EmbeddingFn::apply(table, local.masked_fill(outside, 0))[0];
   return {rows.masked_fill(outside.unsqueeze(-1), 0.0)};
 }
 

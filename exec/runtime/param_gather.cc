@@ -17,7 +17,9 @@ at::Tensor gather(Executor::Impl& s, const Adapter& a, const at::Tensor& shard, 
   Executor::Impl::Prefetch& p = s.prefetch;
   if (p.adapter == a.id && p.mb == mb) {
     p.adapter = -1;
-    auto r = PathRunner::finish(p.started);
+    PathRunner::Started started = std::move(p.started);
+    p.started = {};
+    auto r = PathRunner::finish(started);
     if (!r.ok()) throw CommFailure(r.error().message);
     return *r;
   }
@@ -70,14 +72,15 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& g = grads[0];
-    const at::Tensor weight =
+    at::Tensor weight =
         s->run_path(a.forward, a.tensor, saved[1].detach(), PathPart::kAll, s->tag(a, 0, mb));
     at::Tensor gx, gshard, gb;
     if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);
+    weight.reset();  // gone before the weight gradient is made and reduce-scattered
     const at::Tensor g2 = g.reshape({-1, g.size(-1)});
     if (ctx->needs_input_grad(1)) {
-      const at::Tensor gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
-      gshard = s->run_path(a.backward, a.tensor, gw, PathPart::kAll, s->tag(a, 1, mb));
+      at::Tensor gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
+      gshard = s->run_path(a.backward, a.tensor, std::move(gw), PathPart::kAll, s->tag(a, 1, mb));
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
     return {gx, gshard, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -114,7 +117,9 @@ void run_parameter_adapter(Executor::Impl& s, Executor::Impl::Micro& m,
 void finish_prefetch(Executor::Impl& s) {
   if (s.prefetch.adapter < 0) return;
   s.prefetch.adapter = -1;
-  auto r = PathRunner::finish(s.prefetch.started);
+  PathRunner::Started started = std::move(s.prefetch.started);
+  s.prefetch.started = {};
+  auto r = PathRunner::finish(started);
   if (!r.ok()) throw CommFailure(r.error().message);
 }
 

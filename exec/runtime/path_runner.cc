@@ -16,6 +16,14 @@ std::vector<int64_t> key_of(const std::vector<DeviceId>& devices) {
   return k;
 }
 
+// Whether k pieces of `x` side by side along `dim` are their row-major concatenation: no
+// dimension before `dim` has more than one element (a flat collective then needs no copies).
+bool stacks_flat(const at::Tensor& x, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d)
+    if (x.size(d) != 1) return false;
+  return x.is_contiguous();
+}
+
 int64_t position(const lower::Layout& l, int64_t rank) {
   for (size_t p = 0; p < l.devices.size(); ++p)
     if (l.devices[p].value() == rank) return static_cast<int64_t>(p);
@@ -174,13 +182,31 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
         break;
       }
       case Primitive::kAllGather: {
+        const int64_t dim = dim_of(st.from_factor);
+        if (stacks_flat(cur, dim)) {  // straight into the result, no copy
+          std::vector<int64_t> sizes = cur.sizes().vec();
+          sizes[static_cast<size_t>(dim)] *= k;
+          at::Tensor out = at::empty(sizes, cur.options());
+          LOOM_TRY(members().all_gather_flat(out, cur));
+          cur = out;
+          break;
+        }
         std::vector<at::Tensor> parts;
         for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
         LOOM_TRY(members().all_gather(parts, cur));
-        cur = at::cat(parts, dim_of(st.from_factor));
+        cur = at::cat(parts, dim);
         break;
       }
       case Primitive::kReduceScatter: {
+        const int64_t dim = dim_of(st.to_factor);
+        if (stacks_flat(cur, dim)) {  // from the tensor itself, no copy
+          std::vector<int64_t> sizes = cur.sizes().vec();
+          sizes[static_cast<size_t>(dim)] /= k;
+          at::Tensor out = at::empty(sizes, cur.options());
+          LOOM_TRY(members().reduce_scatter_flat(out, cur));
+          cur = out;
+          break;
+        }
         std::vector<at::Tensor> in;
         for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
         at::Tensor out = at::empty_like(in[0]);
@@ -234,11 +260,19 @@ Result<PathRunner::Started> PathRunner::start_all_gather(const lower::CommPath& 
   Started out;
   out.dim = static_cast<int64_t>(st.from_factor - 2);
   const at::Tensor in = x.contiguous();
-  for (int64_t j = 0; j < st.k; ++j) out.parts.push_back(at::empty_like(in));
+  const bool flat = stacks_flat(in, out.dim);
+  if (flat) {
+    std::vector<int64_t> sizes = in.sizes().vec();
+    sizes[static_cast<size_t>(out.dim)] *= st.k;
+    out.out = at::empty(sizes, in.options());
+  } else {
+    for (int64_t j = 0; j < st.k; ++j) out.parts.push_back(at::empty_like(in));
+  }
   for (const auto& g : st.groups)
     for (DeviceId d : g)
       if (d.value() == rank_) {
-        out.work = group(g).all_gather_async(out.parts, in);
+        out.work = flat ? group(g).all_gather_flat_async(out.out, in)
+                        : group(g).all_gather_async(out.parts, in);
         return out;
       }
   return Error::at("comm",
@@ -247,6 +281,7 @@ Result<PathRunner::Started> PathRunner::start_all_gather(const lower::CommPath& 
 
 Result<at::Tensor> PathRunner::finish(Started& started) {
   LOOM_TRY(started.work.wait());
+  if (started.parts.empty()) return started.out;
   return at::cat(started.parts, started.dim);
 }
 

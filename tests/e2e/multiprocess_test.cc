@@ -157,6 +157,11 @@ TEST(MemoryEstimate, Gpt2Dp2) {
 TEST(MemoryEstimate, Gpt2Dp2Zero1) {
   expect_memory_estimate("124m_dp2_zero1", with_124m({"parallel.dp=2", "parallel.zero=1"}), 2);
 }
+// ZeRO-3: each replica stores half of every parameter (and its gradient and momentum); the
+// gathered weights live one at a time, with the next one gathered ahead.
+TEST(MemoryEstimate, Gpt2Dp2Zero3) {
+  expect_memory_estimate("124m_dp2_zero3", with_124m({"parallel.dp=2", "parallel.zero=3"}), 2);
+}
 // Full recomputation on a model whose activations dominate (4 layers, hidden 256, 256 tokens):
 // each layer keeps its input; one layer's activations come back in its backward.
 TEST(MemoryEstimate, RecomputeFull) {
