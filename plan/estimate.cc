@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "exec/lower/fusion.h"
 #include "exec/lower/grad_bucketing.h"
@@ -103,8 +105,8 @@ struct Holdings {
   // parallel.zero 1 on gloo: its reduce-scatter (an all-to-all, then a local sum) receives every
   // member's copy of a bucket in a buffer of the bucket's size, for every bucket in flight.
   std::vector<double> zero_receive;
-  // parallel.zero 3: the largest parameter piece a rank gathers (zero3_forward/backward).
-  std::vector<double> gathered;
+  // parallel.zero 3: gathered parameters at their largest (gather_costs).
+  std::vector<double> gather_forward, gather_backward;
 };
 
 // What a recomputed region drops and runs again on its rank.
@@ -145,13 +147,47 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
   return c;
 }
 
+// parallel.zero 3: what gathered parameter pieces cost rank `r` at their largest, walking its
+// segments in item order (exec/runtime/param_gather.cc). In a forward, next to the activations:
+// a piece in use while the next one is gathered (gloo gathers into a buffer of its own and
+// copies). In a backward, when the activations of the layers before are what is left: a
+// piece's gradient being reduce-scattered (gloo: an all-to-all's buffers besides it) while the
+// previous linear's weight is gathered.
+std::pair<double, double> gather_costs(const Config& config, const graph::Graph& planned,
+                                       const lower::Lowered& lowered, size_t r) {
+  const double copies = gloo_reduce_scatter(config) ? 2 : 1;
+  double forward = 0, backward = 0;
+  auto bytes = [&](const lower::Adapter& a) {
+    const auto& t = planned.tensor(a.tensor);
+    const auto pos =
+        std::find(a.to.devices.begin(), a.to.devices.end(), DeviceId(static_cast<int64_t>(r))) -
+        a.to.devices.begin();
+    return static_cast<double>(numel(a.to.piece(pos, a.tensor, t.shape).shape()) *
+                               size_bytes(t.dtype));
+  };
+  for (const lower::Segment& seg : lowered.programs[r].segments) {
+    double previous = 0, previous_weight = 0;
+    for (const lower::SegmentItem& it : seg.items) {
+      if (it.kind != lower::SegmentItem::Kind::kAdapter) continue;
+      const lower::Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+      if (!a.parameter) continue;
+      const double p = bytes(a);
+      forward = std::max(forward, previous + copies * p);
+      backward = std::max(backward, (1 + copies) * p + (a.regather ? copies * previous_weight : 0));
+      previous = p;
+      if (a.regather) previous_weight = p;
+    }
+  }
+  return {forward, backward};
+}
+
 Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
                   int64_t world) {
   const size_t n = static_cast<size_t>(world);
   Holdings h;
-  for (auto* v :
-       {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer, &h.recompute_bytes,
-        &h.largest_output, &h.state_params, &h.zero_segments, &h.zero_receive, &h.gathered})
+  for (auto* v : {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer,
+                  &h.recompute_bytes, &h.largest_output, &h.state_params, &h.zero_segments,
+                  &h.zero_receive, &h.gather_forward, &h.gather_backward})
     v->assign(n, 0);
   // Under parallel.zero 3 a rank holds the shards it stores, not the pieces its ops read.
   const auto stored = lower::parameter_adapters(lowered);
@@ -173,9 +209,6 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
       const auto shard = stored.find({t.id.value(), op.def->name});
       const graph::SubTensor in =
           shard == stored.end() ? read : lower::stored_piece(*shard->second, op.device, t.shape);
-      if (shard != stored.end())
-        h.gathered[r] = std::max(
-            h.gathered[r], static_cast<double>(numel(read.shape()) * size_bytes(t.dtype)));
       const std::string key = t.name + in.ranges_string();
       auto& u = uses[r][key];
       u.first = static_cast<double>(numel(in.shape()) * 4);
@@ -193,7 +226,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // What an adapter delivers is a new tensor on each consumer rank (an all-reduced sum, a
   // gathered or received piece), held while its micro-batch is in flight like an op output.
   for (const auto& a : lowered.adapters) {
-    if (a.parameter) continue;  // h.gathered
+    if (a.parameter) continue;  // gather_costs
     const auto& t = planned.tensor(a.tensor);
     for (int64_t pos = 0; pos < a.to.size(); ++pos)
       h.acts[static_cast<size_t>(a.to.devices[static_cast<size_t>(pos)].value())] +=
@@ -210,6 +243,8 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   const RecomputeCost rc = recompute_cost(planned, lowered, CostModel{});
   h.recompute_bytes = rc.largest_region_bytes;
   for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
+  for (size_t r = 0; r < n; ++r)
+    std::tie(h.gather_forward[r], h.gather_backward[r]) = gather_costs(config, planned, lowered, r);
   // Optimizer state: every held element, or under ZeRO-1 only the owned shared ones.
   h.state_params = h.params;
   h.zero_segments.assign(n, 0);
@@ -243,22 +278,12 @@ double pipeline_extra_micro_batches(const Config& config) {
   return config.parallel.pp > 1 ? 0.5 : 0.0;
 }
 
-// parallel.zero 3 in a forward, next to its activations: the largest gathered piece and the
-// next one, gathered ahead (or gloo's all-gather buffer).
-double zero3_forward(const Holdings& h, size_t r) { return 2 * h.gathered[r]; }
-// In the backward that reduce-scatters the largest piece's gradient (a first layer's: the
-// activations are gone by then, the shards' gradients counted with the parameters): the
-// gradient and the reduce-scatter's buffers (gloo_reduce_scatter).
-double zero3_backward(const Config& config, const Holdings& h, size_t r) {
-  return (gloo_reduce_scatter(config) ? 3 : 1) * h.gathered[r];
-}
-
 RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
   RankMemory m;
   m.activation_bytes = h.acts[r];
   m.held_bytes = h.params[r] * 4 * 2 + h.state_params[r] * 4 * optimizer_copies(config) +
                  h.zero_segments[r] * 4 + pipeline_extra_micro_batches(config) * h.acts[r] +
-                 std::max(h.incoming[r] + backward_transient(h, r), zero3_forward(h, r));
+                 std::max(h.incoming[r] + backward_transient(h, r), h.gather_forward[r]);
   return m;
 }
 
@@ -405,11 +430,10 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     re.optimizer_bytes = (h.state_params[r] * opt_copies + h.zero_segments[r]) * 4;
     re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes =
-        std::max({re.grad_bucket_bytes,
-                  re.activation_bytes + h.incoming[r] + backward_transient(h, r),
-                  re.activation_bytes + zero3_forward(h, r), zero3_backward(config, h, r),
-                  re.optimizer_temporary_bytes});
+    re.working_set_bytes = std::max({re.grad_bucket_bytes,
+                                     re.activation_bytes + h.incoming[r] + backward_transient(h, r),
+                                     re.activation_bytes + h.gather_forward[r],
+                                     h.gather_backward[r], re.optimizer_temporary_bytes});
     re.peak_bytes = re.param_bytes * 2 + re.optimizer_bytes + re.working_set_bytes;
     e.step_s = std::max(e.step_s, re.step_s);
   }

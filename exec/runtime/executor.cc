@@ -181,15 +181,20 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
   for (size_t g = 0; g < prog.segments.size(); ++g) {
     const lower::Segment& seg = prog.segments[g];
     s.segment_of_stage[seg.stage.value()] = g;
-    int64_t last_gather = -1;  // the segment's previous parameter adapter
+    int64_t last_gather = -1, last_regather = -1;  // the segment's previous parameter adapters
     for (size_t i = 0; i < seg.items.size(); ++i) {
       const lower::SegmentItem& item = seg.items[i];
       ForwardStep step;
       step.item = static_cast<int64_t>(i);
       if (item.kind == lower::SegmentItem::Kind::kAdapter) {
-        if (s.lowered.adapters[static_cast<size_t>(item.index)].parameter) {
-          if (last_gather >= 0) s.next_gather[last_gather] = item.index;
-          last_gather = item.index;
+        const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
+        if (a.parameter) {
+          if (last_gather >= 0) s.next_gather[last_gather] = a.id;
+          last_gather = a.id;
+        }
+        if (a.regather) {
+          if (last_regather >= 0) s.previous_regather[a.id] = last_regather;
+          last_regather = a.id;
         }
         step.adapter = &item;
         s.forward_steps[g].push_back(std::move(step));
@@ -454,6 +459,7 @@ void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::Pr
       grads.push_back(tg.second);
     }
   if (!tensors.empty()) torch::autograd::backward(tensors, grads);
+  finish_prefetch(s);  // a weight gathered ahead that this backward did not reach
   for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it) {
     if (it->kind != lower::SegmentItem::Kind::kAdapter || it->producer_side) continue;
     const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
@@ -646,6 +652,7 @@ at::Tensor Executor::parameter(const std::string& name) const {
     if (impl_->graph.tensor(impl_->pieces[i].tensor).name == name) return impl_->params[i];
   return at::Tensor();
 }
+Executor::GatherCounts Executor::gather_counts() const { return impl_->gather_counts; }
 comm::Comm& Executor::world() { return *impl_->world; }
 const RunDevice& Executor::device() const { return impl_->device; }
 const GradBuckets* Executor::gradient_buckets() const { return impl_->buckets.get(); }

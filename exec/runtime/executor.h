@@ -71,6 +71,14 @@ class Executor {
   // parallel.zero 1: after the optimizer step, every holder of a shared piece receives the
   // owner's updated values. Nothing to do otherwise.
   Status gather_parameters();
+  // parallel.zero 3: the parameter gathers this rank ran since it was made, and how many of them
+  // were started ahead of their use (a forward gathers the next piece, a backward the previous
+  // linear's weight, while it computes).
+  struct GatherCounts {
+    int64_t gathers = 0;
+    int64_t ahead = 0;
+  };
+  GatherCounts gather_counts() const;
   // This rank's first piece of parameter `name`; undefined when it holds none. On one rank, the
   // whole tensor.
   at::Tensor parameter(const std::string& name) const;

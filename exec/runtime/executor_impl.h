@@ -47,17 +47,21 @@ struct Executor::Impl {
   std::vector<int64_t> producer_stage;  // by tensor id: the stage that makes it here, or -1
   std::map<int64_t, std::set<int64_t>> consumed;  // stage -> tensors its ops read
   // parallel.zero 3 (param_gather.cc): per parameter adapter, the slot of the shard this rank
-  // stores; the next parameter adapter of the same segment, whose gather starts one ahead; the
-  // gather started so; whether a forward block runs (backward blocks replaying a recomputed
-  // region gather where they are).
+  // stores; the next parameter adapter of the same segment, whose gather starts one ahead in a
+  // forward; the gather started so; whether a forward block runs (backward blocks replaying a
+  // recomputed region gather where they are).
   std::unordered_map<int64_t, int64_t> shard_slot;
   std::unordered_map<int64_t, int64_t> next_gather;
+  // The previous regathered weight (Adapter::regather) of the same segment, gathered ahead in a
+  // backward.
+  std::unordered_map<int64_t, int64_t> previous_regather;
   struct Prefetch {
     int64_t adapter = -1;
     int64_t mb = -1;
     PathRunner::Started started;
   };
   Prefetch prefetch;
+  Executor::GatherCounts gather_counts;
   bool forwarding = false;
 
   // Where an op reads one input from, resolved once when the executor is made.

@@ -15,7 +15,9 @@ using lower::Adapter;
 // The gather of adapter `a` for micro-batch `mb`: the one started ahead, or run now.
 at::Tensor gather(Executor::Impl& s, const Adapter& a, const at::Tensor& shard, int64_t mb) {
   Executor::Impl::Prefetch& p = s.prefetch;
+  ++s.gather_counts.gathers;
   if (p.adapter == a.id && p.mb == mb) {
+    ++s.gather_counts.ahead;
     p.adapter = -1;
     PathRunner::Started started = std::move(p.started);
     p.started = {};
@@ -24,6 +26,19 @@ at::Tensor gather(Executor::Impl& s, const Adapter& a, const at::Tensor& shard, 
     return *r;
   }
   return s.run_path(a.forward, a.tensor, shard.detach(), PathPart::kAll, s.tag(a, 0, mb));
+}
+
+// Starts the gather of adapter `id` for micro-batch `mb` now, when nothing else is started and
+// its path is one all-gather; gather() takes it.
+void gather_ahead(Executor::Impl& s, int64_t id, int64_t mb) {
+  if (s.prefetch.adapter >= 0) return;
+  const Adapter& b = s.lowered.adapters[static_cast<size_t>(id)];
+  if (!s.runner->is_one_all_gather(b.forward)) return;
+  // The shard's values; what autograd tracks is read where it is used.
+  const at::Tensor& shard = s.compute_params[static_cast<size_t>(s.shard_slot.at(b.id))];
+  auto started = s.runner->start_all_gather(b.forward, shard.detach());
+  if (!started.ok()) throw CommFailure(started.error().message);
+  s.prefetch = {b.id, mb, std::move(*started)};
 }
 
 // The gathered piece of a sharded parameter; its backward reduce-scatters the gradient onto the
@@ -72,8 +87,10 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& g = grads[0];
-    at::Tensor weight =
-        s->run_path(a.forward, a.tensor, saved[1].detach(), PathPart::kAll, s->tag(a, 0, mb));
+    at::Tensor weight = gather(*s, a, saved[1], mb);
+    // The weight the backward reaches next (the segment's previous linear) is gathered meanwhile.
+    if (const auto prev = s->previous_regather.find(a.id); prev != s->previous_regather.end())
+      gather_ahead(*s, prev->second, mb);
     at::Tensor gx, gshard, gb;
     if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);
     weight.reset();  // gone before the weight gradient is made and reduce-scattered
@@ -102,16 +119,9 @@ void run_parameter_adapter(Executor::Impl& s, Executor::Impl::Micro& m,
                         : ParamGatherFn::apply(shard, reinterpret_cast<int64_t>(&s), a.id, mb)[0];
   // The next gather of the segment starts now and runs while this one's reader computes. Only in
   // forward blocks: a backward replaying a recomputed region runs its gathers where they are.
-  if (!s.forwarding || s.prefetch.adapter >= 0) return;
-  const auto next = s.next_gather.find(a.id);
-  if (next == s.next_gather.end()) return;
-  const Adapter& b = s.lowered.adapters[static_cast<size_t>(next->second)];
-  if (!s.runner->is_one_all_gather(b.forward)) return;
-  // The shard's values; what autograd tracks is read where it is used.
-  const at::Tensor& next_shard = s.compute_params[static_cast<size_t>(s.shard_slot.at(b.id))];
-  auto started = s.runner->start_all_gather(b.forward, next_shard.detach());
-  if (!started.ok()) throw CommFailure(started.error().message);
-  s.prefetch = {b.id, mb, std::move(*started)};
+  if (!s.forwarding) return;
+  if (const auto next = s.next_gather.find(a.id); next != s.next_gather.end())
+    gather_ahead(s, next->second, mb);
 }
 
 void finish_prefetch(Executor::Impl& s) {

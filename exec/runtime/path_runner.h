@@ -53,8 +53,8 @@ class PathRunner {
   // A path of one all-gather started now and finished later, so that it runs while this rank
   // computes (a parameter's gather, parallel.zero 3, started one gather ahead).
   struct Started {
-    at::Tensor out;                  // gathered in place (along the leading dimension)
-    std::vector<at::Tensor> parts;   // or gathered per rank, concatenated by finish()
+    at::Tensor out;                 // gathered in place (along the leading dimension)
+    std::vector<at::Tensor> parts;  // or gathered per rank, concatenated by finish()
     comm::Work work;
     int64_t dim = 0;
   };

@@ -119,6 +119,39 @@ TEST(Zero3, PlanGathersEachParameterBeforeItsUse) {
   EXPECT_EQ(regathered, 2 * 6 + 1);          // six linears a layer and the LM head
 }
 
+// One step of dp2 (2 micro-batches per rank): every read of a parameter is one gather in the
+// forward and a linear's weight one more in the backward; all but a segment's first gather of a
+// forward, and most of a backward's (autograd reaches q, k and v in its own order), were started
+// while the rank computed.
+TEST(Zero3, GathersRunAheadOfTheirUse) {
+  const Config c = config({"parallel.dp=2", "parallel.zero=3"});
+  auto plan = plan::make_plan(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  int64_t reads = 0, weights = 0;
+  for (const lower::Adapter& a : plan->file.lowered.adapters) {
+    reads += a.parameter;
+    weights += a.regather;
+  }
+  const int64_t micro_batches = c.micro_batches();
+  ASSERT_EQ(micro_batches, 2);
+  comm::LocalWorld world(2, 60);
+  std::vector<runtime::Executor::GatherCounts> counts(2);
+  auto statuses = world.run([&](comm::Comm& comm) -> Status {
+    at::set_num_threads(1);
+    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto stats, trainer->step());
+    (void)stats;
+    counts[static_cast<size_t>(comm.world_rank().value())] = trainer->executor().gather_counts();
+    return Status::success();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << statuses[r].error().message;
+    EXPECT_EQ(counts[r].gathers, micro_batches * (reads + weights)) << "rank " << r;
+    EXPECT_GE(counts[r].ahead, micro_batches * (reads - 1)) << "rank " << r;
+    EXPECT_GE(counts[r].ahead, micro_batches * (reads - 1 + weights / 2)) << "rank " << r;
+  }
+}
+
 TEST(Zero3, RefusesSplitBackwardSchedules) {
   auto plan = plan::make_plan(
       config({"parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.schedule=zb-h1"}));
