@@ -19,8 +19,8 @@
 
 #include <cstdint>
 #include <map>
-#include <string>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/result.h"
