@@ -17,6 +17,7 @@
 
 #include "exec/comm/comm.h"
 #include "exec/lower/path.h"
+#include "observe/trace.h"
 
 namespace loom::runtime {
 
@@ -56,11 +57,15 @@ class PathRunner {
 
   comm::Comm& world() { return *world_; }
   int64_t rank() const { return rank_; }
+  // Records every send, receive and collective on `tracer` (null: nothing; step_trace.h).
+  void set_tracer(observe::Tracer* tracer) { tracer_ = tracer; }
 
  private:
   // Starts the sends waiting for a receive, alone (before a collective, which must not wait on
   // a peer that waits for them).
   void start_waiting_sends();
+  // One event per op of `ops`, from `start_us` to now (a traced step only).
+  void trace_ops(const std::vector<comm::P2POp>& ops, int64_t start_us);
 
   std::shared_ptr<comm::Comm> world_;
   at::Device device_;
@@ -74,6 +79,7 @@ class PathRunner {
     comm::Work work;
   };
   std::map<std::pair<int64_t, int>, Posted> posted_;  // (source rank, tag) -> posted receive
+  observe::Tracer* tracer_ = nullptr;
 };
 
 }  // namespace loom::runtime
