@@ -145,6 +145,25 @@ std::vector<Slice> slices_of(const json& doc) {
   return out;
 }
 
+// One process: the trace of step 2 holds its program's blocks (4 micro-batches of 2, F then B
+// each) and no other step is traced.
+TEST(StepTrace, OneProcessTracesTheStepAsked) {
+  const fs::path dir = fresh_dir("one");
+  Outcome r = run("train " + write_config(dir) + " \"logging.trace_steps=[2, 7]\"");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("loom: trace step 2 ("), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run" / "trace_step_1.json"));
+  EXPECT_FALSE(fs::exists(dir / "run" / "trace_step_3.json"));
+  std::ifstream in(dir / "run" / "trace_step_2.json");
+  const json doc = json::parse(in);
+  std::vector<std::string> blocks;
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "X" && e["tid"] == 0) blocks.push_back(e["name"]);
+  EXPECT_EQ(blocks, (std::vector<std::string>{"F s0 mb0", "B s0 mb0", "F s0 mb1", "B s0 mb1",
+                                              "F s0 mb2", "B s0 mb2", "F s0 mb3", "B s0 mb3"}));
+  EXPECT_EQ(doc["otherData"]["step"], 2);
+}
+
 // 4 ranks, tp2 x pp2, step 3 traced: every block of every rank's program exactly once, in the
 // program's order; every send has its receive on the peer (same tag and bytes), which ends
 // after the send started; the summary line on rank 0 against the plan's estimate.
