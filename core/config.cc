@@ -106,6 +106,14 @@ void visit_fields(Config& c, V& v) {
 
   v("logging", "every", c.logging.every, positive());
   v("logging", "level", c.logging.level, one_of({"debug", "info", "warn", "error"}));
+  v("logging", "tensorboard", c.logging.tensorboard, Check<std::string>());
+  v("logging", "trace_steps", c.logging.trace_steps,
+    Check<std::vector<int64_t>>([](const std::vector<int64_t>& steps) {
+      for (int64_t s : steps)
+        if (s < 1)
+          return "each step must be positive (steps count from 1), got " + std::to_string(s);
+      return std::string();
+    }));
 
   v("comm", "backend", c.comm.backend, one_of({"auto", "gloo", "mpi", "nccl", "local"}));
   v("comm", "timeout_s", c.comm.timeout_s, positive_real());
@@ -133,6 +141,7 @@ std::string type_name(const double*) { return "a number"; }
 std::string type_name(const bool*) { return "true or false"; }
 std::string type_name(const std::string*) { return "a string"; }
 std::string type_name(const std::vector<double>*) { return "a list of numbers"; }
+std::string type_name(const std::vector<int64_t>*) { return "a list of integers, e.g. [3, 10]"; }
 std::string type_name(const std::vector<std::vector<int64_t>>*) {
   return "a list of [first, last] layer pairs";
 }
@@ -144,6 +153,7 @@ bool decode(const YAML::Node& node, T& out) {
       if (!node.IsScalar()) return false;
       out = node.Scalar();
     } else if constexpr (std::is_same_v<T, std::vector<double>> ||
+                         std::is_same_v<T, std::vector<int64_t>> ||
                          std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
       if (!node.IsSequence()) return false;
       out = node.as<T>();

@@ -80,6 +80,8 @@ struct DataConfig {
 struct LoggingConfig {
   int64_t every = 1;
   std::string level = "info";
+  std::string tensorboard;           // TensorBoard event files here (rank 0); empty: none
+  std::vector<int64_t> trace_steps;  // steps (1-based) every rank traces: trace_step_N.json
 };
 
 struct CommConfig {

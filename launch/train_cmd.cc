@@ -1,21 +1,27 @@
 // loom train CONFIG [key=value ...]: validates everything, then creates the run directory,
-// writes the resolved config, trains, and appends one JSON line per step to metrics.jsonl.
+// writes the resolved config, trains, and appends one JSON line per step to metrics.jsonl (and
+// the same values as TensorBoard scalars under logging.tensorboard).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.h"
 #include "core/durable_file.h"
 #include "core/log.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "observe/event_file.h"
 
 #if LOOM_HAVE_RUNTIME
 #include "exec/lower/plan_file.h"
@@ -47,6 +53,20 @@ int bad_input(const std::string& message) {
   else
     std::snprintf(buf, sizeof buf, "%.0f", per_s);
   return buf;
+}
+
+// The TensorBoard scalars of a step: every number of its metrics.jsonl line but the step, under
+// the line's own key, so the two never disagree.
+[[maybe_unused]] std::vector<std::pair<std::string, double>> scalars_of(
+    const nlohmann::json& line) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [key, value] : line.items())
+    if (key != "step" && value.is_number()) out.emplace_back(key, value.get<double>());
+  return out;
+}
+
+[[maybe_unused]] double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -92,7 +112,15 @@ int train_main(const Args& args) {
     return kExitOk;
   }
 
-  // Only now, with every input validated, does anything get written.
+  // Only now, with every input validated, does anything get written: the event file first, so a
+  // logging.tensorboard that cannot be written leaves no run directory behind.
+  std::unique_ptr<observe::EventFileWriter> tensorboard;
+  if (!config.logging.tensorboard.empty()) {
+    auto opened = observe::EventFileWriter::open(config.logging.tensorboard);
+    if (!opened.ok())
+      return bad_input(config.error("logging.tensorboard", opened.error().message).message);
+    tensorboard = std::move(*opened);
+  }
   namespace fs = std::filesystem;
   const fs::path run_dir = config.run.output_dir;
   std::error_code ec;
@@ -141,6 +169,14 @@ int train_main(const Args& args) {
                            {"tokens_per_s", st->tokens_per_s},
                            {"peak_mem_bytes", st->peak_mem_bytes}};
     metrics << line.dump() << "\n" << std::flush;
+    if (tensorboard)
+      if (Status s = tensorboard->write_scalars(st->step, scalars_of(line), unix_seconds());
+          !s.ok())
+        return bad_input(config.error("logging.tensorboard", s.error().message).message);
+    if (!st->trace_summary.empty()) {
+      std::printf("%sloom: %s\n", tty ? "\n" : "", st->trace_summary.c_str());
+      std::fflush(stdout);
+    }
     const double eta =
         elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
     if (tty) {

@@ -10,9 +10,7 @@ namespace {
 
 constexpr double kMicrosPerUnit = 1000;  // one time unit is drawn as 1 ms
 
-std::string slice_name(const Block& b) {
-  return std::string(1, to_char(b.kind)) + " s" + b.stage.to_string() + " mb" + b.mb.to_string();
-}
+std::string slice_name(const Block& b) { return block_slice_name(to_char(b.kind), b.stage, b.mb); }
 
 // Distinct hues for neighbouring micro-batches (golden angle); lightness by kind.
 std::string colour(const Block& b) {
@@ -38,6 +36,10 @@ std::string colour(const Block& b) {
 }
 
 }  // namespace
+
+std::string block_slice_name(char kind, StageId stage, MicroBatch mb) {
+  return std::string(1, kind) + " s" + stage.to_string() + " mb" + mb.to_string();
+}
 
 std::string to_chrome_trace(const Schedule& s, const Timeline& t) {
   using nlohmann::json;

@@ -9,6 +9,10 @@
 
 namespace loom::sched {
 
+// A block's slice name in chrome traces, "F s1 mb3" (kind letter, stage, micro-batch): the
+// estimated timeline and the measured traces (observe/trace.h) name blocks alike.
+std::string block_slice_name(char kind, StageId stage, MicroBatch mb);
+
 // {"traceEvents": [...]}: pid = device, one "X" slice per block and device (named "F s1 mb3",
 // one time unit drawn as 1 ms), and the device's memory as a "C" counter track.
 std::string to_chrome_trace(const Schedule& schedule, const Timeline& timeline);

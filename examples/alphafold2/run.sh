@@ -13,7 +13,8 @@ config=configs/alphafold2-tiny.yaml
 run_plan() {
   local name=$1 ranks=$2
   shift 2
-  local args=("$config" "$@" run.output_dir="$out/$name")
+  local args=("$config" "$@" run.output_dir="$out/$name" logging.tensorboard="$out/$name/tensorboard"
+    "logging.trace_steps=[2]")
   echo
   echo "== Evoformer tiny, $name on $ranks CPU ranks =="
   ./build/bin/loom plan "${args[@]}" --out "$out/$name/plan"
@@ -21,6 +22,7 @@ run_plan() {
     "${EXTRA[@]}"
   echo "plan dump: $out/$name/plan (programs/rank_K.txt, summary.txt)"
   echo "metrics:   $out/$name/metrics.jsonl"
+  echo "tensorboard --logdir $out/$name/tensorboard   step 2 measured: $out/$name/trace_step_2.json"
 }
 
 EXTRA=("$@")

@@ -12,12 +12,14 @@ run_plan() {
   local name=$1
   shift
   local dir="$out/$name"
-  local args=(configs/gpt-tiny.yaml run.output_dir="$dir" run.steps=20 logging.every=10 "$@")
+  local args=(configs/gpt-tiny.yaml run.output_dir="$dir" run.steps=20 logging.every=10
+    logging.tensorboard="$dir/tensorboard" "logging.trace_steps=[10]" "$@")
   echo
   echo "== GPT tiny, $name =="
   ./build/bin/loom plan "${args[@]}" --out "$dir/plan" | tail -n +2
   ./build/bin/loomrun --nproc-per-node 2 --master-port 0 ./build/bin/loom train "${args[@]}"
   echo "plan dump: $dir/plan (programs/rank_K.txt, summary.txt)   metrics: $dir/metrics.jsonl"
+  echo "tensorboard --logdir $dir/tensorboard   step 10 measured: $dir/trace_step_10.json (beside $dir/plan/timeline.json)"
 }
 
 run_plan dp2 parallel.dp=2 "$@"

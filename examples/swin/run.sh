@@ -12,12 +12,14 @@ run_plan() {
   local name=$1
   shift
   local dir="$out/$name"
-  local args=(configs/swin-tiny.yaml run.output_dir="$dir" run.steps=10 logging.every=5 "$@")
+  local args=(configs/swin-tiny.yaml run.output_dir="$dir" run.steps=10 logging.every=5
+    logging.tensorboard="$dir/tensorboard" "logging.trace_steps=[5]" "$@")
   echo
   echo "== Swin tiny, $name =="
   ./build/bin/loom plan "${args[@]}" --out "$dir/plan" | tail -n +2
   ./build/bin/loomrun --nproc-per-node 2 --master-port 0 ./build/bin/loom train "${args[@]}"
   echo "plan dump: $dir/plan (programs/rank_K.txt, summary.txt)   metrics: $dir/metrics.jsonl"
+  echo "tensorboard --logdir $dir/tensorboard   step 5 measured: $dir/trace_step_5.json"
 }
 
 run_plan dp2 parallel.dp=2 "$@"

@@ -90,4 +90,11 @@ void reset_peak_device_bytes(const RunDevice& d) {
   reset_peak_cpu_bytes();
 }
 
+void synchronize_device(const RunDevice& d) {
+#if LOOM_TORCH_CUDA
+  if (d.cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)d;
+}
+
 }  // namespace loom::runtime

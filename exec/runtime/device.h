@@ -46,4 +46,8 @@ int64_t cuda_device_count();
 int64_t peak_device_bytes(const RunDevice& d);  // since the last reset
 void reset_peak_device_bytes(const RunDevice& d);
 
+// Waits until the device has finished the work queued on it (a traced step's timestamps, so a
+// GPU block ends when its kernels do); nothing on the CPU.
+void synchronize_device(const RunDevice& d);
+
 }  // namespace loom::runtime

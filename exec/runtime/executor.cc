@@ -18,6 +18,7 @@
 #include "exec/runtime/init.h"
 #include "exec/runtime/oracle.h"
 #include "exec/runtime/path_runner.h"
+#include "exec/runtime/step_trace.h"
 
 namespace loom::runtime {
 namespace {
@@ -589,6 +590,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   try {
     for (size_t block_index = 0; block_index < prog.blocks.size(); ++block_index) {
       const lower::ProgramBlock& block = prog.blocks[block_index];
+      observe::TraceSpan span(s.tracer, [&] { return block_event(block); });
       if (block_index == 0) prepost_receives(s, block);
       if (block_index + 1 < prog.blocks.size()) prepost_receives(s, prog.blocks[block_index + 1]);
       const int64_t mb = block.micro_batch.value();
@@ -656,5 +658,10 @@ Executor::GatherCounts Executor::gather_counts() const { return impl_->gather_co
 comm::Comm& Executor::world() { return *impl_->world; }
 const RunDevice& Executor::device() const { return impl_->device; }
 const GradBuckets* Executor::gradient_buckets() const { return impl_->buckets.get(); }
+void Executor::set_tracer(observe::Tracer* tracer) {
+  impl_->tracer = tracer;
+  impl_->runner->set_tracer(tracer);
+  if (impl_->buckets) impl_->buckets->set_tracer(tracer);
+}
 
 }  // namespace loom::runtime

@@ -18,6 +18,9 @@
 #include "exec/runtime/kernels.h"
 #include "graph/graph.h"
 
+namespace loom::observe {
+class Tracer;
+}  // namespace loom::observe
 namespace loom::runtime {
 
 // What a step's forward and backward leave for the optimizer step, summed over every rank.
@@ -86,6 +89,9 @@ class Executor {
   const RunDevice& device() const;
   // The gradient buckets of the parameter pieces this rank shares; null when it shares none.
   const GradBuckets* gradient_buckets() const;
+  // Records every block and communication call of the following steps on `tracer`
+  // (logging.trace_steps, exec/runtime/step_trace.h); null: nothing is recorded.
+  void set_tracer(observe::Tracer* tracer);
 
   struct Impl;  // opaque; public so the adapter autograd function can reach it
 

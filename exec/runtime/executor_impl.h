@@ -36,6 +36,7 @@ struct Executor::Impl {
   int64_t rank = 0;
   std::unique_ptr<PathRunner> runner;
   std::unique_ptr<GradBuckets> buckets;  // null when no parameter piece is shared
+  observe::Tracer* tracer = nullptr;     // a traced step's (logging.trace_steps); else null
   std::vector<at::Tensor> params;        // float32 masters
   // What ops read during a step: the masters, or their copies in the compute dtype (made once
   // per step; their gradients flow back to the masters in float32).

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "exec/lower/grad_bucketing.h"
+#include "exec/runtime/step_trace.h"
 
 namespace loom::runtime {
 
@@ -179,6 +180,11 @@ void GradBuckets::start_ready(size_t group, bool during_backward) {
   while (next_[group] < order.size()) {
     Bucket& b = *buckets_[order[next_[group]]];
     if (during_backward && b.pending > 0) return;
+    observe::TraceSpan span(tracer_, [&] {
+      return comm_event(
+          b.shard.defined() ? "reduce_scatter bucket (start)" : "all_reduce bucket (start)", b.flat,
+          -1, -1, b.comm.get());
+    });
     b.work = b.shard.defined() ? b.comm->reduce_scatter_flat_async(b.shard, b.flat)
                                : b.comm->all_reduce_async(b.flat);
     b.started = true;
@@ -197,7 +203,14 @@ Status GradBuckets::finish() {
     }
   for (size_t g = 0; g < group_buckets_.size(); ++g) start_ready(g, false);
   in_step_ = false;
-  for (auto& b : buckets_) LOOM_TRY(b->work.wait());
+  for (auto& b : buckets_) {
+    observe::TraceSpan span(tracer_, [&] {
+      return comm_event(
+          b->shard.defined() ? "reduce_scatter bucket (wait)" : "all_reduce bucket (wait)", b->flat,
+          -1, -1, b->comm.get());
+    });
+    LOOM_TRY(b->work.wait());
+  }
   // ZeRO-1 on MPI: the summed segment goes back to its place in the buffer, where the owned
   // parts of the pieces' gradients are.
   for (auto& b : buckets_)
@@ -226,6 +239,8 @@ Status GradBuckets::gather_parameters() {
       mine.narrow(0, offset_of_[i] + begin - b.member * b.segment, end - begin)
           .copy_(params_[i].param.detach().reshape({-1}).narrow(0, begin, end - begin));
     }
+    observe::TraceSpan span(
+        tracer_, [&] { return comm_event("all_gather bucket", mine, -1, -1, b.comm.get()); });
     LOOM_TRY(b.comm->all_gather_flat(b.flat, mine));
     for (size_t i : b.params) params_[i].param.detach().copy_(view(i));
   }

@@ -19,6 +19,7 @@
 #include "core/ids.h"
 #include "core/result.h"
 #include "exec/comm/comm.h"
+#include "observe/trace.h"
 
 namespace loom::runtime {
 
@@ -71,6 +72,10 @@ class GradBuckets {
   // bucket (an all-gather of the owners' segments). Nothing to do without zero1.
   Status gather_parameters();
 
+  // Records each bucket's reduction (its start and the wait for it) and gather on `tracer`
+  // (null: nothing; step_trace.h).
+  void set_tracer(observe::Tracer* tracer) { tracer_ = tracer; }
+
   int64_t bucket_count() const;
   // How many buckets backward started (the rest started in finish()): for tests and benches.
   int64_t started_during_backward() const { return started_early_; }
@@ -99,6 +104,7 @@ class GradBuckets {
   std::shared_ptr<GradBuckets*> self_;               // what the hooks call; null once destroyed
   int64_t started_early_ = 0;
   bool in_step_ = false;
+  observe::Tracer* tracer_ = nullptr;
 };
 
 }  // namespace loom::runtime

@@ -21,7 +21,7 @@ at::Tensor gather(Executor::Impl& s, const Adapter& a, const at::Tensor& shard, 
     p.adapter = -1;
     PathRunner::Started started = std::move(p.started);
     p.started = {};
-    auto r = PathRunner::finish(started);
+    auto r = s.runner->finish(started);
     if (!r.ok()) throw CommFailure(r.error().message);
     return *r;
   }
@@ -129,7 +129,7 @@ void finish_prefetch(Executor::Impl& s) {
   s.prefetch.adapter = -1;
   PathRunner::Started started = std::move(s.prefetch.started);
   s.prefetch.started = {};
-  auto r = PathRunner::finish(started);
+  auto r = s.runner->finish(started);
   if (!r.ok()) throw CommFailure(r.error().message);
 }
 

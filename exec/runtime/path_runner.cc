@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "exec/runtime/step_trace.h"
+
 namespace loom::runtime {
 namespace {
 
@@ -63,8 +65,23 @@ Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
 
 void PathRunner::start_waiting_sends() {
   if (waiting_sends_.empty()) return;
+  const int64_t start_us = tracer_ ? (tracer_->sync(), tracer_->now_us()) : 0;
   sends_.push_back(world_->batch_isend_irecv(waiting_sends_));
+  if (tracer_) trace_ops(waiting_sends_, start_us);
   waiting_sends_.clear();
+}
+
+void PathRunner::trace_ops(const std::vector<comm::P2POp>& ops, int64_t start_us) {
+  tracer_->sync();
+  const int64_t end_us = tracer_->now_us();
+  for (const comm::P2POp& op : ops) {
+    const bool send = op.kind == comm::P2POp::Kind::kSend;
+    observe::TraceEvent e =
+        comm_event(send ? "send" : "recv", op.tensor, op.peer.value(), op.tag, nullptr);
+    e.start_us = start_us;
+    e.end_us = end_us;
+    tracer_->add(std::move(e));
+  }
 }
 
 void PathRunner::prepost(const lower::CommPath& path, const Shape& full, PathPart part,
@@ -91,6 +108,7 @@ Status PathRunner::flush() {
   LOOM_CHECK(posted_.empty()) << "rank " << rank_ << ": " << posted_.size()
                               << " posted receives were never taken";
   start_waiting_sends();
+  observe::TraceSpan span(tracer_, [] { return comm_event("wait sends", {}, -1, -1, nullptr); });
   for (auto& w : sends_) LOOM_TRY(w.wait());
   sends_.clear();
   return Status::success();
@@ -128,13 +146,13 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
       }
       if (!defer_sends_) start_waiting_sends();
       std::vector<comm::P2POp> batch;
-      std::vector<comm::Work> taken;  // receives posted ahead (prepost)
+      std::vector<std::pair<comm::Work, comm::P2POp>> taken;  // receives posted ahead (prepost)
       for (const auto& pair : st.groups) {
         const int64_t src = pair[0].value(), dst = pair[1].value();
         if (dst != rank_ || src == rank_ || !do_recv) continue;
         if (auto it = posted_.find({src, tag}); it != posted_.end()) {
           received = it->second.buffer;
-          taken.push_back(it->second.work);
+          taken.emplace_back(it->second.work, comm::P2POp::recv(received, Rank(src), tag));
           posted_.erase(it);
           continue;
         }
@@ -146,9 +164,18 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
         // The sends waiting so far go with these receives: one batch, one wait.
         batch.insert(batch.begin(), waiting_sends_.begin(), waiting_sends_.end());
         waiting_sends_.clear();
-        LOOM_TRY(world_->batch_isend_irecv(batch).wait());
+        const int64_t start_us = tracer_ ? (tracer_->sync(), tracer_->now_us()) : 0;
+        Status done = world_->batch_isend_irecv(batch).wait();
+        if (tracer_) trace_ops(batch, start_us);
+        LOOM_TRY(done);
       }
-      for (auto& w : taken) LOOM_TRY(w.wait());
+      for (auto& [work, recv] : taken) {
+        const comm::P2POp& op = recv;
+        observe::TraceSpan span(tracer_, [&] {
+          return comm_event("recv", op.tensor, op.peer.value(), op.tag, nullptr);
+        });
+        LOOM_TRY(work.wait());
+      }
       if (part == PathPart::kProducer && first_transfer) return at::Tensor();
       // A device whose piece stays where it is (same position in both layouts) keeps it.
       const int64_t before = position(st.before, rank_);
@@ -177,7 +204,9 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
     switch (st.primitive) {
       case Primitive::kAllReduce: {
         at::Tensor out = cur.clone();
-        LOOM_TRY(members().all_reduce(out));
+        comm::Comm& g = members();
+        observe::TraceSpan span(tracer_, [&] { return comm_event("all_reduce", out, -1, -1, &g); });
+        LOOM_TRY(g.all_reduce(out));
         cur = out;
         break;
       }
@@ -187,13 +216,18 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
           std::vector<int64_t> sizes = cur.sizes().vec();
           sizes[static_cast<size_t>(dim)] *= k;
           at::Tensor out = at::empty(sizes, cur.options());
-          LOOM_TRY(members().all_gather_flat(out, cur));
+          comm::Comm& g = members();
+          observe::TraceSpan span(tracer_,
+                                  [&] { return comm_event("all_gather", cur, -1, -1, &g); });
+          LOOM_TRY(g.all_gather_flat(out, cur));
           cur = out;
           break;
         }
         std::vector<at::Tensor> parts;
         for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
-        LOOM_TRY(members().all_gather(parts, cur));
+        comm::Comm& g = members();
+        observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
+        LOOM_TRY(g.all_gather(parts, cur));
         cur = at::cat(parts, dim);
         break;
       }
@@ -203,14 +237,20 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
           std::vector<int64_t> sizes = cur.sizes().vec();
           sizes[static_cast<size_t>(dim)] /= k;
           at::Tensor out = at::empty(sizes, cur.options());
-          LOOM_TRY(members().reduce_scatter_flat(out, cur));
+          comm::Comm& g = members();
+          observe::TraceSpan span(tracer_,
+                                  [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
+          LOOM_TRY(g.reduce_scatter_flat(out, cur));
           cur = out;
           break;
         }
         std::vector<at::Tensor> in;
         for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
         at::Tensor out = at::empty_like(in[0]);
-        LOOM_TRY(members().reduce_scatter(out, in));
+        comm::Comm& g = members();
+        observe::TraceSpan span(tracer_,
+                                [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
+        LOOM_TRY(g.reduce_scatter(out, in));
         cur = out;
         break;
       }
@@ -218,7 +258,9 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
         std::vector<at::Tensor> in, out;
         for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
         for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
-        LOOM_TRY(members().all_to_all(out, in));
+        comm::Comm& g = members();
+        observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", cur, -1, -1, &g); });
+        LOOM_TRY(g.all_to_all(out, in));
         cur = at::cat(out, dim_of(st.from_factor));
         break;
       }
@@ -271,8 +313,11 @@ Result<PathRunner::Started> PathRunner::start_all_gather(const lower::CommPath& 
   for (const auto& g : st.groups)
     for (DeviceId d : g)
       if (d.value() == rank_) {
-        out.work = flat ? group(g).all_gather_flat_async(out.out, in)
-                        : group(g).all_gather_async(out.parts, in);
+        out.group = &group(g);
+        observe::TraceSpan span(
+            tracer_, [&] { return comm_event("start all_gather", in, -1, -1, out.group); });
+        out.work = flat ? out.group->all_gather_flat_async(out.out, in)
+                        : out.group->all_gather_async(out.parts, in);
         return out;
       }
   return Error::at("comm",
@@ -280,7 +325,13 @@ Result<PathRunner::Started> PathRunner::start_all_gather(const lower::CommPath& 
 }
 
 Result<at::Tensor> PathRunner::finish(Started& started) {
-  LOOM_TRY(started.work.wait());
+  {
+    observe::TraceSpan span(tracer_, [&] {
+      return comm_event("wait all_gather", started.out.defined() ? started.out : started.parts[0],
+                        -1, -1, started.group);
+    });
+    LOOM_TRY(started.work.wait());
+  }
   if (started.parts.empty()) return started.out;
   return at::cat(started.parts, started.dim);
 }

@@ -17,6 +17,7 @@
 
 #include "exec/comm/comm.h"
 #include "exec/lower/path.h"
+#include "observe/trace.h"
 
 namespace loom::runtime {
 
@@ -56,13 +57,14 @@ class PathRunner {
     at::Tensor out;                 // gathered in place (along the leading dimension)
     std::vector<at::Tensor> parts;  // or gathered per rank, concatenated by finish()
     comm::Work work;
+    comm::Comm* group = nullptr;
     int64_t dim = 0;
   };
   // Whether `path` is one all-gather this rank takes part in (what start_all_gather runs).
   bool is_one_all_gather(const lower::CommPath& path) const;
   Result<Started> start_all_gather(const lower::CommPath& path, const at::Tensor& x);
   // Waits for it and returns what run() would have.
-  static Result<at::Tensor> finish(Started& started);
+  Result<at::Tensor> finish(Started& started);
 
   // Starts the sends still waiting for a receive and waits for every send in flight; call this
   // before the tensors sent may change. Every posted receive must have been taken by then.
@@ -70,11 +72,15 @@ class PathRunner {
 
   comm::Comm& world() { return *world_; }
   int64_t rank() const { return rank_; }
+  // Records every send, receive and collective on `tracer` (null: nothing; step_trace.h).
+  void set_tracer(observe::Tracer* tracer) { tracer_ = tracer; }
 
  private:
   // Starts the sends waiting for a receive, alone (before a collective, which must not wait on
   // a peer that waits for them).
   void start_waiting_sends();
+  // One event per op of `ops`, from `start_us` to now (a traced step only).
+  void trace_ops(const std::vector<comm::P2POp>& ops, int64_t start_us);
 
   std::shared_ptr<comm::Comm> world_;
   at::Device device_;
@@ -88,6 +94,7 @@ class PathRunner {
     comm::Work work;
   };
   std::map<std::pair<int64_t, int>, Posted> posted_;  // (source rank, tag) -> posted receive
+  observe::Tracer* tracer_ = nullptr;
 };
 
 }  // namespace loom::runtime

@@ -26,6 +26,7 @@
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
+#include "exec/runtime/step_trace.h"
 #include "models/model.h"
 #include "plan/plan.h"
 
@@ -47,12 +48,34 @@ struct Trainer::Impl {
   // LOOM_PROFILE_STEP (core/debug_env.h), read once: the step LibTorch's profiler records.
   int64_t profile_step = debug_env_int("LOOM_PROFILE_STEP", 0);
   int64_t step = 0;
+  // logging.trace_steps: the traced step's recording (null in other steps), and the plan's
+  // estimate its summary reads the measurement against (empty for a plan from plan.json).
+  std::unique_ptr<observe::Tracer> tracer;
+  observe::EstimateFigures estimate;
 };
 
 namespace {
 
 int64_t bucket_bytes(const Config& config) {
   return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
+}
+
+observe::EstimateFigures estimate_figures(const plan::Estimate& estimate) {
+  observe::EstimateFigures f;
+  f.bubble_ratio = estimate.bubble_ratio;
+  f.step_s = estimate.step_s;
+  for (const plan::RankEstimate& r : estimate.ranks) f.comm_s.push_back(r.comm_s);
+  return f;
+}
+
+// logging.trace_steps: a Tracer for step `step` (1-based) when it is traced, else null.
+std::unique_ptr<observe::Tracer> tracer_for(const Config& config, const RunDevice& device,
+                                            int64_t step) {
+  const std::vector<int64_t>& traced = config.logging.trace_steps;
+  if (std::find(traced.begin(), traced.end(), step) == traced.end()) return nullptr;
+  auto tracer = std::make_unique<observe::Tracer>();
+  if (device.cuda()) tracer->set_sync([device] { synchronize_device(device); });
+  return tracer;
 }
 
 // The pieces, values and optimizer a checkpoint saves and loads.
@@ -123,6 +146,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   impl->ops = extensions->ops;
   impl->kernels = extensions->kernels;
   impl->graph = std::move(plan.model);
+  impl->estimate = estimate_figures(plan.estimate);
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
   if (!extensions->model) {  // a model set to replace every type counts samples
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, extensions->models.of(config));
@@ -184,6 +208,8 @@ Result<StepStats> Trainer::step() {
           ".json"))
             .string());
   }
+  s.tracer = tracer_for(s.config, s.device, s.step + 1);
+  s.executor->set_tracer(s.tracer.get());
   auto start = std::chrono::steady_clock::now();
   reset_peak_device_bytes(s.device);
   const int64_t micro = s.config.micro_batches();
@@ -216,6 +242,11 @@ Result<StepStats> Trainer::step() {
   st.tokens_per_s =
       static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
   st.peak_mem_bytes = peak_device_bytes(s.device);
+  if (s.tracer) {
+    s.executor->set_tracer(nullptr);
+    LOOM_ASSIGN_OR_RETURN(st.trace_summary, finish_step_trace(*s.tracer, *s.world, s.device, s.step,
+                                                              s.config.run.output_dir, s.estimate));
+  }
   return st;
 }
 

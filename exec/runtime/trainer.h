@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/config.h"
 #include "core/result.h"
@@ -36,6 +37,9 @@ struct StepStats {
   // Most live tensor bytes of this process's device during the step (the CUDA caching
   // allocator's peak on a GPU, the counting allocator's on the CPU).
   int64_t peak_mem_bytes = 0;
+  // A traced step (logging.trace_steps), on rank 0: where its trace_step_N.json is and what it
+  // measured against the plan's estimate (observe::summary_line); else empty.
+  std::string trace_summary;
 };
 
 class Trainer {

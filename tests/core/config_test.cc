@@ -73,6 +73,42 @@ TEST(Config, ResolvedYamlRoundTrips) {
   EXPECT_EQ(back.model.args.at("layers"), "3");
 }
 
+// logging.tensorboard and logging.trace_steps: off by default, read from the file and from
+// overrides, and through the resolved YAML.
+TEST(Config, ObservabilityKeys) {
+  Config off = must_parse(kGood);
+  EXPECT_TRUE(off.logging.tensorboard.empty());
+  EXPECT_TRUE(off.logging.trace_steps.empty());
+  Config c =
+      must_parse(std::string(kGood) + "logging:\n  tensorboard: tb\n  trace_steps: [3, 10]\n");
+  EXPECT_EQ(c.logging.tensorboard, "tb");
+  EXPECT_EQ(c.logging.trace_steps, (std::vector<int64_t>{3, 10}));
+  Config o = must_parse(kGood, {"logging.trace_steps=[2]", "logging.tensorboard=/tmp/x"});
+  EXPECT_EQ(o.logging.trace_steps, (std::vector<int64_t>{2}));
+  EXPECT_EQ(o.logging.tensorboard, "/tmp/x");
+  Config back = must_parse(to_yaml(c));
+  EXPECT_EQ(back.logging.trace_steps, c.logging.trace_steps);
+  EXPECT_EQ(back.logging.tensorboard, "tb");
+}
+
+TEST(ConfigErrors, TraceStepsAreStepNumbers) {
+  std::string e = error_of(kGood, {"logging.trace_steps=[0]"});
+  EXPECT_NE(e.find("logging.trace_steps: each step must be positive (steps count from 1), got 0"),
+            std::string::npos)
+      << e;
+  e = error_of(kGood, {"logging.trace_steps=[-2]"});
+  EXPECT_NE(e.find("logging.trace_steps: each step must be positive"), std::string::npos) << e;
+  e = error_of("logging:\n  trace_steps: [2.5]\n");
+  EXPECT_NE(e.find("t.yaml:2: logging.trace_steps: expected a list of integers"), std::string::npos)
+      << e;
+  e = error_of("logging:\n  trace_steps: [three]\n");
+  EXPECT_NE(e.find("logging.trace_steps: expected a list of integers"), std::string::npos) << e;
+  e = error_of("logging:\n  trace_steps: 3\n");
+  EXPECT_NE(e.find("logging.trace_steps: expected a list of integers, e.g. [3, 10], got '3'"),
+            std::string::npos)
+      << e;
+}
+
 // A config file with no sections is refused naming the file; a file with `{}` asks for defaults.
 TEST(ConfigErrors, EmptyFileIsRefused) {
   const std::string path = ::testing::TempDir() + "/loom_empty_config.yaml";

@@ -1,0 +1,48 @@
+// TensorBoard event files (logging.tensorboard): `events.out.tfevents.<seconds>.<host>` in a
+// directory, a TFRecord stream of Event protos (observe/tensorboard.proto): each record is
+// [uint64 length, little-endian][uint32 masked CRC-32C of the length][data][uint32 masked
+// CRC-32C of the data]. The first event holds the file version; then one event per step with one
+// scalar per value. `tensorboard --logdir DIR` reads them.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/result.h"
+
+namespace loom::observe {
+
+// One TFRecord: the framing around `data`.
+std::string tfrecord(std::string_view data);
+
+class EventFileWriter {
+ public:
+  // Creates `dir` (and its parents) and a new event file in it, whose first record is the file
+  // version. The error says what could not be created.
+  static Result<std::unique_ptr<EventFileWriter>> open(const std::string& dir);
+  ~EventFileWriter();
+  EventFileWriter(const EventFileWriter&) = delete;
+  EventFileWriter& operator=(const EventFileWriter&) = delete;
+
+  // One event at `step` holding `scalars` (tag, value; stored as float32, as TensorBoard does),
+  // stamped `wall_time_s` (seconds since the Unix epoch). Handed to the operating system before
+  // it returns, so a crash of the run loses nothing written.
+  Status write_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars,
+                       double wall_time_s);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  EventFileWriter(std::FILE* file, std::string path) : file_(file), path_(std::move(path)) {}
+  Status write_record(std::string_view data);
+
+  std::FILE* file_;
+  std::string path_;
+};
+
+}  // namespace loom::observe
