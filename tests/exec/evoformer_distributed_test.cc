@@ -55,6 +55,15 @@ TEST(EvoformerLocalRanks, Dp2Dap2) {
 
 // Recomputation: the axial attentions alone (selective), or each Evoformer block (full), also
 // with DAP's all-to-alls inside the recomputed blocks.
+// parallel.zero 3, with DAP: the parameters stored split over the data-parallel and DAP ranks.
+TEST(EvoformerZero3, Dp2) {
+  expect_equal_to_single_device({"parallel.dp=2", "parallel.zero=3"}, 2);
+}
+TEST(EvoformerZero3, Dp2Dap2) {
+  expect_equal_to_single_device(
+      {"parallel.dp=2", "parallel.policy=dap", "parallel.tp=2", "parallel.zero=3"}, 4);
+}
+
 TEST(EvoformerRecompute, Full) { expect_equal_to_single_device({"parallel.recompute=full"}, 1); }
 TEST(EvoformerRecompute, Selective) {
   expect_equal_to_single_device({"parallel.recompute=selective"}, 1);

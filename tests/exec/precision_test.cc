@@ -87,7 +87,7 @@ optimizer: {type: adamw, lr: 0.003}
 // tp2 x pp2 in bf16 against one device in bf16, under the bf16 terms of the tolerance policy
 // (tests/support/tolerance.h: the plan rounds its partial sums to bf16 where one device rounds
 // the whole sum once). SGD, so a parameter's travel follows its gradients linearly.
-TEST(Bf16, Tp2Pp2AndZbH1Pp2EqualOneDevice) {
+TEST(Bf16, Tp2Pp2ZbH1Pp2AndZero3Dp2EqualOneDevice) {
   const std::string yaml = R"(run: {seed: 3, precision: bf16}
 model: {type: gpt, preset: tiny}
 batch: {global: 8, micro: 2}
@@ -101,6 +101,10 @@ comm: {timeout_s: 60}
   // The split backward: W blocks add the bf16 weight products to the float32 masters directly.
   testing_support::expect_equal_to_single_device(
       ref, config(yaml, {"parallel.pp=2", "parallel.schedule=zb-h1"}), 2, {"attn.k.b"});
+  // zero 3: the shards' bf16 copies are gathered and their gradients reduce-scattered in bf16
+  // (two replicas' sums rounded once more, like a tp partial sum), then cast to the masters.
+  testing_support::expect_equal_to_single_device(
+      ref, config(yaml, {"parallel.dp=2", "parallel.zero=3"}), 2, {"attn.k.b"});
 }
 
 }  // namespace

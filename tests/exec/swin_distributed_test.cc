@@ -47,6 +47,15 @@ TEST(SwinRecompute, FullWindowParallel2) {
       {"parallel.recompute=full", "parallel.policy=window", "parallel.tp=2"}, 2);
 }
 
+// parallel.zero 3: every parameter, the relative-position bias tables too, stored split over
+// the replicas (with window parallelism: over the window ranks as well) and gathered for use.
+TEST(SwinZero3, Dp2) { expect_equal_to_single_device({"parallel.dp=2", "parallel.zero=3"}, 2); }
+TEST(SwinZero3, Dp2WindowParallel2FullRecompute) {
+  expect_equal_to_single_device({"parallel.dp=2", "parallel.policy=window", "parallel.tp=2",
+                                 "parallel.zero=3", "parallel.recompute=full"},
+                                4);
+}
+
 // Window 4: stage 0 (4 x 4 windows) splits windows; stage 1 (2 x 2 windows) cannot, and its
 // attention and MLP fall back to the Megatron split.
 TEST(SwinLocalRanks, WindowParallel4) {
