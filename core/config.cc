@@ -81,6 +81,7 @@ void visit_fields(Config& c, V& v) {
       return "must be 0, 1 or 3, got " + std::to_string(z);
     }));
   v("parallel", "stages", c.parallel.stages, Check<std::vector<std::vector<int64_t>>>());
+  v("parallel", "memory_limit_gb", c.parallel.memory_limit_gb, non_negative_real());
 
   v("batch", "global", c.batch.global, positive());
   v("batch", "micro", c.batch.micro, positive());

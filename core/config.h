@@ -50,6 +50,9 @@ struct ParallelConfig {
   int64_t zero = 0;
   // Explicit pipeline stage boundaries: each entry is [first_layer, last_layer] (inclusive).
   std::vector<std::vector<int64_t>> stages;
+  // policy auto: the memory a plan may use per device, GB (1e9 bytes); 0: the cost model's
+  // device memory.
+  double memory_limit_gb = 0;
 
   int64_t world_size() const { return dp * tp * pp; }
 };

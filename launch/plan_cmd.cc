@@ -14,6 +14,7 @@
 #include "exec/lower/plan_file.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "plan/auto_plan.h"
 #include "plan/plan.h"
 
 namespace loom::cli {
@@ -115,6 +116,9 @@ int plan_main(const Args& args) {
   app.add_option("--cost-model", cost_file,
                  "a cost-model file (presets, or one model) instead of the built-in "
                  "configs/cost-model.yaml; the same as cost.file=FILE");
+  int64_t top = 5;
+  app.add_option("--top", top, "with parallel.policy=auto: how many of the best plans to list")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--no-plan-json", no_plan_json,
                "skip plan.json (the whole plan; large for thousands of ranks)");
   if (auto code = parse_args(app, args, "plan")) return *code;
@@ -126,7 +130,18 @@ int plan_main(const Args& args) {
     return fail("--world-size must be positive, got " + std::to_string(world_size));
   auto cost = resolve_cost_model(*config);
   if (!cost.ok()) return fail(cost.error().message);
-  auto made = plan::make_plan(*config, plan::Registries{}, *cost, world_size);
+  Result<plan::Plan> made = Error::at("plan", "not made");
+  if (config->parallel.policy == "auto") {
+    plan::AutoOptions options;
+    options.top = top;
+    auto chosen = plan::auto_plan(*config, plan::Registries{}, *cost, world_size, options);
+    if (!chosen.ok()) return fail(chosen.error().message);
+    std::fputs(plan::describe(*chosen).c_str(), stdout);
+    *config = chosen->config;  // the dump is the winner's
+    made = std::move(chosen->plan);
+  } else {
+    made = plan::make_plan(*config, plan::Registries{}, *cost, world_size);
+  }
   if (!made.ok()) return fail(made.error().message);
   const plan::Plan& plan = *made;
 

@@ -28,8 +28,8 @@ double saved_extra_bytes(const graph::Op& op) {
   return 4 * (probs + 3 * static_cast<double>(numel(q)));
 }
 
-// A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, over the
-// network when the group spans nodes.
+}  // namespace
+
 double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& devices,
                           double bytes) {
   const double k = static_cast<double>(devices.size());
@@ -42,6 +42,8 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
   const double beta = inter ? cost.inter_beta_s_per_byte : cost.intra_beta_s_per_byte;
   return 2 * (k - 1) * (alpha + bytes / k * beta);
 }
+
+namespace {
 
 // Under parallel.zero 1, what a rank's shared pieces come to: the elements it owns (and keeps
 // optimizer state for) of those it holds, and its segments of the reduced gradients, from the

@@ -88,6 +88,10 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
 double path_seconds(const lower::CommPath& path, int64_t rank);
+// A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, on the network
+// when the group spans nodes.
+double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& devices,
+                          double bytes);
 
 // Adds to `out`, per primitive, the bytes `rank` sends in the steps of `path` it takes part in,
 // `times` over (once per micro-batch, say).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "exec/runtime/optimizer.h"
 #include "exec/runtime/step_trace.h"
 #include "models/model.h"
+#include "plan/auto_plan.h"
 #include "plan/plan.h"
 
 namespace loom::runtime {
@@ -112,6 +114,23 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
                                                  std::shared_ptr<const Extensions> extensions) {
   if (!extensions) extensions = std::make_shared<const Extensions>();
   const plan::Registries& registries = *extensions;
+  if (!plan_file && config.parallel.policy == "auto") {
+    // Every rank searches the same plan (a pure function of the config and the cost model).
+    const comm::EnvLookup env = comm::process_env();
+    int64_t ranks = 1, rank = 0;
+    if (world) {
+      ranks = world->size();
+      rank = world->world_rank().value();
+    } else {
+      if (std::optional<std::string> v = env("WORLD_SIZE")) ranks = std::atoll(v->c_str());
+      if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
+    }
+    LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
+    LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen,
+                          plan::auto_plan(config, registries, cost, std::max<int64_t>(ranks, 1)));
+    if (rank == 0) std::fputs(plan::describe(chosen).c_str(), stderr);
+    return create(chosen.config, std::move(chosen.plan), std::move(world), std::move(extensions));
+  }
   if (!plan_file) {
     LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, registries));
     return create(config, std::move(plan), std::move(world), std::move(extensions));

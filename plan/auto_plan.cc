@@ -1,0 +1,378 @@
+#include "plan/auto_plan.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "exec/lower/program.h"
+
+namespace loom::plan {
+namespace {
+
+// What a candidate is before its memory ladder: how the model is split and ordered.
+struct Shape {
+  std::string policy;  // hybrid, or the model's own (window, dap) of degree tp
+  int64_t dp = 1, tp = 1, pp = 1, chunks = 1, micro = 1;
+  std::string schedule = "1f1b";
+  bool sp = false;
+};
+
+// A rung of the memory ladder, in the order of what it costs in time.
+struct Rung {
+  const char* recompute;
+  int64_t zero;
+};
+constexpr Rung kLadder[] = {{"none", 0},      {"none", 1}, {"selective", 0},
+                            {"selective", 1}, {"none", 3}, {"selective", 3},
+                            {"full", 0},      {"full", 1}, {"full", 3}};
+
+bool rung_applies(const Shape& s, const Rung& r) {
+  if (r.zero > 0 && s.dp == 1) return false;
+  // A split backward's weight gradients would need zero 3's gathers in the W blocks.
+  if (r.zero == 3 && (s.schedule == "zb-h1" || s.schedule == "search-zb")) return false;
+  return true;
+}
+
+std::vector<std::string> overrides_of(const Shape& s, const Rung& r, int64_t global) {
+  return {"parallel.policy=" + s.policy,
+          "parallel.dp=" + std::to_string(s.dp),
+          "parallel.tp=" + std::to_string(s.tp),
+          "parallel.pp=" + std::to_string(s.pp),
+          "parallel.sp=" + std::string(s.sp ? "true" : "false"),
+          "parallel.chunks=" + std::to_string(s.chunks),
+          "parallel.schedule=" + s.schedule,
+          "parallel.recompute=" + std::string(r.recompute),
+          "parallel.zero=" + std::to_string(r.zero),
+          "batch.micro=" + std::to_string(s.micro),
+          "batch.global=" + std::to_string(global)};
+}
+
+std::string label_of(const Shape& s, const Rung& r) {
+  std::ostringstream os;
+  os << "dp" << s.dp << " ";
+  if (s.policy == "hybrid")
+    os << "tp" << s.tp << (s.sp ? "+sp" : "");
+  else
+    os << s.policy << s.tp;
+  os << " pp" << s.pp;
+  if (s.chunks > 1) os << "x" << s.chunks;
+  os << " mb" << s.micro;
+  if (s.pp > 1) os << " " << s.schedule;
+  if (std::string(r.recompute) != "none") os << " recompute " << r.recompute;
+  if (r.zero > 0) os << " zero" << r.zero;
+  return os.str();
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// Every shape of `world` ranks the annotations and the schedules' rules may allow; make_plan
+// refuses the others (degrees that do not divide the model, too few layers for the stages).
+std::vector<Shape> shapes_of(const Config& config, const Registries& registries,
+                             const CostModel& cost, int64_t world) {
+  std::vector<std::string> policies = {"hybrid"};
+  const std::vector<std::string> known = registries.policies.names();
+  auto has = [&](const std::string& p) {
+    return std::find(known.begin(), known.end(), p) != known.end();
+  };
+  if (config.model.type == "swin" && has("window")) policies.push_back("window");
+  if (config.model.type == "evoformer" && has("dap")) policies.push_back("dap");
+  const int64_t global = config.batch.global;
+  std::vector<Shape> out;
+  for (const std::string& policy : policies)
+    for (int64_t tp : divisors(world)) {
+      if (tp > std::max<int64_t>(cost.devices_per_node, 1)) continue;  // tp within a node
+      if (policy != "hybrid" && tp == 1) continue;
+      for (int64_t pp : divisors(world / tp)) {
+        if (pp > 128) continue;
+        const int64_t dp = world / (tp * pp);
+        if (global % dp != 0) continue;
+        for (int64_t micro : divisors(global / dp)) {
+          if (micro > 16) break;
+          const int64_t micro_batches = global / (dp * micro);
+          if (micro_batches > lower::kMaxMicroBatches) continue;
+          std::vector<std::pair<int64_t, std::string>> orders;  // chunks, schedule
+          if (pp == 1) {
+            orders.push_back({1, "1f1b"});
+          } else {
+            for (const char* s : {"1f1b", "gpipe", "zb-h1", "search"}) orders.push_back({1, s});
+            if (pp % 2 == 0 && micro_batches % 2 == 0) orders.push_back({1, "chimera"});
+            if (micro_batches % pp == 0) orders.push_back({2, "interleaved"});
+          }
+          for (const auto& [chunks, schedule] : orders)
+            for (bool sp : {false, true}) {
+              if (sp && (policy != "hybrid" || tp == 1)) continue;
+              Shape s;
+              s.policy = policy;
+              s.dp = dp;
+              s.tp = tp;
+              s.pp = pp;
+              s.chunks = chunks;
+              s.micro = micro;
+              s.schedule = schedule;
+              s.sp = sp;
+              out.push_back(s);
+            }
+        }
+      }
+    }
+  return out;
+}
+
+// The busiest rank's figures of an estimate.
+AutoCandidate figures(const Estimate& e) {
+  AutoCandidate c;
+  c.step_s = e.step_s;
+  c.peak_bytes = e.max_peak_bytes();
+  c.bubble = e.bubble_ratio;
+  for (const RankEstimate& r : e.ranks)
+    if (r.step_s >= c.comm_s + c.compute_s) {
+      c.comm_s = r.comm_s;
+      c.compute_s = r.compute_s;
+    }
+  return c;
+}
+
+Result<Config> with_overrides(const std::string& yaml, const std::vector<std::string>& overrides) {
+  return parse_config(yaml, "parallel.policy auto", overrides);
+}
+
+// The search's state: the user's config, what is searched with, and the results per shape.
+struct Search {
+  const Config& config;
+  std::string yaml;  // the user's config, resolved
+  const Registries& registries;
+  const CostModel& cost;
+  int64_t world = 0;
+  double limit = 0;
+  bool whole = true;  // plan each candidate whole; else on a data-parallel proxy
+};
+
+enum class Outcome { kFits, kOverMemory, kInvalid };
+
+// A shape planned whole: the first rung of its ladder under the limit.
+Outcome plan_whole(const Search& s, const Shape& shape, AutoCandidate& out, int64_t& planned) {
+  bool any_valid = false;
+  for (const Rung& rung : kLadder) {
+    if (!rung_applies(shape, rung)) continue;
+    auto config = with_overrides(s.yaml, overrides_of(shape, rung, s.config.batch.global));
+    if (!config.ok()) return Outcome::kInvalid;
+    ++planned;
+    auto plan = make_plan(*config, s.registries, s.cost, s.world);
+    if (!plan.ok()) {
+      if (!any_valid) return Outcome::kInvalid;
+      continue;
+    }
+    any_valid = true;
+    AutoCandidate c = figures(plan->estimate);
+    if (c.peak_bytes > s.limit) continue;
+    c.overrides = overrides_of(shape, rung, s.config.batch.global);
+    c.label = label_of(shape, rung);
+    c.whole = true;
+    out = std::move(c);
+    return Outcome::kFits;
+  }
+  return any_valid ? Outcome::kOverMemory : Outcome::kInvalid;
+}
+
+// A shape on its data-parallel proxy: one replica's plan (dp 1, the same micro-batches), with
+// what the replicas add from the cost model: the gradient all-reduce over the replicas (ZeRO 1
+// moves the same bytes as a reduce-scatter and an all-gather; ZeRO 3 gathers every parameter in
+// each micro-batch's forward and again for its backward, and reduce-scatters its gradient:
+// 1.5 all-reduces per micro-batch), and the ZeRO shares of optimizer state (1) or of parameters,
+// gradients and state (3).
+Outcome plan_proxy(const Search& s, const Shape& shape, AutoCandidate& out, int64_t& planned) {
+  Shape replica = shape;
+  replica.dp = 1;
+  const int64_t global = s.config.batch.global / shape.dp;
+  const double dp = static_cast<double>(shape.dp);
+  std::vector<DeviceId> group;  // one replica group: the ranks of one tensor-parallel position
+  for (int64_t j = 0; j < shape.dp; ++j) group.push_back(DeviceId(j * shape.tp));
+  const double m = static_cast<double>(global / shape.micro);
+  bool any_valid = false;
+  std::string last_recompute;
+  Result<Plan> proxy = Error::at("auto", "not planned");
+  for (const Rung& rung : kLadder) {
+    if (!rung_applies(shape, rung)) continue;
+    if (rung.recompute != last_recompute) {
+      last_recompute = rung.recompute;
+      auto config = with_overrides(s.yaml, overrides_of(replica, {rung.recompute, 0}, global));
+      if (!config.ok()) return Outcome::kInvalid;
+      ++planned;
+      proxy = make_plan(*config, s.registries, s.cost, shape.tp * shape.pp);
+      if (!proxy.ok()) {
+        if (!any_valid) return Outcome::kInvalid;
+        continue;
+      }
+      any_valid = true;
+    }
+    if (!proxy.ok()) continue;
+    AutoCandidate c;
+    c.bubble = proxy->estimate.bubble_ratio;
+    for (const RankEstimate& r : proxy->estimate.ranks) {
+      const double sync = all_reduce_seconds(s.cost, group, r.grad_bytes);
+      const double comm = r.comm_s + (rung.zero == 3 ? 1.5 * m * sync : sync);
+      double peak = r.peak_bytes;
+      if (rung.zero == 1) peak -= r.optimizer_bytes * (1 - 1 / dp);
+      if (rung.zero == 3) peak -= (r.param_bytes + r.grad_bytes + r.optimizer_bytes) * (1 - 1 / dp);
+      c.peak_bytes = std::max(c.peak_bytes, peak);
+      if (r.compute_s + comm > c.step_s) {
+        c.step_s = r.compute_s + comm;
+        c.compute_s = r.compute_s;
+        c.comm_s = comm;
+      }
+    }
+    if (c.peak_bytes > s.limit) continue;
+    c.overrides = overrides_of(shape, rung, s.config.batch.global);
+    c.label = label_of(shape, rung);
+    out = std::move(c);
+    return Outcome::kFits;
+  }
+  return any_valid ? Outcome::kOverMemory : Outcome::kInvalid;
+}
+
+// Runs `work(i)` for i in [0, n) on `threads` threads.
+void parallel_for(int64_t n, int64_t threads, const std::function<void(int64_t)>& work) {
+  std::atomic<int64_t> next{0};
+  auto run = [&] {
+    for (int64_t i = next++; i < n; i = next++) work(i);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+}
+
+bool faster(const AutoCandidate& a, const AutoCandidate& b) {
+  if (a.step_s != b.step_s) return a.step_s < b.step_s;
+  if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+  return a.label < b.label;
+}
+
+}  // namespace
+
+Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
+                           const CostModel& cost, int64_t world_size, const AutoOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  AutoPlan result;
+  result.memory_limit_bytes = config.parallel.memory_limit_gb > 0
+                                  ? config.parallel.memory_limit_gb * 1e9
+                                  : cost.device_memory_bytes;
+  Search s{config,
+           to_yaml(config),
+           registries,
+           cost,
+           world_size,
+           result.memory_limit_bytes,
+           world_size <= options.exact_ranks};
+  const std::vector<Shape> shapes = shapes_of(config, registries, cost, world_size);
+  result.considered = static_cast<int64_t>(shapes.size());
+  std::vector<Outcome> outcome(shapes.size(), Outcome::kInvalid);
+  std::vector<AutoCandidate> found(shapes.size());
+  std::atomic<int64_t> planned{0};
+  const int64_t threads = options.threads > 0
+                              ? options.threads
+                              : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  parallel_for(static_cast<int64_t>(shapes.size()), threads, [&](int64_t i) {
+    int64_t made = 0;
+    const auto k = static_cast<size_t>(i);
+    outcome[k] = s.whole ? plan_whole(s, shapes[k], found[k], made)
+                         : plan_proxy(s, shapes[k], found[k], made);
+    planned += made;
+  });
+  std::vector<AutoCandidate> fits;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    if (outcome[k] == Outcome::kFits) fits.push_back(found[k]);
+    result.over_memory += outcome[k] == Outcome::kOverMemory;
+    result.invalid += outcome[k] == Outcome::kInvalid;
+  }
+  std::sort(fits.begin(), fits.end(), faster);
+  // Proxies rank the candidates; the best are planned whole and ranked on their own estimates.
+  if (!s.whole) {
+    std::vector<AutoCandidate> whole;
+    std::mutex lock;
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(fits.size()), options.top);
+    parallel_for(n, threads, [&](int64_t i) {
+      const AutoCandidate& proxy = fits[static_cast<size_t>(i)];
+      auto c = with_overrides(s.yaml, proxy.overrides);
+      if (!c.ok()) return;
+      auto plan = make_plan(*c, registries, cost, world_size);
+      ++planned;
+      if (!plan.ok()) return;
+      AutoCandidate w = figures(plan->estimate);
+      if (w.peak_bytes > s.limit) return;
+      w.overrides = proxy.overrides;
+      w.label = proxy.label;
+      w.whole = true;
+      std::lock_guard<std::mutex> guard(lock);
+      whole.push_back(std::move(w));
+    });
+    std::sort(whole.begin(), whole.end(), faster);
+    fits = std::move(whole);
+  }
+  result.planned = planned;
+  if (fits.empty())
+    return config.error("parallel.memory_limit_gb",
+                        "no plan of " + std::to_string(world_size) + " ranks fits " +
+                            human_bytes(result.memory_limit_bytes) + " per device (" +
+                            std::to_string(result.considered) +
+                            " shapes: " + std::to_string(result.over_memory) +
+                            " over the limit at every rung of recomputation and ZeRO, " +
+                            std::to_string(result.invalid) + " not possible for this model)");
+  if (static_cast<int64_t>(fits.size()) > options.top)
+    fits.resize(static_cast<size_t>(options.top));
+  result.top = fits;
+  LOOM_ASSIGN_OR_RETURN(result.config, with_overrides(s.yaml, fits[0].overrides));
+  LOOM_ASSIGN_OR_RETURN(result.plan, make_plan(result.config, registries, cost, world_size));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::string describe(const AutoPlan& r) {
+  std::ostringstream os;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "parallel.policy auto: %lld shapes of %lld ranks (%lld plans made, %lld over %s "
+                "per device at every rung of recomputation and ZeRO, %lld not possible) in %.1f "
+                "s\n",
+                static_cast<long long>(r.considered), static_cast<long long>(r.plan.world_size()),
+                static_cast<long long>(r.planned), static_cast<long long>(r.over_memory),
+                human_bytes(r.memory_limit_bytes).c_str(), static_cast<long long>(r.invalid),
+                r.seconds);
+  os << line;
+  os << "  #  plan                                                est. step   peak/rank   bubble  "
+        "comm/step\n";
+  for (size_t i = 0; i < r.top.size(); ++i) {
+    const AutoCandidate& c = r.top[i];
+    std::snprintf(line, sizeof line, "%3zu  %-50s  %10s  %10s  %6.3f  %10s\n", i + 1,
+                  c.label.c_str(), human_seconds(c.step_s).c_str(),
+                  human_bytes(c.peak_bytes).c_str(), c.bubble, human_seconds(c.comm_s).c_str());
+    os << line;
+  }
+  const AutoCandidate& w = r.top[0];
+  os << "chosen: " << w.label;
+  if (r.top.size() > 1) {
+    const AutoCandidate& n = r.top[1];
+    std::snprintf(line, sizeof line,
+                  ", %.1f %% faster than #2: bubble %.3f vs %.3f, compute %s vs %s, "
+                  "communication %s vs %s, peak %s vs %s of %s",
+                  100 * (n.step_s - w.step_s) / n.step_s, w.bubble, n.bubble,
+                  human_seconds(w.compute_s).c_str(), human_seconds(n.compute_s).c_str(),
+                  human_seconds(w.comm_s).c_str(), human_seconds(n.comm_s).c_str(),
+                  human_bytes(w.peak_bytes).c_str(), human_bytes(n.peak_bytes).c_str(),
+                  human_bytes(r.memory_limit_bytes).c_str());
+    os << line;
+  }
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace loom::plan

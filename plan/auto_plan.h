@@ -1,0 +1,66 @@
+// parallel.policy: auto. The planner chooses the plan: data, tensor (or the model's own: window,
+// DAP), sequence and pipeline degrees, chunks, micro-batch size, pipeline schedule (every
+// predefined one and the repetend search at the plan's own block costs), recomputation and
+// ZeRO level, searched together on the one cost model under a per-device memory limit.
+//
+// Every candidate is a config (the user's with parallel.* and batch.micro replaced) planned by
+// make_plan, so what the search compares is what `loom plan` prints for that config. Memory
+// prunes first: each shape (policy, degrees, chunks, micro-batch, schedule, sp) takes the first
+// of its memory ladder that fits — no recomputation and ZeRO 0, ZeRO 1, selective recomputation,
+// ZeRO 3, full recomputation — since each rung costs more time than the one before.
+//
+// Large worlds (more ranks than `exact_ranks`) are searched on data-parallel proxies: the plan of
+// one data-parallel replica (the same micro-batches per replica), with the replicas' gradient
+// all-reduce (or ZeRO-3's gathers) and the ZeRO shares added from the cost model. The best
+// candidates are then planned whole and ranked on their own estimates.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+
+namespace loom::plan {
+
+struct AutoOptions {
+  int64_t top = 5;           // candidates planned whole and listed
+  int64_t exact_ranks = 64;  // worlds up to this are searched on whole plans
+  int64_t threads = 0;       // 0: the machine's cores
+};
+
+// One plan the search considered.
+struct AutoCandidate {
+  std::vector<std::string> overrides;  // what makes it of the user's config
+  std::string label;                   // "dp2 tp2 pp2 mb2 1f1b"
+  double step_s = 0;
+  double peak_bytes = 0;  // the busiest rank's
+  double bubble = 0;
+  double comm_s = 0;     // the slowest rank's communication per step
+  double compute_s = 0;  // its compute (the schedule's makespan under pipelining)
+  bool whole = false;    // estimated on the whole plan (not a data-parallel proxy)
+};
+
+struct AutoPlan {
+  Config config;                   // the winner's: the user's config with its overrides
+  Plan plan;                       // the winner's plan
+  std::vector<AutoCandidate> top;  // best first, the winner at 0; all planned whole
+  int64_t considered = 0;          // shapes tried
+  int64_t planned = 0;             // plans made (proxies included)
+  int64_t over_memory = 0;         // shapes with no rung of the ladder under the limit
+  int64_t invalid = 0;             // shapes the model or the schedule rules out
+  double memory_limit_bytes = 0;
+  double seconds = 0;  // the search's wall time
+};
+
+// The best plan of `config` (parallel.policy: auto) for `world_size` ranks on `cost`. Fails
+// naming parallel.memory_limit_gb when no candidate fits.
+Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
+                           const CostModel& cost, int64_t world_size,
+                           const AutoOptions& options = {});
+
+// The table `loom plan` prints: the top candidates with step time, peak memory, bubble and
+// communication, and why the winner won.
+std::string describe(const AutoPlan& result);
+
+}  // namespace loom::plan
