@@ -160,6 +160,41 @@ Result<std::pair<std::vector<runtime::LinearShape>, std::string>> linears_of(con
                                     std::to_string(made.world_size()) + " ranks");
 }
 
+// Starts the ranks on `request` in a temporary directory and reads back what each measured.
+Result<std::vector<runtime::RankMeasurements>> measure_ranks(
+    const Options& o, const runtime::CalibrationRequest& request) {
+  char dir_template[] = "/tmp/loom-calibrate-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr)
+    return Error::at("calibrate", "cannot create a temporary directory in /tmp");
+  const fs::path tmp(dir_template);
+  struct Remove {
+    fs::path dir;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } remove{tmp};
+  LOOM_TRY(write_file_atomically(tmp / "request.json", calibrate::request_to_json(request)));
+  std::fprintf(stderr, "loom calibrate: measuring %lld ranks over %s (%s) ...\n",
+               static_cast<long long>(o.ranks), o.backend.c_str(), o.quick ? "quick" : "full");
+  LOOM_ASSIGN_OR_RETURN(int code,
+                        run_bounded(launcher_argv(o, tmp / "request.json", tmp), o.timeout_s));
+  if (code != 0)
+    return Error::at("calibrate", "the calibration ranks failed (exit " + std::to_string(code) +
+                                      "); their output is above");
+  std::vector<runtime::RankMeasurements> ranks;
+  for (int64_t r = 0; r < o.ranks; ++r) {
+    auto text = read_text(tmp / ("rank_" + std::to_string(r) + ".json"));
+    if (!text.ok())
+      return Error::at("calibrate", "rank " + std::to_string(r) + ": " + text.error().message);
+    auto m = calibrate::measurements_from_json(*text);
+    if (!m.ok())
+      return Error::at("calibrate", "rank " + std::to_string(r) + ": " + m.error().message);
+    ranks.push_back(std::move(m).value());
+  }
+  return ranks;
+}
+
 int calibrate_main_checked(Options o) {
   if (!o.worker_request.empty()) return worker_main(o);
   // Arguments first, so a mistake costs no measurement.
@@ -203,50 +238,17 @@ int calibrate_main_checked(Options o) {
   request.seconds_per_point = o.quick ? 0.05 : 0.3;
   request.max_repeats = o.quick ? 20 : 100;
 
-  char dir_template[] = "/tmp/loom-calibrate-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr)
-    return fail("cannot create a temporary directory in /tmp", kExitFailure);
-  const fs::path tmp(dir_template);
-  auto cleanup = [&] {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-  };
-  if (Status s = write_file_atomically(tmp / "request.json", calibrate::request_to_json(request));
-      !s.ok()) {
-    cleanup();
-    return fail(s.error().message, kExitFailure);
-  }
-  std::fprintf(stderr, "loom calibrate: measuring %lld ranks over %s (%s) ...\n",
-               static_cast<long long>(o.ranks), o.backend.c_str(), o.quick ? "quick" : "full");
-  auto code = run_bounded(launcher_argv(o, tmp / "request.json", tmp), o.timeout_s);
-  if (!code.ok() || *code != 0) {
-    cleanup();
-    return fail(code.ok() ? "the calibration ranks failed (exit " + std::to_string(*code) +
-                                "); their output is above"
-                          : code.error().message,
-                kExitFailure);
-  }
-  std::vector<runtime::RankMeasurements> ranks;
-  for (int64_t r = 0; r < o.ranks; ++r) {
-    auto text = read_text(tmp / ("rank_" + std::to_string(r) + ".json"));
-    auto m = text.ok() ? calibrate::measurements_from_json(*text)
-                       : Result<runtime::RankMeasurements>(text.error());
-    if (!m.ok()) {
-      cleanup();
-      return fail("rank " + std::to_string(r) + ": " + m.error().message, kExitFailure);
-    }
-    ranks.push_back(*m);
-  }
-  cleanup();
+  auto ranks = measure_ranks(o, request);
+  if (!ranks.ok()) return fail(ranks.error().message, kExitFailure);
 
   std::map<std::string, std::string> machine;
   for (const auto& [k, v] : runtime::describe_machine()) machine[k] = v;
   const auto& sizes = request.message_bytes;
   const std::vector<std::string> header = {
       "loom calibrate, " + utc_now() + ", on " + cpuinfo("model name") + " (" +
-          std::to_string(std::thread::hardware_concurrency()) + " cores), " + ranks[0].device,
+          std::to_string(std::thread::hardware_concurrency()) + " cores), " + (*ranks)[0].device,
       std::to_string(o.ranks) + " ranks started by " + (o.backend == "mpi" ? "mpirun" : "loomrun") +
-          " over " + o.backend + ", " + std::to_string(ranks[0].intra_op_threads) +
+          " over " + o.backend + ", " + std::to_string((*ranks)[0].intra_op_threads) +
           " intra-op thread(s) per rank; LibTorch " + machine["libtorch"] +
           ", ATEN_CPU_CAPABILITY " + machine["aten_cpu_capability"],
       "compute: " + config.run.precision +
@@ -261,7 +263,7 @@ int calibrate_main_checked(Options o) {
           std::to_string(sizes.front() >> 10) + " KiB to " + std::to_string(sizes.back() >> 10) +
           " KiB per rank, medians of repeats timed on rank 0" + (o.quick ? " (--quick)" : "")};
   const std::string base = config.run.device == "cuda" ? "h100" : "cpu";
-  auto calibration = calibrate::combine(request, ranks, base, header);
+  auto calibration = calibrate::combine(request, *ranks, base, header);
   if (!calibration.ok()) return fail(calibration.error().message, kExitFailure);
   if (Status s = write_file_atomically(out, calibrate::to_yaml(*calibration)); !s.ok())
     return fail("--out: " + s.error().message, kExitFailure);
