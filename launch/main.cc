@@ -23,6 +23,8 @@ const Command kCommands[] = {
      loom::cli::checkpoint_main},
     {"config", "print the resolved config: loom config CONFIG [key=value ...]",
      loom::cli::config_main},
+    {"calibrate", "measure this machine into a cost model: loom calibrate [CONFIG] [--out FILE]",
+     loom::cli::calibrate_main},
     {"env", "print what results depend on: LibTorch, CPU kernels, BLAS, threads",
      loom::cli::env_main},
 };

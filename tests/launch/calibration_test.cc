@@ -1,0 +1,160 @@
+// launch/calibration.h: the alpha-beta fit recovers what made its points, the coefficients are
+// exec/lower's own cost formulas, a plan's linears are found, and the written file reads back as
+// the cost model it describes.
+#include "launch/calibration.h"
+
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+#include "exec/lower/path.h"
+#include "plan/plan.h"
+
+namespace loom::calibrate {
+namespace {
+
+using runtime::CommSample;
+using runtime::LinearShape;
+
+TEST(FitAlphaBeta, RecoversAlphaAndBetaOfExactPoints) {
+  const double alpha = 3e-5, beta = 4e-10;
+  std::vector<FitPoint> points;
+  for (double bytes = 1024; bytes <= 64 << 20; bytes *= 4)
+    for (double a : {1.0, 2.0}) points.push_back({a, bytes, a * alpha + bytes * beta});
+  auto fit = fit_alpha_beta(points);
+  ASSERT_TRUE(fit.ok()) << fit.error().message;
+  EXPECT_NEAR(fit->alpha_s, alpha, alpha * 1e-9);
+  EXPECT_NEAR(fit->beta_s_per_byte, beta, beta * 1e-9);
+  EXPECT_LT(fit->rms_relative_residual, 1e-9);
+  EXPECT_EQ(fit->points, static_cast<int64_t>(points.size()));
+}
+
+TEST(FitAlphaBeta, ReportsTheResidualOfNoisyPoints) {
+  // Every other time 10 % high: the fit stays close and says how far off the points are.
+  std::vector<FitPoint> points;
+  int i = 0;
+  for (double bytes = 1024; bytes <= 16 << 20; bytes *= 2, ++i)
+    points.push_back({1, bytes, (1e-5 + bytes * 1e-9) * (i % 2 ? 1.1 : 1.0)});
+  auto fit = fit_alpha_beta(points);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_NEAR(fit->alpha_s, 1.05e-5, 0.1e-5);
+  EXPECT_NEAR(fit->beta_s_per_byte, 1.05e-9, 0.1e-9);
+  EXPECT_GT(fit->rms_relative_residual, 0.02);
+  EXPECT_LT(fit->rms_relative_residual, 0.1);
+}
+
+TEST(FitAlphaBeta, RejectsOneSizeAndNonPositiveTimes) {
+  EXPECT_FALSE(fit_alpha_beta({{1, 1024, 1e-5}}).ok());
+  EXPECT_FALSE(fit_alpha_beta({{1, 1024, 1e-5}, {2, 2048, 2e-5}}).ok());  // multiples
+  EXPECT_FALSE(fit_alpha_beta({{1, 1024, 1e-5}, {1, 4096, 0}}).ok());
+}
+
+TEST(FitPoint, UsesTheLoweringsCostFormulas) {
+  // A fitted alpha and beta put back into primitive_rules() give the measured time.
+  const double alpha = 2e-5, beta = 5e-10;
+  for (const lower::PrimitiveRule& rule : lower::primitive_rules()) {
+    const std::string name = lower::to_string(rule.primitive);
+    if (name != "all_reduce" && name != "all_gather" && name != "reduce_scatter" &&
+        name != "all_to_all")
+      continue;
+    for (int64_t k : {2, 4, 8}) {
+      std::vector<FitPoint> points;
+      for (int64_t bytes : default_message_bytes(false))
+        points.push_back(fit_point(
+            CommSample{name, k, bytes, rule.cost(k, static_cast<double>(bytes), alpha, beta)}));
+      auto fit = fit_alpha_beta(points);
+      ASSERT_TRUE(fit.ok()) << name;
+      EXPECT_NEAR(fit->alpha_s, alpha, alpha * 1e-6) << name << " k=" << k;
+      EXPECT_NEAR(fit->beta_s_per_byte, beta, beta * 1e-6) << name << " k=" << k;
+    }
+  }
+  const FitPoint p = fit_point(CommSample{"send_recv", 2, 4096, 1e-4});
+  EXPECT_EQ(p.alpha_coef, 1);
+  EXPECT_EQ(p.beta_coef, 4096);
+  // all_reduce on 2 ranks: 2 latencies and 2 (n - 1) / n = 1 times the bytes.
+  const FitPoint ar = fit_point(CommSample{"all_reduce", 2, 4096, 1e-4});
+  EXPECT_EQ(ar.alpha_coef, 2);
+  EXPECT_EQ(ar.beta_coef, 4096);
+}
+
+TEST(LinearShapes, AreTheGptPlansLinears) {
+  auto config = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml");
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  auto plan = plan::make_plan(*config);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const std::vector<LinearShape> shapes = linear_shapes(plan->file.graph);
+  ASSERT_FALSE(shapes.empty());
+  // GPT tiny: hidden 64, vocabulary 256, 32 tokens per sample; every linear sees every token of
+  // a micro-batch.
+  int64_t count = 0;
+  bool mlp_down = false, up_or_head = false;
+  for (const LinearShape& s : shapes) {
+    EXPECT_EQ(s.m, config->batch.micro * 32) << s.m << "x" << s.k << "x" << s.n;
+    count += s.count;
+    mlp_down |= s.k == 256 && s.n == 64 && s.count == 2;  // [tokens, 4 * 64] x [4 * 64, 64]
+    up_or_head |= s.k == 64 && s.n == 256;  // the MLP's up projection and the vocabulary head
+  }
+  EXPECT_TRUE(mlp_down);
+  EXPECT_TRUE(up_or_head);
+  EXPECT_GE(count, 2 * 4 + 1);  // per layer attention and MLP projections, and the head
+}
+
+TEST(Calibration, WritesAFileThatParsesBackAsTheModel) {
+  runtime::CalibrationRequest request;
+  request.linears = {{64, 32, 128, 2}};
+  runtime::RankMeasurements rank;
+  rank.world_size = 2;
+  rank.linear_seconds = {{1e-3, 1e-3, 2e-3}};
+  rank.copy_seconds_per_byte = 1e-10;
+  rank.memory_bytes = 12.0 * (1 << 30);
+  for (const std::string& primitive : runtime::calibrated_primitives())
+    for (int64_t bytes : default_message_bytes(true)) {
+      CommSample s{primitive, 2, bytes, 0};
+      const FitPoint p = fit_point(s);
+      s.seconds = p.alpha_coef * 4e-5 + p.beta_coef * 5e-10;
+      rank.comm.push_back(s);
+    }
+  auto c = combine(request, {rank, rank}, "cpu", {"a test"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  // 3 products of 2 * 64 * 32 * 128 FLOPs, each linear twice, over 2 * 4 ms.
+  EXPECT_NEAR(c->model.device_flops_per_s, 2 * 3 * 2.0 * 64 * 32 * 128 / 8e-3, 1);
+  EXPECT_NEAR(c->model.intra_alpha_s, 4e-5, 1e-12);
+  EXPECT_NEAR(c->model.intra_beta_s_per_byte, 5e-10, 1e-18);
+  auto parsed = CostModel::parse(to_yaml(*c), "calibrated.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  CostModel cpu;
+  for (const auto& [name, m] : builtin_cost_models().presets)
+    if (name == "cpu") cpu = m;
+  EXPECT_NEAR(parsed->device_flops_per_s, c->model.device_flops_per_s,
+              c->model.device_flops_per_s * 1e-3);
+  EXPECT_NEAR(parsed->intra_alpha_s, 4e-5, 1e-9);
+  EXPECT_NEAR(parsed->intra_beta_s_per_byte, 5e-10, 1e-13);
+  EXPECT_EQ(parsed->device_memory_bytes, 12.0 * (1 << 30));
+  EXPECT_EQ(parsed->local_beta_s_per_byte, 1e-10);
+  EXPECT_EQ(parsed->inter_alpha_s, cpu.inter_alpha_s);
+  EXPECT_EQ(parsed->inter_beta_s_per_byte, cpu.inter_beta_s_per_byte);
+  EXPECT_EQ(parsed->devices_per_node, 2);
+  EXPECT_NE(to_table(*c).find("all_to_all"), std::string::npos);
+}
+
+TEST(Calibration, RoundTripsTheRanksFiles) {
+  runtime::CalibrationRequest request;
+  request.linears = {{8, 16, 32, 3}};
+  request.message_bytes = {1024, 4096};
+  auto back = request_from_json(request_to_json(request));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->linears, request.linears);
+  EXPECT_EQ(back->message_bytes, request.message_bytes);
+  runtime::RankMeasurements m;
+  m.rank = 1;
+  m.linear_seconds = {{1, 2, 3}};
+  m.comm = {{"all_reduce", 2, 1024, 1e-5}};
+  auto m2 = measurements_from_json(measurements_to_json(m));
+  ASSERT_TRUE(m2.ok());
+  EXPECT_EQ(m2->rank, 1);
+  EXPECT_EQ(m2->linear_seconds, m.linear_seconds);
+  EXPECT_EQ(m2->comm.at(0).seconds, 1e-5);
+  EXPECT_FALSE(request_from_json("{").ok());
+}
+
+}  // namespace
+}  // namespace loom::calibrate
