@@ -20,6 +20,7 @@ int checkpoint_main(const Args& args);  // loom checkpoint inspect DIR | merge D
 int plan_main(const Args& args);        // loom plan CONFIG [key=value ...] --world-size N --out DIR
 int env_main(const Args& args);         // loom env: LibTorch, CPU kernels, BLAS and threads
 int calibrate_main(
-    const Args& args);  // loom calibrate [CONFIG] [--out FILE]: a measured cost model
+    const Args& args);              // loom calibrate [CONFIG] [--out FILE]: a measured cost model
+int verify_main(const Args& args);  // loom verify CONFIG [key=value ...] [--steps N] [--json FILE]
 
 }  // namespace loom::cli

@@ -19,6 +19,8 @@ const Command kCommands[] = {
     {"schedule", "build, search, simulate and draw a pipeline schedule", loom::cli::schedule_main},
     {"plan", "make and dump a plan without processes: loom plan CONFIG --out DIR",
      loom::cli::plan_main},
+    {"verify", "compare a plan with one device: loom verify CONFIG [key=value ...] [--steps N]",
+     loom::cli::verify_main},
     {"checkpoint", "inspect or merge a checkpoint: loom checkpoint inspect DIR | merge DIR OUT",
      loom::cli::checkpoint_main},
     {"config", "print the resolved config: loom config CONFIG [key=value ...]",

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -63,23 +64,38 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
                             const KernelRegistry& kernels, double tolerance) {
   at::NoGradGuard no_grad;
   OracleReport report;
-  // Value chunks of one piece: chunk index -> (its value, the sub-op that made it).
+  // Value chunks of one piece: chunk index -> (its value, the sub-op that made it), and the
+  // first sub-op (in program order) that made one.
   struct Chunks {
     const graph::SubTensor* piece = nullptr;
     std::map<int64_t, std::pair<at::Tensor, std::string>> parts;
+    size_t first_index = 0;
+    const graph::Op* first_op = nullptr;
   };
   std::map<std::string, Chunks> partial;
-  auto mismatch = [&](const graph::Op& op, const graph::SubTensor& s, const std::string& what) {
+  // Mismatches by the program index of the sub-op they name, so the first is the earliest.
+  struct Found {
+    size_t index;
+    std::string op, piece, message;
+  };
+  std::vector<Found> found;
+  auto piece_name = [&](const graph::SubTensor& s) {
+    return planned.tensor(s.tensor).name + s.ranges_string();
+  };
+  auto mismatch = [&](size_t index, const graph::Op& op, const graph::SubTensor& s,
+                      const std::string& what) {
     std::ostringstream os;
     os << "op " << op.name() << " (" << op.type() << ", device " << op.device << "): output '"
        << planned.tensor(s.tensor).name << "' piece " << s.ranges_string() << " " << what;
-    report.mismatches.push_back(os.str());
+    found.push_back({index, op.name(), piece_name(s), os.str()});
   };
 
-  for (const auto& op : planned.ops()) {
+  for (size_t index = 0; index < planned.ops().size(); ++index) {
+    const graph::Op& op = planned.ops()[index];
     const Kernel* kernel = kernels.find(op.type());
     if (!kernel) {
-      report.mismatches.push_back("op " + op.name() + ": no kernel for type '" + op.type() + "'");
+      found.push_back(
+          {index, op.name(), "", "op " + op.name() + ": no kernel for type '" + op.type() + "'"});
       continue;
     }
     std::vector<at::Tensor> args;
@@ -92,7 +108,7 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
         double err = rel_error(outs[o], cut_piece(full[s.tensor.value()], s));
         ++report.pieces_checked;
         if (err > tolerance)
-          mismatch(op, s, "differs from the single-device run by " + std::to_string(err));
+          mismatch(index, op, s, "differs from the single-device run by " + std::to_string(err));
         continue;
       }
       // Partial pieces are checked once all chunks are in; a chunk made twice (a replica) must
@@ -101,10 +117,14 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
       whole.value_chunk = 0;
       std::string key = key_of(whole) + "/" + std::to_string(s.value_chunks);
       Chunks& c = partial[key];
+      if (!c.first_op) {
+        c.first_op = &op;
+        c.first_index = index;
+      }
       c.piece = &s;
       auto [it, fresh] = c.parts.emplace(s.value_chunk, std::make_pair(outs[o], op.name()));
       if (!fresh && rel_error(outs[o], it->second.first) > tolerance)
-        mismatch(op, s, "differs from its replica made by " + it->second.second);
+        mismatch(index, op, s, "differs from its replica made by " + it->second.second);
     }
   }
   for (const auto& [key, c] : partial) {
@@ -112,8 +132,10 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
     whole.value_chunk = 0;
     whole.value_chunks = 1;
     if (static_cast<int64_t>(c.parts.size()) != c.piece->value_chunks) {
-      report.mismatches.push_back("piece " + key + ": " + std::to_string(c.parts.size()) + " of " +
-                                  std::to_string(c.piece->value_chunks) + " value chunks are made");
+      found.push_back({c.first_index, c.first_op->name(), piece_name(whole),
+                       "piece " + key + " ('" + piece_name(whole) + "', first made by op " +
+                           c.first_op->name() + "): " + std::to_string(c.parts.size()) + " of " +
+                           std::to_string(c.piece->value_chunks) + " value chunks are made"});
       continue;
     }
     at::Tensor sum;
@@ -121,10 +143,18 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
     ++report.pieces_checked;
     double err = rel_error(sum, cut_piece(full[whole.tensor.value()], whole));
     if (err > tolerance)
-      report.mismatches.push_back("piece " + key +
-                                  ": its value chunks add up to values that differ "
-                                  "from the single-device run by " +
-                                  std::to_string(err));
+      found.push_back({c.first_index, c.first_op->name(), piece_name(whole),
+                       "op " + c.first_op->name() + " (" + c.first_op->type() + ") and the ops " +
+                           "making the other value chunks of '" + piece_name(whole) +
+                           "': the chunks add up to values that differ from the single-device " +
+                           "run by " + std::to_string(err)});
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const Found& a, const Found& b) { return a.index < b.index; });
+  for (const Found& f : found) report.mismatches.push_back(f.message);
+  if (!found.empty()) {
+    report.first_op = found.front().op;
+    report.first_piece = found.front().piece;
   }
   return report;
 }

@@ -11,16 +11,10 @@
 #include <vector>
 
 #include "exec/runtime/kernels.h"
+#include "exec/runtime/oracle_report.h"
 #include "graph/graph.h"
 
 namespace loom::runtime {
-
-struct OracleReport {
-  int64_t ops_checked = 0;
-  int64_t pieces_checked = 0;
-  std::vector<std::string> mismatches;  // each names the sub-op and the tensor piece
-  bool ok() const { return mismatches.empty() && ops_checked > 0; }
-};
 
 // The value of every tensor of a one-device graph (by tensor id: inputs from `inputs`, parameters
 // drawn from `seed` as the executor draws them, every activation), op by op without autograd:

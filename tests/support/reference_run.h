@@ -15,6 +15,7 @@
 
 #include "exec/runtime/executor.h"
 #include "exec/runtime/oracle.h"
+#include "exec/runtime/single_device_run.h"
 #include "exec/runtime/trainer.h"
 #include "tests/support/tolerance.h"
 
@@ -27,37 +28,18 @@ struct Reference {
   OptimizerTrace trace;                      // the updates, to bound what rounding can do
 };
 
-inline std::map<std::string, at::Tensor> parameters_of(runtime::Trainer& t) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& tensor : t.graph().tensors())
-    if (tensor.role == graph::TensorRole::kParameter)
-      out[tensor.name] = t.executor().parameter(tensor.name).detach().clone();
-  return out;
-}
+using runtime::parameters_of;
 
+// The single-device run of `config` (exec/runtime/verify.h, as `loom verify` makes it).
 inline Reference train_single_device(const Config& config, int steps) {
   Reference r;
-  auto t = runtime::Trainer::create(config);
-  EXPECT_TRUE(t.ok()) << t.error().message;
-  if (!t.ok()) return r;
-  r.init = parameters_of(**t);
-  r.trace.type = config.optimizer.type;
-  r.trace.precision = config.run.precision;
-  r.trace.momentum = config.optimizer.type == "sgd" ? config.optimizer.momentum : 0;
-  for (int i = 0; i < steps; ++i) {
-    auto st = (*t)->step();
-    EXPECT_TRUE(st.ok()) << st.error().message;
-    if (!st.ok()) return r;
-    r.losses.push_back(st->loss);
-    r.trace.lr.push_back(st->lr);
-    // The gradients stay on the parameters, clipped as applied, until the next step begins.
-    for (const auto& tensor : (*t)->graph().tensors()) {
-      if (tensor.role != graph::TensorRole::kParameter) continue;
-      const at::Tensor& g = (*t)->executor().parameter(tensor.name).grad();
-      r.trace.grad_max[tensor.name].push_back(g.defined() ? g.abs().max().item<double>() : 0.0);
-    }
-  }
-  r.params = parameters_of(**t);
+  auto run = runtime::run_single_device(config, steps);
+  EXPECT_TRUE(run.ok()) << run.error().message;
+  if (!run.ok()) return r;
+  r.losses = run->losses;
+  r.init = run->init;
+  if (!run->params.empty()) r.params = run->params.back();
+  r.trace = run->trace;
   return r;
 }
 

@@ -1,170 +1,44 @@
-// The numerical policy of loom's tests (tests/README.md): what "a parallel run equals the
-// single-device run" can promise on any x86-64 CPU, whatever ATen's vector kernels
-// (ATEN_CPU_CAPABILITY), OpenBLAS's kernels and the thread counts are.
-//
-// A plan sums the same terms in another order (a split reduction, an all-reduce, a gradient
-// accumulated from pieces), so its float results differ from one device's in the last bits. What
-// those differences become after T optimizer steps is bounded here per parameter tensor, from the
-// optimizer's own arithmetic; every bound is a sum of named terms so a failure says which one was
-// exceeded and by how much.
+// The numerical policy of loom's tests lives in exec/runtime/tolerance.h, where `loom verify`
+// applies it too; the tests use it under their own namespace, plus a failure message per piece.
 #pragma once
 
-#include <ATen/ATen.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <optional>
 #include <string>
-#include <vector>
 
-#include "core/config.h"
+#include "exec/runtime/tolerance.h"
 
 namespace loom::testing_support {
 
-// float's machine epsilon (2^-23): one rounding moves a value by at most half of it, relatively.
-constexpr double kFp32Eps = 1.1920929e-7;
-
-// A loss is a mean over thousands of token losses; summed in another order its relative change is
-// a few eps (1e-7 .. 1e-6 measured on default, avx2 and avx512 kernels). 1e-5 leaves a decade for
-// the drift of the parameters it is computed from, and is still 100x below what a real bug moves
-// (a dropped all-reduce or a mis-sliced shard changes step 2's loss by 1e-3 or more).
-constexpr double kLossRelTolerance = 1e-5;
-
-// run.precision=bf16 keeps 8 significant bits: one rounding moves a value by up to 2^-9
-// relatively. A plan rounds at other points than one device (a row-parallel layer's partial sums
-// are each rounded to bf16 before the all-reduce adds them; one device rounds the whole sum
-// once), so its activations differ from one device's by about one bf16 rounding, and what
-// follows from them (the loss, the gradients) by a few. The bf16 terms below replace the fp32
-// ones with the same derivations, at bf16's rounding (measured figures next to each).
-constexpr double kBf16Eps = 3.90625e-3;
-// The loss averages thousands of token losses whose roundings mostly cancel: measured at most
-// 1.5e-5 relative (GPT tiny tp2 x pp2, 6 steps); 2e-4 leaves 13x, and a dropped all-reduce moves
-// step 2's loss by more than 1e-2.
-constexpr double kBf16LossRelTolerance = 2e-4;
-
-// What the single-device run knows about its own updates, to bound how far rounding can carry
-// a parameter.
-struct OptimizerTrace {
-  std::string type;        // sgd | adamw
-  std::string precision;   // run.precision: fp32 | bf16
-  double momentum = 0;     // sgd
-  std::vector<double> lr;  // per step, as applied
-  // Per parameter tensor (FullTensor name), per step: max |g| over its elements, as applied
-  // (after clipping).
-  std::map<std::string, std::vector<double>> grad_max;
-};
-
-// The bound on max|got - want| for one parameter tensor after the traced steps:
-//   moved * max|want - init|  +  stored * max|want|  +  floor
-struct ParameterTolerance {
-  // Relative error of the distance a parameter travelled. SGD is linear in the gradient, so a
-  // gradient summed in another order (relative change ~1e-6: a few eps times log2 of the terms)
-  // moves the update by the same relative amount; 1e-5 leaves a decade. A gradient scaled by
-  // 1.001 (a shard counted wrong) exceeds it by 100x, a dropped all-reduce by 10^4 (the floor
-  // below, for cancelling sums, takes some of that margin back).
-  double moved = 1e-5;
-  // Rounding of the stored float: each step's p - lr*v rounds to the nearest float of p, and two
-  // runs whose updates differ in the last bit may round apart: one eps of |p| per step.
-  double stored = 0;
-  // Absolute floor for elements whose gradient is a sum that cancels to near zero (a norm's shift,
-  // a bias feeding a softmax): their rounding is relative to the terms summed, not to the result.
-  double floor = 0;
-  std::string why;  // the floor's derivation, printed with a failure
-
-  double bound(double max_moved, double max_abs) const {
-    return moved * max_moved + stored * max_abs + floor;
-  }
-};
-
-// Rounding of a gradient element relative to the largest element of the same tensor's gradient.
-// An element sums a few thousand products (batch x positions); summed in another order it moves
-// by a few eps of the terms, and where the terms cancel (a norm's shift, a bias feeding a softmax)
-// that is more than eps of the element itself but stays small against the tensor's largest
-// element, which is of the size of the terms. Measured: at most 3.7e-6 for GPT, Swin and the
-// Evoformer under every plan of the tests, with ATen's default, avx2 and avx512 kernels; 2e-5
-// leaves 5x. A gradient shard scaled by 1.001 (a piece counted wrong) measures 2.5e-4 of it and
-// fails the whole bound by 10x; a dropped all-reduce (GPT tp2, a norm's weight) by 1600x.
-constexpr double kGradRoundingOfMax = 2e-5;
-
-// AdamW's update is m / (sqrt(v) + eps), about lr * sign(g) whatever |g| is, and invariant to the
-// gradient's scale: rounding that moves every gradient alike changes nothing, and an element's
-// update moves by its own gradient's relative rounding. That is eps (~1e-7) of the terms the
-// element sums, so 1e-3 of the element where they cancel down to 1e-4 of their size: the floor
-// lets every element's update differ by 1e-3 of a full step (lr) at every step. (Measured: at
-// most 1.4e-4 of sum(lr).) An element whose gradient cancels further, down to rounding noise,
-// could take a whole step the other way (2 lr): the tensors where that happens by construction
-// are named and skipped by the tests.
-constexpr double kAdamStepRounding = 1e-3;
-
-// A bf16 gradient element against the tensor's largest gradient: the products it sums come from
-// activations rounded to bf16 at different points, a few bf16 roundings of the terms. Measured:
-// the largest parameter difference of GPT tiny tp2 x pp2 is 1.8e-3 of the largest gradient
-// carried (all of it counted here); 1e-2 leaves 5x. A dropped all-reduce moves a parameter by
-// about half its travel: 10x over the whole bound.
-constexpr double kBf16GradRoundingOfMax = 1e-2;
-
-inline double loss_tolerance(const OptimizerTrace& t) {
-  return t.precision == "bf16" ? kBf16LossRelTolerance : kLossRelTolerance;
-}
-
-// The bound for the parameter tensor named `name` (a FullTensor name of the trace).
-inline ParameterTolerance parameter_tolerance(const OptimizerTrace& t, const std::string& name) {
-  ParameterTolerance tol;
-  const size_t steps = t.lr.size();
-  const bool bf16 = t.precision == "bf16";
-  // The masters are float32 in both precisions: storing rounds at float32's eps.
-  tol.stored = static_cast<double>(steps) * kFp32Eps;
-  // Travel moves with the gradients' relative rounding: a few bf16 roundings (measured 0.6 %).
-  if (bf16) tol.moved = 5 * kBf16Eps;
-  if (t.type == "adamw") {
-    tol.moved = 1e-4;  // sqrt(v)'s normalisation drifts with the parameters it came from
-    double lr_sum = 0;
-    for (double lr : t.lr) lr_sum += lr;
-    tol.floor = kAdamStepRounding * lr_sum;
-    tol.why = "AdamW: " + std::to_string(kAdamStepRounding) + " of a step of lr, every step (" +
-              std::to_string(lr_sum) + ")";
-    return tol;
-  }
-  // SGD with momentum mu: the velocity after step t is sum_{s<=t} mu^(t-s) g_s, so an error e_s
-  // in step s's gradient moves the parameter by lr * sum_{t>=s} mu^(t-s) e_s at the end. With
-  // e_s = kGradRoundingOfMax * max|g_s| of this tensor:
-  const auto it = t.grad_max.find(name);
-  const std::vector<double> no_gradient(steps, 0.0);
-  const std::vector<double>& grad_max = it == t.grad_max.end() ? no_gradient : it->second;
-  double distance = 0;
-  for (size_t s = 0; s < steps && s < grad_max.size(); ++s) {
-    double carried = 0, weight = 1;
-    for (size_t u = s; u < steps; ++u, weight *= t.momentum) carried += t.lr[u] * weight;
-    distance += carried * grad_max[s];
-  }
-  const double rounding = bf16 ? kBf16GradRoundingOfMax : kGradRoundingOfMax;
-  tol.floor = rounding * distance;
-  tol.why = "SGD: " + std::to_string(rounding) + " of the tensor's largest gradient " +
-            "carried over " + std::to_string(steps) + " steps by lr and momentum (" +
-            std::to_string(distance) + ")";
-  return tol;
-}
+using runtime::gradient_tolerance;
+using runtime::kBf16Eps;
+using runtime::kBf16GradRoundingOfMax;
+using runtime::kBf16LossRelTolerance;
+using runtime::kFp32Eps;
+using runtime::kGradRoundingOfMax;
+using runtime::kLossRelTolerance;
+using runtime::loss_tolerance;
+using runtime::OptimizerTrace;
+using runtime::parameter_difference;
+using runtime::parameter_tolerance;
+using runtime::ParameterTolerance;
 
 // nullopt when `got` is within `tol` of `want`; otherwise what differs and which term failed.
 inline std::optional<std::string> compare_parameter(const at::Tensor& got, const at::Tensor& want,
                                                     const at::Tensor& init,
                                                     const ParameterTolerance& tol) {
-  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
-  const double err = (g - w).abs().max().item<double>();
-  const double max_moved = (w - init.detach().to(at::kDouble)).abs().max().item<double>();
-  const double max_abs = w.abs().max().item<double>();
-  const double bound = tol.bound(max_moved, max_abs);
+  const runtime::ParameterDifference d = parameter_difference(got, want, init, tol);
   if (std::getenv("LOOM_TEST_TOLERANCE_REPORT") != nullptr)
     std::fprintf(stderr, "tolerance: err %.3e bound %.3e (moved %.3e abs %.3e floor %.3e) %.4f\n",
-                 err, bound, max_moved, max_abs, tol.floor, err / bound);
-  if (err <= bound && std::isfinite(err)) return std::nullopt;
+                 d.err, d.bound, d.max_moved, d.max_abs, tol.floor, d.err / d.bound);
+  if (d.ok()) return std::nullopt;
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "max |difference| %.3e > bound %.3e = %.0e x moved %.3e + %.1e x |p| %.3e + "
                 "floor %.3e (%s)",
-                err, bound, tol.moved, max_moved, tol.stored, max_abs, tol.floor, tol.why.c_str());
+                d.err, d.bound, tol.moved, d.max_moved, tol.stored, d.max_abs, tol.floor,
+                tol.why.c_str());
   return std::string(buf);
 }
 

@@ -1,0 +1,257 @@
+#include "exec/runtime/verify.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+
+#include "exec/comm/local_comm.h"
+#include "exec/runtime/executor.h"
+#include "exec/runtime/extensions.h"
+#include "exec/runtime/inputs.h"
+#include "exec/runtime/oracle.h"
+#include "exec/runtime/single_device_run.h"
+#include "exec/runtime/tolerance.h"
+#include "exec/runtime/trainer.h"
+#include "plan/plan.h"
+
+namespace loom::runtime {
+
+Config single_device_config(const Config& config) {
+  Config c = config;
+  c.parallel = ParallelConfig{};
+  return c;
+}
+
+std::vector<std::string> rounding_noise_parameters() { return {"attn.k.b", "msa_row.pair_ln.b"}; }
+
+namespace {
+
+bool is_noise(const std::string& name, const std::vector<std::string>& noise) {
+  return std::any_of(noise.begin(), noise.end(),
+                     [&](const std::string& n) { return name.find(n) != std::string::npos; });
+}
+
+// Relative difference that a NaN or infinity cannot pass.
+double relative(double err, double scale) {
+  const double rel = err / (scale > 0 ? scale : 1.0);
+  return std::isfinite(rel) ? rel : 1e300;
+}
+
+std::string describe(const Config& c, int64_t world_size) {
+  const ParallelConfig& p = c.parallel;
+  std::ostringstream os;
+  os << "dp " << p.dp << " x tp " << p.tp << " x pp " << p.pp << " (" << world_size << " ranks; "
+     << p.policy;
+  if (p.sp) os << ", sp";
+  if (p.pp > 1) os << ", schedule " << p.schedule << ", chunks " << p.chunks;
+  if (p.zero > 0) os << ", zero " << p.zero;
+  if (p.recompute != "none") os << ", recompute " << p.recompute;
+  os << ")";
+  return os.str();
+}
+
+// The worst difference of each (step, kind, tensor) over the pieces every rank reports.
+class TensorTable {
+ public:
+  void add(TensorDifference d, size_t tensor_order) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++compared_;
+    const auto key = std::make_tuple(d.step, d.kind == "gradient" ? 0 : 1, tensor_order);
+    auto it = worst_.find(key);
+    if (it == worst_.end() || d.rel_diff / d.bound > it->second.rel_diff / it->second.bound)
+      worst_[key] = std::move(d);
+  }
+  std::vector<TensorDifference> rows() const {
+    std::vector<TensorDifference> out;
+    for (const auto& [key, d] : worst_) out.push_back(d);
+    return out;
+  }
+  int64_t compared() const { return compared_; }
+
+ private:
+  std::mutex mu_;
+  std::map<std::tuple<int64_t, int, size_t>, TensorDifference> worst_;
+  int64_t compared_ = 0;
+};
+
+// One rank's pieces after step `step` (1-based) against the single-device run.
+void compare_pieces(Trainer& trainer, const SingleDeviceRun& single, int64_t step,
+                    const std::vector<std::string>& noise, TensorTable& table) {
+  const Executor& exec = trainer.executor();
+  const auto owned = exec.parameter_owned();
+  const bool zero1 = trainer.config().parallel.zero == 1;
+  const OptimizerTrace trace = single.trace_until(static_cast<size_t>(step));
+  const auto& grads = single.grads[static_cast<size_t>(step - 1)];
+  const auto& params = single.params[static_cast<size_t>(step - 1)];
+  for (size_t i = 0; i < exec.parameters().size(); ++i) {
+    const graph::SubTensor& piece = exec.parameter_pieces()[i];
+    const std::string& name = trainer.graph().tensor(piece.tensor).name;
+    const size_t order = static_cast<size_t>(piece.tensor.value());
+    TensorDifference base;
+    base.tensor = name;
+    base.step = step;
+    base.rank = trainer.rank();
+    base.piece = piece.ranges_string();
+    base.judged = !is_noise(name, noise);
+
+    const at::Tensor value = exec.parameters()[i].detach().to(at::kCPU);
+    // Gradients, on the elements this rank updates. Under parallel.zero 1 the gradient buckets'
+    // buffers carry the gathered updated values after the step (measured: the shared pieces'
+    // .grad equals their values), so only the values are compared there.
+    const at::Tensor grad = exec.parameters()[i].grad();
+    const auto [begin, end] = owned[i];
+    if (grad.defined() && end > begin && !zero1) {
+      const at::Tensor got = grad.detach().to(at::kCPU).reshape({-1}).slice(0, begin, end);
+      const at::Tensor want =
+          cut_piece(grads.at(name), piece).contiguous().reshape({-1}).slice(0, begin, end);
+      TensorDifference d = base;
+      d.kind = "gradient";
+      // AdamW's later gradients come from parameters that already differ by up to
+      // adam_noise_allowance: reported, judged at the first step (and under SGD at every step).
+      d.judged = base.judged && (trace.type != "adamw" || step == 1);
+      d.rel_diff = relative((got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(),
+                            grads.at(name).abs().max().item<double>());
+      d.bound = gradient_tolerance(trace);
+      table.add(std::move(d), order);
+    }
+    at::Tensor allowance;
+    if (trace.type == "adamw") {
+      std::vector<at::Tensor> piece_grads;
+      for (int64_t u = 0; u < step; ++u)
+        piece_grads.push_back(cut_piece(single.grads[static_cast<size_t>(u)].at(name), piece));
+      allowance = adam_noise_allowance(piece_grads, trace.grad_max.at(name), trace.lr);
+    }
+    const ParameterDifference pd = parameter_difference(
+        value, cut_piece(params.at(name), piece), cut_piece(single.init.at(name), piece),
+        parameter_tolerance(trace, name), allowance);
+    TensorDifference d = base;
+    d.kind = "parameter";
+    d.rel_diff = relative(pd.err, pd.max_abs);
+    d.bound = relative(pd.bound, pd.max_abs);
+    table.add(std::move(d), order);
+  }
+}
+
+// The oracle on the plan's sub-operators: every tensor's value from the one-device graph on the
+// first micro-batch, with the one-device run's parameters after its last step (a bias that
+// starts at zero has moved by then, so a kernel that mishandles it shows).
+Result<OracleReport> run_oracle(const Config& config, const plan::Plan& plan,
+                                const SingleDeviceRun& single, const KernelRegistry& kernels,
+                                double tolerance) {
+  LOOM_ASSIGN_OR_RETURN(auto feeder, InputFeeder::create(config, plan.model));
+  LOOM_ASSIGN_OR_RETURN(auto inputs, feeder->micro_batch(0));
+  for (const auto& [name, value] : single.params.back())
+    if (auto id = plan.model.find_tensor(name)) inputs[id->value()] = value;
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> values =
+      reference_values(plan.model, kernels, static_cast<uint64_t>(config.run.seed), inputs);
+  return check_plan_ops(plan.file.graph, values, kernels, tolerance);
+}
+
+}  // namespace
+
+bool VerifyReport::losses_ok() const {
+  return std::all_of(losses.begin(), losses.end(), [](const auto& l) { return l.ok(); });
+}
+bool VerifyReport::tensors_ok() const {
+  return std::all_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.ok(); });
+}
+
+std::string VerifyReport::first_failure() const {
+  if (!run_error.empty()) return "the plan failed to run: " + run_error;
+  if (!oracle.ok())
+    return oracle.mismatches.empty() ? "the oracle checked no op"
+                                     : "first op whose output differs: " + oracle.mismatches[0];
+  char buf[256];
+  for (const auto& l : losses)
+    if (!l.ok()) {
+      std::snprintf(buf, sizeof buf, "step %lld's loss differs: %.8g vs %.8g, rel %.2e > %.1e",
+                    static_cast<long long>(l.step), l.plan, l.single, l.rel_diff, l.bound);
+      return buf;
+    }
+  for (const auto& t : tensors)
+    if (!t.ok()) {
+      std::snprintf(buf, sizeof buf,
+                    "first tensor that drifts: %s of '%s' piece %s on rank %lld "
+                    "after step %lld: rel %.2e > %.1e",
+                    t.kind.c_str(), t.tensor.c_str(), t.piece.c_str(),
+                    static_cast<long long>(t.rank), static_cast<long long>(t.step), t.rel_diff,
+                    t.bound);
+      return buf;
+    }
+  return "";
+}
+
+Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& options) {
+  if (options.steps < 1)
+    return Error::at("--steps", "--steps must be at least 1, got " + std::to_string(options.steps));
+  auto extensions = options.extensions ? options.extensions : std::make_shared<const Extensions>();
+  LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, *extensions));
+
+  VerifyReport report;
+  report.world_size = plan.world_size();
+  report.plan = describe(config, report.world_size);
+  LOOM_ASSIGN_OR_RETURN(SingleDeviceRun single,
+                        run_single_device(single_device_config(config), options.steps, extensions));
+
+  // The plan's ranks as threads, each with one intra-op thread so they do not oversubscribe.
+  const int world_size = static_cast<int>(plan.world_size());
+  comm::LocalWorld world(world_size, options.comm_timeout_s);
+  TensorTable table;
+  std::mutex mu;
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
+  const std::vector<Status> statuses = world.run([&](comm::Comm& comm) -> Status {
+    at::set_num_threads(1);
+    LOOM_ASSIGN_OR_RETURN(auto trainer,
+                          Trainer::create(config, plan, comm.shared_from_this(), extensions));
+    const auto rank = static_cast<size_t>(comm.world_rank().value());
+    for (int64_t s = 1; s <= options.steps; ++s) {
+      LOOM_ASSIGN_OR_RETURN(StepStats st, trainer->step());
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        losses[rank].push_back(st.loss);
+      }
+      compare_pieces(*trainer, single, s, options.noise, table);
+    }
+    return Status::success();
+  });
+  for (int r = 0; r < world_size; ++r)
+    if (!statuses[static_cast<size_t>(r)].ok()) {
+      report.run_error =
+          "rank " + std::to_string(r) + ": " + statuses[static_cast<size_t>(r)].error().to_string();
+      return report;
+    }
+
+  const double loss_bound = loss_tolerance(single.trace);
+  for (int64_t s = 0; s < options.steps; ++s) {
+    LossDifference l;
+    l.step = s + 1;
+    l.single = single.losses[static_cast<size_t>(s)];
+    l.bound = loss_bound;
+    for (const auto& rank_losses : losses) {
+      const double plan_loss = rank_losses.at(static_cast<size_t>(s));
+      const double rel = relative(std::abs(plan_loss - l.single), std::abs(l.single));
+      if (rel >= l.rel_diff) {
+        l.rel_diff = rel;
+        l.plan = plan_loss;
+      }
+    }
+    report.losses.push_back(l);
+  }
+  report.tensors = table.rows();
+  report.tensors_compared = table.compared();
+  // Each sub-op against the one-device values, both in float32 on the host: 1e-5 of a piece's
+  // largest magnitude is a decade above what a split reduction's reordering measures
+  // (oracle_test), and a bias counted twice is 1e-3 or more.
+  report.oracle_tolerance = 1e-5;
+  LOOM_ASSIGN_OR_RETURN(report.oracle, run_oracle(config, plan, single, extensions->kernels,
+                                                  report.oracle_tolerance));
+  return report;
+}
+
+}  // namespace loom::runtime

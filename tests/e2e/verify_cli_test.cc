@@ -1,0 +1,127 @@
+// `loom verify` on the plans the suite already proves equal to one device (tests/exec): each
+// exits 0 with every figure within the tolerance policy; a bad --steps or a bad config exits 2
+// naming the argument or key; --json writes the same report.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code;
+  std::string output;
+};
+
+Outcome run(const std::string& args) {
+  // Every run is bounded: the ranks' collectives time out on their own (comm.timeout_s), and
+  // `timeout` stops a run that hangs anywhere else.
+  std::string cmd = "timeout 120 " + std::string(LOOM_BINARY_DIR) + "/bin/loom " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  int status = pclose(pipe);
+  return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// A config file in the test's temporary directory.
+std::string config_file(const std::string& name, const std::string& yaml) {
+  const fs::path p = fs::path(testing::TempDir()) / ("loom_verify_" + name + ".yaml");
+  std::ofstream(p) << yaml;
+  return p.string();
+}
+
+const char* kGptSgd = R"(run: {seed: 3}
+model: {type: gpt, preset: tiny}
+batch: {global: 8, micro: 2}
+optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
+comm: {timeout_s: 60}
+)";
+
+void expect_verified(const std::string& config, const std::string& overrides,
+                     const std::string& mesh) {
+  const fs::path json = fs::path(testing::TempDir()) / "loom_verify_report.json";
+  fs::remove(json);
+  Outcome r = run("verify " + config + " " + overrides + " --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan " + mesh), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every op's output is right"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << "no report at " << json;
+  const nlohmann::json report = nlohmann::json::parse(in);
+  EXPECT_TRUE(report["ok"].get<bool>());
+  ASSERT_EQ(report["losses"].size(), 3u);
+  for (const auto& l : report["losses"]) {
+    EXPECT_LE(l["rel_diff"].get<double>(), l["bound"].get<double>()) << l.dump();
+    EXPECT_GT(l["plan"].get<double>(), 0.0);
+  }
+  // Every tensor's gradient and value after every step was compared, and the oracle ran every op.
+  EXPECT_GT(report["tensors"].size(), 0u);
+  EXPECT_GT(report["oracle"]["ops_checked"].get<int64_t>(), 0);
+  EXPECT_TRUE(report["oracle"]["mismatches"].empty());
+}
+
+TEST(VerifyCli, GptDp2) {
+  expect_verified(config_file("gpt", kGptSgd), "parallel.dp=2", "dp 2 x tp 1 x pp 1");
+}
+TEST(VerifyCli, GptTp2) {
+  expect_verified(config_file("gpt", kGptSgd), "parallel.tp=2", "dp 1 x tp 2 x pp 1");
+}
+TEST(VerifyCli, GptPp2) {
+  expect_verified(config_file("gpt", kGptSgd), "parallel.pp=2", "dp 1 x tp 1 x pp 2");
+}
+TEST(VerifyCli, GptTp2Pp2) {
+  expect_verified(config_file("gpt", kGptSgd), "parallel.tp=2 parallel.pp=2", "dp 1 x tp 2 x pp 2");
+}
+TEST(VerifyCli, GptDp2Zero1) {
+  expect_verified(config_file("gpt", kGptSgd), "parallel.dp=2 parallel.zero=1",
+                  "dp 2 x tp 1 x pp 1");
+}
+TEST(VerifyCli, GptDp2Zero3) {
+  expect_verified(config_file("gpt", kGptSgd), "parallel.dp=2 parallel.zero=3",
+                  "dp 2 x tp 1 x pp 1");
+}
+// The shipped preset trains with AdamW (warm-up, cosine schedule, clipping).
+TEST(VerifyCli, GptTinyPresetTp2AdamW) {
+  expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml", "parallel.tp=2",
+                  "dp 1 x tp 2 x pp 1");
+}
+TEST(VerifyCli, SwinWindow2) {
+  expect_verified(config_file("swin", R"(run: {seed: 5}
+model: {type: swin, preset: tiny}
+batch: {global: 4, micro: 2}
+optimizer: {type: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
+comm: {timeout_s: 60}
+)"),
+                  "parallel.policy=window parallel.tp=2", "dp 1 x tp 2 x pp 1 (2 ranks; window");
+}
+TEST(VerifyCli, EvoformerDap2) {
+  expect_verified(config_file("evo", R"(run: {seed: 3}
+model: {type: evoformer, preset: tiny}
+batch: {global: 4, micro: 2}
+optimizer: {type: sgd, lr: 0.2, momentum: 0.9}
+comm: {timeout_s: 60}
+)"),
+                  "parallel.policy=dap parallel.tp=2", "dp 1 x tp 2 x pp 1 (2 ranks; dap");
+}
+
+TEST(VerifyCli, BadStepsExitsTwoNamingTheArgument) {
+  Outcome r = run("verify " + config_file("gpt", kGptSgd) + " parallel.tp=2 --steps 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--steps"), std::string::npos) << r.output;
+}
+
+TEST(VerifyCli, BadConfigExitsTwoNamingTheKey) {
+  Outcome r = run("verify " + config_file("gpt", kGptSgd) + " parallel.tp=3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.tp"), std::string::npos) << r.output;
+}
+
+}  // namespace
