@@ -54,7 +54,9 @@ TEST(Verify, NamesTheOpOfAPlantedPartialSumBug) {
   runtime::KernelRegistry planted;
   for (const auto& type : ext->ops.types())
     if (type != "bias_add")
-      if (const runtime::Kernel* k = kernels.find(type)) ASSERT_TRUE(planted.add(type, *k).ok());
+      if (const runtime::Kernel* k = kernels.find(type)) {
+        ASSERT_TRUE(planted.add(type, *k).ok());
+      }
   ASSERT_TRUE(planted
                   .add("bias_add",
                        [](const runtime::KernelContext& ctx, const std::vector<at::Tensor>& in) {
