@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -21,19 +22,20 @@ struct Shape {
   bool sp = false;
 };
 
-// A rung of the memory ladder, in the order of what it costs in time.
+// A rung of the memory ladder: recomputation and ZeRO level.
 struct Rung {
-  const char* recompute;
-  int64_t zero;
+  std::string recompute = "none";
+  int64_t zero = 0;
 };
-constexpr Rung kLadder[] = {{"none", 0},      {"none", 1}, {"selective", 0},
-                            {"selective", 1}, {"none", 3}, {"selective", 3},
-                            {"full", 0},      {"full", 1}, {"full", 3}};
 
-bool rung_applies(const Shape& s, const Rung& r) {
-  if (r.zero > 0 && s.dp == 1) return false;
+// Recomputation levels in the order of what they cost (an extra forward of the attention
+// cores, then of every layer).
+const char* const kRecompute[] = {"none", "selective", "full"};
+
+bool zero_applies(const Shape& s, int64_t zero) {
+  if (zero > 0 && s.dp == 1) return false;
   // A split backward's weight gradients would need zero 3's gathers in the W blocks.
-  if (r.zero == 3 && (s.schedule == "zb-h1" || s.schedule == "search-zb")) return false;
+  if (zero == 3 && (s.schedule == "zb-h1" || s.schedule == "search-zb")) return false;
   return true;
 }
 
@@ -45,7 +47,7 @@ std::vector<std::string> overrides_of(const Shape& s, const Rung& r, int64_t glo
           "parallel.sp=" + std::string(s.sp ? "true" : "false"),
           "parallel.chunks=" + std::to_string(s.chunks),
           "parallel.schedule=" + s.schedule,
-          "parallel.recompute=" + std::string(r.recompute),
+          "parallel.recompute=" + r.recompute,
           "parallel.zero=" + std::to_string(r.zero),
           "batch.micro=" + std::to_string(s.micro),
           "batch.global=" + std::to_string(global)};
@@ -62,7 +64,7 @@ std::string label_of(const Shape& s, const Rung& r) {
   if (s.chunks > 1) os << "x" << s.chunks;
   os << " mb" << s.micro;
   if (s.pp > 1) os << " " << s.schedule;
-  if (std::string(r.recompute) != "none") os << " recompute " << r.recompute;
+  if (r.recompute != "none") os << " recompute " << r.recompute;
   if (r.zero > 0) os << " zero" << r.zero;
   return os.str();
 }
@@ -74,10 +76,11 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
-// Every shape of `world` ranks the annotations and the schedules' rules may allow; make_plan
-// refuses the others (degrees that do not divide the model, too few layers for the stages).
-std::vector<Shape> shapes_of(const Config& config, const Registries& registries,
-                             const CostModel& cost, int64_t world) {
+// The skeletons of `world` ranks: policy, degrees and micro-batch size, each with the plain
+// order (1F1B under pipelining) and sequence parallelism with tp. make_plan refuses what the
+// model rules out (degrees that do not divide it, too few layers for the stages).
+std::vector<Shape> skeletons(const Config& config, const Registries& registries,
+                             const CostModel& cost, int64_t world, bool whole) {
   std::vector<std::string> policies = {"hybrid"};
   const std::vector<std::string> known = registries.policies.names();
   auto has = [&](const std::string& p) {
@@ -86,44 +89,56 @@ std::vector<Shape> shapes_of(const Config& config, const Registries& registries,
   if (config.model.type == "swin" && has("window")) policies.push_back("window");
   if (config.model.type == "evoformer" && has("dap")) policies.push_back("dap");
   const int64_t global = config.batch.global;
+  // Large worlds: micro-batches of 1 and 2 (what memory allows at scale) and at most 32 stages.
+  const int64_t max_micro = whole ? 16 : 2, max_pp = whole ? 128 : 32;
   std::vector<Shape> out;
   for (const std::string& policy : policies)
     for (int64_t tp : divisors(world)) {
       if (tp > std::max<int64_t>(cost.devices_per_node, 1)) continue;  // tp within a node
       if (policy != "hybrid" && tp == 1) continue;
       for (int64_t pp : divisors(world / tp)) {
-        if (pp > 128) continue;
+        if (pp > max_pp) continue;
         const int64_t dp = world / (tp * pp);
         if (global % dp != 0) continue;
         for (int64_t micro : divisors(global / dp)) {
-          if (micro > 16) break;
-          const int64_t micro_batches = global / (dp * micro);
-          if (micro_batches > lower::kMaxMicroBatches) continue;
-          std::vector<std::pair<int64_t, std::string>> orders;  // chunks, schedule
-          if (pp == 1) {
-            orders.push_back({1, "1f1b"});
-          } else {
-            for (const char* s : {"1f1b", "gpipe", "zb-h1", "search"}) orders.push_back({1, s});
-            if (pp % 2 == 0 && micro_batches % 2 == 0) orders.push_back({1, "chimera"});
-            if (micro_batches % pp == 0) orders.push_back({2, "interleaved"});
-          }
-          for (const auto& [chunks, schedule] : orders)
-            for (bool sp : {false, true}) {
-              if (sp && (policy != "hybrid" || tp == 1)) continue;
-              Shape s;
-              s.policy = policy;
-              s.dp = dp;
-              s.tp = tp;
-              s.pp = pp;
-              s.chunks = chunks;
-              s.micro = micro;
-              s.schedule = schedule;
-              s.sp = sp;
-              out.push_back(s);
-            }
+          if (micro > max_micro) break;
+          if (global / (dp * micro) > lower::kMaxMicroBatches) continue;
+          Shape s;
+          s.policy = policy;
+          s.dp = dp;
+          s.tp = tp;
+          s.pp = pp;
+          s.micro = micro;
+          s.sp = policy == "hybrid" && tp > 1;
+          out.push_back(s);
         }
       }
     }
+  return out;
+}
+
+// The other orders and splits of a skeleton: every predefined schedule and the repetend search
+// under pipelining, tp without sequence parallelism.
+std::vector<Shape> variants(const Shape& skeleton, int64_t global) {
+  std::vector<Shape> out;
+  const int64_t micro_batches = global / (skeleton.dp * skeleton.micro);
+  if (skeleton.pp > 1) {
+    std::vector<std::pair<int64_t, std::string>> orders = {
+        {1, "gpipe"}, {1, "zb-h1"}, {1, "search"}, {1, "search-zb"}};
+    if (skeleton.pp % 2 == 0 && micro_batches % 2 == 0) orders.push_back({1, "chimera"});
+    if (micro_batches % skeleton.pp == 0) orders.push_back({2, "interleaved"});
+    for (const auto& [chunks, schedule] : orders) {
+      Shape v = skeleton;
+      v.chunks = chunks;
+      v.schedule = schedule;
+      out.push_back(v);
+    }
+  }
+  if (skeleton.sp) {
+    Shape v = skeleton;
+    v.sp = false;
+    out.push_back(v);
+  }
   return out;
 }
 
@@ -145,7 +160,7 @@ Result<Config> with_overrides(const std::string& yaml, const std::vector<std::st
   return parse_config(yaml, "parallel.policy auto", overrides);
 }
 
-// The search's state: the user's config, what is searched with, and the results per shape.
+// The search's state: the user's config, what is searched with.
 struct Search {
   const Config& config;
   std::string yaml;  // the user's config, resolved
@@ -153,89 +168,106 @@ struct Search {
   const CostModel& cost;
   int64_t world = 0;
   double limit = 0;
-  bool whole = true;  // plan each candidate whole; else on a data-parallel proxy
+  bool whole = true;                // plan each candidate whole; else on a data-parallel proxy
+  double bytes_per_parameter = 16;  // weights, gradients and optimizer state (float32)
+  double parameters = 0;            // of the single-device model
 };
 
 enum class Outcome { kFits, kOverMemory, kInvalid };
 
-// A shape planned whole: the first rung of its ladder under the limit.
-Outcome plan_whole(const Search& s, const Shape& shape, AutoCandidate& out, int64_t& planned) {
-  bool any_valid = false;
-  for (const Rung& rung : kLadder) {
-    if (!rung_applies(shape, rung)) continue;
-    auto config = with_overrides(s.yaml, overrides_of(shape, rung, s.config.batch.global));
-    if (!config.ok()) return Outcome::kInvalid;
-    ++planned;
-    auto plan = make_plan(*config, s.registries, s.cost, s.world);
-    if (!plan.ok()) {
-      if (!any_valid) return Outcome::kInvalid;
-      continue;
-    }
-    any_valid = true;
-    AutoCandidate c = figures(plan->estimate);
-    if (c.peak_bytes > s.limit) continue;
-    c.overrides = overrides_of(shape, rung, s.config.batch.global);
-    c.label = label_of(shape, rung);
-    c.whole = true;
-    out = std::move(c);
-    return Outcome::kFits;
-  }
-  return any_valid ? Outcome::kOverMemory : Outcome::kInvalid;
-}
-
-// A shape on its data-parallel proxy: one replica's plan (dp 1, the same micro-batches), with
-// what the replicas add from the cost model: the gradient all-reduce over the replicas (ZeRO 1
+// A plan's figures under ZeRO level `zero` over `dp` replicas, from its figures at zero 0 (or,
+// on a data-parallel proxy, from one replica's): ZeRO 1 keeps 1/dp of the optimizer state, ZeRO 3
+// 1/dp of weights, gradients and state; on a proxy the replicas' gradient all-reduce (ZeRO 1
 // moves the same bytes as a reduce-scatter and an all-gather; ZeRO 3 gathers every parameter in
-// each micro-batch's forward and again for its backward, and reduce-scatters its gradient:
-// 1.5 all-reduces per micro-batch), and the ZeRO shares of optimizer state (1) or of parameters,
-// gradients and state (3).
-Outcome plan_proxy(const Search& s, const Shape& shape, AutoCandidate& out, int64_t& planned) {
-  Shape replica = shape;
-  replica.dp = 1;
-  const int64_t global = s.config.batch.global / shape.dp;
+// each micro-batch's forward and again for its backward, and reduce-scatters its gradient: 1.5
+// all-reduces per micro-batch).
+AutoCandidate at_zero(const Search& s, const Shape& shape, const Estimate& e, int64_t zero,
+                      bool proxy) {
   const double dp = static_cast<double>(shape.dp);
   std::vector<DeviceId> group;  // one replica group: the ranks of one tensor-parallel position
   for (int64_t j = 0; j < shape.dp; ++j) group.push_back(DeviceId(j * shape.tp));
-  const double m = static_cast<double>(global / shape.micro);
+  const double m = static_cast<double>(s.config.batch.global / (shape.dp * shape.micro));
+  AutoCandidate c;
+  c.bubble = e.bubble_ratio;
+  for (const RankEstimate& r : e.ranks) {
+    double comm = r.comm_s;
+    if (proxy) {
+      const double sync = all_reduce_seconds(s.cost, group, r.grad_bytes);
+      comm += zero == 3 ? 1.5 * m * sync : sync;
+    }
+    double peak = r.peak_bytes;
+    if (zero == 1) peak -= r.optimizer_bytes * (1 - 1 / dp);
+    if (zero == 3) peak -= (r.param_bytes + r.grad_bytes + r.optimizer_bytes) * (1 - 1 / dp);
+    c.peak_bytes = std::max(c.peak_bytes, peak);
+    if (r.compute_s + comm > c.step_s) {
+      c.step_s = r.compute_s + comm;
+      c.compute_s = r.compute_s;
+      c.comm_s = comm;
+    }
+  }
+  return c;
+}
+
+// A shape's memory ladder: for each recomputation level, its plan at ZeRO 0 (on a proxy: one
+// replica's) tells which ZeRO level fits; ZeRO 0 and 1 are tried at every level before ZeRO 3,
+// whose gathers cost more than recomputation. On whole plans a rung other than the one planned
+// is planned too, and counts only if its own estimate fits.
+Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t& planned) {
+  const int64_t global = s.config.batch.global;
+  // Weights, gradients and state over tp x pp, and over dp too at best (ZeRO 3): a floor no rung
+  // goes under.
+  const double floor =
+      s.parameters * s.bytes_per_parameter / static_cast<double>(shape.tp * shape.pp * shape.dp);
+  if (floor > s.limit) return Outcome::kOverMemory;
+  Shape planned_shape = shape;
+  int64_t ranks = s.world;
+  int64_t planned_global = global;
+  if (!s.whole) {  // one replica, the same micro-batches
+    planned_shape.dp = 1;
+    planned_global = global / shape.dp;
+    ranks = shape.tp * shape.pp;
+  }
+  std::map<std::string, Result<Plan>> base;  // recompute level -> its plan at ZeRO 0
+  auto plan_of = [&](const std::string& recompute) -> const Result<Plan>& {
+    auto it = base.find(recompute);
+    if (it != base.end()) return it->second;
+    auto config =
+        with_overrides(s.yaml, overrides_of(planned_shape, {recompute, 0}, planned_global));
+    ++planned;
+    Result<Plan> plan = config.ok() ? make_plan(*config, s.registries, s.cost, ranks)
+                                    : Result<Plan>(config.error());
+    return base.emplace(recompute, std::move(plan)).first->second;
+  };
   bool any_valid = false;
-  std::string last_recompute;
-  Result<Plan> proxy = Error::at("auto", "not planned");
-  for (const Rung& rung : kLadder) {
-    if (!rung_applies(shape, rung)) continue;
-    if (rung.recompute != last_recompute) {
-      last_recompute = rung.recompute;
-      auto config = with_overrides(s.yaml, overrides_of(replica, {rung.recompute, 0}, global));
-      if (!config.ok()) return Outcome::kInvalid;
-      ++planned;
-      proxy = make_plan(*config, s.registries, s.cost, shape.tp * shape.pp);
-      if (!proxy.ok()) {
+  for (const std::vector<int64_t>& zeros : {std::vector<int64_t>{0, 1}, std::vector<int64_t>{3}})
+    for (const char* recompute : kRecompute) {
+      const Result<Plan>& plan = plan_of(recompute);
+      if (!plan.ok()) {
         if (!any_valid) return Outcome::kInvalid;
         continue;
       }
       any_valid = true;
-    }
-    if (!proxy.ok()) continue;
-    AutoCandidate c;
-    c.bubble = proxy->estimate.bubble_ratio;
-    for (const RankEstimate& r : proxy->estimate.ranks) {
-      const double sync = all_reduce_seconds(s.cost, group, r.grad_bytes);
-      const double comm = r.comm_s + (rung.zero == 3 ? 1.5 * m * sync : sync);
-      double peak = r.peak_bytes;
-      if (rung.zero == 1) peak -= r.optimizer_bytes * (1 - 1 / dp);
-      if (rung.zero == 3) peak -= (r.param_bytes + r.grad_bytes + r.optimizer_bytes) * (1 - 1 / dp);
-      c.peak_bytes = std::max(c.peak_bytes, peak);
-      if (r.compute_s + comm > c.step_s) {
-        c.step_s = r.compute_s + comm;
-        c.compute_s = r.compute_s;
-        c.comm_s = comm;
+      for (int64_t zero : zeros) {
+        if (!zero_applies(shape, zero)) continue;
+        AutoCandidate c = at_zero(s, shape, plan->estimate, zero, !s.whole);
+        if (c.peak_bytes > s.limit) continue;
+        const Rung rung{recompute, zero};
+        if (s.whole && zero != 0) {  // its own plan, its own figures
+          auto config = with_overrides(s.yaml, overrides_of(shape, rung, global));
+          ++planned;
+          auto exact = config.ok() ? make_plan(*config, s.registries, s.cost, s.world)
+                                   : Result<Plan>(config.error());
+          if (!exact.ok()) continue;
+          c = figures(exact->estimate);
+          if (c.peak_bytes > s.limit) continue;
+        }
+        c.overrides = overrides_of(shape, rung, global);
+        c.label = label_of(shape, rung);
+        c.whole = s.whole;
+        out = std::move(c);
+        return Outcome::kFits;
       }
     }
-    if (c.peak_bytes > s.limit) continue;
-    c.overrides = overrides_of(shape, rung, s.config.batch.global);
-    c.label = label_of(shape, rung);
-    out = std::move(c);
-    return Outcome::kFits;
-  }
   return any_valid ? Outcome::kOverMemory : Outcome::kInvalid;
 }
 
@@ -273,32 +305,57 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
            world_size,
            result.memory_limit_bytes,
            world_size <= options.exact_ranks};
-  const std::vector<Shape> shapes = shapes_of(config, registries, cost, world_size);
-  result.considered = static_cast<int64_t>(shapes.size());
-  std::vector<Outcome> outcome(shapes.size(), Outcome::kInvalid);
-  std::vector<AutoCandidate> found(shapes.size());
-  std::atomic<int64_t> planned{0};
+  s.bytes_per_parameter = 4 + 4 + (config.optimizer.type == "adamw" ? 8 : 4);
+  {
+    LOOM_ASSIGN_OR_RETURN(const graph::Graph model, build_model(config, registries, 1));
+    for (const auto& t : model.tensors())
+      if (t.role == graph::TensorRole::kParameter)
+        s.parameters += static_cast<double>(numel(t.shape));
+  }
   const int64_t threads = options.threads > 0
                               ? options.threads
                               : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  parallel_for(static_cast<int64_t>(shapes.size()), threads, [&](int64_t i) {
-    int64_t made = 0;
-    const auto k = static_cast<size_t>(i);
-    outcome[k] = s.whole ? plan_whole(s, shapes[k], found[k], made)
-                         : plan_proxy(s, shapes[k], found[k], made);
-    planned += made;
-  });
+  std::atomic<int64_t> planned{0};
+  std::mutex lock;
+  // Each shape's memory ladder, in parallel; the fitting ones in `fits`.
   std::vector<AutoCandidate> fits;
-  for (size_t k = 0; k < shapes.size(); ++k) {
-    if (outcome[k] == Outcome::kFits) fits.push_back(found[k]);
-    result.over_memory += outcome[k] == Outcome::kOverMemory;
-    result.invalid += outcome[k] == Outcome::kInvalid;
+  auto search = [&](const std::vector<Shape>& shapes) {
+    std::vector<Outcome> outcome(shapes.size(), Outcome::kInvalid);
+    std::vector<AutoCandidate> found(shapes.size());
+    parallel_for(static_cast<int64_t>(shapes.size()), threads, [&](int64_t i) {
+      int64_t made = 0;
+      const auto k = static_cast<size_t>(i);
+      outcome[k] = ladder(s, shapes[k], found[k], made);
+      planned += made;
+    });
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      ++result.considered;
+      if (outcome[k] == Outcome::kFits) fits.push_back(found[k]);
+      result.over_memory += outcome[k] == Outcome::kOverMemory;
+      result.invalid += outcome[k] == Outcome::kInvalid;
+    }
+    std::sort(fits.begin(), fits.end(), faster);
+  };
+  // The skeletons first; then every schedule (and tp without sp) of the best of them.
+  const std::vector<Shape> first = skeletons(config, registries, cost, world_size, s.whole);
+  search(first);
+  std::vector<Shape> second;
+  std::map<std::string, Shape> by_label;
+  for (const Shape& shape : first) by_label[label_of(shape, {})] = shape;
+  int64_t expanded = 0;
+  for (const AutoCandidate& c : fits) {
+    if (expanded == options.expand) break;
+    std::string base = c.label.substr(0, c.label.find(" recompute"));
+    base = base.substr(0, base.find(" zero"));
+    auto it = by_label.find(base);
+    if (it == by_label.end()) continue;
+    for (const Shape& v : variants(it->second, config.batch.global)) second.push_back(v);
+    ++expanded;
   }
-  std::sort(fits.begin(), fits.end(), faster);
+  search(second);
   // Proxies rank the candidates; the best are planned whole and ranked on their own estimates.
   if (!s.whole) {
     std::vector<AutoCandidate> whole;
-    std::mutex lock;
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(fits.size()), options.top);
     parallel_for(n, threads, [&](int64_t i) {
       const AutoCandidate& proxy = fits[static_cast<size_t>(i)];

@@ -4,15 +4,22 @@
 // ZeRO level, searched together on the one cost model under a per-device memory limit.
 //
 // Every candidate is a config (the user's with parallel.* and batch.micro replaced) planned by
-// make_plan, so what the search compares is what `loom plan` prints for that config. Memory
-// prunes first: each shape (policy, degrees, chunks, micro-batch, schedule, sp) takes the first
-// of its memory ladder that fits — no recomputation and ZeRO 0, ZeRO 1, selective recomputation,
-// ZeRO 3, full recomputation — since each rung costs more time than the one before.
+// make_plan, so what the search compares is what `loom plan` prints for that config.
 //
-// Large worlds (more ranks than `exact_ranks`) are searched on data-parallel proxies: the plan of
-// one data-parallel replica (the same micro-batches per replica), with the replicas' gradient
-// all-reduce (or ZeRO-3's gathers) and the ZeRO shares added from the cost model. The best
-// candidates are then planned whole and ranked on their own estimates.
+// - Skeletons first: every policy, tp (within a node), pp, dp and micro-batch size, in 1F1B
+//   order with sequence parallelism on tp. Then the best `expand` skeletons again under every
+//   other schedule (GPipe, ZB-H1, interleaved, Chimera, the repetend search with and without the
+//   split backward) and tp without sp.
+// - Memory prunes first: a shape whose weights, gradients and optimizer state alone exceed the
+//   limit at best (split over every rank) is not planned. Otherwise it takes the first rung of
+//   its memory ladder that fits: for each recomputation level (none, selective, full) in turn
+//   ZeRO 0 then 1 (free in time), and only then ZeRO 3 at each level (its gathers cost more than
+//   recomputing). One plan per recomputation level tells which ZeRO level fits; the rung chosen
+//   is then planned itself.
+// - Large worlds (more ranks than `exact_ranks`) are searched on data-parallel proxies: the plan
+//   of one replica (dp 1, the same micro-batches per replica), with the replicas' gradient
+//   all-reduce (or ZeRO-3's gathers) and the ZeRO shares added from the cost model. The best
+//   `top` are then planned whole and ranked on their own estimates.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +32,7 @@ namespace loom::plan {
 
 struct AutoOptions {
   int64_t top = 5;           // candidates planned whole and listed
+  int64_t expand = 6;        // best skeletons whose other schedules (and tp without sp) are tried
   int64_t exact_ranks = 64;  // worlds up to this are searched on whole plans
   int64_t threads = 0;       // 0: the machine's cores
 };

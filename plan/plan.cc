@@ -113,13 +113,16 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
     auto spec =
         sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
                                 static_cast<int>(par.chunks));
-    spec.fwd = unit_ms;
-    spec.bwd = 2 * unit_ms + again_ms;
+    // A predefined spec takes a device's whole share (all its chunks) and gives each chunk 1/v.
+    const double share_ms = unit_ms * static_cast<double>(par.chunks);
+    const double again_share_ms = again_ms * static_cast<double>(par.chunks);
+    spec.fwd = share_ms;
+    spec.bwd = 2 * share_ms + again_share_ms;
     if (*kind == sched::ScheduleKind::kZbH1) {
       // The split backward: I (the input gradients) and W (the weight matrix products, about
       // half a backward's FLOPs) take about a forward each; I first runs the recomputed forward.
-      spec.bwd = unit_ms + again_ms;
-      spec.wgrad = unit_ms;
+      spec.bwd = share_ms + again_share_ms;
+      spec.wgrad = share_ms;
     }
     auto built = sched::build_predefined(*kind, spec);
     if (!built.ok()) return config.error("parallel.schedule", built.error().message);
