@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -354,6 +355,9 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
   }
   search(second);
   // Proxies rank the candidates; the best are planned whole and ranked on their own estimates.
+  // The whole plan of the best so far, kept: the winner is not planned twice.
+  std::optional<Plan> best_plan;
+  AutoCandidate best_whole;
   if (!s.whole) {
     std::vector<AutoCandidate> whole;
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(fits.size()), options.top);
@@ -370,6 +374,10 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
       w.label = proxy.label;
       w.whole = true;
       std::lock_guard<std::mutex> guard(lock);
+      if (!best_plan || faster(w, best_whole)) {
+        best_whole = w;
+        best_plan = std::move(*plan);
+      }
       whole.push_back(std::move(w));
     });
     std::sort(whole.begin(), whole.end(), faster);
@@ -388,9 +396,48 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
     fits.resize(static_cast<size_t>(options.top));
   result.top = fits;
   LOOM_ASSIGN_OR_RETURN(result.config, with_overrides(s.yaml, fits[0].overrides));
-  LOOM_ASSIGN_OR_RETURN(result.plan, make_plan(result.config, registries, cost, world_size));
+  if (best_plan && best_whole.label == fits[0].label) {
+    result.plan = std::move(*best_plan);
+  } else {
+    LOOM_ASSIGN_OR_RETURN(result.plan, make_plan(result.config, registries, cost, world_size));
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+Result<AutoCandidate> plan_within_memory(const Config& config, const Registries& registries,
+                                         const CostModel& cost, int64_t world_size) {
+  Search s{config,
+           to_yaml(config),
+           registries,
+           cost,
+           world_size,
+           config.parallel.memory_limit_gb > 0 ? config.parallel.memory_limit_gb * 1e9
+                                               : cost.device_memory_bytes,
+           true};
+  Shape shape;
+  shape.policy = config.parallel.policy;
+  shape.tp = config.parallel.tp;
+  shape.pp = config.parallel.pp;
+  shape.dp = world_size / (shape.tp * shape.pp);
+  shape.chunks = config.parallel.chunks;
+  shape.micro = config.batch.micro;
+  shape.schedule = config.parallel.schedule;
+  shape.sp = config.parallel.sp;
+  AutoCandidate c;
+  int64_t planned = 0;
+  switch (ladder(s, shape, c, planned)) {
+    case Outcome::kFits:
+      return c;
+    case Outcome::kOverMemory:
+      return config.error("parallel.memory_limit_gb",
+                          "no rung of recomputation and ZeRO fits " + human_bytes(s.limit));
+    case Outcome::kInvalid:
+      break;
+  }
+  auto plan = make_plan(config, registries, cost, world_size);  // says why it is not possible
+  if (!plan.ok()) return plan.error();
+  return config.error("parallel", "not a plan the search would make");
 }
 
 std::string describe(const AutoPlan& r) {

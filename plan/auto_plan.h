@@ -32,7 +32,7 @@ namespace loom::plan {
 
 struct AutoOptions {
   int64_t top = 5;           // candidates planned whole and listed
-  int64_t expand = 6;        // best skeletons whose other schedules (and tp without sp) are tried
+  int64_t expand = 4;        // best skeletons whose other schedules (and tp without sp) are tried
   int64_t exact_ranks = 64;  // worlds up to this are searched on whole plans
   int64_t threads = 0;       // 0: the machine's cores
 };
@@ -66,6 +66,11 @@ struct AutoPlan {
 Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
                            const CostModel& cost, int64_t world_size,
                            const AutoOptions& options = {});
+
+// `config`'s own layout (its parallel.* and batch.micro) at the first rung of the memory ladder
+// that fits, as the search would take it: what a hand-picked layout is compared with.
+Result<AutoCandidate> plan_within_memory(const Config& config, const Registries& registries,
+                                         const CostModel& cost, int64_t world_size);
 
 // The table `loom plan` prints: the top candidates with step time, peak memory, bubble and
 // communication, and why the winner won.
