@@ -106,4 +106,31 @@ inline void expect_ops_correct(const Config& config) {
   EXPECT_EQ(report.ops_checked, static_cast<int64_t>(plan->ops().size()));
 }
 
+// Trains `config` on `world_size` local ranks for `steps` steps, saving a checkpoint every step
+// into `dir` and resuming from `resume` when given; returns rank 0's losses.
+inline std::vector<double> train_with_checkpoints(const Config& config, int world_size, int steps,
+                                                  const std::string& dir,
+                                                  const std::string& resume = "") {
+  std::string yaml = to_yaml(config);
+  std::vector<std::string> keys = {"checkpoint.dir=" + dir, "checkpoint.every=1",
+                                   "checkpoint.keep=10"};
+  if (!resume.empty()) keys.push_back("checkpoint.resume=" + resume);
+  auto saving = parse_config(yaml, "checkpointed run", keys);
+  EXPECT_TRUE(saving.ok()) << saving.error().message;
+  if (!saving.ok()) return {};
+  comm::LocalWorld world(world_size, 60);
+  std::vector<double> losses;
+  auto statuses = world.run([&](comm::Comm& comm) -> Status {
+    at::set_num_threads(1);
+    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(*saving, comm.shared_from_this()));
+    for (int i = 0; i < steps; ++i) {
+      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
+      if (comm.world_rank().value() == 0) losses.push_back(st.loss);
+    }
+    return Status::success();
+  });
+  for (int r = 0; r < world_size; ++r) EXPECT_TRUE(statuses[r].ok()) << statuses[r].error().message;
+  return losses;
+}
+
 }  // namespace loom::testing_support

@@ -159,29 +159,12 @@ TEST(Zero3, RefusesSplitBackwardSchedules) {
   EXPECT_NE(plan.error().message.find("parallel.zero"), std::string::npos) << plan.error().message;
 }
 
-// Trains `overrides` on `world_size` local ranks for `steps` steps, resuming from `resume` when
-// given and saving every step into `dir`; returns rank 0's losses.
+// Trains `overrides` on `world_size` local ranks for `steps` steps, saving every step into `dir`
+// and resuming from `resume` when given; returns rank 0's losses.
 std::vector<double> train(const std::vector<std::string>& overrides, int world_size, int steps,
                           const fs::path& dir, const std::string& resume = "") {
-  std::vector<std::string> all = overrides;
-  all.push_back("checkpoint.dir=" + dir.string());
-  all.push_back("checkpoint.every=1");
-  all.push_back("checkpoint.keep=10");
-  if (!resume.empty()) all.push_back("checkpoint.resume=" + resume);
-  comm::LocalWorld world(world_size, 60);
-  std::vector<double> losses;
-  auto statuses = world.run([&](comm::Comm& comm) -> Status {
-    at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer,
-                          runtime::Trainer::create(config(all), comm.shared_from_this()));
-    for (int i = 0; i < steps; ++i) {
-      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
-      if (comm.world_rank().value() == 0) losses.push_back(st.loss);
-    }
-    return Status::success();
-  });
-  for (int r = 0; r < world_size; ++r) EXPECT_TRUE(statuses[r].ok()) << statuses[r].error().message;
-  return losses;
+  return testing_support::train_with_checkpoints(config(overrides), world_size, steps, dir.string(),
+                                                 resume);
 }
 
 // A zero-3 checkpoint holds each parameter (and its optimizer state) once, as the shards' slices:
