@@ -7,7 +7,7 @@
 #include <map>
 
 #include "plan/plan.h"
-#include "tests/exec/local_ranks.h"
+#include "tests/exec/checkpoint_moves.h"
 
 namespace loom {
 namespace {
@@ -159,38 +159,11 @@ TEST(Zero3, RefusesSplitBackwardSchedules) {
   EXPECT_NE(plan.error().message.find("parallel.zero"), std::string::npos) << plan.error().message;
 }
 
-// Trains `overrides` on `world_size` local ranks for `steps` steps, saving every step into `dir`
-// and resuming from `resume` when given; returns rank 0's losses.
-std::vector<double> train(const std::vector<std::string>& overrides, int world_size, int steps,
-                          const fs::path& dir, const std::string& resume = "") {
-  return testing_support::train_with_checkpoints(config(overrides), world_size, steps, dir.string(),
-                                                 resume);
-}
-
-// A zero-3 checkpoint holds each parameter (and its optimizer state) once, as the shards' slices:
-// one device resumes from it as from its own, and a dp2 zero-3 run from one device's.
+// A zero-3 checkpoint holds each parameter and its optimizer state once, as the shards'
+// slices: read whole it is one device's state, and checkpoints move both ways.
 TEST(Zero3, CheckpointsMoveBetweenZero3AndZero0) {
-  const fs::path root =
-      fs::temp_directory_path() / ("loom_zero3_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  const std::vector<double> whole = train({}, 1, 5, root / "one");
-  ASSERT_EQ(whole.size(), 5u);
-  const std::vector<std::string> zero3 = {"parallel.dp=2", "parallel.zero=3"};
-  ASSERT_EQ(train(zero3, 2, 3, root / "zero3").size(), 3u);
-  const std::vector<double> from_zero3 =
-      train({}, 1, 2, root / "resumed_one", (root / "zero3" / "step_00000003").string());
-  const std::vector<double> from_one =
-      train(zero3, 2, 2, root / "resumed_zero3", (root / "one" / "step_00000003").string());
-  ASSERT_EQ(from_zero3.size(), 2u);
-  ASSERT_EQ(from_one.size(), 2u);
-  // The tolerance policy's loss bound: resumed runs sum the same terms in another order.
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_NEAR(from_zero3[i], whole[3 + i], whole[3 + i] * testing_support::kLossRelTolerance)
-        << "step " << 4 + i;
-    EXPECT_NEAR(from_one[i], whole[3 + i], whole[3 + i] * testing_support::kLossRelTolerance)
-        << "step " << 4 + i;
-  }
-  fs::remove_all(root);
+  testing_support::expect_checkpoints_move(config, {"parallel.dp=2", "parallel.zero=3"}, 2,
+                                           "zero3");
 }
 
 }  // namespace

@@ -6,8 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "checkpoint/reader.h"
-#include "tests/exec/local_ranks.h"
+#include "tests/exec/checkpoint_moves.h"
 
 namespace loom {
 namespace {
@@ -87,80 +86,14 @@ TEST(Zero1, Dp2Pp2Sgd) {
                {"optimizer.type=sgd", "optimizer.lr=0.3", "optimizer.momentum=0.9"});
 }
 
-// Trains `overrides` on `world_size` local ranks for `steps` steps, saving every step into `dir`
-// and resuming from `resume` when given; returns rank 0's losses.
-std::vector<double> train(const std::vector<std::string>& overrides, int world_size, int steps,
-                          const fs::path& dir, const std::string& resume = "") {
-  return testing_support::train_with_checkpoints(config(overrides), world_size, steps, dir.string(),
-                                                 resume);
-}
-
-// Every element of every optimizer state tensor in checkpoint `got` against `want`, read whole
-// (so a zero-1 checkpoint's boxes are assembled from both ranks' shards). The moments are sums of
-// gradients that a dp2 run reduces in another order: after 3 steps they differ from one device's
-// by float rounding (below 1e-5 of the tensor's largest entry); 1e-3 leaves a margin, and a box
-// written at the wrong place moves entries by the size of the entries themselves.
-void expect_same_optimizer_state(const fs::path& got, const fs::path& want) {
-  auto a = CheckpointReader::open(got);
-  auto b = CheckpointReader::open(want);
-  ASSERT_TRUE(a.ok()) << a.error().message;
-  ASSERT_TRUE(b.ok()) << b.error().message;
-  int64_t compared = 0;
-  for (const char* kind : {kSliceExpAvg, kSliceExpAvgSq})
-    for (const std::string& name : b->tensors(kind)) {
-      if (name.find("attn.k.b") != std::string::npos) continue;  // rounding noise (see above)
-      auto shape = b->describe(name, kind);
-      ASSERT_TRUE(shape.ok()) << shape.error().message;
-      SliceRanges whole;
-      for (int64_t d : shape->first) whole.emplace_back(0, d);
-      auto x = a->read(name, kind, whole);
-      auto y = b->read(name, kind, whole);
-      ASSERT_TRUE(x.ok()) << name << ": " << x.error().message;
-      ASSERT_TRUE(y.ok()) << name << ": " << y.error().message;
-      ASSERT_EQ(x->size(), y->size());
-      std::vector<float> u(x->size() / 4), v(y->size() / 4);
-      std::memcpy(u.data(), x->data(), x->size());
-      std::memcpy(v.data(), y->data(), y->size());
-      double largest = 0, worst = 0;
-      for (size_t i = 0; i < v.size(); ++i) {
-        largest = std::max(largest, std::abs(static_cast<double>(v[i])));
-        worst = std::max(worst, std::abs(static_cast<double>(u[i]) - v[i]));
-      }
-      EXPECT_LE(worst, 1e-3 * largest + 1e-12) << kind << " " << name;
-      ++compared;
-    }
-  EXPECT_GT(compared, 10);
-}
-
 // A zero-1 checkpoint holds each piece's optimizer state once, written by its owner as boxes:
 // read whole it is one device's state; one device resumes from it as from its own, and a dp2
 // zero-1 run resumes from one device's.
 TEST(Zero1, CheckpointsMoveBetweenZero1AndZero0) {
-  const fs::path root =
-      fs::temp_directory_path() / ("loom_zero1_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  const std::vector<double> whole = train({}, 1, 5, root / "one");
-  ASSERT_EQ(whole.size(), 5u);
   // 50 KiB buckets hold several pieces each, so segment borders cut matrices mid-row and a
   // piece's owned elements are several boxes.
-  const std::vector<std::string> zero1 = {"parallel.dp=2", "parallel.zero=1",
-                                          "comm.bucket_mb=0.05"};
-  ASSERT_EQ(train(zero1, 2, 3, root / "zero1").size(), 3u);
-  expect_same_optimizer_state(root / "zero1" / "step_00000003", root / "one" / "step_00000003");
-  const std::vector<double> from_zero1 =
-      train({}, 1, 2, root / "resumed_one", (root / "zero1" / "step_00000003").string());
-  const std::vector<double> from_one =
-      train(zero1, 2, 2, root / "resumed_zero1", (root / "one" / "step_00000003").string());
-  ASSERT_EQ(from_zero1.size(), 2u);
-  ASSERT_EQ(from_one.size(), 2u);
-  // The tolerance policy's loss bound: resumed runs sum the same terms in another order.
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_NEAR(from_zero1[i], whole[3 + i], whole[3 + i] * testing_support::kLossRelTolerance)
-        << "step " << 4 + i;
-    EXPECT_NEAR(from_one[i], whole[3 + i], whole[3 + i] * testing_support::kLossRelTolerance)
-        << "step " << 4 + i;
-  }
-  fs::remove_all(root);
+  testing_support::expect_checkpoints_move(
+      config, {"parallel.dp=2", "parallel.zero=1", "comm.bucket_mb=0.05"}, 2, "zero1");
 }
 
 }  // namespace
