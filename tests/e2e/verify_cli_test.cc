@@ -31,9 +31,16 @@ Outcome run(const std::string& args) {
   return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
 }
 
+// A file of this test's own in the temporary directory: ctest runs the tests of this file side by
+// side, so a path shared between tests would be written by one while another reads it.
+fs::path own_file(const std::string& name) {
+  const std::string test = testing::UnitTest::GetInstance()->current_test_info()->name();
+  return fs::path(testing::TempDir()) / ("loom_verify_" + test + "_" + name);
+}
+
 // A config file in the test's temporary directory.
 std::string config_file(const std::string& name, const std::string& yaml) {
-  const fs::path p = fs::path(testing::TempDir()) / ("loom_verify_" + name + ".yaml");
+  const fs::path p = own_file(name + ".yaml");
   std::ofstream(p) << yaml;
   return p.string();
 }
@@ -47,7 +54,7 @@ comm: {timeout_s: 60}
 
 void expect_verified(const std::string& config, const std::string& overrides,
                      const std::string& mesh) {
-  const fs::path json = fs::path(testing::TempDir()) / "loom_verify_report.json";
+  const fs::path json = own_file("report.json");
   fs::remove(json);
   Outcome r = run("verify " + config + " " + overrides + " --json " + json.string());
   ASSERT_EQ(r.code, 0) << r.output;
