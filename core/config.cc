@@ -134,6 +134,23 @@ void visit_fields(Config& c, V& v) {
   v("cost", "inter_alpha_s", c.cost.inter_alpha_s, non_negative_real());
   v("cost", "inter_beta_s_per_byte", c.cost.inter_beta_s_per_byte, non_negative_real());
   v("cost", "local_beta_s_per_byte", c.cost.local_beta_s_per_byte, non_negative_real());
+  v("cost", "node_flops_per_s", c.cost.node_flops_per_s, non_negative_real());
+  v("cost", "intra_send_recv_alpha_s", c.cost.intra_send_recv_alpha_s, non_negative_real());
+  v("cost", "intra_send_recv_beta_s_per_byte", c.cost.intra_send_recv_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_all_reduce_alpha_s", c.cost.intra_all_reduce_alpha_s, non_negative_real());
+  v("cost", "intra_all_reduce_beta_s_per_byte", c.cost.intra_all_reduce_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_all_gather_alpha_s", c.cost.intra_all_gather_alpha_s, non_negative_real());
+  v("cost", "intra_all_gather_beta_s_per_byte", c.cost.intra_all_gather_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_reduce_scatter_alpha_s", c.cost.intra_reduce_scatter_alpha_s,
+    non_negative_real());
+  v("cost", "intra_reduce_scatter_beta_s_per_byte", c.cost.intra_reduce_scatter_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_all_to_all_alpha_s", c.cost.intra_all_to_all_alpha_s, non_negative_real());
+  v("cost", "intra_all_to_all_beta_s_per_byte", c.cost.intra_all_to_all_beta_s_per_byte,
+    non_negative_real());
   v("cost", "devices_per_node", c.cost.devices_per_node, non_negative());
 }
 

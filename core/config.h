@@ -107,6 +107,19 @@ struct CostConfig {
   double inter_alpha_s = 0;
   double inter_beta_s_per_byte = 0;
   double local_beta_s_per_byte = 0;
+  double node_flops_per_s = 0;
+  // Per primitive within a node (core/cost_model.h's intra_<primitive>_alpha_s and
+  // _beta_s_per_byte).
+  double intra_send_recv_alpha_s = 0;
+  double intra_send_recv_beta_s_per_byte = 0;
+  double intra_all_reduce_alpha_s = 0;
+  double intra_all_reduce_beta_s_per_byte = 0;
+  double intra_all_gather_alpha_s = 0;
+  double intra_all_gather_beta_s_per_byte = 0;
+  double intra_reduce_scatter_alpha_s = 0;
+  double intra_reduce_scatter_beta_s_per_byte = 0;
+  double intra_all_to_all_alpha_s = 0;
+  double intra_all_to_all_beta_s_per_byte = 0;
   int64_t devices_per_node = 0;
 };
 

@@ -32,7 +32,28 @@ const std::vector<RealField>& real_fields() {
       {"inter_beta_s_per_byte", &CostModel::inter_beta_s_per_byte,
        &CostConfig::inter_beta_s_per_byte},
       {"local_beta_s_per_byte", &CostModel::local_beta_s_per_byte,
-       &CostConfig::local_beta_s_per_byte}};
+       &CostConfig::local_beta_s_per_byte},
+      {"node_flops_per_s", &CostModel::node_flops_per_s, &CostConfig::node_flops_per_s},
+      {"intra_send_recv_alpha_s", &CostModel::intra_send_recv_alpha_s,
+       &CostConfig::intra_send_recv_alpha_s},
+      {"intra_send_recv_beta_s_per_byte", &CostModel::intra_send_recv_beta_s_per_byte,
+       &CostConfig::intra_send_recv_beta_s_per_byte},
+      {"intra_all_reduce_alpha_s", &CostModel::intra_all_reduce_alpha_s,
+       &CostConfig::intra_all_reduce_alpha_s},
+      {"intra_all_reduce_beta_s_per_byte", &CostModel::intra_all_reduce_beta_s_per_byte,
+       &CostConfig::intra_all_reduce_beta_s_per_byte},
+      {"intra_all_gather_alpha_s", &CostModel::intra_all_gather_alpha_s,
+       &CostConfig::intra_all_gather_alpha_s},
+      {"intra_all_gather_beta_s_per_byte", &CostModel::intra_all_gather_beta_s_per_byte,
+       &CostConfig::intra_all_gather_beta_s_per_byte},
+      {"intra_reduce_scatter_alpha_s", &CostModel::intra_reduce_scatter_alpha_s,
+       &CostConfig::intra_reduce_scatter_alpha_s},
+      {"intra_reduce_scatter_beta_s_per_byte", &CostModel::intra_reduce_scatter_beta_s_per_byte,
+       &CostConfig::intra_reduce_scatter_beta_s_per_byte},
+      {"intra_all_to_all_alpha_s", &CostModel::intra_all_to_all_alpha_s,
+       &CostConfig::intra_all_to_all_alpha_s},
+      {"intra_all_to_all_beta_s_per_byte", &CostModel::intra_all_to_all_beta_s_per_byte,
+       &CostConfig::intra_all_to_all_beta_s_per_byte}};
   return kFields;
 }
 constexpr const char* kDevicesPerNode = "devices_per_node";
@@ -91,6 +112,53 @@ Result<std::string> read_text(const std::string& path) {
 }
 
 }  // namespace
+
+namespace {
+struct PrimitiveFields {
+  const char* primitive;
+  double CostModel::*alpha_s;
+  double CostModel::*beta_s_per_byte;
+};
+const PrimitiveFields* primitive_fields(const std::string& primitive) {
+  static const PrimitiveFields kFields[] = {
+      {"send_recv", &CostModel::intra_send_recv_alpha_s,
+       &CostModel::intra_send_recv_beta_s_per_byte},
+      {"all_reduce", &CostModel::intra_all_reduce_alpha_s,
+       &CostModel::intra_all_reduce_beta_s_per_byte},
+      {"all_gather", &CostModel::intra_all_gather_alpha_s,
+       &CostModel::intra_all_gather_beta_s_per_byte},
+      {"reduce_scatter", &CostModel::intra_reduce_scatter_alpha_s,
+       &CostModel::intra_reduce_scatter_beta_s_per_byte},
+      {"all_to_all", &CostModel::intra_all_to_all_alpha_s,
+       &CostModel::intra_all_to_all_beta_s_per_byte},
+  };
+  for (const PrimitiveFields& f : kFields)
+    if (primitive == f.primitive) return &f;
+  return nullptr;
+}
+}  // namespace
+
+CostModel::Link CostModel::intra_link(const std::string& primitive) const {
+  Link l{intra_alpha_s, intra_beta_s_per_byte};
+  if (const PrimitiveFields* f = primitive_fields(primitive)) {
+    if (this->*f->alpha_s > 0) l.alpha_s = this->*f->alpha_s;
+    if (this->*f->beta_s_per_byte > 0) l.beta_s_per_byte = this->*f->beta_s_per_byte;
+  }
+  return l;
+}
+
+bool CostModel::set_intra_link(const std::string& primitive, const Link& link) {
+  const PrimitiveFields* f = primitive_fields(primitive);
+  if (f == nullptr) return false;
+  this->*f->alpha_s = link.alpha_s;
+  this->*f->beta_s_per_byte = link.beta_s_per_byte;
+  return true;
+}
+
+double CostModel::node_compute_flops_per_s() const {
+  const double independent = device_flops_per_s * static_cast<double>(devices_per_node);
+  return node_flops_per_s > 0 ? std::min(node_flops_per_s, independent) : independent;
+}
 
 std::vector<std::string> cost_model_keys() {
   std::vector<std::string> keys;

@@ -24,7 +24,37 @@ struct CostModel {
   int64_t devices_per_node = 8;
   double device_flops_per_s = 100e12;  // sustained per device
   double device_memory_bytes = 80.0 * (1ull << 30);
+  // What all devices of a node sustain computing at once; 0: devices_per_node times
+  // device_flops_per_s (devices that share nothing, as GPUs do). Less where ranks share cores:
+  // a node's busy ranks then split its rate, and one alone runs at device_flops_per_s.
+  double node_flops_per_s = 0;
+  // A primitive's own alpha and beta within a node, where it differs from the link's (loom
+  // calibrate fits each through exec/lower's cost formula); 0: intra_alpha_s,
+  // intra_beta_s_per_byte.
+  double intra_send_recv_alpha_s = 0;
+  double intra_send_recv_beta_s_per_byte = 0;
+  double intra_all_reduce_alpha_s = 0;
+  double intra_all_reduce_beta_s_per_byte = 0;
+  double intra_all_gather_alpha_s = 0;
+  double intra_all_gather_beta_s_per_byte = 0;
+  double intra_reduce_scatter_alpha_s = 0;
+  double intra_reduce_scatter_beta_s_per_byte = 0;
+  double intra_all_to_all_alpha_s = 0;
+  double intra_all_to_all_beta_s_per_byte = 0;
   std::string name = "default";  // the preset and where it came from, for what a plan prints
+
+  struct Link {
+    double alpha_s = 0;
+    double beta_s_per_byte = 0;
+  };
+  // The alpha and beta of `primitive` (exec/lower's name: "all_gather", "send_recv", ...) within
+  // a node: its own where given, else the link's.
+  Link intra_link(const std::string& primitive) const;
+  // Gives `primitive` its own alpha and beta; false when it has no keys of its own.
+  bool set_intra_link(const std::string& primitive, const Link& link);
+  // What a node's devices sustain together (node_flops_per_s, at most devices_per_node times
+  // device_flops_per_s).
+  double node_compute_flops_per_s() const;
 
   // One flat mapping of the keys above (a user's single model); errors name the key and line.
   static Result<CostModel> parse(const std::string& yaml, const std::string& source);

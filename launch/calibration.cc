@@ -33,11 +33,12 @@ double linear_flops(const LinearShape& s) {
 
 // One rank's FLOP-weighted rate: every product's FLOPs over every product's time, each linear
 // counted as often as the model has it.
-double rank_flops_per_s(const CalibrationRequest& req, const RankMeasurements& m) {
+double flops_per_s(const CalibrationRequest& req,
+                   const std::vector<std::array<double, 3>>& linear_seconds) {
   double flops = 0, seconds = 0;
   for (size_t i = 0; i < req.linears.size(); ++i) {
     const auto count = static_cast<double>(req.linears[i].count);
-    for (double s : m.linear_seconds[i]) {
+    for (double s : linear_seconds[i]) {
       flops += count * linear_flops(req.linears[i]);
       seconds += count * s;
     }
@@ -150,8 +151,10 @@ Result<Calibration> combine(const CalibrationRequest& request,
       return Error::at("calibrate", "rank " + std::to_string(m.rank) + " timed " +
                                         std::to_string(m.linear_seconds.size()) + " linears of " +
                                         std::to_string(request.linears.size()));
-    c.rank_flops_per_s.push_back(rank_flops_per_s(request, m));
+    c.rank_flops_per_s.push_back(flops_per_s(request, m.linear_seconds));
   }
+  const auto& alone = ranks.front().alone_linear_seconds;
+  if (alone.size() == request.linears.size()) c.alone_flops_per_s = flops_per_s(request, alone);
   for (const LinearShape& s : request.linears)
     c.linear_flops += 3 * linear_flops(s) * static_cast<double>(s.count);
   auto mean = [](const std::vector<double>& v) {
@@ -179,7 +182,26 @@ Result<Calibration> combine(const CalibrationRequest& request,
   c.intra = intra_fit(all, c.per_primitive);
 
   c.model.name = "calibrated";
-  c.model.device_flops_per_s = mean(c.rank_flops_per_s);
+  // A device's rate is what it sustains alone; the node's, what all its ranks sustain at once
+  // (less than the sum of the devices' where ranks share cores).
+  // The node's rate: the most its busy ranks sustain together, over every number of them
+  // measured (time-slicing more ranks than cores costs some of it).
+  double together = std::accumulate(c.rank_flops_per_s.begin(), c.rank_flops_per_s.end(), 0.0);
+  for (size_t level = 0; level < runtime::partial_busy_levels(ranks.front().world_size).size();
+       ++level) {
+    double sum = 0;
+    for (const RankMeasurements& m : ranks)
+      if (level < m.level_linear_seconds.size() &&
+          m.level_linear_seconds[level].size() == request.linears.size())
+        sum += flops_per_s(request, m.level_linear_seconds[level]);
+    together = std::max(together, sum);
+  }
+  c.model.device_flops_per_s =
+      c.alone_flops_per_s > 0 ? c.alone_flops_per_s : mean(c.rank_flops_per_s);
+  c.model.node_flops_per_s = together;
+  for (const auto& [name, fit] : c.per_primitive)
+    if (fit.alpha_s > 0 && fit.beta_s_per_byte > 0)
+      c.model.set_intra_link(name, {fit.alpha_s, fit.beta_s_per_byte});
   c.model.device_memory_bytes = std::floor(*std::min_element(memory.begin(), memory.end()));
   c.model.local_beta_s_per_byte = mean(copy);
   c.model.intra_alpha_s = c.intra.alpha_s;
@@ -187,6 +209,7 @@ Result<Calibration> combine(const CalibrationRequest& request,
   c.model.devices_per_node = timer.world_size;
   const std::pair<const char*, double> values[] = {
       {"device_flops_per_s", c.model.device_flops_per_s},
+      {"node_flops_per_s", c.model.node_flops_per_s},
       {"device_memory_bytes", c.model.device_memory_bytes},
       {"local_beta_s_per_byte", c.model.local_beta_s_per_byte},
       {"intra_alpha_s", c.model.intra_alpha_s},
@@ -205,8 +228,15 @@ std::string to_yaml(const Calibration& c) {
   y << "#\n# A flat cost model (cost.file: FILE, or loom plan --cost-model FILE).\n";
   std::string per_rank;
   for (double f : c.rank_flops_per_s) per_rank += (per_rank.empty() ? "" : ", ") + num(f);
-  y << "device_flops_per_s: " << num(m.device_flops_per_s)
-    << "  # mean over ranks of FLOP-weighted matrix-product rates (" << per_rank << ")\n";
+  if (c.alone_flops_per_s > 0)
+    y << "device_flops_per_s: " << num(m.device_flops_per_s)
+      << "  # FLOP-weighted matrix-product rate of rank 0 computing alone\n";
+  else
+    y << "device_flops_per_s: " << num(m.device_flops_per_s)
+      << "  # mean over ranks of FLOP-weighted matrix-product rates\n";
+  y << "node_flops_per_s: " << num(m.node_flops_per_s)
+    << "  # the most the ranks sustain together, of 2, 4, ... and all of them at once (all: "
+    << per_rank << ")\n";
   y << "device_memory_bytes: " << fmt("%.0f", m.device_memory_bytes) << "  # "
     << fmt("%.2f", m.device_memory_bytes / double(1ull << 30)) << " GiB per rank\n";
   y << "local_beta_s_per_byte: " << num(m.local_beta_s_per_byte) << "  # a large copy at "
@@ -216,11 +246,15 @@ std::string to_yaml(const Calibration& c) {
     << fmt("%.3f", c.intra.rms_relative_residual) << "\n";
   y << "intra_beta_s_per_byte: " << num(m.intra_beta_s_per_byte) << "  # "
     << num(1e-9 / m.intra_beta_s_per_byte) << " GB/s\n";
-  y << "# Per primitive, in exec/lower's cost formulas (alpha s, beta s/byte, rms relative "
-       "residual, points):\n";
-  for (const auto& [name, f] : c.per_primitive)
-    y << "#   " << name << ": alpha " << num(f.alpha_s) << ", beta " << num(f.beta_s_per_byte)
-      << ", residual " << fmt("%.3f", f.rms_relative_residual) << ", " << f.points << " sizes\n";
+  y << "# Per primitive, fitted through exec/lower's cost formula of each (rms relative "
+       "residual, sizes);\n# a primitive whose fit is not positive takes the values above.\n";
+  for (const auto& [name, f] : c.per_primitive) {
+    const CostModel::Link own = m.intra_link(name);
+    y << "intra_" << name << "_alpha_s: " << num(own.alpha_s) << "  # residual "
+      << fmt("%.3f", f.rms_relative_residual) << ", " << f.points << " sizes\n";
+    y << "intra_" << name << "_beta_s_per_byte: " << num(own.beta_s_per_byte) << "  # "
+      << num(1e-9 / own.beta_s_per_byte) << " GB/s\n";
+  }
   y << "# Not measured (one machine has no link between nodes): the " << c.base_preset
     << " preset's values.\n";
   y << "inter_alpha_s: " << num(m.inter_alpha_s) << "\n";
@@ -239,8 +273,12 @@ std::string to_table(const Calibration& c) {
   };
   row("key", "value", "measured as");
   row("device_flops_per_s", num(m.device_flops_per_s),
-      "matrix products, FLOP-weighted, mean of " + std::to_string(c.rank_flops_per_s.size()) +
-          " ranks");
+      c.alone_flops_per_s > 0 ? "matrix products, FLOP-weighted, rank 0 alone"
+                              : "matrix products, FLOP-weighted, mean of " +
+                                    std::to_string(c.rank_flops_per_s.size()) + " ranks");
+  row("node_flops_per_s", num(m.node_flops_per_s),
+      "the most of 2, 4, ... and " + std::to_string(c.rank_flops_per_s.size()) +
+          " ranks at once, summed");
   row("device_memory_bytes", fmt("%.0f", m.device_memory_bytes), "per rank");
   row("local_beta_s_per_byte", num(m.local_beta_s_per_byte),
       num(1e-9 / m.local_beta_s_per_byte) + " GB/s copy");
@@ -299,6 +337,8 @@ std::string measurements_to_json(const RankMeasurements& m) {
                         {"intra_op_threads", m.intra_op_threads},
                         {"device", m.device},
                         {"linear_seconds", m.linear_seconds},
+                        {"alone_linear_seconds", m.alone_linear_seconds},
+                        {"level_linear_seconds", m.level_linear_seconds},
                         {"copy_seconds_per_byte", m.copy_seconds_per_byte},
                         {"memory_bytes", m.memory_bytes},
                         {"comm", comm}}
@@ -314,6 +354,9 @@ Result<RankMeasurements> measurements_from_json(const std::string& text) {
     m.intra_op_threads = j.at("intra_op_threads");
     m.device = j.at("device").get<std::string>();
     m.linear_seconds = j.at("linear_seconds").get<std::vector<std::array<double, 3>>>();
+    m.alone_linear_seconds = j.at("alone_linear_seconds").get<std::vector<std::array<double, 3>>>();
+    m.level_linear_seconds =
+        j.at("level_linear_seconds").get<std::vector<std::vector<std::array<double, 3>>>>();
     m.copy_seconds_per_byte = j.at("copy_seconds_per_byte");
     m.memory_bytes = j.at("memory_bytes");
     for (const auto& s : j.at("comm"))

@@ -55,7 +55,8 @@ struct Calibration {
   std::string base_preset;  // where the values not measured come from
   AlphaBetaFit intra;       // the fit over every primitive: intra_alpha_s, intra_beta_s_per_byte
   std::vector<std::pair<std::string, AlphaBetaFit>> per_primitive;
-  std::vector<double> rank_flops_per_s;  // FLOP-weighted rate of each rank
+  std::vector<double> rank_flops_per_s;  // FLOP-weighted rate of each rank, all at once
+  double alone_flops_per_s = 0;          // rank 0's alone (0: not measured)
   double linear_flops = 0;               // FLOPs of one pass over the measured products
   std::vector<std::string> header;       // what was measured, when and on what
 };

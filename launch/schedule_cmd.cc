@@ -157,7 +157,7 @@ int schedule_main(const Args& args) {
     schedule = std::move(s->schedule);
     f.kind = "csv";
     f.micro_batches = s->micro_batches;
-    auto t = simulate(schedule, SimOptions{f.comm});
+    auto t = simulate(schedule, SimOptions{f.comm, {}});
     if (!t.ok()) return fail(kExitFailure, t.error().message);
     timeline = std::move(t).value();
   } else if (search) {
@@ -211,7 +211,7 @@ int schedule_main(const Args& args) {
       return fail(kExitBadInput, (e.key.empty() ? "" : "--" + e.key + ": ") + e.message);
     }
     schedule = std::move(s).value();
-    auto t = simulate(schedule, SimOptions{f.comm});
+    auto t = simulate(schedule, SimOptions{f.comm, {}});
     if (!t.ok()) return fail(kExitFailure, t.error().message);
     timeline = std::move(t).value();
   }

@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <tuple>
 #include <utility>
 
+#include "core/check.h"
 #include "exec/lower/fusion.h"
 #include "exec/lower/grad_bucketing.h"
 #include "exec/lower/param_shards.h"
+#include "exec/lower/path.h"
 #include "exec/lower/recompute.h"
 #include "planner/cost.h"
 
@@ -38,9 +41,15 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
   for (DeviceId d : devices)
     inter =
         inter || d.value() / cost.devices_per_node != devices[0].value() / cost.devices_per_node;
-  const double alpha = inter ? cost.inter_alpha_s : cost.intra_alpha_s;
-  const double beta = inter ? cost.inter_beta_s_per_byte : cost.intra_beta_s_per_byte;
-  return 2 * (k - 1) * (alpha + bytes / k * beta);
+  const CostModel::Link within = cost.intra_link("all_reduce");
+  const double alpha = inter ? cost.inter_alpha_s : within.alpha_s;
+  const double beta = inter ? cost.inter_beta_s_per_byte : within.beta_s_per_byte;
+  // exec/lower's formula, the one loom calibrate fits.
+  for (const lower::PrimitiveRule& rule : lower::primitive_rules())
+    if (rule.primitive == lower::Primitive::kAllReduce)
+      return rule.cost(static_cast<int64_t>(devices.size()), bytes, alpha, beta);
+  LOOM_CHECK(false) << "exec/lower has no all-reduce rule";
+  return 0;
 }
 
 namespace {
@@ -51,33 +60,48 @@ namespace {
 struct ZeroShare {
   double shared = 0, owned = 0, segments = 0;
 };
-ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t rank) {
-  ZeroShare z;
+// A rank's gradient groups as the runtime forms them (exec/lower/grad_bucketing.h): each group's
+// ranks and the element counts of its pieces, in the executor's order.
+struct GradGroups {
+  std::vector<std::vector<DeviceId>> devices;
+  std::vector<std::vector<int64_t>> numels;
+};
+GradGroups grad_groups(const lower::Lowered& lowered, size_t rank) {
   std::vector<int64_t> ids = lowered.programs[rank].grad_syncs;
   std::sort(ids.begin(), ids.end());  // the executor's order (executor.cc, add_grad_buckets)
-  // The runtime's groups and buckets (exec/lower/grad_bucketing.h).
   std::vector<std::vector<int64_t>> keys;
   for (int64_t id : ids) {
     keys.emplace_back();
     for (DeviceId d : lowered.grad_syncs[static_cast<size_t>(id)].devices)
       keys.back().push_back(d.value());
   }
-  std::vector<std::vector<DeviceId>> groups;
-  std::vector<std::vector<int64_t>> numels;
+  GradGroups g;
   for (const std::vector<size_t>& members : lower::group_in_order(keys)) {
-    groups.push_back(lowered.grad_syncs[static_cast<size_t>(ids[members.front()])].devices);
-    numels.emplace_back();
+    g.devices.push_back(lowered.grad_syncs[static_cast<size_t>(ids[members.front()])].devices);
+    g.numels.emplace_back();
     for (size_t j : members)
-      numels.back().push_back(numel(lowered.grad_syncs[static_cast<size_t>(ids[j])].piece.shape()));
+      g.numels.back().push_back(
+          numel(lowered.grad_syncs[static_cast<size_t>(ids[j])].piece.shape()));
   }
-  const auto bucket_bytes = static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
+  return g;
+}
+
+int64_t bucket_bytes(const Config& config) {
+  return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
+}
+
+ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t rank) {
+  ZeroShare z;
+  const GradGroups g = grad_groups(lowered, rank);
+  const std::vector<std::vector<DeviceId>>& groups = g.devices;
+  const std::vector<std::vector<int64_t>>& numels = g.numels;
   for (size_t k = 0; k < groups.size(); ++k) {
     const auto members = static_cast<int64_t>(groups[k].size());
     const auto me =
         std::find(groups[k].begin(), groups[k].end(), DeviceId(static_cast<int64_t>(rank))) -
         groups[k].begin();
     for (const lower::BucketPlan& b :
-         lower::plan_buckets(numels[k], 4, bucket_bytes, members, /*zero1=*/true)) {
+         lower::plan_buckets(numels[k], 4, bucket_bytes(config), members, /*zero1=*/true)) {
       z.segments += static_cast<double>(b.segment);
       for (size_t j = 0; j < b.params.size(); ++j) {
         const int64_t n = numels[k][b.params[j]];
@@ -314,6 +338,20 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
   return out;
 }
 
+double shared_compute_seconds(std::vector<double> work_s, const CostModel& cost) {
+  // Water-filling: with k ranks still busy each runs at min(device rate, node rate / k); the
+  // lightest finishes first and leaves its share to the rest.
+  std::sort(work_s.begin(), work_s.end());
+  const double device = cost.device_flops_per_s, node = cost.node_compute_flops_per_s();
+  double t = 0, done = 0;
+  for (size_t i = 0; i < work_s.size(); ++i) {
+    const double busy = static_cast<double>(work_s.size() - i);
+    t += (work_s[i] - done) * std::max(1.0, busy * device / node);
+    done = work_s[i];
+  }
+  return t;
+}
+
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
                                     const lower::Lowered& lowered) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
@@ -379,20 +417,36 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   // one without (each micro-batch's backward follows its forward: exec/lower/program.h).
   const double flat_units = 1.0;
 
+  // Each rank's compute at the device's rate: forward + backward (twice the forward) of every
+  // micro-batch, and the recomputed forward.
+  auto stage_of = [&](size_t r) {
+    return static_cast<size_t>(static_cast<int64_t>(r) / ranks_per_stage);
+  };
+  std::vector<double> busy(n);
+  for (size_t r = 0; r < n; ++r) busy[r] = m * (3 * fwd[r] + refwd[r]);
+  // Ranks that share a node's compute (CPU ranks on fewer cores than ranks) finish no sooner
+  // than the node's work shared out as the operating system shares cores.
+  std::map<int64_t, std::vector<double>> node_work;
+  for (size_t r = 0; r < n; ++r)
+    node_work[static_cast<int64_t>(r) / cost.devices_per_node].push_back(busy[r]);
+  std::map<int64_t, double> node_s;
+  for (const auto& [node, work] : node_work) node_s[node] = shared_compute_seconds(work, cost);
+
   Estimate e;
   e.bubble_ratio = pipeline.bubble_ratio;
   e.ranks.resize(n);
   for (size_t r = 0; r < n; ++r) {
     RankEstimate& re = e.ranks[r];
-    const size_t stage = static_cast<size_t>(static_cast<int64_t>(r) / ranks_per_stage);
-    // Compute: forward + backward (twice the forward) of every micro-batch, or the pipeline
-    // schedule's makespan with this rank's stage idle for its bubble.
-    re.compute_s = m * (3 * fwd[r] + refwd[r]);
+    const size_t stage = stage_of(r);
+    // Compute: the rank's busy time, or the pipeline schedule's makespan with this rank's stage
+    // idle for its bubble; at least its node's share.
+    re.compute_s = busy[r];
     if (pipelined) {
       re.compute_s = pipeline.makespan_s;
       if (stage < pipeline.busy_s.size() && pipeline.makespan_s > 0)
         re.bubble = 1 - pipeline.busy_s[stage] / pipeline.makespan_s;
     }
+    re.compute_s = std::max(re.compute_s, node_s[static_cast<int64_t>(r) / cost.devices_per_node]);
     // Communication: each adapter's forward and gradient paths per micro-batch (the steps this
     // rank takes part in), and the gradient all-reduces once per step.
     for (const auto& a : lowered.adapters) {
@@ -405,12 +459,17 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
       re.comm_s += m * path_seconds(a.forward, static_cast<int64_t>(r));
       add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
     }
-    for (int64_t id : lowered.programs[r].grad_syncs) {
-      const auto& g = lowered.grad_syncs[static_cast<size_t>(id)];
-      const double bytes = static_cast<double>(numel(g.piece.shape()) * 4);
-      re.comm_s += all_reduce_seconds(cost, g.devices, bytes);
-      const double k = static_cast<double>(g.devices.size());
-      re.sent["grad all_reduce"] += 2 * (k - 1) / k * bytes;
+    // One all-reduce per bucket of the runtime's (a latency per bucket, not per tensor).
+    const GradGroups groups = grad_groups(lowered, r);
+    for (size_t k = 0; k < groups.devices.size(); ++k) {
+      const auto members = static_cast<int64_t>(groups.devices[k].size());
+      for (const lower::BucketPlan& b :
+           lower::plan_buckets(groups.numels[k], 4, bucket_bytes(config), members, false)) {
+        const double bytes = static_cast<double>(b.elements * 4);
+        re.comm_s += all_reduce_seconds(cost, groups.devices[k], bytes);
+        re.sent["grad all_reduce"] +=
+            2 * static_cast<double>(members - 1) / static_cast<double>(members) * bytes;
+      }
     }
     re.step_s = re.compute_s + re.comm_s;
 

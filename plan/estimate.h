@@ -90,6 +90,10 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
 double path_seconds(const lower::CommPath& path, int64_t rank);
 // A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, on the network
 // when the group spans nodes.
+// How long a node's ranks take to compute `work_s` (each rank's seconds at device_flops_per_s)
+// when they share the node's compute (node_flops_per_s): the busiest rank's finish.
+double shared_compute_seconds(std::vector<double> work_s, const CostModel& cost);
+
 double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& devices,
                           double bytes);
 

@@ -86,8 +86,8 @@ Result<sched::Schedule> scaled(const sched::Schedule& s, double factor, double a
 }
 
 // Simulates the pipeline schedule at the cost model's block durations. Predefined and CSV
-// schedules: a forward takes the slowest rank's forward time per stage chunk, a backward twice
-// that. A searched schedule is the one found, its blocks at each stage's own durations.
+// schedules: a forward takes its device's forward time per stage chunk, a backward twice that. A
+// searched schedule is the one found, its blocks at each stage's own durations.
 Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
                          const std::vector<double>& recompute_s, const lower::PipelineOrder& order,
                          const lower::Lowered& lowered, Plan& plan) {
@@ -128,7 +128,23 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
     if (!built.ok()) return config.error("parallel.schedule", built.error().message);
     schedule = std::move(built).value();
   }
-  auto timeline = sched::simulate(schedule);
+  sched::SimOptions options;
+  if (par.schedule != "search" && par.schedule != "search-zb") {
+    // Predefined and CSV schedules time every device as the slowest; each device's blocks take
+    // its own share (an embedding or a head makes the end stages heavier than the rest).
+    const size_t ranks_per_device =
+        std::max<size_t>(1, forward_s.size() / static_cast<size_t>(par.pp));
+    std::vector<double> factor(static_cast<size_t>(par.pp), 1.0);
+    for (size_t d = 0; d < factor.size() && unit_s > 0; ++d) {
+      double own = 0;
+      for (size_t r = d * ranks_per_device; r < (d + 1) * ranks_per_device && r < forward_s.size();
+           ++r)
+        own = std::max(own, forward_s[r]);
+      factor[d] = own / unit_s;
+    }
+    options.device_factor = std::move(factor);
+  }
+  auto timeline = sched::simulate(schedule, options);
   if (!timeline.ok()) return Status::success();
   plan.pipeline.bubble_ratio = timeline->bubble_ratio;
   plan.pipeline.makespan_s = timeline->makespan * 1e-3;

@@ -58,7 +58,7 @@ std::string to_chrome_trace(const Schedule& s, const Timeline& t) {
                         {"pid", d},
                         {"tid", 0},
                         {"ts", t.start[i] * kMicrosPerUnit},
-                        {"dur", b.duration * kMicrosPerUnit},
+                        {"dur", (t.end[i] - t.start[i]) * kMicrosPerUnit},
                         {"args",
                          {{"block", b.id().to_string()},
                           {"stage", b.stage.value()},
@@ -103,7 +103,7 @@ std::string to_svg(const Schedule& s, const Timeline& t) {
        << "\" y2=\"" << y + row_h << "\" stroke=\"#ccc\"/>\n";
     for (int i : s.order()[d]) {
       const Block& b = s.workload().block(i);
-      const double x = left + t.start[i] * scale, w = b.duration * scale;
+      const double x = left + t.start[i] * scale, w = (t.end[i] - t.start[i]) * scale;
       os << "<rect class=\"block\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w
          << "\" height=\"" << row_h << "\" fill=\"" << colour(b)
          << "\" stroke=\"#333\" stroke-width=\"0.5\""

@@ -554,7 +554,7 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   // never to return something worse than a predefined schedule that fits.
   if (refine)
     for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit,
-                             SimOptions{opt.comm_delay}))
+                             SimOptions{opt.comm_delay, {}}))
       candidates.push_back({"baseline-" + b.name, b.schedule.order()});
   if (refine) {  // Double justification of all, which shortens warm-up and cool-down further.
     ListPolicy limits;
@@ -573,7 +573,7 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
       last_error = s.error().message;
       continue;
     }
-    auto t = simulate(*s, SimOptions{opt.comm_delay});
+    auto t = simulate(*s, SimOptions{opt.comm_delay, {}});
     if (!t.ok()) {
       last_error = t.error().message;
       continue;

@@ -43,6 +43,10 @@ Result<Timeline> simulate(const Schedule& s, const SimOptions& opt) {
   std::vector<std::vector<int>> prev_on_device(n);
   for (const auto& dev : s.order())
     for (size_t k = 1; k < dev.size(); ++k) prev_on_device[dev[k]].push_back(dev[k - 1]);
+  auto duration = [&](const Block& b) {
+    const size_t d = b.devices.empty() ? 0 : static_cast<size_t>(b.devices.front().value());
+    return d < opt.device_factor.size() ? b.duration * opt.device_factor[d] : b.duration;
+  };
   for (int i : topo) {
     const Block& b = w.block(i);
     double st = 0;
@@ -53,7 +57,7 @@ Result<Timeline> simulate(const Schedule& s, const SimOptions& opt) {
     }
     for (int q : prev_on_device[i]) st = std::max(st, t.end[q]);
     t.start[i] = st;
-    t.end[i] = st + b.duration;
+    t.end[i] = st + duration(b);
     t.makespan = std::max(t.makespan, t.end[i]);
   }
   t.busy.assign(p, 0);
@@ -73,7 +77,7 @@ Result<Timeline> simulate(const Schedule& s, const SimOptions& opt) {
     };
     for (int i : s.order()[d]) {
       const Block& b = w.block(i);
-      t.busy[d] += b.duration;
+      t.busy[d] += duration(b);
       if (b.memory > 0) mem += b.memory, record(t.start[i]);
       if (b.memory < 0) mem += b.memory, record(t.end[i]);
     }

@@ -13,6 +13,9 @@ namespace loom::sched {
 struct SimOptions {
   // Time added between a producer and a consumer that do not share a device set.
   double comm_delay = 0;
+  // Per device, the factor its blocks' durations are taken at (a device slower or faster than
+  // the one the schedule was timed for); empty: 1 for every device.
+  std::vector<double> device_factor;
 };
 
 // Memory of one device from `time` on (micro-batches of activations).

@@ -119,8 +119,9 @@ double PathFinder::link(const std::vector<DeviceId>& group, double& alpha) const
   std::set<int64_t> nodes;
   for (DeviceId d : group) nodes.insert(d.value() / model_.devices_per_node);
   bool inter = nodes.size() > 1;
-  alpha = inter ? model_.inter_alpha_s : model_.intra_alpha_s;
-  return inter ? model_.inter_beta_s_per_byte : model_.intra_beta_s_per_byte;
+  const CostModel::Link within = model_.intra_link(to_string(Primitive::kSendRecv));
+  alpha = inter ? model_.inter_alpha_s : within.alpha_s;
+  return inter ? model_.inter_beta_s_per_byte : within.beta_s_per_byte;
 }
 
 namespace {
@@ -234,10 +235,11 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
                   for (int64_t j = 1; j < k && !inter; ++j)
                     inter = node_of[static_cast<size_t>(p + j * stride[a])] !=
                             node_of[static_cast<size_t>(p)];
-            const double alpha = local ? 0 : inter ? model_.inter_alpha_s : model_.intra_alpha_s;
+            const CostModel::Link within = model_.intra_link(to_string(rule.primitive));
+            const double alpha = local ? 0 : inter ? model_.inter_alpha_s : within.alpha_s;
             const double beta = local   ? model_.local_beta_s_per_byte
                                 : inter ? model_.inter_beta_s_per_byte
-                                        : model_.intra_beta_s_per_byte;
+                                        : within.beta_s_per_byte;
             CommStep step;
             step.primitive = rule.primitive;
             step.from_factor = a;

@@ -40,19 +40,22 @@ int64_t env_int(const comm::EnvLookup& env, const char* name, int64_t fallback) 
   return v ? std::max<int64_t>(0, std::atoll(v->c_str())) : fallback;
 }
 
-// Mean seconds of one product, repeated for `budget_s` after a warm-up (at least twice).
+// Median seconds of one product, repeated for `budget_s` after a warm-up (at least three times):
+// the median, as a machine shared with other work stalls a few repeats.
 double time_product(const std::function<at::Tensor()>& product, const RunDevice& d, double budget_s,
                     int64_t max_repeats) {
   product();
   synchronize_device(d);
-  const auto t0 = Clock::now();
-  int64_t repeats = 0;
+  std::vector<double> t;
+  const auto start = Clock::now();
   do {
+    const auto t0 = Clock::now();
     product();
     synchronize_device(d);
-    ++repeats;
-  } while (repeats < 2 || (seconds_since(t0) < budget_s && repeats < max_repeats));
-  return seconds_since(t0) / static_cast<double>(repeats);
+    t.push_back(seconds_since(t0));
+  } while (t.size() < 3 ||
+           (seconds_since(start) < budget_s && static_cast<int64_t>(t.size()) < max_repeats));
+  return median(t);
 }
 
 // Forward, input-gradient and weight-gradient products of one linear, laid out as the linear
@@ -113,10 +116,12 @@ double device_memory_bytes(const RunDevice& d, int64_t ranks_per_machine) {
   return 0;
 }
 
-// One primitive at one size: every rank calls `op` together, repeats chosen by rank 0 from the
-// warm-up so that every rank runs the same number of calls.
+// One primitive at one size, called as a step calls it: right after compute (`before`), with no
+// barrier, so that the time includes waiting for the slowest rank. Repeats are chosen by rank 0
+// from the warm-up so that every rank runs the same number of calls; the median is returned.
 Result<double> time_collective(comm::Comm& world, const RunDevice& d,
-                               const std::function<Status()>& op, const CalibrationRequest& req) {
+                               const std::function<Status()>& op,
+                               const std::function<void()>& before, const CalibrationRequest& req) {
   LOOM_TRY(world.barrier());
   auto t0 = Clock::now();
   LOOM_TRY(op());
@@ -128,8 +133,9 @@ Result<double> time_collective(comm::Comm& world, const RunDevice& d,
   LOOM_TRY(world.broadcast_async(repeats, Rank(0)).synchronize());
   const int64_t n = repeats.cpu().item<int64_t>();
   std::vector<double> t;
+  LOOM_TRY(world.barrier());
   for (int64_t i = 0; i < n; ++i) {
-    LOOM_TRY(world.barrier());
+    before();
     t0 = Clock::now();
     LOOM_TRY(op());
     t.push_back(seconds_since(t0));
@@ -206,10 +212,24 @@ Result<RankMeasurements> measure(const CalibrationRequest& req) {
   if (world->size() < 2)
     return Error::at("WORLD_SIZE", "calibration needs at least 2 ranks to time communication");
 
-  // Compute and the copy run on every rank at once, as in a step.
+  // Rank 0's products alone (what one busy device of a node sustains while the others idle, as
+  // in a pipeline's bubble), then compute and the copy on every rank at once, as in a step.
+  LOOM_TRY(world->barrier());
+  if (m.rank == 0)
+    for (const LinearShape& s : req.linears)
+      m.alone_linear_seconds.push_back(time_linear(s, d, req.seconds_per_point, req.max_repeats));
   LOOM_TRY(world->barrier());
   for (const LinearShape& s : req.linears)
     m.linear_seconds.push_back(time_linear(s, d, req.seconds_per_point, req.max_repeats));
+  // Then 2, 4, ... ranks at once (the others waiting): how many busy ranks a node sustains best.
+  for (int64_t busy : partial_busy_levels(m.world_size)) {
+    LOOM_TRY(world->barrier());
+    m.level_linear_seconds.emplace_back();
+    if (m.rank < busy)
+      for (const LinearShape& s : req.linears)
+        m.level_linear_seconds.back().push_back(
+            time_linear(s, d, req.seconds_per_point, req.max_repeats));
+  }
   LOOM_TRY(world->barrier());
   m.copy_seconds_per_byte =
       copy_seconds_per_byte(d, req.copy_bytes, req.seconds_per_point, req.max_repeats);
@@ -217,10 +237,25 @@ Result<RankMeasurements> measure(const CalibrationRequest& req) {
       env_int(env, "LOCAL_WORLD_SIZE", env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1));
   m.memory_bytes = device_memory_bytes(d, std::max<int64_t>(1, per_machine));
 
+  // The compute before each call: the forward product of the model's smallest linear.
+  std::function<void()> before = [] {};
+  at::Tensor x, w;
+  if (!req.linears.empty()) {
+    const LinearShape s = *std::min_element(req.linears.begin(), req.linears.end(),
+                                            [](const LinearShape& a, const LinearShape& b) {
+                                              return a.m * a.k * a.n < b.m * b.k * b.n;
+                                            });
+    x = at::rand({s.m, s.k}, d.options(at::kFloat)).to(d.options(d.compute));
+    w = at::rand({s.n, s.k}, d.options(at::kFloat)).to(d.options(d.compute));
+    before = [&] {
+      at::mm(x, w.t());
+      synchronize_device(d);
+    };
+  }
   for (const std::string& primitive : calibrated_primitives())
     for (int64_t bytes : req.message_bytes) {
       auto [op, sent] = make_op(*world, d, primitive, bytes);
-      LOOM_ASSIGN_OR_RETURN(double seconds, time_collective(*world, d, op, req));
+      LOOM_ASSIGN_OR_RETURN(double seconds, time_collective(*world, d, op, before, req));
       if (primitive == "send_recv") seconds /= 2;  // a round trip is two messages
       m.comm.push_back({primitive, primitive == "send_recv" ? 2 : m.world_size, sent, seconds});
     }

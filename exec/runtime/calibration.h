@@ -1,8 +1,9 @@
 // What `loom calibrate` measures on one rank of a calibration run: the matrix products of a
-// model's linears, a large copy on the device, the device's memory, and the time of each
-// collective and of send/recv over the world Comm. Every rank of the run measures its compute
-// and copy at the same time as the others (as a training step shares the machine); the fitting
-// of these samples into a cost model is launch/calibration.h's (LibTorch-free).
+// model's linears (on rank 0 alone, then on every rank at once), a large copy on the device, the
+// device's memory, and the time of each collective and of send/recv over the world Comm. Every rank
+// of the run measures its compute and copy at the same time as the others (as a training step
+// shares the machine); the fitting of these samples into a cost model is launch/calibration.h's
+// (LibTorch-free).
 //
 // This header is plain C++: the `loom` tool reads and writes these values as files.
 #pragma once
@@ -61,12 +62,26 @@ struct RankMeasurements {
   int64_t world_size = 1;
   int64_t intra_op_threads = 1;
   std::string device;  // "cpu fp32", "cuda:0 bf16"
-  // Per request linear: seconds of one forward, input-gradient and weight-gradient product.
+  // Per request linear: seconds of one forward, input-gradient and weight-gradient product,
+  // every rank computing at once.
   std::vector<std::array<double, 3>> linear_seconds;
+  // The same on rank 0 while the others wait (a device computing alone); empty on other ranks.
+  std::vector<std::array<double, 3>> alone_linear_seconds;
+  // The same with partial_busy_levels(world_size)[i] ranks at once (rank < that number) while
+  // the others wait; empty where this rank waited.
+  std::vector<std::vector<std::array<double, 3>>> level_linear_seconds;
   double copy_seconds_per_byte = 0;  // a device-to-device copy of copy_bytes
   double memory_bytes = 0;           // what the device offers this rank
   std::vector<CommSample> comm;      // as this rank timed them
 };
+
+// How many ranks compute at once in the calibration's partial phases: 2, 4, 8, ... below the
+// world size (rank 0 alone and every rank at once are measured besides).
+inline std::vector<int64_t> partial_busy_levels(int64_t world_size) {
+  std::vector<int64_t> levels;
+  for (int64_t k = 2; k < world_size; k *= 2) levels.push_back(k);
+  return levels;
+}
 
 // The device a calibration without a config measures: "cuda" when this process sees a GPU, else
 // "cpu".

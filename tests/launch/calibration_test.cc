@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/config.h"
 #include "exec/lower/path.h"
 #include "plan/plan.h"
@@ -106,28 +108,50 @@ TEST(Calibration, WritesAFileThatParsesBackAsTheModel) {
   rank.linear_seconds = {{1e-3, 1e-3, 2e-3}};
   rank.copy_seconds_per_byte = 1e-10;
   rank.memory_bytes = 12.0 * (1 << 30);
+  // Every primitive at 40 us and 2 GB/s, but all-gather at 80 us and 1 GB/s.
+  auto alpha_of = [](const std::string& p) { return p == "all_gather" ? 8e-5 : 4e-5; };
+  auto beta_of = [](const std::string& p) { return p == "all_gather" ? 1e-9 : 5e-10; };
   for (const std::string& primitive : runtime::calibrated_primitives())
     for (int64_t bytes : default_message_bytes(true)) {
       CommSample s{primitive, 2, bytes, 0};
       const FitPoint p = fit_point(s);
-      s.seconds = p.alpha_coef * 4e-5 + p.beta_coef * 5e-10;
+      s.seconds = p.alpha_coef * alpha_of(primitive) + p.beta_coef * beta_of(primitive);
       rank.comm.push_back(s);
     }
-  auto c = combine(request, {rank, rank}, "cpu", {"a test"});
+  runtime::RankMeasurements first = rank;
+  first.alone_linear_seconds = {{0.5e-3, 0.5e-3, 1e-3}};  // twice as fast alone
+  auto c = combine(request, {first, rank}, "cpu", {"a test"});
   ASSERT_TRUE(c.ok()) << c.error().message;
-  // 3 products of 2 * 64 * 32 * 128 FLOPs, each linear twice, over 2 * 4 ms.
-  EXPECT_NEAR(c->model.device_flops_per_s, 2 * 3 * 2.0 * 64 * 32 * 128 / 8e-3, 1);
-  EXPECT_NEAR(c->model.intra_alpha_s, 4e-5, 1e-12);
-  EXPECT_NEAR(c->model.intra_beta_s_per_byte, 5e-10, 1e-18);
+  // 3 products of 2 * 64 * 32 * 128 FLOPs, each linear twice, over 2 * 2 ms alone and 2 * 4 ms
+  // with both ranks at once: the node sustains the two ranks' rates together, as one alone.
+  const double alone = 2 * 3 * 2.0 * 64 * 32 * 128 / 4e-3;
+  EXPECT_NEAR(c->model.device_flops_per_s, alone, 1);
+  EXPECT_NEAR(c->model.node_flops_per_s, alone, 1);
+  EXPECT_NEAR(c->model.node_compute_flops_per_s(), alone, 1);
+  for (const std::string& primitive : runtime::calibrated_primitives()) {
+    const CostModel::Link own = c->model.intra_link(primitive);
+    EXPECT_NEAR(own.alpha_s, alpha_of(primitive), 1e-12) << primitive;
+    EXPECT_NEAR(own.beta_s_per_byte, beta_of(primitive), 1e-18) << primitive;
+  }
+  // The link's own values are the fit over every primitive: between the two.
+  EXPECT_GT(c->model.intra_alpha_s, 4e-5);
+  EXPECT_LT(c->model.intra_alpha_s, 8e-5);
   auto parsed = CostModel::parse(to_yaml(*c), "calibrated.yaml");
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   CostModel cpu;
   for (const auto& [name, m] : builtin_cost_models().presets)
     if (name == "cpu") cpu = m;
+  // The file keeps 4 significant digits.
   EXPECT_NEAR(parsed->device_flops_per_s, c->model.device_flops_per_s,
               c->model.device_flops_per_s * 1e-3);
-  EXPECT_NEAR(parsed->intra_alpha_s, 4e-5, 1e-9);
-  EXPECT_NEAR(parsed->intra_beta_s_per_byte, 5e-10, 1e-13);
+  EXPECT_NEAR(parsed->node_flops_per_s, c->model.node_flops_per_s,
+              c->model.node_flops_per_s * 1e-3);
+  EXPECT_NEAR(parsed->intra_alpha_s, c->model.intra_alpha_s, c->model.intra_alpha_s * 1e-3);
+  for (const std::string& primitive : runtime::calibrated_primitives()) {
+    const CostModel::Link own = parsed->intra_link(primitive);
+    EXPECT_NEAR(own.alpha_s, alpha_of(primitive), alpha_of(primitive) * 1e-3) << primitive;
+    EXPECT_NEAR(own.beta_s_per_byte, beta_of(primitive), beta_of(primitive) * 1e-3) << primitive;
+  }
   EXPECT_EQ(parsed->device_memory_bytes, 12.0 * (1 << 30));
   EXPECT_EQ(parsed->local_beta_s_per_byte, 1e-10);
   EXPECT_EQ(parsed->inter_alpha_s, cpu.inter_alpha_s);
@@ -147,11 +171,15 @@ TEST(Calibration, RoundTripsTheRanksFiles) {
   runtime::RankMeasurements m;
   m.rank = 1;
   m.linear_seconds = {{1, 2, 3}};
+  m.alone_linear_seconds = {{0.5, 1, 1.5}};
+  m.level_linear_seconds = {{{1, 1, 1}}, {}};
   m.comm = {{"all_reduce", 2, 1024, 1e-5}};
   auto m2 = measurements_from_json(measurements_to_json(m));
   ASSERT_TRUE(m2.ok());
   EXPECT_EQ(m2->rank, 1);
   EXPECT_EQ(m2->linear_seconds, m.linear_seconds);
+  EXPECT_EQ(m2->alone_linear_seconds, m.alone_linear_seconds);
+  EXPECT_EQ(m2->level_linear_seconds, m.level_linear_seconds);
   EXPECT_EQ(m2->comm.at(0).seconds, 1e-5);
   EXPECT_FALSE(request_from_json("{").ok());
 }

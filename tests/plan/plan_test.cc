@@ -15,6 +15,7 @@
 
 #include "exec/lower/fusion.h"
 #include "models/model.h"
+#include "plan/estimate.h"
 #include "scheduler/csv.h"
 #include "scheduler/repetend.h"
 #include "scheduler/simulator.h"
@@ -224,6 +225,53 @@ TEST(MakePlan, TheEstimateFollowsTheCostModel) {
             h100->estimate.max_peak_bytes());  // memory is the model's
   // A cost-model key changes the plan's hash (it shapes the communication paths).
   EXPECT_NE(a100->file.hash, h100->file.hash);
+}
+
+// Four ranks on two devices' worth of compute: the three light ones share it with the heavy one
+// (each at half speed) until they finish; the heavy one then runs alone at full speed.
+TEST(SharedCompute, FillsTheNodeAsTheLightRanksFinish) {
+  CostModel cost;
+  cost.device_flops_per_s = 1e9;
+  cost.devices_per_node = 4;
+  cost.node_flops_per_s = 2e9;
+  EXPECT_DOUBLE_EQ(shared_compute_seconds({1, 2, 1, 1}, cost), 3.0);  // 1 s at half, then 1 s
+  EXPECT_DOUBLE_EQ(shared_compute_seconds({1, 1, 1, 1}, cost), 2.0);  // all at half speed
+  cost.node_flops_per_s = 0;                                          // nothing shared
+  EXPECT_DOUBLE_EQ(shared_compute_seconds({1, 2, 1, 1}, cost), 2.0);
+}
+
+// Ranks that share a node's compute (CPU ranks on fewer cores than ranks): all busy at once they
+// split the node's rate; a pipeline's ranks idle in its bubble leave theirs to the busy ones.
+TEST(MakePlan, RanksSharingANodeSplitItsRate) {
+  const std::vector<std::string> dp4 = {"parallel.dp=4", "parallel.tp=1", "parallel.pp=1",
+                                        "cost.preset=cpu", "cost.devices_per_node=4"};
+  auto alone = make_plan(config(dp4));
+  std::vector<std::string> shared = dp4;
+  shared.push_back("cost.node_flops_per_s=60e9");  // two of the cpu preset's 30 GFLOP/s ranks
+  auto halved = make_plan(config(shared));
+  ASSERT_TRUE(alone.ok() && halved.ok());
+  // Four equally busy ranks on two devices' worth of compute: each computes half as fast.
+  EXPECT_NEAR(halved->estimate.ranks[0].compute_s / alone->estimate.ranks[0].compute_s, 2.0, 1e-9);
+
+  const std::vector<std::string> pp4 = {
+      "parallel.dp=1",       "parallel.tp=1",   "parallel.pp=4",          "batch.micro=4",
+      "model.args.layers=4", "cost.preset=cpu", "cost.devices_per_node=4"};
+  auto bubble = make_plan(config(pp4));
+  shared = pp4;
+  shared.push_back("cost.node_flops_per_s=60e9");
+  auto bubble_shared = make_plan(config(shared));
+  ASSERT_TRUE(bubble.ok() && bubble_shared.ok());
+  // Two micro-batches over four stages: the makespan is more than twice any stage's busy time,
+  // so the node's share (the four stages' work over two devices' rate) does not bind.
+  ASSERT_GT(bubble->estimate.bubble_ratio, 0.5);
+  EXPECT_NEAR(bubble_shared->estimate.ranks[0].compute_s, bubble->estimate.ranks[0].compute_s,
+              1e-12);
+  // Without sharing, a node's rate is its devices' sum whatever node_flops_per_s says above it.
+  shared = dp4;
+  shared.push_back("cost.node_flops_per_s=1e15");
+  auto generous = make_plan(config(shared));
+  ASSERT_TRUE(generous.ok());
+  EXPECT_EQ(generous->estimate.ranks[0].compute_s, alone->estimate.ranks[0].compute_s);
 }
 
 TEST(MakePlan, UserMistakesNameTheKey) {
