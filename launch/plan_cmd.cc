@@ -163,10 +163,11 @@ int plan_main(const Args& args) {
     if (!json.ok()) return fail(json.error().message);
     if (Status s = write(out / "plan.json", *json); !s.ok()) return fail(s.error().message);
   }
+  const loom::plan::ScheduleDrawings drawn = loom::plan::draw_schedule(plan);
   const std::pair<const char*, const std::string*> schedule_files[] = {
       {"schedule.csv", &plan.schedule.csv},
-      {"timeline.json", &plan.schedule.chrome_trace},
-      {"schedule.svg", &plan.schedule.svg}};
+      {"timeline.json", &drawn.chrome_trace},
+      {"schedule.svg", &drawn.svg}};
   for (const auto& [name, text] : schedule_files)
     if (!text->empty())
       if (Status s = write(out / name, *text); !s.ok()) return fail(s.error().message);

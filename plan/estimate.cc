@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -142,11 +143,12 @@ struct RegionCost {
 };
 
 RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
-                       const std::vector<bool>& fused, const lower::Program& prog, size_t segment,
+                       const std::vector<bool>& fused, const lower::ProgramReaders& readers,
+                       const lower::Program& prog, size_t segment,
                        const lower::RecomputeRegion& region, int64_t rank) {
   RegionCost c;
   const lower::Segment& seg = prog.segments[segment];
-  const lower::RegionBorder border = lower::region_border(g, lowered, prog, segment, region);
+  const lower::RegionBorder border = readers.border(segment, region);
   const std::set<int64_t> kept(border.tensors.begin(), border.tensors.end());
   const std::set<int64_t> handed_on(border.adapters.begin(), border.adapters.end());
   for (int64_t i = region.begin; i < region.end; ++i) {
@@ -321,15 +323,18 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
   RecomputeCost out{std::vector<double>(n, 0), std::vector<double>(n, 0),
                     std::vector<double>(n, 0)};
   const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
+  std::optional<lower::AdapterReads> reads;  // made once, when a rank recomputes
   for (size_t r = 0; r < n; ++r) {
     const lower::Program& prog = lowered.programs[r];
     bool any = false;
     for (const auto& seg : prog.segments) any = any || !seg.recompute.empty();
     if (!any) continue;
+    if (!reads) reads = lower::adapter_reads(lowered);
+    const lower::ProgramReaders readers(planned, lowered, *reads, prog);
     for (size_t s = 0; s < prog.segments.size(); ++s)
       for (const lower::RecomputeRegion& region : prog.segments[s].recompute) {
         const RegionCost c =
-            region_cost(planned, lowered, fused, prog, s, region, static_cast<int64_t>(r));
+            region_cost(planned, lowered, fused, readers, prog, s, region, static_cast<int64_t>(r));
         out.dropped_bytes[r] += c.dropped_bytes;
         out.largest_region_bytes[r] = std::max(out.largest_region_bytes[r], c.dropped_bytes);
         if (cost.device_flops_per_s > 0) out.forward_s[r] += c.flops / cost.device_flops_per_s;

@@ -15,12 +15,14 @@
 #include "exec/lower/program.h"
 #include "graph/graph.h"
 #include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
 
 namespace loom::plan {
 
 // The pipeline schedule a plan runs, simulated at the cost model's block durations.
 struct PipelineTimes {
   sched::Schedule schedule;                // what was simulated (durations in milliseconds)
+  sched::Timeline timeline;                // its simulation, in milliseconds
   double bubble_ratio = 0;                 // idle device-time / (devices x makespan)
   double makespan_s = 0;                   // one step's blocks, first start to last end
   std::vector<double> busy_s;              // per pipeline device

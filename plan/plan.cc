@@ -151,10 +151,8 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
   for (double b : timeline->busy) plan.pipeline.busy_s.push_back(b * 1e-3);
   plan.pipeline.peak_micro_batches = timeline->peak_memory;
   if (auto csv = sched::to_csv(schedule); csv.ok()) plan.schedule.csv = *csv;
-  plan.schedule.chrome_trace =
-      with_comm_track(sched::to_chrome_trace(schedule, *timeline), lowered, par.tp * par.dp);
-  plan.schedule.svg = sched::to_svg(schedule, *timeline);
   plan.pipeline.schedule = std::move(schedule);
+  plan.pipeline.timeline = std::move(timeline).value();
   return Status::success();
 }
 
@@ -275,19 +273,29 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   lower::PathFinder paths(cost);
   lower::LowerOptions options;
   options.shard_parameters = config.parallel.zero == 3;
+  options.check_deadlock = false;  // checked below, with the recomputed forwards in place
   LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
                                                    paths, order, options));
   LOOM_TRY(check_zero3_schedule(config, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, recompute);
-  // A recomputed forward repeats its collectives inside the backward: check that order too.
-  if (recompute != lower::Recompute::kNone)
-    LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  // A recomputed forward repeats its collectives inside the backward.
+  LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
   const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
   LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, pipeline, file.lowered, plan));
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;
+}
+
+ScheduleDrawings draw_schedule(const Plan& plan) {
+  if (plan.schedule.csv.empty()) return {};
+  const sched::Schedule& schedule = plan.pipeline.schedule;
+  const int64_t ranks_per_device =
+      std::max<int64_t>(1, plan.world_size() / std::max(1, schedule.num_devices()));
+  return {with_comm_track(sched::to_chrome_trace(schedule, plan.pipeline.timeline),
+                          plan.file.lowered, ranks_per_device),
+          sched::to_svg(schedule, plan.pipeline.timeline)};
 }
 
 Result<Plan> make_plan(const Config& config, const Registries& registries) {

@@ -34,11 +34,9 @@ struct Registries {
   ModelBuilder model;
 };
 
-// The pipeline schedule of a plan, as files a user reads: empty without pipeline parallelism.
+// The pipeline schedule of a plan as a file: empty without pipeline parallelism.
 struct ScheduleFiles {
-  std::string csv;           // torch.distributed.pipelining's action-per-cell format
-  std::string chrome_trace;  // chrome://tracing, Perfetto: blocks and a communication track
-  std::string svg;           // a Gantt chart
+  std::string csv;  // torch.distributed.pipelining's action-per-cell format
 };
 
 struct Plan {
@@ -51,6 +49,14 @@ struct Plan {
 
   int64_t world_size() const { return file.world_size; }
 };
+
+// The pipeline schedule drawn, for a user to read: empty without pipeline parallelism. Drawn on
+// demand (the auto-planner makes hundreds of plans and dumps one).
+struct ScheduleDrawings {
+  std::string chrome_trace;  // chrome://tracing, Perfetto: blocks and a communication track
+  std::string svg;           // a Gantt chart
+};
+ScheduleDrawings draw_schedule(const Plan& plan);
 
 // The single-device graph of `config` (registries.model's, or model.type's entry), its parallel
 // degrees checked against the model when `world_size` > 1, verified.

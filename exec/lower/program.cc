@@ -313,7 +313,7 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
       for (size_t r = 0; r < blocks.size(); ++r) out.programs[r].blocks = std::move(blocks[r]);
     }
   }
-  LOOM_TRY(check_deadlock_free(g, out));
+  if (options.check_deadlock) LOOM_TRY(check_deadlock_free(g, out));
   return out;
 }
 
@@ -321,11 +321,13 @@ namespace {
 
 // One communication event of a rank, in program order. Keys are integers (adapter, direction,
 // micro-batch, step) so that checking a thousand ranks stays cheap; text is made on failure.
+// 24 bytes: a 1024-rank plan's check holds tens of millions of them.
 struct Event {
-  enum class Kind : uint8_t { kSend, kRecv, kCollective } kind;
+  enum class Kind : uint8_t { kSend, kRecv, kCollective };
   int64_t key;                           // identical on every party of the same exchange
-  DeviceId peer;                         // send: the receiver; recv: the sender
   const std::vector<DeviceId>* members;  // collective: its members
+  int32_t peer;                          // send: the receiver; recv: the sender
+  Kind kind;
   Primitive primitive;
 };
 
@@ -336,8 +338,8 @@ std::string describe(const Event& e, const Lowered& lowered, const graph::Graph&
   }
   const auto [adapter, forward, mb, step] = message_tag_parts(e.key);
   const Adapter& a = lowered.adapters[static_cast<size_t>(adapter)];
-  std::string what = e.kind == Event::Kind::kSend   ? "send to rank " + e.peer.to_string()
-                     : e.kind == Event::Kind::kRecv ? "recv from rank " + e.peer.to_string()
+  std::string what = e.kind == Event::Kind::kSend   ? "send to rank " + std::to_string(e.peer)
+                     : e.kind == Event::Kind::kRecv ? "recv from rank " + std::to_string(e.peer)
                                                     : to_string(e.primitive);
   return what + " (step " + std::to_string(step) + " of the " + (forward ? "forward" : "gradient") +
          " path of '" + g.tensor(a.tensor).name + "' for " + a.consumer + ", micro-batch " +
@@ -372,9 +374,11 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
     if (st.primitive == Primitive::kSendRecv) {
       for (const auto& pair : st.groups) {
         if (pair[0].value() == rank && side != 2)
-          events.push_back({Event::Kind::kSend, key, pair[1], nullptr, st.primitive});
+          events.push_back({key, nullptr, static_cast<int32_t>(pair[1].value()), Event::Kind::kSend,
+                            st.primitive});
         if (pair[1].value() == rank && side != 1)
-          events.push_back({Event::Kind::kRecv, key, pair[0], nullptr, st.primitive});
+          events.push_back({key, nullptr, static_cast<int32_t>(pair[0].value()), Event::Kind::kRecv,
+                            st.primitive});
       }
       if (side != 0 && !st.groups.empty() &&
           first_group[static_cast<size_t>(st.groups[0][0].value())])
@@ -386,8 +390,8 @@ void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter
     if (side == 2 && first_part) continue;
     const int32_t g = groups[i][static_cast<size_t>(rank)];
     if (g >= 0)
-      events.push_back({Event::Kind::kCollective, key, DeviceId(),
-                        &st.groups[static_cast<size_t>(g)], st.primitive});
+      events.push_back(
+          {key, &st.groups[static_cast<size_t>(g)], -1, Event::Kind::kCollective, st.primitive});
   }
 }
 
@@ -407,106 +411,143 @@ char block_letter(BlockKind kind) {
   return '?';
 }
 
-Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
-  const int64_t world = static_cast<int64_t>(lowered.programs.size());
+namespace {
+
+// Each rank's communication events in program order, made one block at a time as the check
+// reaches them: a 1024-rank plan has tens of millions, and only the current ones are needed.
+class EventStreams {
+ public:
+  explicit EventStreams(const Lowered& lowered) : lowered_(lowered) {
+    const size_t world = lowered.programs.size();
+    sides_.resize(lowered.adapters.size());
+    for (size_t i = 0; i < lowered.adapters.size(); ++i) {
+      const Adapter& a = lowered.adapters[i];
+      Sides& s = sides_[i];
+      s.producer.assign(world, false);
+      s.consumer.assign(world, false);
+      for (DeviceId d : a.from.devices) s.producer[static_cast<size_t>(d.value())] = true;
+      for (DeviceId d : a.to.devices) s.consumer[static_cast<size_t>(d.value())] = true;
+      s.forward = index_groups(a.forward, static_cast<int64_t>(world));
+      s.backward = index_groups(a.backward, static_cast<int64_t>(world));
+    }
+    ranks_.resize(world);
+  }
+
+  // The rank's next event, or nullptr when its program has no more.
+  const Event* current(size_t r) {
+    Stream& st = ranks_[r];
+    while (st.at == st.events.size()) {
+      const Program& prog = lowered_.programs[r];
+      if (st.block > prog.blocks.size()) return nullptr;
+      st.events.clear();
+      st.at = 0;
+      if (st.block < prog.blocks.size())
+        block_events(r, prog.blocks[st.block], st.events);
+      else
+        for (int64_t s : prog.grad_syncs)
+          st.events.push_back({-s - 1, &lowered_.grad_syncs[static_cast<size_t>(s)].devices, -1,
+                               Event::Kind::kCollective, Primitive::kAllReduce});
+      ++st.block;
+    }
+    return &st.events[st.at];
+  }
+  void advance(size_t r) { ++ranks_[r].at; }
+
+ private:
   // Per adapter: each side's membership and each step's groups by rank.
   struct Sides {
     std::vector<bool> producer, consumer;
     GroupIndex forward, backward;
   };
-  std::vector<Sides> sides(lowered.adapters.size());
-  for (size_t i = 0; i < lowered.adapters.size(); ++i) {
-    const Adapter& a = lowered.adapters[i];
-    Sides& s = sides[i];
-    s.producer.assign(static_cast<size_t>(world), false);
-    s.consumer.assign(static_cast<size_t>(world), false);
-    for (DeviceId d : a.from.devices) s.producer[static_cast<size_t>(d.value())] = true;
-    for (DeviceId d : a.to.devices) s.consumer[static_cast<size_t>(d.value())] = true;
-    s.forward = index_groups(a.forward, world);
-    s.backward = index_groups(a.backward, world);
+  struct Stream {
+    std::vector<Event> events;  // of the block before `block`
+    size_t at = 0;
+    size_t block = 0;  // blocks.size(): the gradient syncs; past it: the end
+  };
+
+  void block_events(size_t r, const ProgramBlock& b, std::vector<Event>& events) const {
+    if (b.kind == BlockKind::kWeightGrad) return;  // local matrix products only
+    const Program& prog = lowered_.programs[r];
+    const Segment& seg = *std::find_if(prog.segments.begin(), prog.segments.end(),
+                                       [&](const Segment& s) { return s.stage == b.stage; });
+    const int64_t rank = static_cast<int64_t>(r);
+    auto visit = [&](const SegmentItem& it, bool fwd) {
+      if (it.kind != SegmentItem::Kind::kAdapter) return;
+      const Adapter& a = lowered_.adapters[static_cast<size_t>(it.index)];
+      const Sides& s = sides_[static_cast<size_t>(it.index)];
+      // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
+      int side = 0;
+      if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
+      // A regathered parameter's backward gathers it again first.
+      if (!fwd && a.regather)
+        path_events(a.forward, s.forward, a.id, true, b.micro_batch.value(), rank, side, s.producer,
+                    events);
+      path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
+                  b.micro_batch.value(), rank, side, fwd ? s.producer : s.consumer, events);
+    };
+    if (b.kind == BlockKind::kForward) {
+      for (const SegmentItem& it : seg.items) visit(it, true);
+      return;
+    }
+    // A recomputed region's backward runs its forward (its collectives) again first.
+    for (int64_t i = static_cast<int64_t>(seg.items.size()) - 1; i >= 0; --i) {
+      for (const RecomputeRegion& region : seg.recompute)
+        if (region.end - 1 == i)
+          for (int64_t j = region.begin; j < region.end; ++j)
+            visit(seg.items[static_cast<size_t>(j)], true);
+      visit(seg.items[static_cast<size_t>(i)], false);
+    }
   }
-  std::vector<std::vector<Event>> events(static_cast<size_t>(world));
-  for (int64_t r = 0; r < world; ++r) {
-    const Program& prog = lowered.programs[static_cast<size_t>(r)];
-    for (const ProgramBlock& b : prog.blocks) {
-      auto seg = std::find_if(prog.segments.begin(), prog.segments.end(),
-                              [&](const Segment& s) { return s.stage == b.stage; });
-      if (seg == prog.segments.end())
+
+  const Lowered& lowered_;
+  std::vector<Sides> sides_;
+  std::vector<Stream> ranks_;
+};
+
+}  // namespace
+
+Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
+  const size_t world = lowered.programs.size();
+  for (size_t r = 0; r < world; ++r) {
+    const Program& prog = lowered.programs[r];
+    for (const ProgramBlock& b : prog.blocks)
+      if (std::none_of(prog.segments.begin(), prog.segments.end(),
+                       [&](const Segment& s) { return s.stage == b.stage; }))
         return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
                                         b.stage.to_string() + " it does not run");
-      if (b.kind == BlockKind::kWeightGrad) continue;  // local matrix products only
-      const bool block_fwd = b.kind == BlockKind::kForward;
-      auto visit = [&](const SegmentItem& it, bool fwd) {
-        if (it.kind != SegmentItem::Kind::kAdapter) return;
-        const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
-        const Sides& s = sides[static_cast<size_t>(it.index)];
-        // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
-        int side = 0;
-        if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
-        // A regathered parameter's backward gathers it again first.
-        if (!fwd && a.regather)
-          path_events(a.forward, s.forward, a.id, true, b.micro_batch.value(), r, side, s.producer,
-                      events[static_cast<size_t>(r)]);
-        path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
-                    b.micro_batch.value(), r, side, fwd ? s.producer : s.consumer,
-                    events[static_cast<size_t>(r)]);
-      };
-      if (block_fwd) {
-        for (const SegmentItem& it : seg->items) visit(it, true);
-        continue;
-      }
-      // A recomputed region's backward runs its forward (its collectives) again first.
-      for (int64_t i = static_cast<int64_t>(seg->items.size()) - 1; i >= 0; --i) {
-        for (const RecomputeRegion& region : seg->recompute)
-          if (region.end - 1 == i)
-            for (int64_t j = region.begin; j < region.end; ++j)
-              visit(seg->items[static_cast<size_t>(j)], true);
-        visit(seg->items[static_cast<size_t>(i)], false);
-      }
-    }
-    for (int64_t s : prog.grad_syncs)
-      events[static_cast<size_t>(r)].push_back({Event::Kind::kCollective, -s - 1, DeviceId(),
-                                                &lowered.grad_syncs[static_cast<size_t>(s)].devices,
-                                                Primitive::kAllReduce});
   }
   // Run: sends never block; a receive waits for its send; a collective for all its members.
-  std::vector<size_t> pc(static_cast<size_t>(world), 0);
+  EventStreams streams(lowered);
   std::unordered_set<int64_t> sent;  // step key and receiver
   auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
   for (bool progress = true; progress;) {
     progress = false;
-    for (int64_t r = 0; r < world; ++r) {
-      auto& ev = events[static_cast<size_t>(r)];
-      size_t& at = pc[static_cast<size_t>(r)];
-      while (at < ev.size()) {
-        const Event& e = ev[at];
-        if (e.kind == Event::Kind::kSend) {
-          sent.insert(message(e.key, e.peer.value()));
-        } else if (e.kind == Event::Kind::kRecv) {
-          if (!sent.count(message(e.key, r))) break;
+    for (size_t r = 0; r < world; ++r) {
+      while (const Event* e = streams.current(r)) {
+        if (e->kind == Event::Kind::kSend) {
+          sent.insert(message(e->key, e->peer));
+        } else if (e->kind == Event::Kind::kRecv) {
+          if (!sent.count(message(e->key, static_cast<int64_t>(r)))) break;
         } else {
           bool all_here = true;
-          for (DeviceId m : *e.members) {
-            const auto& mev = events[static_cast<size_t>(m.value())];
-            const size_t mpc = pc[static_cast<size_t>(m.value())];
-            all_here &= mpc < mev.size() && mev[mpc].kind == Event::Kind::kCollective &&
-                        mev[mpc].key == e.key;
+          for (DeviceId m : *e->members) {
+            const Event* at = streams.current(static_cast<size_t>(m.value()));
+            all_here &= at && at->kind == Event::Kind::kCollective && at->key == e->key;
           }
           if (!all_here) break;
-          for (DeviceId m : *e.members)
-            if (m.value() != r) ++pc[static_cast<size_t>(m.value())];
+          for (DeviceId m : *e->members)
+            if (static_cast<size_t>(m.value()) != r)
+              streams.advance(static_cast<size_t>(m.value()));
         }
-        ++at;
+        streams.advance(r);
         progress = true;
       }
     }
   }
   std::vector<std::string> stuck;
-  for (int64_t r = 0; r < world; ++r)
-    if (pc[static_cast<size_t>(r)] < events[static_cast<size_t>(r)].size())
-      stuck.push_back(
-          "rank " + std::to_string(r) + " waits at " +
-          describe(events[static_cast<size_t>(r)][pc[static_cast<size_t>(r)]], lowered, g));
+  for (size_t r = 0; r < world; ++r)
+    if (const Event* e = streams.current(r))
+      stuck.push_back("rank " + std::to_string(r) + " waits at " + describe(*e, lowered, g));
   if (!stuck.empty())
     return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
   return Status::success();

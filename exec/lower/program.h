@@ -154,6 +154,9 @@ using BlockOrderFn =
 struct LowerOptions {
   // parallel.zero 3: parameters stored split over their readers (exec/lower/param_shards.h).
   bool shard_parameters = false;
+  // Off when the caller marks recomputation first and checks the marked programs itself (a
+  // recomputed forward repeats its collectives inside the backward).
+  bool check_deadlock = true;
 };
 // The same, the order asked of `order` once adapters, gradient syncs and loss seeds are in
 // place; the deadlock check runs on the order it returns.

@@ -96,55 +96,70 @@ void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mod
     }
 }
 
-RegionBorder region_border(const graph::Graph& g, const Lowered& lowered, const Program& prog,
-                           size_t segment, const RecomputeRegion& region) {
-  auto inside = [&](size_t s, size_t i) {
-    return s == segment && static_cast<int64_t>(i) >= region.begin &&
-           static_cast<int64_t>(i) < region.end;
-  };
-  // Which op reads which tensor through an adapter, by (tensor, consumer op name).
-  std::set<std::pair<int64_t, std::string>> through_adapter;
+AdapterReads adapter_reads(const Lowered& lowered) {
+  AdapterReads out;
   for (const Adapter& a : lowered.adapters)
-    for (const std::string& c : a.consumers) through_adapter.insert({a.tensor.value(), c});
-  std::set<int64_t> read_outside;                       // tensors read directly outside
-  std::set<std::pair<int64_t, std::string>> consumers;  // (tensor, op) reading through adapters
+    for (const std::string& c : a.consumers) out.insert({a.tensor.value(), c});
+  return out;
+}
+
+ProgramReaders::ProgramReaders(const graph::Graph& g, const Lowered& lowered,
+                               const AdapterReads& reads, const Program& prog)
+    : graph_(g), lowered_(lowered), program_(prog) {
   for (size_t s = 0; s < prog.segments.size(); ++s)
     for (size_t i = 0; i < prog.segments[s].items.size(); ++i) {
-      if (inside(s, i)) continue;
+      const Position at{s, static_cast<int64_t>(i)};
       const SegmentItem& it = prog.segments[s].items[i];
       if (it.kind == SegmentItem::Kind::kAdapter) {
-        read_outside.insert(lowered.adapters[static_cast<size_t>(it.index)].tensor.value());
+        direct_[lowered.adapters[static_cast<size_t>(it.index)].tensor.value()].push_back(at);
         continue;
       }
       const graph::Op& op = g.ops()[static_cast<size_t>(it.index)];
       for (const auto& in : op.inputs) {
-        const std::pair<int64_t, std::string> key{in.tensor.value(), op.def->name};
-        if (through_adapter.count(key))
-          consumers.insert(key);
+        std::pair<int64_t, std::string> key{in.tensor.value(), op.def->name};
+        if (reads.count(key))
+          through_[std::move(key)].push_back(at);
         else
-          read_outside.insert(in.tensor.value());
+          direct_[in.tensor.value()].push_back(at);
       }
     }
-  RegionBorder border;
-  const Segment& seg = prog.segments[segment];
+}
+
+RegionBorder ProgramReaders::border(size_t segment, const RecomputeRegion& region) const {
+  auto read_outside = [&](const std::vector<Position>& readers) {
+    for (const Position& p : readers)
+      if (p.segment != segment || p.item < region.begin || p.item >= region.end) return true;
+    return false;
+  };
+  RegionBorder out;
+  const Segment& seg = program_.segments[segment];
   for (int64_t i = region.begin; i < region.end; ++i) {
     const SegmentItem& it = seg.items[static_cast<size_t>(i)];
     if (it.kind == SegmentItem::Kind::kAdapter) {
-      const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
-      for (const std::string& c : a.consumers)
-        if (consumers.count({a.tensor.value(), c})) {
-          border.adapters.push_back(a.id);
+      const Adapter& a = lowered_.adapters[static_cast<size_t>(it.index)];
+      for (const std::string& c : a.consumers) {
+        const auto readers = through_.find({a.tensor.value(), c});
+        if (readers != through_.end() && read_outside(readers->second)) {
+          out.adapters.push_back(a.id);
           break;
         }
+      }
       continue;
     }
-    for (const auto& out : g.ops()[static_cast<size_t>(it.index)].outputs) {
-      const int64_t t = out.tensor.value();
-      if (read_outside.count(t) || g.tensor(out.tensor).role == graph::TensorRole::kLoss)
-        border.tensors.push_back(t);
+    for (const auto& made : graph_.ops()[static_cast<size_t>(it.index)].outputs) {
+      const int64_t t = made.tensor.value();
+      const auto readers = direct_.find(t);
+      if ((readers != direct_.end() && read_outside(readers->second)) ||
+          graph_.tensor(made.tensor).role == graph::TensorRole::kLoss)
+        out.tensors.push_back(t);
     }
   }
-  return border;
+  return out;
+}
+
+RegionBorder region_border(const graph::Graph& g, const Lowered& lowered, const Program& prog,
+                           size_t segment, const RecomputeRegion& region) {
+  return ProgramReaders(g, lowered, adapter_reads(lowered), prog).border(segment, region);
 }
 
 bool recomputed(const Segment& segment, int64_t item) {

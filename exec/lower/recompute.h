@@ -3,7 +3,12 @@
 // backward runs that forward again. The executor runs the marks; the estimator counts them.
 #pragma once
 
+#include <map>
+#include <set>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "core/result.h"
 #include "exec/lower/program.h"
@@ -33,6 +38,32 @@ struct RegionBorder {
   std::vector<int64_t> tensors;   // made by its ops, read outside it (directly), or the loss
   std::vector<int64_t> adapters;  // delivered inside it to a consumer op outside it
 };
+
+// Which (tensor, consumer op) pairs are read through an adapter: one set per lowering.
+using AdapterReads = std::set<std::pair<int64_t, std::string>>;
+AdapterReads adapter_reads(const Lowered& lowered);
+
+// Where each value is read on one rank, indexed once so that every region's border is a few
+// look-ups (a thousand-rank plan has thousands of regions).
+class ProgramReaders {
+ public:
+  ProgramReaders(const graph::Graph& planned, const Lowered& lowered, const AdapterReads& reads,
+                 const Program& program);
+  RegionBorder border(size_t segment, const RecomputeRegion& region) const;
+
+ private:
+  struct Position {
+    size_t segment;
+    int64_t item;
+  };
+  const graph::Graph& graph_;
+  const Lowered& lowered_;
+  const Program& program_;
+  std::unordered_map<int64_t, std::vector<Position>> direct_;  // tensor -> items reading it
+  std::map<std::pair<int64_t, std::string>, std::vector<Position>> through_;  // -> reading ops
+};
+
+// One region's border (a ProgramReaders made for it alone).
 RegionBorder region_border(const graph::Graph& planned, const Lowered& lowered,
                            const Program& program, size_t segment, const RecomputeRegion& region);
 
