@@ -22,7 +22,7 @@ struct CostModel {
   double inter_beta_s_per_byte = 8e-11;
   double local_beta_s_per_byte = 2e-12;  // a copy on one device
   int64_t devices_per_node = 8;
-  double device_flops_per_s = 100e12;  // sustained per device
+  double device_flops_per_s = 100e12;  // sustained by one device computing alone
   double device_memory_bytes = 80.0 * (1ull << 30);
   // What all devices of a node sustain computing at once; 0: devices_per_node times
   // device_flops_per_s (devices that share nothing, as GPUs do). Less where ranks share cores:

@@ -1,11 +1,13 @@
-// loom verify CONFIG [key=value ...] [--steps N] [--json FILE]: the config's plan (ranks as
-// threads in this process) against the single-device run of the same config, for a few steps
+// loom verify CONFIG [key=value ...] [--steps N] [--ranks local|launched] [--json FILE]: the
+// config's plan (ranks as threads in this process, or one rank per process under loomrun,
+// torchrun or mpirun) against the single-device run of the same config, for a few steps
 // (exec/runtime/verify.h). Prints the losses, the tensors furthest from one device and the
 // per-op oracle's verdict, each figure next to its bound. Exit 0 when everything is within the
 // tolerance policy, 1 otherwise (naming the first op, step or tensor), 2 for a user mistake.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -32,6 +34,14 @@ int bad_input(const std::string& message) {
 constexpr size_t kWorstShown = 10;
 
 const char* verdict(bool ok) { return ok ? "ok" : "DIFFERS"; }
+
+// Whether a launcher started this process as one of several: loomrun and torchrun set
+// WORLD_SIZE, mpirun OMPI_COMM_WORLD_SIZE, srun and MPICH PMI_SIZE.
+bool started_by_launcher() {
+  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(name); v && std::atoi(v) > 1) return true;
+  return false;
+}
 
 void print_report(const runtime::VerifyReport& r, int64_t steps) {
   std::printf("loom verify: plan %s against one device, %lld steps\n\n", r.plan.c_str(),
@@ -124,26 +134,31 @@ int verify_main(const Args& args) {
       "Run a config's plan and the single-device run of the same config side by side "
       "and compare losses, gradients, parameters and every op's output.",
       "loom verify"};
-  std::string config_path, json_path, ranks = "local";
+  std::string config_path, json_path, ranks = "auto";
   std::vector<std::string> overrides;
   int64_t steps = 3;
   app.add_option("config", config_path, "the run's YAML config")->required();
   app.add_option("overrides", overrides, "key=value overrides, e.g. parallel.tp=2");
   app.add_option("--steps", steps, "optimizer steps to compare (default 3)");
-  app.add_option("--ranks", ranks, "how the plan's ranks run: local (threads in this process)");
+  app.add_option("--ranks", ranks,
+                 "how the plan's ranks run: local (threads in this process), launched (this "
+                 "process is one rank, started by loomrun, torchrun or mpirun), auto (launched "
+                 "when the launcher's environment says so; default)");
   app.add_option("--json", json_path, "also write the report as JSON to this file");
   if (auto code = parse_args(app, args, "verify")) return *code;
   if (steps < 1) return bad_input("--steps must be at least 1, got " + std::to_string(steps));
-  if (ranks != "local")
-    return bad_input("--ranks " + ranks + ": only 'local' (threads in this process) is supported");
+  if (ranks != "local" && ranks != "launched" && ranks != "auto")
+    return bad_input("--ranks must be local, launched or auto, got '" + ranks + "'");
 
   auto loaded = load_config(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
 #if LOOM_HAVE_RUNTIME
   runtime::VerifyOptions options;
   options.steps = steps;
+  options.launched = ranks == "launched" || (ranks == "auto" && started_by_launcher());
   auto report = runtime::verify_plan(*loaded, options);
   if (!report.ok()) return bad_input(report.error().to_string());
+  if (!report->prints) return report->ok() ? kExitOk : kExitFailure;  // rank 0 reports
   print_report(*report, steps);
   if (!json_path.empty())
     if (Status s = write_file_atomically(json_path, report_json(*report, steps).dump(2) + "\n");

@@ -69,6 +69,18 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   return json.dump(1);
 }
 
+// The largest of a per-rank figure over each pipeline device's ranks (world / pp consecutive
+// ranks per device).
+std::vector<double> slowest_per_device(const std::vector<double>& per_rank, int64_t pp) {
+  std::vector<double> out(static_cast<size_t>(std::max<int64_t>(pp, 1)), 0.0);
+  const size_t per_device = std::max<size_t>(1, per_rank.size() / out.size());
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const size_t d = std::min(r / per_device, out.size() - 1);
+    out[d] = std::max(out[d], per_rank[r]);
+  }
+  return out;
+}
+
 // An imported schedule's order with every block's duration times `factor` (its time unit in ms),
 // and `again_ms` more on the blocks that start a backward (B, or I when split): the forward a
 // recomputing backward runs again.
@@ -132,16 +144,8 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
   if (par.schedule != "search" && par.schedule != "search-zb") {
     // Predefined and CSV schedules time every device as the slowest; each device's blocks take
     // its own share (an embedding or a head makes the end stages heavier than the rest).
-    const size_t ranks_per_device =
-        std::max<size_t>(1, forward_s.size() / static_cast<size_t>(par.pp));
-    std::vector<double> factor(static_cast<size_t>(par.pp), 1.0);
-    for (size_t d = 0; d < factor.size() && unit_s > 0; ++d) {
-      double own = 0;
-      for (size_t r = d * ranks_per_device; r < (d + 1) * ranks_per_device && r < forward_s.size();
-           ++r)
-        own = std::max(own, forward_s[r]);
-      factor[d] = own / unit_s;
-    }
+    std::vector<double> factor = slowest_per_device(forward_s, par.pp);
+    for (double& f : factor) f = unit_s > 0 ? f / unit_s : 1.0;
     options.device_factor = std::move(factor);
   }
   auto timeline = sched::simulate(schedule, options);
@@ -177,12 +181,16 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
     const double room = cost.device_memory_bytes - m.held_bytes;
     return room > 0 ? m.activation_bytes / room : std::numeric_limits<double>::infinity();
   };
+  const std::vector<double> slowest_forward = slowest_per_device(forward_s, pp);
+  const std::vector<double> slowest_recompute = slowest_per_device(recompute_s, pp);
+  for (size_t d = 0; d < costs.devices.size(); ++d) {
+    costs.devices[d].forward_s = slowest_forward[d];
+    costs.devices[d].recompute_s = slowest_recompute[d];
+  }
   std::vector<double> tightest(costs.devices.size(), -1);
   for (int64_t r = 0; r < world; ++r) {
     const size_t d = static_cast<size_t>(std::min(r / ranks_per_stage, pp - 1));
     lower::StageCost& c = costs.devices[d];
-    c.forward_s = std::max(c.forward_s, forward_s[static_cast<size_t>(r)]);
-    c.recompute_s = std::max(c.recompute_s, recompute_s[static_cast<size_t>(r)]);
     const RankMemory& m = memory[static_cast<size_t>(r)];
     if (tightness(m) > tightest[d]) {
       tightest[d] = tightness(m);

@@ -5,11 +5,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
 #include "exec/comm/local_comm.h"
+#include "exec/comm/make_comm.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/inputs.h"
@@ -72,6 +77,40 @@ class TensorTable {
     return out;
   }
   int64_t compared() const { return compared_; }
+
+  // The rows with their keys and the count, to merge on another process (launched ranks).
+  nlohmann::json to_json() const {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& [key, d] : worst_)
+      rows.push_back({{"order", std::get<2>(key)},
+                      {"tensor", d.tensor},
+                      {"kind", d.kind},
+                      {"step", d.step},
+                      {"rank", d.rank},
+                      {"piece", d.piece},
+                      {"rel_diff", d.rel_diff},
+                      {"bound", d.bound},
+                      {"judged", d.judged}});
+    return {{"rows", rows}, {"compared", compared_}};
+  }
+  void merge(const nlohmann::json& table) {
+    for (const auto& row : table.at("rows")) {
+      TensorDifference d;
+      d.tensor = row.at("tensor").get<std::string>();
+      d.kind = row.at("kind").get<std::string>();
+      d.step = row.at("step").get<int64_t>();
+      d.rank = row.at("rank").get<int64_t>();
+      d.piece = row.at("piece").get<std::string>();
+      d.rel_diff = row.at("rel_diff").get<double>();
+      d.bound = row.at("bound").get<double>();
+      d.judged = row.at("judged").get<bool>();
+      add(std::move(d), row.at("order").get<size_t>());
+    }
+    // add() counted each row once; the sender compared this many pieces.
+    std::lock_guard<std::mutex> lock(mu_);
+    compared_ +=
+        table.at("compared").get<int64_t>() - static_cast<int64_t>(table.at("rows").size());
+  }
 
  private:
   std::mutex mu_;
@@ -153,6 +192,49 @@ Result<OracleReport> run_oracle(const Config& config, const plan::Plan& plan,
   return check_plan_ops(plan.file.graph, values, kernels, tolerance);
 }
 
+// Every rank's text on every rank: the lengths first, then the texts padded to the longest.
+Result<std::vector<std::string>> all_gather_text(comm::Comm& world, const RunDevice& device,
+                                                 const std::string& mine) {
+  const int64_t n = world.size();
+  const at::Tensor lengths = at::empty({n}, device.options(at::kLong));
+  LOOM_TRY(world.all_gather_flat(
+      lengths, at::full({1}, static_cast<int64_t>(mine.size()), device.options(at::kLong))));
+  const at::Tensor host_lengths = lengths.to(at::kCPU);
+  const int64_t longest = std::max<int64_t>(1, host_lengths.max().item<int64_t>());
+  at::Tensor text = at::zeros({longest}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(text.data_ptr(), mine.data(), mine.size());
+  const at::Tensor all = at::empty({n * longest}, device.options(at::kByte));
+  LOOM_TRY(world.all_gather_flat(all, text.to(device.device)));
+  const at::Tensor host = all.to(at::kCPU);
+  std::vector<std::string> out;
+  const auto* bytes = static_cast<const char*>(host.data_ptr());
+  for (int64_t j = 0; j < n; ++j)
+    out.emplace_back(bytes + j * longest, static_cast<size_t>(host_lengths[j].item<int64_t>()));
+  return out;
+}
+
+// This process as one rank of a world a launcher started (loomrun, torchrun, mpirun): the
+// world's Comm and device, sized against the plan before anything runs.
+struct Launched {
+  std::shared_ptr<comm::Comm> world;
+  RunDevice device;
+};
+Result<Launched> join_launched_world(const Config& config, int64_t plan_ranks) {
+  const comm::EnvLookup env = comm::process_env();
+  comm::configure_worker_threads(env);
+  int64_t local_rank = 0;
+  if (std::optional<std::string> v = env("LOCAL_RANK")) local_rank = std::atoll(v->c_str());
+  Launched out;
+  LOOM_ASSIGN_OR_RETURN(out.device, select_device(config, std::max<int64_t>(local_rank, 0)));
+  LOOM_ASSIGN_OR_RETURN(out.world, comm::make_comm(config.comm, env, out.device.cuda()));
+  if (out.world->size() != plan_ranks)
+    return Error::at("WORLD_SIZE", "the launcher started " + std::to_string(out.world->size()) +
+                                       " processes; the plan of this config has " +
+                                       std::to_string(plan_ranks) +
+                                       " ranks (parallel.dp x parallel.tp x parallel.pp)");
+  return out;
+}
+
 }  // namespace
 
 bool VerifyReport::losses_ok() const {
@@ -196,36 +278,70 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   VerifyReport report;
   report.world_size = plan.world_size();
   report.plan = describe(config, report.world_size);
+  std::optional<Launched> launched;
+  if (options.launched) {
+    LOOM_ASSIGN_OR_RETURN(launched, join_launched_world(config, plan.world_size()));
+  }
   LOOM_ASSIGN_OR_RETURN(SingleDeviceRun single,
                         run_single_device(single_device_config(config), options.steps, extensions));
 
-  // The plan's ranks as threads, each with one intra-op thread so they do not oversubscribe.
   const int world_size = static_cast<int>(plan.world_size());
-  comm::LocalWorld world(world_size, options.comm_timeout_s);
   TensorTable table;
   std::mutex mu;
   std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
-  const std::vector<Status> statuses = world.run([&](comm::Comm& comm) -> Status {
-    at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer,
-                          Trainer::create(config, plan, comm.shared_from_this(), extensions));
-    const auto rank = static_cast<size_t>(comm.world_rank().value());
+  // One rank's steps: its losses, and its pieces against the single-device run.
+  auto run_rank = [&](std::shared_ptr<comm::Comm> comm, TensorTable& into) -> Status {
+    LOOM_ASSIGN_OR_RETURN(auto trainer, Trainer::create(config, plan, comm, extensions));
+    const auto rank = static_cast<size_t>(comm->world_rank().value());
     for (int64_t s = 1; s <= options.steps; ++s) {
       LOOM_ASSIGN_OR_RETURN(StepStats st, trainer->step());
       {
         std::lock_guard<std::mutex> lock(mu);
         losses[rank].push_back(st.loss);
       }
-      compare_pieces(*trainer, single, s, options.noise, table);
+      compare_pieces(*trainer, single, s, options.noise, into);
     }
     return Status::success();
-  });
-  for (int r = 0; r < world_size; ++r)
-    if (!statuses[static_cast<size_t>(r)].ok()) {
-      report.run_error =
-          "rank " + std::to_string(r) + ": " + statuses[static_cast<size_t>(r)].error().to_string();
+  };
+  if (launched) {
+    // Each rank runs its part, then every rank gathers every rank's losses and differences, so
+    // all reach the same verdict (and exit code); rank 0 prints it.
+    const auto rank = static_cast<size_t>(launched->world->rank().value());
+    report.prints = rank == 0;
+    TensorTable mine;
+    const Status ran = run_rank(launched->world, mine);
+    const nlohmann::json part = {{"error", ran.ok() ? "" : ran.error().to_string()},
+                                 {"losses", losses[rank]},
+                                 {"table", mine.to_json()}};
+    auto parts = all_gather_text(*launched->world, launched->device, part.dump());
+    if (!parts.ok()) {
+      report.run_error = "rank " + std::to_string(rank) + ": " +
+                         (ran.ok() ? parts.error().to_string() : ran.error().to_string());
       return report;
     }
+    for (size_t r = 0; r < parts->size(); ++r) {
+      const nlohmann::json got = nlohmann::json::parse((*parts)[r]);
+      if (const std::string e = got.at("error").get<std::string>(); !e.empty()) {
+        report.run_error = "rank " + std::to_string(r) + ": " + e;
+        return report;
+      }
+      losses[r] = got.at("losses").get<std::vector<double>>();
+      table.merge(got.at("table"));
+    }
+  } else {
+    // The plan's ranks as threads, each with one intra-op thread so they do not oversubscribe.
+    comm::LocalWorld world(world_size, options.comm_timeout_s);
+    const std::vector<Status> statuses = world.run([&](comm::Comm& comm) -> Status {
+      at::set_num_threads(1);
+      return run_rank(comm.shared_from_this(), table);
+    });
+    for (int r = 0; r < world_size; ++r)
+      if (!statuses[static_cast<size_t>(r)].ok()) {
+        report.run_error = "rank " + std::to_string(r) + ": " +
+                           statuses[static_cast<size_t>(r)].error().to_string();
+        return report;
+      }
+  }
 
   const double loss_bound = loss_tolerance(single.trace);
   for (int64_t s = 0; s < options.steps; ++s) {

@@ -2,8 +2,9 @@
 // few steps, under the numerical policy of exec/runtime/tolerance.h. Compares every step's loss,
 // every parameter piece's gradient and value after every step, and runs the per-op oracle
 // (oracle.h) on the plan's sub-operators, so a drifting plan is traced to the first op that
-// computes the wrong piece. The plan's ranks run as threads over the local backend. LibTorch-free,
-// for the command line.
+// computes the wrong piece. The plan's ranks run as threads over the local backend, or as the
+// processes a launcher started (loomrun, torchrun, mpirun), one rank each. LibTorch-free, for the
+// command line.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,10 @@ struct VerifyOptions {
   std::shared_ptr<const Extensions> extensions;
   std::vector<std::string> noise = rounding_noise_parameters();
   double comm_timeout_s = 120;  // bounds every collective of the local ranks
+  // This process is one rank of a world a launcher started: its Comm comes from comm.* and the
+  // launcher's environment (exec/comm/make_comm.h), every process runs the single-device run
+  // and its own rank, and all of them gather the whole report.
+  bool launched = false;
 };
 
 // One step's loss: the plan's (the rank furthest from one device) against one device's.
@@ -75,6 +80,7 @@ struct VerifyReport {
   double oracle_tolerance = 0;   // relative to each piece's largest magnitude
   int64_t tensors_compared = 0;  // pieces compared, over ranks, steps and kinds
   std::string run_error;         // a rank of the plan that failed to run (then nothing else is)
+  bool prints = true;            // launched ranks: rank 0 alone prints the report
 
   bool losses_ok() const;
   bool tensors_ok() const;
@@ -84,10 +90,10 @@ struct VerifyReport {
   std::string first_failure() const;
 };
 
-// Runs `config`'s plan on local ranks (intra-op threads 1) and single_device_config(config) for
-// options.steps steps, and compares them. Errors are user mistakes (config, steps, a plan that
-// cannot be made) and a single-device run that fails; differences and failing ranks are in the
-// report.
+// Runs `config`'s plan on local ranks (intra-op threads 1) or as this launched process's rank,
+// and single_device_config(config), for options.steps steps, and compares them. Errors are user
+// mistakes (config, steps, a plan that cannot be made) and a single-device run that fails;
+// differences and failing ranks are in the report.
 Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& options = {});
 
 }  // namespace loom::runtime

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 namespace {
@@ -19,16 +20,26 @@ struct Outcome {
   std::string output;
 };
 
-Outcome run(const std::string& args) {
-  // Every run is bounded: the ranks' collectives time out on their own (comm.timeout_s), and
-  // `timeout` stops a run that hangs anywhere else.
-  std::string cmd = "timeout 120 " + std::string(LOOM_BINARY_DIR) + "/bin/loom " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
+// Runs a shell command line and returns its exit code and output.
+Outcome shell(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   int status = pclose(pipe);
   return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// Every run is bounded: the ranks' collectives time out on their own (comm.timeout_s), and
+// `timeout` stops a run that hangs anywhere else.
+Outcome run(const std::string& args) {
+  return shell("timeout 120 " + std::string(LOOM_BINARY_DIR) + "/bin/loom " + args);
+}
+
+// loomrun with `args`, its workers with one intra-op thread each.
+Outcome run_launcher(const std::string& args) {
+  return shell("OMP_NUM_THREADS=1 timeout 200 " + std::string(LOOM_BINARY_DIR) + "/bin/loomrun " +
+               args);
 }
 
 // A file of this test's own in the temporary directory: ctest runs the tests of this file side by
@@ -117,6 +128,42 @@ optimizer: {type: sgd, lr: 0.2, momentum: 0.9}
 comm: {timeout_s: 60}
 )"),
                   "parallel.policy=dap parallel.tp=2", "dp 1 x tp 2 x pp 1 (2 ranks; dap");
+}
+
+// The plan's ranks as loomrun processes over gloo: rank 0 alone prints the report, and every
+// process exits with its verdict.
+TEST(VerifyCli, GptTp2OnTwoLoomrunProcesses) {
+  const fs::path json = own_file("report.json");
+  fs::remove(json);
+  Outcome r =
+      run_launcher("--nproc-per-node 2 --standalone " + std::string(LOOM_BINARY_DIR) +
+                   "/bin/loom verify " + config_file("gpt", kGptSgd) +
+                   " parallel.tp=2 comm.backend=gloo --ranks launched --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string header = "plan dp 1 x tp 2 x pp 1";
+  const size_t first = r.output.find(header);
+  ASSERT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(header, first + 1), std::string::npos) << "printed twice:\n" << r.output;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << "no report at " << json;
+  const nlohmann::json report = nlohmann::json::parse(in);
+  EXPECT_TRUE(report["ok"].get<bool>());
+  EXPECT_EQ(report["world_size"].get<int64_t>(), 2);
+  ASSERT_EQ(report["losses"].size(), 3u);
+  // Both ranks' pieces are in the table: tp2 splits the first layer's query weight over them.
+  std::set<int64_t> ranks;
+  for (const auto& t : report["tensors"]) ranks.insert(t["rank"].get<int64_t>());
+  EXPECT_EQ(ranks, (std::set<int64_t>{0, 1})) << report["tensors"].dump();
+  EXPECT_GT(report["oracle"]["ops_checked"].get<int64_t>(), 0);
+}
+
+// Processes started for another plan: exit 2 naming WORLD_SIZE, before anything runs.
+TEST(VerifyCli, LaunchedWorldOfTheWrongSizeExitsTwo) {
+  Outcome r = run_launcher("--nproc-per-node 2 --standalone " + std::string(LOOM_BINARY_DIR) +
+                           "/bin/loom verify " + config_file("gpt", kGptSgd) +
+                           " parallel.tp=4 comm.backend=gloo --ranks launched");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("WORLD_SIZE"), std::string::npos) << r.output;
 }
 
 TEST(VerifyCli, BadStepsExitsTwoNamingTheArgument) {

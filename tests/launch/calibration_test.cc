@@ -100,25 +100,34 @@ TEST(LinearShapes, AreTheGptPlansLinears) {
   EXPECT_GE(count, 2 * 4 + 1);  // per layer attention and MLP projections, and the head
 }
 
+// Every primitive at 40 us and 2 GB/s, but all-gather at 80 us and 1 GB/s.
+double alpha_of(const std::string& p) { return p == "all_gather" ? 8e-5 : 4e-5; }
+double beta_of(const std::string& p) { return p == "all_gather" ? 1e-9 : 5e-10; }
+
+// A rank of `world_size` whose products take 1, 1 and 2 ms with every rank busy, and whose
+// collectives take exactly alpha_of + beta_of's time.
+runtime::RankMeasurements measured_rank(int64_t rank, int64_t world_size) {
+  runtime::RankMeasurements m;
+  m.rank = rank;
+  m.world_size = world_size;
+  m.linear_seconds = {{1e-3, 1e-3, 2e-3}};
+  m.copy_seconds_per_byte = 1e-10;
+  m.memory_bytes = 12.0 * (1 << 30);
+  for (const std::string& primitive : runtime::calibrated_primitives())
+    for (int64_t bytes : default_message_bytes(true)) {
+      CommSample s{primitive, world_size, bytes, 0};
+      const FitPoint p = fit_point(s);
+      s.seconds = p.alpha_coef * alpha_of(primitive) + p.beta_coef * beta_of(primitive);
+      m.comm.push_back(s);
+    }
+  return m;
+}
+
 TEST(Calibration, WritesAFileThatParsesBackAsTheModel) {
   runtime::CalibrationRequest request;
   request.linears = {{64, 32, 128, 2}};
-  runtime::RankMeasurements rank;
-  rank.world_size = 2;
-  rank.linear_seconds = {{1e-3, 1e-3, 2e-3}};
-  rank.copy_seconds_per_byte = 1e-10;
-  rank.memory_bytes = 12.0 * (1 << 30);
-  // Every primitive at 40 us and 2 GB/s, but all-gather at 80 us and 1 GB/s.
-  auto alpha_of = [](const std::string& p) { return p == "all_gather" ? 8e-5 : 4e-5; };
-  auto beta_of = [](const std::string& p) { return p == "all_gather" ? 1e-9 : 5e-10; };
-  for (const std::string& primitive : runtime::calibrated_primitives())
-    for (int64_t bytes : default_message_bytes(true)) {
-      CommSample s{primitive, 2, bytes, 0};
-      const FitPoint p = fit_point(s);
-      s.seconds = p.alpha_coef * alpha_of(primitive) + p.beta_coef * beta_of(primitive);
-      rank.comm.push_back(s);
-    }
-  runtime::RankMeasurements first = rank;
+  const runtime::RankMeasurements rank = measured_rank(1, 2);
+  runtime::RankMeasurements first = measured_rank(0, 2);
   first.alone_linear_seconds = {{0.5e-3, 0.5e-3, 1e-3}};  // twice as fast alone
   auto c = combine(request, {first, rank}, "cpu", {"a test"});
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -158,6 +167,33 @@ TEST(Calibration, WritesAFileThatParsesBackAsTheModel) {
   EXPECT_EQ(parsed->inter_beta_s_per_byte, cpu.inter_beta_s_per_byte);
   EXPECT_EQ(parsed->devices_per_node, 2);
   EXPECT_NE(to_table(*c).find("all_to_all"), std::string::npos);
+}
+
+// Four ranks: rank 0 alone, two at once (the partial level) and all four at once are measured;
+// the node's rate is the best sum over them (here two ranks fill the cores and four only
+// time-slice them).
+TEST(Calibration, NodeRateIsTheBestSumOverBusyLevels) {
+  EXPECT_TRUE(runtime::partial_busy_levels(2).empty());
+  EXPECT_EQ(runtime::partial_busy_levels(4), (std::vector<int64_t>{2}));
+  EXPECT_EQ(runtime::partial_busy_levels(8), (std::vector<int64_t>{2, 4}));
+  runtime::CalibrationRequest request;
+  request.linears = {{64, 32, 128, 2}};
+  std::vector<runtime::RankMeasurements> ranks;
+  for (int64_t r = 0; r < 4; ++r) {
+    runtime::RankMeasurements m = measured_rank(r, 4);
+    m.linear_seconds = {{2e-3, 2e-3, 4e-3}};  // all four at once: 8 ms a round
+    // Ranks 0 and 1 at once: 3.2 ms a round; ranks 2 and 3 waited.
+    m.level_linear_seconds = {r < 2 ? std::vector<std::array<double, 3>>{{0.8e-3, 0.8e-3, 1.6e-3}}
+                                    : std::vector<std::array<double, 3>>{}};
+    if (r == 0) m.alone_linear_seconds = {{0.5e-3, 0.5e-3, 1e-3}};  // 2 ms a round
+    ranks.push_back(m);
+  }
+  auto c = combine(request, ranks, "cpu", {"a test"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const double round_flops = 3 * 2.0 * 64 * 32 * 128;  // a linear's three products
+  EXPECT_NEAR(c->model.device_flops_per_s, round_flops / 2e-3, 1);
+  // Two at once: 2 / 3.2 ms beats four at once (4 / 8 ms) and rank 0 alone (1 / 2 ms).
+  EXPECT_NEAR(c->model.node_flops_per_s, 2 * round_flops / 3.2e-3, 1);
 }
 
 TEST(Calibration, RoundTripsTheRanksFiles) {

@@ -39,6 +39,24 @@ TEST(Predefined, GPipeClosedForm) {
   }
 }
 
+// Devices at their own speed (SimOptions::device_factor): GPipe's forwards, then its backwards,
+// are a flow shop of m identical jobs, whose makespan is the sum of one job's stage times plus
+// (m - 1) times the slowest stage's.
+TEST(Predefined, GPipeDevicesAtTheirOwnSpeed) {
+  const int p = 4, m = 8;
+  const PipelineSpec spec = PipelineSpec::of(p, m);
+  auto s = gpipe(spec);
+  ASSERT_TRUE(s.ok()) << s.error().to_string();
+  const std::vector<double> factor = {1, 1, 1, 2};  // the last stage holds the head
+  auto t = simulate(*s, SimOptions{0, factor});
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  const double block = spec.fwd + spec.bwd;
+  EXPECT_NEAR(t->makespan, (1 + 1 + 1 + 2 + (m - 1) * 2) * block, kTol);
+  for (int d = 0; d < p; ++d) EXPECT_NEAR(t->busy[d], m * block * factor[d], kTol) << d;
+  // The uniform pipeline for comparison: (p + m - 1) blocks.
+  EXPECT_NEAR(run(s).makespan, (p + m - 1) * block, kTol);
+}
+
 TEST(Predefined, OneFOneBClosedForm) {
   for (auto [p, m] : grid()) {
     PipelineSpec spec = PipelineSpec::of(p, m);
