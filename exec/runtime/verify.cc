@@ -305,7 +305,7 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   };
   if (launched) {
     // Each rank runs its part, then every rank gathers every rank's losses and differences, so
-    // all reach the same verdict (and exit code); rank 0 prints it.
+    // all reach the same verdict; rank 0 prints it.
     const auto rank = static_cast<size_t>(launched->world->rank().value());
     report.prints = rank == 0;
     TensorTable mine;

@@ -130,8 +130,8 @@ comm: {timeout_s: 60}
                   "parallel.policy=dap parallel.tp=2", "dp 1 x tp 2 x pp 1 (2 ranks; dap");
 }
 
-// The plan's ranks as loomrun processes over gloo: rank 0 alone prints the report, and every
-// process exits with its verdict.
+// The plan's ranks as loomrun processes over gloo: rank 0 alone prints the report and exits with
+// its verdict.
 TEST(VerifyCli, GptTp2OnTwoLoomrunProcesses) {
   const fs::path json = own_file("report.json");
   fs::remove(json);
