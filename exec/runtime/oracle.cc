@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/check.h"
 #include "exec/runtime/init.h"
 
 namespace loom::runtime {
@@ -62,6 +63,8 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
 
 OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::Tensor>& full,
                             const KernelRegistry& kernels, double tolerance) {
+  LOOM_CHECK(full.size() == planned.tensors().size())
+      << full.size() << " values for " << planned.tensors().size() << " planned tensors";
   at::NoGradGuard no_grad;
   OracleReport report;
   // Value chunks of one piece: chunk index -> (its value, the sub-op that made it), and the

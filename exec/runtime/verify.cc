@@ -23,6 +23,7 @@
 #include "exec/runtime/tolerance.h"
 #include "exec/runtime/trainer.h"
 #include "plan/plan.h"
+#include "planner/chimera.h"
 
 namespace loom::runtime {
 
@@ -187,8 +188,19 @@ Result<OracleReport> run_oracle(const Config& config, const plan::Plan& plan,
   for (const auto& [name, value] : single.params.back())
     if (auto id = plan.model.find_tensor(name)) inputs[id->value()] = value;
   at::NoGradGuard no_grad;
-  const std::vector<at::Tensor> values =
+  const std::vector<at::Tensor> single_values =
       reference_values(plan.model, kernels, static_cast<uint64_t>(config.run.seed), inputs);
+  // The planned graph's tensors by name: Chimera's up pipeline adds a copy of every tensor of the
+  // model (planner/chimera.h), which takes its original's value.
+  const std::string up = planner::kUpPipelineSuffix;
+  std::vector<at::Tensor> values(plan.file.graph.tensors().size());
+  for (size_t t = 0; t < values.size(); ++t) {
+    std::string name = plan.file.graph.tensors()[t].name;
+    if (name.size() > up.size() && name.compare(name.size() - up.size(), up.size(), up) == 0)
+      name.resize(name.size() - up.size());
+    if (const auto id = plan.model.find_tensor(name))
+      values[t] = single_values[static_cast<size_t>(id->value())];
+  }
   return check_plan_ops(plan.file.graph, values, kernels, tolerance);
 }
 

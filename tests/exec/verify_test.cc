@@ -47,6 +47,35 @@ TEST(Verify, Tp2EqualsOneDevice) {
   EXPECT_GT(report->tensors_compared, 0);
 }
 
+// `loom verify` passes on the plans the suite proves equal to one device (tests/exec,
+// tests/e2e): sequence parallelism, recomputation, ZeRO, the split backward, interleaved and
+// bidirectional pipelines, the searched schedule. Local ranks in this process.
+class VerifyPlans : public testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(VerifyPlans, EqualsOneDevice) {
+  runtime::VerifyOptions options;
+  options.steps = 2;  // the second step runs on the first step's updated parameters
+  auto report = runtime::verify_plan(config(GetParam()), options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_TRUE(report->ok()) << report->plan << ": " << report->first_failure();
+  EXPECT_GT(report->oracle.ops_checked, 0);
+  EXPECT_GT(report->tensors_compared, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plans, VerifyPlans,
+    testing::Values(std::vector<std::string>{"parallel.tp=2", "parallel.sp=true"},
+                    std::vector<std::string>{"parallel.dp=2", "parallel.recompute=full"},
+                    std::vector<std::string>{"parallel.tp=2", "parallel.recompute=selective"},
+                    std::vector<std::string>{"parallel.dp=2", "parallel.tp=2", "parallel.zero=1"},
+                    std::vector<std::string>{"parallel.dp=2", "parallel.pp=2", "parallel.zero=3"},
+                    std::vector<std::string>{"parallel.pp=2", "parallel.schedule=zb-h1"},
+                    std::vector<std::string>{"parallel.pp=2", "parallel.chunks=2",
+                                             "model.args.layers=4",
+                                             "parallel.schedule=interleaved"},
+                    std::vector<std::string>{"parallel.pp=2", "parallel.schedule=chimera"},
+                    std::vector<std::string>{"parallel.pp=2", "parallel.schedule=search"}));
+
 TEST(Verify, NamesTheOpOfAPlantedPartialSumBug) {
   auto ext = std::make_shared<runtime::Extensions>();
   // Replaces the built-in bias_add: right on whole inputs, wrong after a partial sum.
