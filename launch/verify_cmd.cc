@@ -7,7 +7,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "launch/command.h"
 
 #if LOOM_HAVE_RUNTIME
+#include "exec/comm/make_comm.h"
 #include "exec/runtime/verify.h"
 #endif
 
@@ -34,14 +34,6 @@ int bad_input(const std::string& message) {
 constexpr size_t kWorstShown = 10;
 
 const char* verdict(bool ok) { return ok ? "ok" : "DIFFERS"; }
-
-// Whether a launcher started this process as one of several: loomrun and torchrun set
-// WORLD_SIZE, mpirun OMPI_COMM_WORLD_SIZE, srun and MPICH PMI_SIZE.
-bool started_by_launcher() {
-  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* v = std::getenv(name); v && std::atoi(v) > 1) return true;
-  return false;
-}
 
 void print_report(const runtime::VerifyReport& r, int64_t steps) {
   std::printf("loom verify: plan %s against one device, %lld steps\n\n", r.plan.c_str(),
@@ -155,7 +147,7 @@ int verify_main(const Args& args) {
 #if LOOM_HAVE_RUNTIME
   runtime::VerifyOptions options;
   options.steps = steps;
-  options.launched = ranks == "launched" || (ranks == "auto" && started_by_launcher());
+  options.launched = ranks == "launched" || (ranks == "auto" && comm::started_by_launcher());
   auto report = runtime::verify_plan(*loaded, options);
   if (!report.ok()) return bad_input(report.error().to_string());
   // Rank 0 prints the verdict and exits with it; the others have handed in their figures and

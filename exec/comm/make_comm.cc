@@ -165,6 +165,17 @@ EnvLookup process_env() {
   };
 }
 
+bool started_by_launcher(const EnvLookup& env) {
+  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (std::optional<std::string> v = env(name); v && std::atoll(v->c_str()) > 1) return true;
+  return false;
+}
+
+int64_t local_rank(const EnvLookup& env) {
+  const std::optional<std::string> v = env("LOCAL_RANK");
+  return v ? std::max<int64_t>(0, std::atoll(v->c_str())) : 0;
+}
+
 std::vector<std::string> built_backends() {
   std::vector<std::string> out{"local"};
 #if LOOM_COMM_HAVE_GLOO

@@ -38,6 +38,13 @@ EnvLookup process_env();
 Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config,
                                         const EnvLookup& env = process_env(), bool gpu = false);
 
+// Whether a launcher started this process as one worker of several: WORLD_SIZE (loomrun,
+// torchrun), OMPI_COMM_WORLD_SIZE (mpirun) or PMI_SIZE (srun, MPICH) above 1.
+bool started_by_launcher(const EnvLookup& env = process_env());
+
+// This worker's LOCAL_RANK (its GPU on the machine); 0 when unset.
+int64_t local_rank(const EnvLookup& env = process_env());
+
 // The backends compiled into this build ("local"; "gloo", "mpi", "nccl" when found).
 std::vector<std::string> built_backends();
 

@@ -203,7 +203,7 @@ Result<RankMeasurements> measure(const CalibrationRequest& req) {
   config.comm.timeout_s = req.timeout_s;
   RankMeasurements m;
   m.intra_op_threads = comm::configure_worker_threads(env);
-  LOOM_ASSIGN_OR_RETURN(RunDevice d, select_device(config, env_int(env, "LOCAL_RANK", 0)));
+  LOOM_ASSIGN_OR_RETURN(RunDevice d, select_device(config, comm::local_rank(env)));
   LOOM_ASSIGN_OR_RETURN(std::shared_ptr<comm::Comm> world,
                         comm::make_comm(config.comm, env, d.cuda()));
   m.rank = world->rank().value();

@@ -177,9 +177,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
 
   // The device first: a run on a GPU that is not there stops before any rendezvous.
   const comm::EnvLookup env = comm::process_env();
-  int64_t local_rank = 0;
-  if (std::optional<std::string> v = env("LOCAL_RANK")) local_rank = std::atoll(v->c_str());
-  LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, std::max<int64_t>(local_rank, 0)));
+  LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, comm::local_rank(env)));
   const int64_t world_size = plan.world_size();
   if (!world && world_size == 1) {
     // One process alone: a plan of one rank over a one-rank Comm.

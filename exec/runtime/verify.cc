@@ -213,7 +213,8 @@ Result<std::vector<std::string>> all_gather_text(comm::Comm& world, const RunDev
       lengths, at::full({1}, static_cast<int64_t>(mine.size()), device.options(at::kLong))));
   const at::Tensor host_lengths = lengths.to(at::kCPU);
   const int64_t longest = std::max<int64_t>(1, host_lengths.max().item<int64_t>());
-  at::Tensor text = at::zeros({longest}, at::TensorOptions().dtype(at::kByte));
+  // Staged on the host (the text is there), then moved to the run's device for the Comm.
+  at::Tensor text = at::zeros({longest}, at::TensorOptions().device(at::kCPU).dtype(at::kByte));
   std::memcpy(text.data_ptr(), mine.data(), mine.size());
   const at::Tensor all = at::empty({n * longest}, device.options(at::kByte));
   LOOM_TRY(world.all_gather_flat(all, text.to(device.device)));
@@ -234,10 +235,8 @@ struct Launched {
 Result<Launched> join_launched_world(const Config& config, int64_t plan_ranks) {
   const comm::EnvLookup env = comm::process_env();
   comm::configure_worker_threads(env);
-  int64_t local_rank = 0;
-  if (std::optional<std::string> v = env("LOCAL_RANK")) local_rank = std::atoll(v->c_str());
   Launched out;
-  LOOM_ASSIGN_OR_RETURN(out.device, select_device(config, std::max<int64_t>(local_rank, 0)));
+  LOOM_ASSIGN_OR_RETURN(out.device, select_device(config, comm::local_rank(env)));
   LOOM_ASSIGN_OR_RETURN(out.world, comm::make_comm(config.comm, env, out.device.cuda()));
   if (out.world->size() != plan_ranks)
     return Error::at("WORLD_SIZE", "the launcher started " + std::to_string(out.world->size()) +
@@ -377,8 +376,10 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   // largest magnitude is a decade above what a split reduction's reordering measures
   // (oracle_test), and a bias counted twice is 1e-3 or more.
   report.oracle_tolerance = 1e-5;
-  LOOM_ASSIGN_OR_RETURN(report.oracle, run_oracle(config, plan, single, extensions->kernels,
-                                                  report.oracle_tolerance));
+  if (report.prints) {  // launched: rank 0's report is the one read
+    LOOM_ASSIGN_OR_RETURN(report.oracle, run_oracle(config, plan, single, extensions->kernels,
+                                                    report.oracle_tolerance));
+  }
   return report;
 }
 

@@ -80,7 +80,9 @@ struct VerifyReport {
   double oracle_tolerance = 0;   // relative to each piece's largest magnitude
   int64_t tensors_compared = 0;  // pieces compared, over ranks, steps and kinds
   std::string run_error;         // a rank of the plan that failed to run (then nothing else is)
-  bool prints = true;            // launched ranks: rank 0 alone prints the report
+  // Launched ranks: rank 0 alone prints the report and runs the oracle; the others' reports
+  // have losses and tensors only.
+  bool prints = true;
 
   bool losses_ok() const;
   bool tensors_ok() const;

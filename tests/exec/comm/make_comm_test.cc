@@ -61,6 +61,17 @@ TEST(MakeComm, AutoOnGpusPicksNccl) {
   EXPECT_STREQ((*alone)->backend_name(), "local");
 }
 
+// What `loom verify --ranks auto` and every worker's device read from the launcher.
+TEST(MakeComm, StartedByLauncherAndLocalRank) {
+  EXPECT_FALSE(started_by_launcher(env_of({})));
+  EXPECT_FALSE(started_by_launcher(env_of({{"WORLD_SIZE", "1"}})));  // a world of one
+  EXPECT_TRUE(started_by_launcher(env_of({{"WORLD_SIZE", "2"}})));
+  EXPECT_TRUE(started_by_launcher(env_of({{"OMPI_COMM_WORLD_SIZE", "4"}})));
+  EXPECT_TRUE(started_by_launcher(env_of({{"PMI_SIZE", "8"}})));
+  EXPECT_EQ(local_rank(env_of({})), 0);
+  EXPECT_EQ(local_rank(env_of({{"LOCAL_RANK", "3"}})), 3);
+}
+
 TEST(MakeComm, UnknownBackendNamesTheKey) {
   auto comm = make_comm(config("nccl2"), env_of({}));
   ASSERT_FALSE(comm.ok());
