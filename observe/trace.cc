@@ -97,23 +97,42 @@ Result<std::vector<TraceEvent>> parse_events(std::string_view bytes) {
   return events;
 }
 
+namespace {
+
+// The microseconds of `comm` spent inside `blocks` (both sorted by start; blocks disjoint).
+int64_t overlap_us(const std::vector<std::pair<int64_t, int64_t>>& blocks,
+                   const std::vector<std::pair<int64_t, int64_t>>& comm) {
+  int64_t total = 0;
+  size_t b = 0;
+  for (const auto& [start, end] : comm) {
+    while (b < blocks.size() && blocks[b].second <= start) ++b;
+    for (size_t k = b; k < blocks.size() && blocks[k].first < end; ++k)
+      total +=
+          std::max<int64_t>(0, std::min(end, blocks[k].second) - std::max(start, blocks[k].first));
+  }
+  return total;
+}
+
+}  // namespace
+
 TraceSummary summarize(const std::vector<std::vector<TraceEvent>>& ranks) {
   TraceSummary s;
   int64_t first = std::numeric_limits<int64_t>::max(), last = std::numeric_limits<int64_t>::min();
   for (const auto& events : ranks) {
-    double busy = 0, comm = 0;
+    std::vector<std::pair<int64_t, int64_t>> blocks, comm;
     for (const TraceEvent& e : events) {
-      const double d = static_cast<double>(e.end_us - e.start_us) * 1e-6;
-      if (e.track == Track::kComm) {
-        comm += d;
-        continue;
-      }
-      busy += d;
+      (e.track == Track::kComm ? comm : blocks).emplace_back(e.start_us, e.end_us);
+      if (e.track == Track::kComm) continue;
       first = std::min(first, e.start_us);
       last = std::max(last, e.end_us);
     }
-    s.busy_s.push_back(busy);
-    s.comm_s.push_back(comm);
+    std::sort(blocks.begin(), blocks.end());
+    std::sort(comm.begin(), comm.end());
+    int64_t in_blocks = 0, in_comm = 0;
+    for (const auto& [start, end] : blocks) in_blocks += end - start;
+    for (const auto& [start, end] : comm) in_comm += end - start;
+    s.busy_s.push_back(static_cast<double>(in_blocks - overlap_us(blocks, comm)) * 1e-6);
+    s.comm_s.push_back(static_cast<double>(in_comm) * 1e-6);
   }
   if (last <= first || ranks.empty()) return s;
   s.makespan_s = static_cast<double>(last - first) * 1e-6;
@@ -135,6 +154,8 @@ std::string summary_line(int64_t step, const std::string& file, const TraceSumma
     line += (r ? ", r" : " r") + std::to_string(r) + " " + milliseconds(measured.comm_s[r]);
     if (r < estimate.comm_s.size()) line += " (plan " + milliseconds(estimate.comm_s[r]) + ")";
   }
+  if (!estimate.empty() && !estimate.cost_model.empty())
+    line += "; plan on cost model " + estimate.cost_model;
   return line;
 }
 

@@ -95,14 +95,16 @@ std::string serialize(const std::vector<TraceEvent>& events);
 Result<std::vector<TraceEvent>> parse_events(std::string_view bytes);
 
 // What a traced step measured. Makespan: from the first block's start to the last block's end
-// over every rank. A rank's bubble is the part of the makespan it spent outside blocks; the
-// step's bubble ratio is their mean (the plan's definition: idle device-time over devices x
-// makespan). Communication: the time the rank's host spent in communication calls (blocked in
-// receives and collectives, starting sends, waiting for buckets), inside blocks or not.
+// over every rank. A rank computes in its blocks, less the communication calls inside them (a
+// block waiting for its input, or on a collective, computes nothing); its bubble is the rest of
+// the makespan, and the step's bubble ratio is their mean (the plan's definition: idle
+// device-time over devices x makespan, where a device waiting for a message is idle).
+// Communication: the time the rank's host spent in communication calls (blocked in receives and
+// collectives, starting sends, waiting for buckets), inside blocks or not.
 struct TraceSummary {
   double makespan_s = 0;
   double bubble_ratio = 0;
-  std::vector<double> busy_s;  // per rank: in blocks
+  std::vector<double> busy_s;  // per rank: computing (in blocks, not in a call)
   std::vector<double> comm_s;  // per rank
 };
 TraceSummary summarize(const std::vector<std::vector<TraceEvent>>& ranks);
@@ -113,11 +115,13 @@ struct EstimateFigures {
   double bubble_ratio = 0;
   double step_s = 0;
   std::vector<double> comm_s;  // per rank
+  std::string cost_model;      // CostModel::name: what the figures assume ("cpu from ...")
   bool empty() const { return comm_s.empty(); }
 };
 
 // "trace step 3 (trace_step_3.json): makespan 41.20 ms (plan step 38.00 ms), bubble 23.4% (plan
-// 20.0%); communication per rank: r0 5.10 ms (plan 3.20 ms), ...".
+// 20.0%); communication per rank: r0 5.10 ms (plan 3.20 ms), ...; plan on cost model cpu from
+// the built-in configs/cost-model.yaml".
 std::string summary_line(int64_t step, const std::string& file, const TraceSummary& measured,
                          const EstimateFigures& estimate);
 

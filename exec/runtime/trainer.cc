@@ -62,8 +62,9 @@ int64_t bucket_bytes(const Config& config) {
   return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
 }
 
-observe::EstimateFigures estimate_figures(const plan::Estimate& estimate) {
+observe::EstimateFigures estimate_figures(const plan::Estimate& estimate, const CostModel& cost) {
   observe::EstimateFigures f;
+  f.cost_model = cost.name;
   f.bubble_ratio = estimate.bubble_ratio;
   f.step_s = estimate.step_s;
   for (const plan::RankEstimate& r : estimate.ranks) f.comm_s.push_back(r.comm_s);
@@ -165,7 +166,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   impl->ops = extensions->ops;
   impl->kernels = extensions->kernels;
   impl->graph = std::move(plan.model);
-  impl->estimate = estimate_figures(plan.estimate);
+  impl->estimate = estimate_figures(plan.estimate, plan.cost);
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
   if (!extensions->model) {  // a model set to replace every type counts samples
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, extensions->models.of(config));

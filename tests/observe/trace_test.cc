@@ -83,12 +83,14 @@ TEST(TraceEvents, RoundTripThroughBytes) {
   EXPECT_FALSE(parse_events("[{\"name\": 1}]").ok());
 }
 
-// Two ranks of a pipeline, closed form: makespan 100 us (first start 0, last end 100); rank 0
-// busy 60, rank 1 busy 50: bubble (40 + 50) / 200.
+// Two ranks of a pipeline, closed form: makespan 100 us (first start 0, last end 100). Rank 0
+// computes 60 (its send starts after its block). Rank 1 is in blocks for 50, of which 22 it
+// waits in a receive and 2 in an all-reduce that runs past the block's end: it computes 26.
+// Bubble (40 + 74) / 200.
 std::vector<std::vector<TraceEvent>> two_ranks() {
   return {{block("F s0 mb0", 0, 30), comm("send", 30, 31, 1, 5, 16), block("B s0 mb0", 70, 100)},
           {comm("recv", 10, 32, 0, 5, 16), block("F s1 mb0", 10, 40), block("B s1 mb0", 40, 60),
-           comm("all_reduce", 60, 64, -1, -1, 8)}};
+           comm("all_reduce", 58, 64, -1, -1, 8)}};
 }
 
 TEST(TraceSummary, BubbleAndCommunicationInClosedForm) {
@@ -96,10 +98,10 @@ TEST(TraceSummary, BubbleAndCommunicationInClosedForm) {
   EXPECT_DOUBLE_EQ(s.makespan_s, 100e-6);
   ASSERT_EQ(s.busy_s.size(), 2u);
   EXPECT_DOUBLE_EQ(s.busy_s[0], 60e-6);
-  EXPECT_DOUBLE_EQ(s.busy_s[1], 50e-6);
-  EXPECT_DOUBLE_EQ(s.bubble_ratio, 90.0 / 200.0);
+  EXPECT_DOUBLE_EQ(s.busy_s[1], 26e-6);
+  EXPECT_DOUBLE_EQ(s.bubble_ratio, 114.0 / 200.0);
   EXPECT_DOUBLE_EQ(s.comm_s[0], 1e-6);
-  EXPECT_DOUBLE_EQ(s.comm_s[1], 26e-6);
+  EXPECT_DOUBLE_EQ(s.comm_s[1], 28e-6);
 }
 
 TEST(TraceSummary, LineNamesMeasuredAndPlanned) {
@@ -108,13 +110,13 @@ TEST(TraceSummary, LineNamesMeasuredAndPlanned) {
   plan.bubble_ratio = 0.25;
   plan.step_s = 0.5;
   plan.comm_s = {0.001, 0.002};
+  plan.cost_model = "cpu from t.yaml";
   EXPECT_EQ(summary_line(3, "out/trace_step_3.json", s, plan),
             "trace step 3 (out/trace_step_3.json): makespan 0.10 ms (plan step 500.00 ms), bubble "
-            "45.0% "
-            "(plan 25.0%); communication per rank: r0 0.00 ms (plan 1.00 ms), r1 0.03 ms (plan "
-            "2.00 ms)");
+            "57.0% (plan 25.0%); communication per rank: r0 0.00 ms (plan 1.00 ms), r1 0.03 ms "
+            "(plan 2.00 ms); plan on cost model cpu from t.yaml");
   EXPECT_EQ(summary_line(3, "t.json", s, EstimateFigures{}),
-            "trace step 3 (t.json): makespan 0.10 ms, bubble 45.0%; communication per rank: r0 "
+            "trace step 3 (t.json): makespan 0.10 ms, bubble 57.0%; communication per rank: r0 "
             "0.00 ms, r1 0.03 ms");
 }
 
@@ -129,7 +131,7 @@ TEST(ChromeTrace, OneProcessPerRankComputeAndCommunicationThreads) {
     }
   const auto doc = nlohmann::json::parse(to_chrome_trace(3, ranks, summarize(ranks)));
   EXPECT_EQ(doc["otherData"]["step"], 3);
-  EXPECT_DOUBLE_EQ(doc["otherData"]["bubble_ratio"].get<double>(), 0.45);
+  EXPECT_DOUBLE_EQ(doc["otherData"]["bubble_ratio"].get<double>(), 0.57);
   std::map<int, std::string> process;
   std::map<std::pair<int, int>, std::string> thread;
   std::vector<nlohmann::json> slices;
