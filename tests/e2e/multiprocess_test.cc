@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "tests/exec/comm/spawn.h"
@@ -20,18 +21,19 @@ using comm::testing::ProcessResult;
 
 const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/train_worker";
 
-const testing_support::Reference& single_device() {
-  static const testing_support::Reference r = [] {
-    auto c = parse_config(R"(run: {seed: 3, steps: 10}
+// The single-device run of the workers' config (train_worker.cc) with `layers` layers.
+const testing_support::Reference& single_device(int layers = 2) {
+  static std::map<int, testing_support::Reference> runs;
+  auto it = runs.find(layers);
+  if (it != runs.end()) return it->second;
+  auto c = parse_config(R"(run: {seed: 3, steps: 10}
 model: {type: gpt, preset: tiny}
 batch: {global: 8, micro: 2}
 optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
 )",
-                          "ref.yaml");
-    EXPECT_TRUE(c.ok()) << c.error().message;
-    return testing_support::train_single_device(*c, 10);
-  }();
-  return r;
+                        "ref.yaml", {"model.args.layers=" + std::to_string(layers)});
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return runs.emplace(layers, testing_support::train_single_device(*c, 10)).first->second;
 }
 
 fs::path fresh_dir(const std::string& name) {
@@ -41,23 +43,24 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-void check_outputs(const fs::path& dir, int world_size) {
+void check_outputs(const fs::path& dir, int world_size, int layers = 2) {
   // The key bias only follows rounding noise; see distributed_test.cc.
-  EXPECT_GT(
-      testing_support::expect_worker_results_equal(single_device(), dir, world_size, {"attn.k.b"}),
-      0);
+  EXPECT_GT(testing_support::expect_worker_results_equal(single_device(layers), dir, world_size,
+                                                         {"attn.k.b"}),
+            0);
 }
 
 void expect_gloo_equal(const std::string& name, const std::vector<std::string>& overrides,
-                       int world_size) {
+                       int world_size, int layers = 2) {
   fs::path dir = fresh_dir(name);
   std::vector<std::string> args = overrides;
   args.push_back("comm.backend=gloo");
   args.push_back("--out");
   args.push_back(dir.string());
+  args.push_back("model.args.layers=" + std::to_string(layers));
   auto results = comm::testing::spawn_workers(kWorker, world_size, args, 120);
   for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
-  check_outputs(dir, world_size);
+  check_outputs(dir, world_size, layers);
 }
 
 TEST(GlooRanks, Dp2) { expect_gloo_equal("dp2", {"parallel.dp=2"}, 2); }
@@ -66,6 +69,24 @@ TEST(GlooRanks, Tp2Sp) { expect_gloo_equal("tp2sp", {"parallel.tp=2", "parallel.
 TEST(GlooRanks, Pp2) { expect_gloo_equal("pp2", {"parallel.pp=2"}, 2); }
 TEST(GlooRanks, ChimeraTp2Pp2) {
   expect_gloo_equal("chimera", {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=chimera"}, 4);
+}
+// ZB-H1 on two processes: I and W blocks, the weight products deferred to W.
+TEST(GlooRanks, ZbH1Pp2) {
+  expect_gloo_equal("zbh1", {"parallel.pp=2", "parallel.schedule=zb-h1"}, 2);
+}
+// A schedule `loom schedule --csv` exports (interleaved 1F1B, pp2 x 2 chunks: 4 stages of one
+// layer) trains through parallel.schedule_csv on two processes.
+TEST(GlooRanks, InterleavedFromLoomScheduleCsv) {
+  const fs::path csv = fresh_dir("interleaved_csv") / "interleaved.csv";
+  const std::string export_cmd = std::string(LOOM_BINARY_DIR) +
+                                 "/bin/loom schedule --kind interleaved --stages 2 --chunks 2 "
+                                 "--micro-batches 4 --csv " +
+                                 csv.string() + " > /dev/null";
+  ASSERT_EQ(std::system(export_cmd.c_str()), 0);
+  expect_gloo_equal("interleaved_csv_run",
+                    {"parallel.pp=2", "parallel.chunks=2", "parallel.schedule=csv",
+                     "parallel.schedule_csv=" + csv.string()},
+                    2, 4);
 }
 TEST(GlooRanks, Dp2Tp2) { expect_gloo_equal("dp2tp2", {"parallel.dp=2", "parallel.tp=2"}, 4); }
 TEST(GlooRanks, Tp2Pp2) { expect_gloo_equal("tp2pp2", {"parallel.tp=2", "parallel.pp=2"}, 4); }
