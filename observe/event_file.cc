@@ -40,7 +40,8 @@ std::string tfrecord(std::string_view data) {
   return out;
 }
 
-Result<std::unique_ptr<EventFileWriter>> EventFileWriter::open(const std::string& dir) {
+Result<std::unique_ptr<EventFileWriter>> EventFileWriter::open(const std::string& dir,
+                                                               double flush_interval_s) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -52,11 +53,13 @@ Result<std::unique_ptr<EventFileWriter>> EventFileWriter::open(const std::string
                        host_name() + "." + std::to_string(getpid()));
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (!file) return Error::at(dir, "cannot write '" + path.string() + "': " + std::strerror(errno));
-  std::unique_ptr<EventFileWriter> writer(new EventFileWriter(file, path.string()));
+  std::unique_ptr<EventFileWriter> writer(
+      new EventFileWriter(file, path.string(), flush_interval_s));
   tensorboard::Event version;
   version.set_wall_time(wall);
   version.set_file_version("brain.Event:2");
   LOOM_TRY(writer->write_record(version.SerializeAsString()));
+  LOOM_TRY(writer->flush());
   return writer;
 }
 
@@ -79,9 +82,16 @@ Status EventFileWriter::write_scalars(int64_t step,
 
 Status EventFileWriter::write_record(std::string_view data) {
   const std::string record = tfrecord(data);
-  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
-      std::fflush(file_) != 0)
+  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size())
     return Error::at(path_, "cannot write '" + path_ + "': " + std::strerror(errno));
+  const std::chrono::duration<double> since = std::chrono::steady_clock::now() - flushed_;
+  return since.count() >= flush_interval_s_ ? flush() : Status::success();
+}
+
+Status EventFileWriter::flush() {
+  if (std::fflush(file_) != 0)
+    return Error::at(path_, "cannot write '" + path_ + "': " + std::strerror(errno));
+  flushed_ = std::chrono::steady_clock::now();
   return Status::success();
 }
 

@@ -5,6 +5,7 @@
 // scalar per value. `tensorboard --logdir DIR` reads them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -23,26 +24,38 @@ std::string tfrecord(std::string_view data);
 class EventFileWriter {
  public:
   // Creates `dir` (and its parents) and a new event file in it, whose first record is the file
-  // version. The error says what could not be created.
-  static Result<std::unique_ptr<EventFileWriter>> open(const std::string& dir);
+  // version. Events reach the operating system at most `flush_interval_s` seconds after they are
+  // written (0: each at once) and when the writer closes. The error says what could not be
+  // created.
+  static Result<std::unique_ptr<EventFileWriter>> open(const std::string& dir,
+                                                       double flush_interval_s = kFlushIntervalS);
+  // One second: a step of a second or more is on disk when the next begins, and a run of short
+  // steps pays one write system call a second instead of one a step (bench/tensorboard). A run
+  // killed outright loses at most the last second's scalars, which metrics.jsonl also holds.
+  static constexpr double kFlushIntervalS = 1.0;
   ~EventFileWriter();
   EventFileWriter(const EventFileWriter&) = delete;
   EventFileWriter& operator=(const EventFileWriter&) = delete;
 
   // One event at `step` holding `scalars` (tag, value; stored as float32, as TensorBoard does),
-  // stamped `wall_time_s` (seconds since the Unix epoch). Handed to the operating system before
-  // it returns, so a crash of the run loses nothing written.
+  // stamped `wall_time_s` (seconds since the Unix epoch).
   Status write_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars,
                        double wall_time_s);
+
+  // Hands every event written so far to the operating system.
+  Status flush();
 
   const std::string& path() const { return path_; }
 
  private:
-  EventFileWriter(std::FILE* file, std::string path) : file_(file), path_(std::move(path)) {}
+  EventFileWriter(std::FILE* file, std::string path, double flush_interval_s)
+      : file_(file), path_(std::move(path)), flush_interval_s_(flush_interval_s) {}
   Status write_record(std::string_view data);
 
   std::FILE* file_;
   std::string path_;
+  double flush_interval_s_;
+  std::chrono::steady_clock::time_point flushed_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace loom::observe

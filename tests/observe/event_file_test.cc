@@ -3,12 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "observe/crc32c.h"
 #include "tests/observe/event_reader.h"
@@ -60,8 +62,10 @@ TEST(EventFile, EveryScalarOfEveryStepReadsBack) {
     ASSERT_TRUE((*writer)->write_scalars(step, scalars, 1700000000.5 + step).ok());
   }
   ASSERT_EQ(event_files(dir).size(), 1u);
-  EXPECT_EQ(event_files(dir)[0].string(), (*writer)->path());
-  const std::vector<std::string> records = read_records((*writer)->path());
+  const std::string path = (*writer)->path();
+  EXPECT_EQ(event_files(dir)[0].string(), path);
+  writer->reset();  // closing hands the file's last events over
+  const std::vector<std::string> records = read_records(path);
   ASSERT_EQ(records.size(), 6u);
   const Event version = decode_event(records[0]);
   EXPECT_EQ(version.file_version, "brain.Event:2");
@@ -79,16 +83,41 @@ TEST(EventFile, EveryScalarOfEveryStepReadsBack) {
   }
 }
 
-// Each step is in the file when write_scalars returns: a run that dies loses nothing written.
-TEST(EventFile, EachStepIsOnDiskAtOnce) {
+// With no flush interval each step is in the file when write_scalars returns.
+TEST(EventFile, EachStepIsOnDiskAtOnceWithoutAnInterval) {
   const fs::path dir = fresh_dir("flush");
-  auto writer = EventFileWriter::open(dir.string());
+  auto writer = EventFileWriter::open(dir.string(), 0);
   ASSERT_TRUE(writer.ok()) << writer.error().message;
   EXPECT_EQ(read_records((*writer)->path()).size(), 1u);
   ASSERT_TRUE((*writer)->write_scalars(1, {{"loss", 2.5}}, 1.0).ok());
   const auto records = read_records((*writer)->path());
   ASSERT_EQ(records.size(), 2u);
   EXPECT_EQ(decode_event(records[1]).scalars.at(0).second, 2.5f);
+}
+
+// Within the interval steps wait in the writer's buffer; the first write after it hands them all
+// over, as flush() and closing do.
+TEST(EventFile, StepsReachTheFileOncePerIntervalAndOnClose) {
+  const fs::path dir = fresh_dir("interval");
+  auto writer = EventFileWriter::open(dir.string(), 1.0);
+  ASSERT_TRUE(writer.ok()) << writer.error().message;
+  const std::string path = (*writer)->path();
+  EXPECT_EQ(read_records(path).size(), 1u);  // the file version, at once
+  ASSERT_TRUE((*writer)->write_scalars(1, {{"loss", 2.5}}, 1.0).ok());
+  ASSERT_TRUE((*writer)->write_scalars(2, {{"loss", 2.25}}, 2.0).ok());
+  EXPECT_EQ(read_records(path).size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE((*writer)->write_scalars(3, {{"loss", 2.0}}, 3.0).ok());
+  EXPECT_EQ(read_records(path).size(), 4u);
+  ASSERT_TRUE((*writer)->write_scalars(4, {{"loss", 1.75}}, 4.0).ok());
+  EXPECT_EQ(read_records(path).size(), 4u);
+  ASSERT_TRUE((*writer)->flush().ok());
+  EXPECT_EQ(read_records(path).size(), 5u);
+  ASSERT_TRUE((*writer)->write_scalars(5, {{"loss", 1.5}}, 5.0).ok());
+  writer->reset();
+  const auto records = read_records(path);
+  ASSERT_EQ(records.size(), 6u);
+  EXPECT_EQ(decode_event(records[5]).step, 5);
 }
 
 TEST(EventFile, ADirectoryThatCannotBeCreatedIsAnError) {
