@@ -115,8 +115,9 @@ ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t
   return z;
 }
 
-// Whether reduce-scatters run as gloo's (an all-to-all into a buffer of the input's size, then
-// a local sum): besides its input, a reduce-scatter holds a copy as large as the input.
+// Whether collectives run as gloo's: a reduce-scatter is an all-to-all into a buffer of the
+// input's size, then a local sum; an all-gather an all-to-all from a buffer of the output's size
+// (exec/comm/gloo_comm.cc). Either holds a copy as large as its larger side.
 bool gloo_reduce_scatter(const Config& config) {
   return config.comm.backend == "gloo" || config.comm.backend == "local" ||
          (config.comm.backend == "auto" && config.run.device == "cpu");
@@ -177,8 +178,8 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
 
 // parallel.zero 3: what gathered parameter pieces cost rank `r` at their largest, walking its
 // segments in item order (exec/runtime/param_gather.cc). In a forward, next to the activations:
-// a piece in use while the next one is gathered (gloo gathers into a buffer of its own and
-// copies). In a backward, when the activations of the layers before are what is left: a
+// a piece in use while the next one is gathered (gloo's all-to-all sends from a buffer of the
+// gathered size). In a backward, when the activations of the layers before are what is left: a
 // piece's gradient being reduce-scattered (gloo: an all-to-all's buffers besides it) while the
 // previous linear's weight is gathered.
 std::pair<double, double> gather_costs(const Config& config, const graph::Graph& planned,
