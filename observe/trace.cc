@@ -99,9 +99,30 @@ Result<std::vector<TraceEvent>> parse_events(std::string_view bytes) {
 
 namespace {
 
-// The microseconds of `comm` spent inside `blocks` (both sorted by start; blocks disjoint).
-int64_t overlap_us(const std::vector<std::pair<int64_t, int64_t>>& blocks,
-                   const std::vector<std::pair<int64_t, int64_t>>& comm) {
+using Interval = std::pair<int64_t, int64_t>;  // [start, end) in microseconds
+
+// The union of `spans`, sorted: the events of one batch of sends and receives share one interval,
+// and a rank's host spends that time once.
+std::vector<Interval> merged(std::vector<Interval> spans) {
+  std::sort(spans.begin(), spans.end());
+  std::vector<Interval> out;
+  for (const Interval& i : spans) {
+    if (!out.empty() && i.first <= out.back().second)
+      out.back().second = std::max(out.back().second, i.second);
+    else
+      out.push_back(i);
+  }
+  return out;
+}
+
+int64_t length_us(const std::vector<Interval>& spans) {
+  int64_t total = 0;
+  for (const auto& [start, end] : spans) total += end - start;
+  return total;
+}
+
+// The microseconds of `comm` inside `blocks` (both sorted and disjoint).
+int64_t overlap_us(const std::vector<Interval>& blocks, const std::vector<Interval>& comm) {
   int64_t total = 0;
   size_t b = 0;
   for (const auto& [start, end] : comm) {
@@ -119,20 +140,20 @@ TraceSummary summarize(const std::vector<std::vector<TraceEvent>>& ranks) {
   TraceSummary s;
   int64_t first = std::numeric_limits<int64_t>::max(), last = std::numeric_limits<int64_t>::min();
   for (const auto& events : ranks) {
-    std::vector<std::pair<int64_t, int64_t>> blocks, comm;
+    std::vector<Interval> blocks, comm;
     for (const TraceEvent& e : events) {
-      (e.track == Track::kComm ? comm : blocks).emplace_back(e.start_us, e.end_us);
-      if (e.track == Track::kComm) continue;
+      if (e.track == Track::kComm) {
+        comm.emplace_back(e.start_us, e.end_us);
+        continue;
+      }
+      blocks.emplace_back(e.start_us, e.end_us);
       first = std::min(first, e.start_us);
       last = std::max(last, e.end_us);
     }
-    std::sort(blocks.begin(), blocks.end());
-    std::sort(comm.begin(), comm.end());
-    int64_t in_blocks = 0, in_comm = 0;
-    for (const auto& [start, end] : blocks) in_blocks += end - start;
-    for (const auto& [start, end] : comm) in_comm += end - start;
-    s.busy_s.push_back(static_cast<double>(in_blocks - overlap_us(blocks, comm)) * 1e-6);
-    s.comm_s.push_back(static_cast<double>(in_comm) * 1e-6);
+    blocks = merged(std::move(blocks));
+    comm = merged(std::move(comm));
+    s.busy_s.push_back(static_cast<double>(length_us(blocks) - overlap_us(blocks, comm)) * 1e-6);
+    s.comm_s.push_back(static_cast<double>(length_us(comm)) * 1e-6);
   }
   if (last <= first || ranks.empty()) return s;
   s.makespan_s = static_cast<double>(last - first) * 1e-6;

@@ -100,7 +100,8 @@ Result<std::vector<TraceEvent>> parse_events(std::string_view bytes);
 // the makespan, and the step's bubble ratio is their mean (the plan's definition: idle
 // device-time over devices x makespan, where a device waiting for a message is idle).
 // Communication: the time the rank's host spent in communication calls (blocked in receives and
-// collectives, starting sends, waiting for buckets), inside blocks or not.
+// collectives, starting sends, waiting for buckets), inside blocks or not, each moment once (a
+// batch's sends and receives share their interval).
 struct TraceSummary {
   double makespan_s = 0;
   double bubble_ratio = 0;

@@ -104,6 +104,17 @@ TEST(TraceSummary, BubbleAndCommunicationInClosedForm) {
   EXPECT_DOUBLE_EQ(s.comm_s[1], 28e-6);
 }
 
+// A batch's send and receive share one interval, and calls may overlap: the host's time in them
+// counts once. One block [0, 100); calls [10, 30) twice and [20, 40): 30 in calls, 70 computing.
+TEST(TraceSummary, OverlappingCallsCountOnce) {
+  const TraceSummary s =
+      summarize({{block("F s0 mb0", 0, 100), comm("send", 10, 30, 1, 5, 16),
+                  comm("recv", 10, 30, 1, 6, 16), comm("recv", 20, 40, 1, 7, 16)}});
+  EXPECT_DOUBLE_EQ(s.comm_s.at(0), 30e-6);
+  EXPECT_DOUBLE_EQ(s.busy_s.at(0), 70e-6);
+  EXPECT_DOUBLE_EQ(s.bubble_ratio, 0.3);
+}
+
 TEST(TraceSummary, LineNamesMeasuredAndPlanned) {
   const TraceSummary s = summarize(two_ranks());
   EstimateFigures plan;
