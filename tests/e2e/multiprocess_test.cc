@@ -75,18 +75,35 @@ TEST(GlooRanks, ZbH1Pp2) {
   expect_gloo_equal("zbh1", {"parallel.pp=2", "parallel.schedule=zb-h1"}, 2);
 }
 // A schedule `loom schedule --csv` exports (interleaved 1F1B, pp2 x 2 chunks: 4 stages of one
-// layer) trains through parallel.schedule_csv on two processes.
+// layer) trains through parallel.schedule_csv on two processes. The workers do read the file: a
+// 1F1B one (2 stages) in its place stops them, naming the key.
 TEST(GlooRanks, InterleavedFromLoomScheduleCsv) {
-  const fs::path csv = fresh_dir("interleaved_csv") / "interleaved.csv";
-  const std::string export_cmd = std::string(LOOM_BINARY_DIR) +
-                                 "/bin/loom schedule --kind interleaved --stages 2 --chunks 2 "
-                                 "--micro-batches 4 --csv " +
-                                 csv.string() + " > /dev/null";
-  ASSERT_EQ(std::system(export_cmd.c_str()), 0);
-  expect_gloo_equal("interleaved_csv_run",
-                    {"parallel.pp=2", "parallel.chunks=2", "parallel.schedule=csv",
-                     "parallel.schedule_csv=" + csv.string()},
-                    2, 4);
+  const fs::path dir = fresh_dir("interleaved_csv");
+  auto export_csv = [](const std::string& kind_args, const fs::path& csv) {
+    const std::string cmd = std::string(LOOM_BINARY_DIR) + "/bin/loom schedule " + kind_args +
+                            " --stages 2 --micro-batches 4 --csv " + csv.string() + " > /dev/null";
+    return std::system(cmd.c_str());
+  };
+  const fs::path interleaved = dir / "interleaved.csv", one_f_one_b = dir / "1f1b.csv";
+  ASSERT_EQ(export_csv("--kind interleaved --chunks 2", interleaved), 0);
+  ASSERT_EQ(export_csv("--kind 1f1b", one_f_one_b), 0);
+  const std::vector<std::string> keys = {"parallel.pp=2", "parallel.chunks=2",
+                                         "parallel.schedule=csv"};
+  auto with_csv = [&](const fs::path& csv) {
+    std::vector<std::string> args = keys;
+    args.push_back("parallel.schedule_csv=" + csv.string());
+    return args;
+  };
+  expect_gloo_equal("interleaved_csv_run", with_csv(interleaved), 2, 4);
+
+  std::vector<std::string> args = with_csv(one_f_one_b);
+  for (const char* more : {"model.args.layers=4", "comm.backend=gloo", "--out"})
+    args.push_back(more);
+  args.push_back((dir / "refused").string());
+  for (const auto& r : comm::testing::spawn_workers(kWorker, 2, args, 120)) {
+    EXPECT_FALSE(r.ok()) << r.describe();
+    EXPECT_NE(r.output.find("parallel.schedule_csv"), std::string::npos) << r.output;
+  }
 }
 TEST(GlooRanks, Dp2Tp2) { expect_gloo_equal("dp2tp2", {"parallel.dp=2", "parallel.tp=2"}, 4); }
 TEST(GlooRanks, Tp2Pp2) { expect_gloo_equal("tp2pp2", {"parallel.tp=2", "parallel.pp=2"}, 4); }
