@@ -197,6 +197,10 @@ int train_main(const Args& args) {
     }
   }
   if (tty) std::printf("\n");
+  // The event file's last second of scalars: written now, so that a failure is reported.
+  if (tensorboard)
+    if (Status s = tensorboard->flush(); !s.ok())
+      return bad_input(config.error("logging.tensorboard", s.error().message).message);
   std::printf("loom: done: loss %.4f -> %.4f in %s; metrics in %s\n", first_loss, last_loss,
               format_duration(elapsed).c_str(), (run_dir / "metrics.jsonl").string().c_str());
   return kExitOk;
