@@ -1,6 +1,7 @@
 #include "core/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <string>
 

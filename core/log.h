@@ -1,8 +1,8 @@
 // Logging through spdlog's default logger, with the rank in every line so interleaved output
-// from several workers stays readable: "[12:00:01.123] [rank 3] [info] ...".
+// from several workers stays readable: "[12:00:01.123] [rank 3] [info] ...". spdlog is included
+// where it logs, not here: translation units that see LibTorch's headers would find the fmt that
+// LibTorch ships before the one spdlog was built with.
 #pragma once
-
-#include <spdlog/spdlog.h>
 
 #include <string_view>
 

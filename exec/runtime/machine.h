@@ -9,8 +9,8 @@
 
 namespace loom::runtime {
 
-// (name, value) lines, in a fixed order: libtorch, aten_cpu_capability, blas_library,
-// blas_config, blas_core, intra_op_threads, blas_threads, and the thread environment variables.
+// (name, value) lines, in a fixed order: libtorch, aten_cpu_capability, blas (the MKL linked into
+// LibTorch), onednn, intra_op_threads, and the environment variables that move float results.
 std::vector<std::pair<std::string, std::string>> describe_machine();
 
 }  // namespace loom::runtime

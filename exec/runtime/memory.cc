@@ -9,10 +9,6 @@
 #include <cstdlib>
 #include <mutex>
 
-// LibTorch 2.3 made Allocator::allocate non-const and added the pure virtual copy_data.
-#define LOOM_ALLOCATOR_V2 \
-  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
-
 namespace loom::runtime {
 namespace {
 
@@ -48,11 +44,7 @@ void release(void* ptr) {
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-#if LOOM_ALLOCATOR_V2
   c10::DataPtr allocate(size_t n) override {
-#else
-  c10::DataPtr allocate(size_t n) const override {
-#endif
     c10::DataPtr inner = base_->allocate(n + kHeader);
     char* base = static_cast<char*>(inner.get());
     // LibTorch's CPU allocator keeps the data pointer as the context: take it over. Another
@@ -65,11 +57,9 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(base + kHeader, base + kHeader, &release, device);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
-#if LOOM_ALLOCATOR_V2
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);
   }
-#endif
 
  private:
   c10::Allocator* base_;

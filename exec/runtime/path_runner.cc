@@ -1,6 +1,7 @@
 #include "exec/runtime/path_runner.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <string>
 

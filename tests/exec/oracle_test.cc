@@ -3,6 +3,7 @@
 #include "exec/runtime/oracle.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include "exec/runtime/data.h"

@@ -3,12 +3,15 @@
 #include "exec/comm/make_comm.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "tests/exec/comm/primitive_checks.h"
 #include "tests/exec/comm/spawn.h"
@@ -159,6 +162,31 @@ TEST(MakeComm, GlooWorldOfOneRunsEveryPrimitive) {
   EXPECT_TRUE(s.ok()) << s.error().to_string();
   s = testing::check_groups(**comm);
   EXPECT_TRUE(s.ok()) << s.error().to_string();
+}
+
+// One gloo per process: loom's gloo backend runs the gloo inside LibTorch (libtorch_cpu), never a
+// second copy (a system libgloo). tests/exec/comm/gloo_symbols.cmake checks the other half: loom's
+// objects define no gloo code of their own.
+TEST(MakeComm, GlooRunsTheCopyInsideLibTorch) {
+  if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
+  auto comm = make_comm(config("gloo", 20), env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}}));
+  ASSERT_TRUE(comm.ok()) << error_of(comm);
+  at::Tensor t = at::ones({4});
+  Status s = (*comm)->all_reduce(t);
+  ASSERT_TRUE(s.ok()) << s.error().to_string();
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::set<std::string> torch_cpu, gloo;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    if (name.rfind("libtorch_cpu.so", 0) == 0) torch_cpu.insert(path);
+    if (name.find("gloo") != std::string::npos) gloo.insert(path);
+  }
+  EXPECT_EQ(torch_cpu.size(), 1u) << "libtorch_cpu mapped from " << torch_cpu.size() << " files";
+  for (const auto& path : gloo) ADD_FAILURE() << "a second gloo is mapped: " << path;
 }
 
 TEST(MakeComm, RegisteredBackends) {
