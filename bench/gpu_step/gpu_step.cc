@@ -36,6 +36,9 @@
 #if LOOM_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <map>
 
 namespace {
 
@@ -52,6 +55,7 @@ struct Options {
   int64_t warmup = 3;  // untimed steps first
   std::string python = "python3";  // $PYTHON when set, as scripts/gpu-check
   std::string script = LOOM_SOURCE_DIR "/bench/gpu_step/eager_gpt.py";
+  std::string profile;  // one more step after the timed ones, profiled: its chrome trace here
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -67,11 +71,11 @@ double median(std::vector<double> v) {
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(
-      stderr,
-      "bench_gpu_step: %s\nusage: bench_gpu_step [--quick] [--micro M] [--steps N] "
-      "[--warmup W] [--python PATH (default $PYTHON or python3)] [--script eager_gpt.py]\n",
-      why);
+  std::fprintf(stderr,
+               "bench_gpu_step: %s\nusage: bench_gpu_step [--quick] [--micro M] [--steps N] "
+               "[--warmup W] [--python PATH (default $PYTHON or python3)] [--script eager_gpt.py] "
+               "[--profile TRACE.json]\n",
+               why);
   std::exit(2);
 }
 
@@ -103,6 +107,8 @@ Options parse_options(int argc, char** argv) {
       o.python = value();
     } else if (a == "--script") {
       o.script = value();
+    } else if (a == "--profile") {
+      o.profile = value();
     } else {
       usage(("unknown argument '" + a + "'").c_str());
     }
@@ -205,6 +211,51 @@ loom::Result<loom::Config> bench_config(const std::string& preset, const Options
   return loom::parse_config(yaml, "bench_gpu_step", overrides);
 }
 
+// One step under LibTorch's profiler (Kineto: host ops and CUDA kernels): its chrome trace to
+// `path`, and where the device's time went: the kernels by total time, and the device's idle
+// share of the step's wall time. Read, never asserted.
+void profile_step(loom::runtime::Trainer& trainer, const std::string& path) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities = {ActivityType::CPU, ActivityType::CUDA};
+  try {
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+    const Clock::time_point t0 = Clock::now();
+    auto st = trainer.step();
+    (void)trainer.executor().parameters().front().flatten()[0].item<float>();
+    const double wall_ms = seconds_since(t0) * 1e3;
+    std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+    if (!st.ok()) {
+      std::printf("profile: the profiled step failed: %s\n", st.error().message.c_str());
+      return;
+    }
+    result->save(path);
+    std::map<std::string, std::pair<double, int>> kernels;  // name -> (ms, count)
+    double busy_ms = 0;
+    for (const auto& e : result->events()) {
+      if (e.deviceType() != c10::DeviceType::CUDA) continue;
+      const double ms = static_cast<double>(e.durationNs()) / 1e6;
+      auto& k = kernels[e.name().substr(0, 90)];
+      k.first += ms;
+      k.second += 1;
+      busy_ms += ms;
+    }
+    std::vector<std::pair<double, std::string>> order;
+    for (const auto& [name, k] : kernels) order.push_back({k.first, name});
+    std::sort(order.rbegin(), order.rend());
+    std::printf("profile: one step %.1f ms wall, device busy %.1f ms (%.1f %% idle), trace %s\n",
+                wall_ms, busy_ms, 100.0 * std::max(0.0, 1.0 - busy_ms / wall_ms), path.c_str());
+    for (size_t i = 0; i < std::min<size_t>(order.size(), 20); ++i)
+      std::printf("profile: %8.2f ms %5.1f %% x%-5d %s\n", order[i].first,
+                  100.0 * order[i].first / busy_ms, kernels[order[i].second].second,
+                  order[i].second.c_str());
+  } catch (const std::exception& e) {
+    std::printf("profile: %s\n", e.what());
+  }
+}
+
 // A step's host read (loss and norm) comes before its optimizer update, which the device still
 // runs when step() returns: in a steady loop each step_time_s spans one period all the same, and
 // the loop's wall time, closed by reading a parameter, checks that.
@@ -229,6 +280,7 @@ void take_steps(loom::runtime::Trainer& trainer, const Options& o, LoomFigures& 
   f.step_s = median(times);
   f.tokens_per_s = static_cast<double>(trainer.config().batch.global) *
                    static_cast<double>(loom::models::gpt_spec(trainer.config())->seq) / f.step_s;
+  if (!o.profile.empty()) profile_step(trainer, o.profile);
 }
 
 // The trainer lives only in here, so its device memory is free when this returns. LibTorch's

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -486,17 +487,27 @@ Result<std::shared_ptr<NcclHandle>> split(NcclHandle& parent, bool member, int k
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t child = nullptr;
+  // Non-blocking, NCCL writes the child's handle when the parent's part of the split is done,
+  // which may be after this returns on a timeout: the slot outlives the call then.
+  auto* child = new ncclComm_t(nullptr);
   ncclResult_t r;
   {
     std::lock_guard<std::mutex> lock(parent.mu);
-    if (parent.aborted) return Error{"the parent communicator was aborted", {}};
+    if (parent.aborted) {
+      delete child;
+      return Error{"the parent communicator was aborted", {}};
+    }
     cudaSetDevice(parent.device);
-    r = ncclCommSplit(parent.comm, member ? 0 : NCCL_SPLIT_NOCOLOR, key, &child, &config);
+    r = ncclCommSplit(parent.comm, member ? 0 : NCCL_SPLIT_NOCOLOR, key, child, &config);
   }
-  if (h) h->comm = child;
-  // Non-blocking: the parent reports the split's progress, the child its own initialisation.
+  // The parent reports the split's progress, then the child its own initialisation.
   if (r == ncclSuccess || in_progress(r)) r = settle(parent, deadline);
+  if (in_progress(r)) {
+    (void)child;  // NCCL may still write it: left allocated
+  } else {
+    if (h) h->comm = *child;
+    delete child;
+  }
   if ((r == ncclSuccess) && h && h->comm != nullptr) r = settle(*h, deadline);
   if (r != ncclSuccess) {
     if (h && h->comm != nullptr) h->abort();
@@ -607,8 +618,13 @@ class NcclComm : public Comm {
   }
 
   // One NCCL group: whatever order the peers' batches list their sends and receives in, NCCL
-  // progresses them together.
-  Started start_batch(const std::vector<P2POp>& ops) override {
+  // progresses them together. NCCL has no tags: it pairs a peer's sends with that peer's receives
+  // in the order they are issued. Issued by tag (stable), both sides list the messages between
+  // them in the same order, which keeps (peer, tag) matching and each tag's message order.
+  Started start_batch(const std::vector<P2POp>& given) override {
+    std::vector<P2POp> ops(given);
+    std::stable_sort(ops.begin(), ops.end(),
+                     [](const P2POp& a, const P2POp& b) { return a.tag < b.tag; });
     std::vector<at::Tensor> keep;
     for (const P2POp& op : ops) keep.push_back(op.tensor);
     return enqueue("batch_isend_irecv", keep, [&] {
