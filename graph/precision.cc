@@ -19,4 +19,6 @@ Graph with_compute_dtype(Graph graph, DType compute, const OpRegistry& ops) {
   return graph;
 }
 
+bool fused_attention(bool bf16, bool on_gpu) { return on_gpu || !bf16; }
+
 }  // namespace loom::graph

@@ -14,22 +14,27 @@
 #include "exec/lower/param_shards.h"
 #include "exec/lower/path.h"
 #include "exec/lower/recompute.h"
+#include "graph/precision.h"
 #include "planner/cost.h"
 
 namespace loom::plan {
 namespace {
 
-// Bytes an op keeps for its backward pass besides its outputs: attention keeps its softmax
-// probabilities [b, h, s, t] and contiguous per-head copies of q, k and v.
-double saved_extra_bytes(const graph::Op& op) {
+// Bytes an op keeps for its backward pass besides its outputs. Attention with LibTorch's fused
+// kernel keeps its output in the heads' layout and each query's log-sum-exp (float32); with the
+// explicit products, its softmax probabilities [b, h, s, t] and per-head copies of q, k and v
+// (graph::fused_attention says which runs).
+double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu) {
   if (op.type() != "attention" || op.inputs.size() < 3) return 0;
   const Shape q = op.inputs[0].shape(), k = op.inputs[1].shape();
   const int64_t d = op.attrs().get_or<int64_t>("d", 0);
   if (q.size() != 3 || k.size() != 3 || d <= 0) return 0;
   const double heads = static_cast<double>(q[2] / d);
-  const double probs =
-      static_cast<double>(q[0]) * heads * static_cast<double>(q[1]) * static_cast<double>(k[1]);
-  return 4 * (probs + 3 * static_cast<double>(numel(q)));
+  const double queries = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]);
+  const DType dtype = g.tensor(op.inputs[0].tensor).dtype;
+  if (graph::fused_attention(dtype == DType::kBFloat16, on_gpu))
+    return 4 * queries + static_cast<double>(numel(q) * size_bytes(dtype));
+  return 4 * (queries * static_cast<double>(k[1]) + 3 * static_cast<double>(numel(q)));
 }
 
 }  // namespace
@@ -146,7 +151,7 @@ struct RegionCost {
 RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
                        const std::vector<bool>& fused, const lower::ProgramReaders& readers,
                        const lower::Program& prog, size_t segment,
-                       const lower::RecomputeRegion& region, int64_t rank) {
+                       const lower::RecomputeRegion& region, int64_t rank, bool on_gpu) {
   RegionCost c;
   const lower::Segment& seg = prog.segments[segment];
   const lower::RegionBorder border = readers.border(segment, region);
@@ -167,7 +172,7 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
     const auto index = static_cast<size_t>(it.index);
     const graph::Op& op = g.ops()[index];
     c.flops += planner::op_flops(op);
-    c.dropped_bytes += saved_extra_bytes(op);
+    c.dropped_bytes += saved_extra_bytes(g, op, on_gpu);
     if (fused[index]) continue;
     bool keeps = false;
     for (const auto& out : op.outputs) keeps = keeps || kept.count(out.tensor.value()) > 0;
@@ -231,7 +236,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     const size_t r = static_cast<size_t>(op.device.value());
     if (!fused[i]) h.acts[r] += planner::op_output_bytes(planned, op);
     h.largest_output[r] = std::max(h.largest_output[r], planner::op_output_bytes(planned, op));
-    h.acts[r] += saved_extra_bytes(op);
+    h.acts[r] += saved_extra_bytes(planned, op, config.run.device == "cuda");
     for (const auto& read : op.inputs) {
       const auto& t = planned.tensor(read.tensor);
       if (t.role != graph::TensorRole::kParameter) continue;
@@ -269,7 +274,8 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
           static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
   // Recomputed regions keep only what crosses their border; one region's activations come back
   // while its backward runs.
-  const RecomputeCost rc = recompute_cost(planned, lowered, CostModel{});
+  const RecomputeCost rc =
+      recompute_cost(planned, lowered, CostModel{}, config.run.device == "cuda");
   h.recompute_bytes = rc.largest_region_bytes;
   for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
   for (size_t r = 0; r < n; ++r)
@@ -319,7 +325,7 @@ RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
 }  // namespace
 
 RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                             const CostModel& cost) {
+                             const CostModel& cost, bool on_gpu) {
   const size_t n = lowered.programs.size();
   RecomputeCost out{std::vector<double>(n, 0), std::vector<double>(n, 0),
                     std::vector<double>(n, 0)};
@@ -334,8 +340,8 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
     const lower::ProgramReaders readers(planned, lowered, *reads, prog);
     for (size_t s = 0; s < prog.segments.size(); ++s)
       for (const lower::RecomputeRegion& region : prog.segments[s].recompute) {
-        const RegionCost c =
-            region_cost(planned, lowered, fused, readers, prog, s, region, static_cast<int64_t>(r));
+        const RegionCost c = region_cost(planned, lowered, fused, readers, prog, s, region,
+                                         static_cast<int64_t>(r), on_gpu);
         out.dropped_bytes[r] += c.dropped_bytes;
         out.largest_region_bytes[r] = std::max(out.largest_region_bytes[r], c.dropped_bytes);
         if (cost.device_flops_per_s > 0) out.forward_s[r] += c.flops / cost.device_flops_per_s;

@@ -64,12 +64,13 @@ std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_s
 // What parallel.recompute changes on each rank, per micro-batch (exec/lower/recompute.h): the
 // activation bytes its regions do not keep (made and read only inside a region, and what an
 // attention core keeps for its backward), the largest of one region's (made again while that
-// region's backward runs), and the forward seconds run again in the backward.
+// region's backward runs), and the forward seconds run again in the backward. `on_gpu`: the run's
+// device is cuda (what attention keeps depends on its kernel, graph::fused_attention).
 struct RecomputeCost {
   std::vector<double> dropped_bytes, largest_region_bytes, forward_s;
 };
 RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                             const CostModel& cost);
+                             const CostModel& cost, bool on_gpu = false);
 
 // A rank's memory as estimate_plan counts it, split by what a pipeline schedule changes: what
 // the rank holds whatever runs, and what each micro-batch in flight adds.

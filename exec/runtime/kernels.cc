@@ -13,6 +13,7 @@
 
 #include "exec/runtime/kernels_evoformer.h"
 #include "exec/runtime/kernels_vision.h"
+#include "graph/precision.h"
 
 namespace loom::runtime {
 namespace {
@@ -80,19 +81,21 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
     return x.view({b, len, h, d}).transpose(1, 2);
   };
   at::Tensor qh = heads(q, s), kh = heads(in[1], t), vh = heads(in[2], t);
-#if TORCH_VERSION_MAJOR >= 2
-  // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
-  // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left): true
-  // where a query may see a key. One mask per shape, device and thread.
-  thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> visible;
-  auto mask = [&]() -> const at::Tensor& {
-    at::Tensor& m = visible[{s, t, q.device().str()}];
-    if (!m.defined()) m = at::ones({s, t}, q.options().dtype(at::kBool)).tril(t - s);
-    return m;
-  };
-  at::Tensor out = s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
-                          : at::scaled_dot_product_attention(qh, kh, vh, mask(), 0.0, false);
-#else
+  // SDPA where graph::fused_attention says (GPUs; float32 on the CPU), else explicit products.
+  if (graph::fused_attention(q.scalar_type() == at::kBFloat16, q.device().is_cuda())) {
+    // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
+    // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left): true
+    // where a query may see a key. One mask per shape, device and thread.
+    thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> visible;
+    auto mask = [&]() -> const at::Tensor& {
+      at::Tensor& m = visible[{s, t, q.device().str()}];
+      if (!m.defined()) m = at::ones({s, t}, q.options().dtype(at::kBool)).tril(t - s);
+      return m;
+    };
+    at::Tensor out = s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
+                            : at::scaled_dot_product_attention(qh, kh, vh, mask(), 0.0, false);
+    return {out.transpose(1, 2).reshape({b, s, hd})};
+  }
   // Scale, scores and causal mask in one batched product: baddbmm adds an additive mask (0 where
   // a query sees a key, -inf elsewhere) to scale * q k^T, and its backward has nothing to do for
   // the mask (a masked_fill's backward is another pass over the s x t scores). One mask per
@@ -109,7 +112,6 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
   // Softmax in float32 whatever the activations' dtype.
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vh.scalar_type());
   at::Tensor out = at::bmm(probs, vh.reshape({b * h, t, d})).view({b, h, s, d});
-#endif
   return {out.transpose(1, 2).reshape({b, s, hd})};
 }
 

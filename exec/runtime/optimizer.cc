@@ -1,16 +1,9 @@
 #include "exec/runtime/optimizer.h"
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
-
-// LibTorch 2.1 added a fused CUDA AdamW kernel (one launch for every tensor of a list).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-#define LOOM_HAS_FUSED_ADAMW 1
-#else
-#define LOOM_HAS_FUSED_ADAMW 0
-#endif
 
 namespace loom::runtime {
 
@@ -22,36 +15,14 @@ struct Lists {
   std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
 };
 
-// AdamW on contiguous float32 CPU tensors in one pass over their elements: the same arithmetic
-// as the multi-tensor ops below, without their five passes and temporaries (on one core, 6x
-// faster for GPT tiny's parameters). Compiled with -fno-math-errno so sqrt vectorises.
-bool fused_cpu_adamw(const Lists& l, double lr, double decay, double b1, double b2, double bc1,
-                     double bc2_sqrt, double eps) {
-  auto fits = [](const at::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
-  };
+// LibTorch's fused AdamW (one kernel over every tensor of a list, CPU and CUDA) takes the same
+// dtype for a parameter and its gradient; on these CPUs it took 0.73-0.94x the time of loom's
+// own one-pass loop, which it replaced (bench/RESULTS.md, "AdamW on the CPU").
+bool fusable(const Lists& l) {
   for (size_t i = 0; i < l.params.size(); ++i)
-    if (!fits(l.params[i]) || !fits(l.grads[i]) || !fits(l.exp_avg[i]) || !fits(l.exp_avg_sq[i]))
+    if (l.grads[i].scalar_type() != l.params[i].scalar_type() ||
+        l.grads[i].device() != l.params[i].device())
       return false;
-  const float keep = static_cast<float>(1.0 - lr * decay), fb1 = static_cast<float>(b1),
-              fb2 = static_cast<float>(b2), c1 = static_cast<float>(1.0 - b1),
-              c2 = static_cast<float>(1.0 - b2), fbc2 = static_cast<float>(bc2_sqrt),
-              feps = static_cast<float>(eps), step = static_cast<float>(-lr / bc1);
-  for (size_t i = 0; i < l.params.size(); ++i) {
-    float* p = l.params[i].data_ptr<float>();
-    const float* g = l.grads[i].data_ptr<float>();
-    float* m = l.exp_avg[i].data_ptr<float>();
-    float* v = l.exp_avg_sq[i].data_ptr<float>();
-    const int64_t n = l.params[i].numel();
-    for (int64_t j = 0; j < n; ++j) {
-      const float gj = g[j];
-      const float mj = m[j] * fb1 + gj * c1;
-      const float vj = v[j] * fb2 + gj * gj * c2;
-      m[j] = mj;
-      v[j] = vj;
-      p[j] = p[j] * keep + step * (mj / (std::sqrt(vj) / fbc2 + feps));
-    }
-  }
   return true;
 }
 
@@ -115,20 +86,18 @@ void Optimizer::adamw_step(double lr) {
     Lists& l = groups[decays];
     if (l.params.empty()) continue;
     const double decay = decays ? wd : 0.0;
-#if LOOM_HAS_FUSED_ADAMW
-    if (l.params.front().is_cuda()) {
+    if (fusable(l)) {
       // The fused kernel reads the step count from a tensor per parameter (bias correction).
-      at::Tensor step = at::full({}, static_cast<double>(t_), l.params.front().options());
+      at::Tensor step =
+          at::full({}, static_cast<double>(t_), l.params.front().options().dtype(at::kFloat));
       l.steps.assign(l.params.size(), step);
       at::_fused_adamw_(l.params, l.grads, l.exp_avg, l.exp_avg_sq, /*max_exp_avg_sqs=*/{}, l.steps,
                         lr, b1, b2, decay, config_.eps, /*amsgrad=*/false,
                         /*maximize=*/false);
       continue;
     }
-#endif
     const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
     const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t_)));
-    if (fused_cpu_adamw(l, lr, decay, b1, b2, bc1, bc2_sqrt, config_.eps)) continue;
     if (decay != 0) at::_foreach_mul_(l.params, 1.0 - lr * decay);
     at::_foreach_mul_(l.exp_avg, b1);
     at::_foreach_add_(l.exp_avg, l.grads, 1.0 - b1);

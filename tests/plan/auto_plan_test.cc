@@ -70,7 +70,9 @@ TEST(AutoPlan, TightMemoryTakesRecomputationOrZero) {
     const double peak = plan->estimate.max_peak_bytes();
     smallest = smallest == 0 ? peak : std::min(smallest, peak);
   }
-  const double limit_gb = 0.8 * smallest / 1e9;
+  // Just under it: every layout needs a memory feature to fit (0.95: attention keeps little for its
+  // backward with the fused kernel, so recomputation frees a few percent of a tiny model's peak).
+  const double limit_gb = 0.95 * smallest / 1e9;
   const Config tight = config({"parallel.memory_limit_gb=" + std::to_string(limit_gb)});
   auto chosen = auto_plan(tight, Registries{}, cost_of(tight), 4);
   ASSERT_TRUE(chosen.ok()) << chosen.error().message;
