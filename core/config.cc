@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
@@ -63,7 +64,7 @@ void visit_fields(Config& c, V& v) {
   v("run", "precision", c.run.precision, one_of({"fp32", "bf16"}));
 
   v("model", "type", c.model.type, non_empty());
-  v("model", "preset", c.model.preset, Check<std::string>());
+  v("model", "preset", c.model.preset, non_empty());
 
   v("parallel", "dp", c.parallel.dp, positive());
   v("parallel", "tp", c.parallel.tp, positive());
@@ -164,10 +165,17 @@ std::string type_name(const std::vector<std::vector<int64_t>>*) {
   return "a list of [first, last] layer pairs";
 }
 
+// An empty value (`key:`, `~`, `null`, `key=`) is the empty string for a text key, which the
+// key's check then judges; for any other key it is no value, and refused rather than read as
+// the default.
 template <class T>
 bool decode(const YAML::Node& node, T& out) {
   try {
     if constexpr (std::is_same_v<T, std::string>) {
+      if (node.IsNull()) {
+        out.clear();
+        return true;
+      }
       if (!node.IsScalar()) return false;
       out = node.Scalar();
     } else if constexpr (std::is_same_v<T, std::vector<double>> ||
@@ -189,11 +197,24 @@ std::string describe(const YAML::Node& node) {
   if (node.IsScalar()) return "'" + node.Scalar() + "'";
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a mapping";
-  return "nothing";
+  return "an empty value";
 }
 
 std::string line_of(const std::string& source, const YAML::Node& node) {
   return source + ":" + std::to_string(node.Mark().line + 1);
+}
+
+// Where `key: value` of a mapping is: the value's line, or the key's when the value is empty
+// (an empty value's mark is that of the token after it, often on the next line).
+std::string entry_line(const std::string& source, const YAML::Node& key, const YAML::Node& value) {
+  return line_of(source, value.IsNull() ? key : value);
+}
+
+// The key node of `name` in `map`, for entry_line; `name` is there.
+YAML::Node key_of(const YAML::Node& map, const std::string& name) {
+  for (const auto& kv : map)
+    if (kv.first.Scalar() == name) return kv.first;
+  return YAML::Node();
 }
 
 struct Reader {
@@ -207,12 +228,14 @@ struct Reader {
     if (error) return;
     std::string full = std::string(section) + "." + key;
     YAML::Node sec = root[section];
-    YAML::Node node = sec ? sec[key] : YAML::Node();
-    if (!node || node.IsNull()) {
+    // Undefined when the key is not given (a plain YAML::Node() is a given null).
+    YAML::Node node = sec ? sec[key] : YAML::Node(YAML::NodeType::Undefined);
+    if (!node) {
       config.where_[full] = "default";
     } else {
       auto o = override_where.find(full);
-      config.where_[full] = o != override_where.end() ? o->second : line_of(config.source, node);
+      config.where_[full] =
+          o != override_where.end() ? o->second : entry_line(config.source, key_of(sec, key), node);
       T value{};
       if (!decode(node, value)) {
         error = config.error(full, "expected " + type_name(&field) + ", got " + describe(node));
@@ -295,6 +318,39 @@ Status check_unknown_keys(const YAML::Node& root, const Config& config,
   return Status::success();
 }
 
+// A mapping that names a key twice: yaml-cpp's lookup would keep the first and drop the other
+// without a word. `prefix` is what names the mapping's keys in the message ("run.").
+Status check_no_repeats(const YAML::Node& map, const std::string& prefix,
+                        const std::string& source) {
+  std::map<std::string, int> first_line;
+  for (const auto& kv : map) {
+    const std::string name = prefix + kv.first.Scalar();
+    const int line = kv.first.Mark().line + 1;
+    auto [first, fresh] = first_line.emplace(name, line);
+    if (!fresh)
+      return Error::at(name, source + ":" + std::to_string(line) + ": " + name +
+                                 ": given twice, on lines " + std::to_string(first->second) +
+                                 " and " + std::to_string(line) +
+                                 " (only the first would be read)");
+  }
+  return Status::success();
+}
+
+// Sections, the keys of each and model.args, each named once. Runs after check_unknown_keys,
+// which makes every key a plain name.
+Status check_repeated_keys(const YAML::Node& root, const std::string& source) {
+  LOOM_TRY(check_no_repeats(root, "", source));
+  for (const auto& kv : root) {
+    const YAML::Node& section = kv.second;
+    if (!section.IsMap()) continue;
+    const std::string name = kv.first.Scalar();
+    LOOM_TRY(check_no_repeats(section, name + ".", source));
+    if (name == "model" && section["args"] && section["args"].IsMap())
+      LOOM_TRY(check_no_repeats(section["args"], "model.args.", source));
+  }
+  return Status::success();
+}
+
 // Applies "a.b=c" overrides to the YAML tree; records each key's origin.
 Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides,
                        const std::vector<std::string>& known,
@@ -336,6 +392,148 @@ Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrid
   return Status::success();
 }
 
+Error malformed_yaml(const std::string& source, const YAML::Exception& e) {
+  const std::string at = e.mark.is_null() ? source : source + ":" + std::to_string(e.mark.line + 1);
+  return Error::at(source, at + ": malformed YAML: " + e.msg);
+}
+
+// The events of a YAML text, document by document: notes where a second document with content
+// begins, and a parser that no longer moves (yaml-cpp makes empty documents at one place
+// forever after some malformed text, such as a `,` at block level, which is why
+// YAML::LoadAll is not used).
+class DocumentWalk : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> second;  // the first content of the second document
+  std::optional<YAML::Mark> stuck;   // where a document began where the one before did
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (start_ && start_->pos == mark.pos) stuck = mark;
+    start_ = mark;
+    ++documents_;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { content(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    content(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    content(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    content(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void content(const YAML::Mark& mark) {
+    if (documents_ > 1 && !second) second = mark;
+  }
+  std::optional<YAML::Mark> start_;
+  int documents_ = 0;
+};
+
+// A config is one YAML document: the text after a second `---` would be dropped by a load, so
+// a second document with content is refused (an empty one loses nothing).
+Status check_one_document(const std::string& yaml, const std::string& source) {
+  std::istringstream in(yaml);
+  YAML::Parser parser(in);
+  DocumentWalk walk;
+  try {
+    while (!walk.second && !walk.stuck && parser.HandleNextDocument(walk)) {
+    }
+  } catch (const YAML::Exception& e) {
+    return malformed_yaml(source, e);
+  }
+  if (walk.stuck)
+    return Error::at(source, source + ":" + std::to_string(walk.stuck->line + 1) +
+                                 ": malformed YAML: the text from here on cannot be read");
+  if (walk.second)
+    return Error::at(source, source + ":" + std::to_string(walk.second->line + 1) +
+                                 ": a second YAML document (after `---`); a config is one "
+                                 "document, so move these sections into the first");
+  return Status::success();
+}
+
+// The YAML document of `yaml` as a mapping of sections.
+Result<YAML::Node> parse_document(const std::string& yaml, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return malformed_yaml(source, e);
+  }
+  LOOM_TRY(check_one_document(yaml, source));
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap())
+    return Error::at(source,
+                     source + ": expected a mapping of sections (run, model, parallel, ...)");
+  return root;
+}
+
+// model.args as text, each value's origin recorded.
+Status read_model_args(const YAML::Node& root,
+                       const std::map<std::string, std::string>& override_where, Config& config) {
+  YAML::Node args = root["model"] ? root["model"]["args"] : YAML::Node();
+  if (!args || !args.IsMap()) return Status::success();
+  for (const auto& kv : args) {
+    std::string name = kv.first.as<std::string>();
+    std::string full = "model.args." + name;
+    auto o = override_where.find(full);
+    config.where_[full] =
+        o != override_where.end() ? o->second : entry_line(config.source, kv.first, kv.second);
+    if (!kv.second.IsScalar())
+      return config.error(full, "expected a single value, got " + describe(kv.second));
+    config.model.args[name] = kv.second.Scalar();
+  }
+  return Status::success();
+}
+
+// Relations between keys, once each key is valid on its own.
+Status check_relations(const Config& config) {
+  const auto& b = config.batch;
+  const auto& p = config.parallel;
+  const auto& d = config.data;
+  int64_t product = 0;
+  if (__builtin_mul_overflow(p.dp, p.tp, &product) ||
+      __builtin_mul_overflow(product, p.pp, &product) ||
+      __builtin_mul_overflow(b.micro, p.dp, &product))
+    return config.error("parallel.dp",
+                        "parallel.dp x tp x pp, or batch.micro x parallel.dp, is too large");
+  if (b.global % (b.micro * p.dp) != 0)
+    return config.error("batch.global", "batch.global (" + std::to_string(b.global) +
+                                            ") must be divisible by batch.micro (" +
+                                            std::to_string(b.micro) + ") x parallel.dp (" +
+                                            std::to_string(p.dp) + ")");
+  // Sequence parallelism splits over the tensor-parallel ranks what tp leaves replicated.
+  if (p.sp && p.tp == 1)
+    return config.error("parallel.sp",
+                        "sequence parallelism needs parallel.tp > 1; parallel.tp is 1 (" +
+                            config.where("parallel.tp") + ")");
+  if (d.type == "tokens" && d.path.empty())
+    return config.error("data.path", "data.type is 'tokens' but no data.path is given");
+  if (d.type != "tokens" && !d.path.empty())
+    return config.error("data.path",
+                        "a token file is given but data.type is '" + d.type +
+                            "', which reads none; set data.type: tokens to train on it");
+  if (p.schedule == "csv" && p.schedule_csv.empty())
+    return config.error("parallel.schedule_csv",
+                        "parallel.schedule is 'csv' but no parallel.schedule_csv file is given");
+  if (p.schedule != "csv" && !p.schedule_csv.empty())
+    return config.error("parallel.schedule_csv",
+                        "a schedule file is given but parallel.schedule is '" + p.schedule +
+                            "'; set parallel.schedule: csv to run it");
+  for (size_t i = 0; i < p.stages.size(); ++i)
+    if (p.stages[i].size() != 2)
+      return config.error("parallel.stages",
+                          "entry " + std::to_string(i) + " must be [first_layer, last_layer]");
+  return Status::success();
+}
+
 }  // namespace
 
 std::string Config::where(const std::string& key) const {
@@ -360,69 +558,19 @@ Result<Config> parse_config(const std::string& yaml, const std::string& source,
   Config config;
   config.source = source;
   config.overrides = overrides;
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::ParserException& e) {
-    return Error::at(source,
-                     source + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
-  } catch (const YAML::Exception& e) {
-    return Error::at(source, source + ": malformed YAML: " + e.msg);
-  }
-  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap())
-    return Error::at(source,
-                     source + ": expected a mapping of sections (run, model, parallel, ...)");
+  LOOM_ASSIGN_OR_RETURN(YAML::Node root, parse_document(yaml, source));
 
   const std::vector<std::string> known = known_config_keys();
   LOOM_TRY(check_unknown_keys(root, config, known));
+  LOOM_TRY(check_repeated_keys(root, source));
   std::map<std::string, std::string> override_where;
   LOOM_TRY(apply_overrides(root, overrides, known, override_where));
 
   Reader reader{root, config, override_where, std::nullopt};
   visit_fields(config, reader);
   if (reader.error) return *reader.error;
-
-  if (YAML::Node args = root["model"] ? root["model"]["args"] : YAML::Node();
-      args && args.IsMap()) {
-    for (const auto& kv : args) {
-      std::string name = kv.first.as<std::string>();
-      std::string full = "model.args." + name;
-      auto o = override_where.find(full);
-      config.where_[full] = o != override_where.end() ? o->second : line_of(source, kv.second);
-      if (!kv.second.IsScalar())
-        return config.error(full, "expected a single value, got " + describe(kv.second));
-      config.model.args[name] = kv.second.Scalar();
-    }
-  }
-
-  // Relations between keys.
-  const auto& b = config.batch;
-  const auto& p = config.parallel;
-  int64_t product = 0;
-  if (__builtin_mul_overflow(p.dp, p.tp, &product) ||
-      __builtin_mul_overflow(product, p.pp, &product) ||
-      __builtin_mul_overflow(b.micro, p.dp, &product))
-    return config.error("parallel.dp",
-                        "parallel.dp x tp x pp, or batch.micro x parallel.dp, is too large");
-  if (b.global % (b.micro * config.parallel.dp) != 0)
-    return config.error("batch.global", "batch.global (" + std::to_string(b.global) +
-                                            ") must be divisible by batch.micro (" +
-                                            std::to_string(b.micro) + ") x parallel.dp (" +
-                                            std::to_string(config.parallel.dp) + ")");
-  if (config.data.type == "tokens" && config.data.path.empty())
-    return config.error("data.path", "data.type is 'tokens' but no data.path is given");
-  if (p.schedule == "csv" && p.schedule_csv.empty())
-    return config.error("parallel.schedule_csv",
-                        "parallel.schedule is 'csv' but no parallel.schedule_csv file is given");
-  if (p.schedule != "csv" && !p.schedule_csv.empty())
-    return config.error("parallel.schedule_csv",
-                        "a schedule file is given but parallel.schedule is '" + p.schedule +
-                            "'; set parallel.schedule: csv to run it");
-  for (size_t i = 0; i < config.parallel.stages.size(); ++i)
-    if (config.parallel.stages[i].size() != 2)
-      return config.error("parallel.stages",
-                          "entry " + std::to_string(i) + " must be [first_layer, last_layer]");
+  LOOM_TRY(read_model_args(root, override_where, config));
+  LOOM_TRY(check_relations(config));
   return config;
 }
 
@@ -433,9 +581,10 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
   text << in.rdbuf();
   // A file with no sections (0 bytes, only comments, or a bare `~`) is a mistake, not a request
   // for every default: training GPT tiny on defaults would hide it.
+  // A second document or unreadable text after an empty first one is parse_config's to report.
   bool empty = false;
   try {
-    empty = YAML::Load(text.str()).IsNull();
+    empty = YAML::Load(text.str()).IsNull() && check_one_document(text.str(), path).ok();
   } catch (const YAML::Exception&) {
     // parse_config reports the malformed YAML with its line.
   }

@@ -33,7 +33,7 @@ struct ParallelConfig {
   int64_t dp = 1;
   int64_t tp = 1;
   int64_t pp = 1;
-  bool sp = false;
+  bool sp = false;  // sequence parallelism over the tp ranks; needs tp > 1
   std::string schedule = "1f1b";
   // schedule csv: the torch.distributed.pipelining CSV whose order every rank runs (a path
   // relative to the working directory, as data.path and cost.file are).
@@ -77,7 +77,7 @@ struct OptimizerConfig {
 
 struct DataConfig {
   std::string type = "synthetic";  // synthetic | tokens
-  std::string path;                // tokens: flat file of uint16 token ids
+  std::string path;                // tokens only: flat file of uint16 token ids
 };
 
 struct LoggingConfig {

@@ -200,6 +200,109 @@ TEST(ConfigErrors, CsvScheduleAndItsFileGoTogether) {
   EXPECT_EQ(c.parallel.schedule_csv, "s.csv");
 }
 
+// An empty value (`key:`, `~`, `null`, or `key=` on the command line) is never the built-in
+// default in disguise: a number, flag or list refuses it naming the key and where it was given;
+// a text key takes the empty string, which its own check then judges.
+TEST(ConfigErrors, EmptyValueIsNotTheDefault) {
+  for (const char* empty : {"", "null", "~"}) {
+    const std::string override = std::string("run.steps=") + empty;
+    std::string e = error_of(kGood, {override});
+    EXPECT_NE(e.find("command line (" + override +
+                     "): run.steps: expected an integer, got an empty value"),
+              std::string::npos)
+        << e;
+  }
+  std::string e = error_of("run:\n  name: t\n  steps:\n  seed: 3\n");
+  EXPECT_NE(e.find("t.yaml:3: run.steps: expected an integer, got an empty value"),
+            std::string::npos)
+      << e;
+  e = error_of("parallel:\n  tp: 2\n  sp: ~\n");
+  EXPECT_NE(e.find("t.yaml:3: parallel.sp: expected true or false, got an empty value"),
+            std::string::npos)
+      << e;
+  e = error_of(kGood, {"optimizer.betas="});
+  EXPECT_NE(e.find("optimizer.betas: expected a list of numbers, got an empty value"),
+            std::string::npos)
+      << e;
+  e = error_of(kGood, {"run.name="});
+  EXPECT_NE(e.find("command line (run.name=): run.name: must not be empty"), std::string::npos)
+      << e;
+  e = error_of(kGood, {"model.preset=null"});
+  EXPECT_NE(e.find("model.preset: must not be empty"), std::string::npos) << e;
+  e = error_of("model:\n  args:\n    layers:\n    hidden: 8\n");
+  EXPECT_NE(e.find("t.yaml:3: model.args.layers: expected a single value, got an empty value"),
+            std::string::npos)
+      << e;
+  // A text key whose empty value means something (here: no TensorBoard) is cleared.
+  Config c =
+      must_parse(std::string(kGood) + "logging:\n  tensorboard: tb\n", {"logging.tensorboard="});
+  EXPECT_EQ(c.logging.tensorboard, "");
+  EXPECT_EQ(c.where("logging.tensorboard"), "command line (logging.tensorboard=)");
+}
+
+// yaml-cpp keeps the first of two equal keys and drops the second: refused, naming both lines.
+TEST(ConfigErrors, RepeatedKeyNamesBothLines) {
+  std::string e = error_of("run:\n  steps: 3\n  name: t\n  steps: 4\n");
+  EXPECT_NE(e.find("t.yaml:4: run.steps: given twice, on lines 2 and 4"), std::string::npos) << e;
+  e = error_of("run:\n  steps: 3\nbatch:\n  micro: 4\nrun:\n  name: t\n");
+  EXPECT_NE(e.find("t.yaml:5: run: given twice, on lines 1 and 5"), std::string::npos) << e;
+  e = error_of("model:\n  args:\n    layers: 2\n    layers: 3\n");
+  EXPECT_NE(e.find("t.yaml:4: model.args.layers: given twice, on lines 3 and 4"), std::string::npos)
+      << e;
+  // The same name in two sections is two keys.
+  Config c = must_parse("optimizer:\n  schedule: cosine\nparallel:\n  schedule: gpipe\n");
+  EXPECT_EQ(c.optimizer.schedule, "cosine");
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+}
+
+// A plain load reads the first YAML document only: a second one is refused naming its line.
+TEST(ConfigErrors, SecondDocumentIsRefused) {
+  std::string e = error_of("run:\n  steps: 3\n---\nrun:\n  steps: 4\n");
+  EXPECT_NE(e.find("t.yaml:4: a second YAML document"), std::string::npos) << e;
+  const std::string path = ::testing::TempDir() + "/loom_two_documents.yaml";
+  std::ofstream(path) << "---\n---\nrun:\n  steps: 4\n";
+  auto loaded = load_config(path);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.error().message.find(path + ":3: a second YAML document"), std::string::npos)
+      << loaded.error().message;
+  // Document markers around one document, and an empty document after it, lose nothing.
+  EXPECT_EQ(must_parse("---\nrun:\n  steps: 3\n...\n").run.steps, 3);
+  EXPECT_EQ(must_parse("run:\n  steps: 3\n---\n# nothing more\n").run.steps, 3);
+}
+
+// Text yaml-cpp's parser cannot get past (a `,` at block level) would leave the first document
+// empty and every value after it unread: refused naming the line.
+TEST(ConfigErrors, UnreadableTextIsMalformed) {
+  std::string e = error_of("# a comment\n  , 4 sequences\nrun:\n  steps: 3\n");
+  EXPECT_NE(e.find("t.yaml:2: malformed YAML"), std::string::npos) << e;
+}
+
+// Sequence parallelism splits over the tensor-parallel ranks; with parallel.tp 1 there are none.
+TEST(ConfigErrors, SequenceParallelismNeedsTensorParallelism) {
+  std::string e = error_of("parallel:\n  sp: true\n");
+  EXPECT_NE(e.find("t.yaml:2: parallel.sp: sequence parallelism needs parallel.tp > 1; "
+                   "parallel.tp is 1 (default)"),
+            std::string::npos)
+      << e;
+  e = error_of(kGood, {"parallel.sp=true", "parallel.tp=1"});
+  EXPECT_NE(e.find("command line (parallel.sp=true): parallel.sp: sequence parallelism needs "
+                   "parallel.tp > 1; parallel.tp is 1 (command line (parallel.tp=1))"),
+            std::string::npos)
+      << e;
+  EXPECT_TRUE(must_parse(kGood, {"parallel.sp=true"}).parallel.sp);  // tp 2
+}
+
+// A token file with synthetic data would be read by nothing.
+TEST(ConfigErrors, SyntheticDataReadsNoPath) {
+  std::string e = error_of("data:\n  path: train.bin\n");
+  EXPECT_NE(e.find("t.yaml:2: data.path: a token file is given but data.type is 'synthetic'"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("set data.type: tokens"), std::string::npos) << e;
+  Config c = must_parse("data:\n  type: tokens\n  path: train.bin\n");
+  EXPECT_EQ(c.data.path, "train.bin");
+}
+
 TEST(ModelArgs, TypedAccessNamesTheLine) {
   Config c = must_parse(kGood, {"model.args.tied=yes", "model.args.heads=four"});
   ModelArgs args(c);
