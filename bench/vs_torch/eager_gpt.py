@@ -5,8 +5,9 @@ The baseline of bench/vs_torch: the same model, initial weights, data and optimi
 `loom train` with the config the driver writes, so that only the runtime differs.
 
   model      models/gpt.cc: token embedding + learned position embedding, pre-LN blocks
-             (separate q/k/v linears with bias, causal softmax attention written out as loom's
-             kernel does, output projection, exact-erf GELU MLP of ffn_hidden), final LN,
+             (separate q/k/v linears with bias, causal attention by
+             F.scaled_dot_product_attention as loom's kernel does in float32, output projection,
+             exact-erf GELU MLP of ffn_hidden), final LN,
              LM head without bias (untied unless --tied), mean token cross-entropy.
   weights    exec/runtime/init.cc: every parameter drawn from its own generator seeded with
              FNV-1a(name) ^ (seed * 0x9E3779B97F4A7C15); normal(0, 0.02), the residual
@@ -16,7 +17,7 @@ The baseline of bench/vs_torch: the same model, initial weights, data and optimi
              start, stride from std::mt19937_64(seed * 0x9E3779B97F4A7C15 + i) (reproduced below).
              Sample i of step k is global index k * global_batch + i; under DDP rank r takes
              rows [r * global / dp, (r + 1) * global / dp) of the step's batch.
-  optimizer  torch.optim.AdamW (its 1.13 default: the per-tensor loop, as loom's), betas
+  optimizer  torch.optim.AdamW(fused=True): PyTorch 2's fused kernel, which loom runs too; betas
              (0.9, 0.95), eps 1e-8, weight decay 0.1 on tensors of >= 2 dims only (loom's
              grouping), constant lr, no clipping.
 
@@ -117,17 +118,11 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(hidden, eps=eps)
         self.fc1 = nn.Linear(hidden, ffn)
         self.fc2 = nn.Linear(ffn, hidden)
-        self.masks = {}  # not a buffer: DDP would broadcast it every forward
 
     def attention(self, q, k, v):
         b, s, hd = q.shape
         qh, kh, vh = (x.view(b, s, self.heads, self.d).transpose(1, 2) for x in (q, k, v))
-        scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(self.d))
-        mask = self.masks.get(s)
-        if mask is None:
-            mask = self.masks[s] = torch.ones(s, s, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, -1), vh)
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
         return out.transpose(1, 2).reshape(b, s, hd)
 
     def forward(self, x):
@@ -265,7 +260,7 @@ def main():
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
     train = model
     if world > 1:
         train = nn.parallel.DistributedDataParallel(model)
