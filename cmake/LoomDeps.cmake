@@ -26,7 +26,7 @@ macro(loom_set_cxx11_abi)
       message(WARNING "LibTorch uses the old C++ ABI (_GLIBCXX_USE_CXX11_ABI=0), while Debian's "
                       "yaml-cpp, spdlog, fmt and protobuf use the new one: linking them may fail "
                       "on std::string symbols. A LibTorch with the new ABI (torch >= 2.7 wheels, "
-                      "Debian's libtorch-dev) avoids that.")
+                      "the one scripts/install-deps installs) avoids that.")
     endif()
   endif()
 endmacro()

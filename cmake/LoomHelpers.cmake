@@ -23,6 +23,12 @@ function(loom_test name)
                                              LOOM_BINARY_DIR="${PROJECT_BINARY_DIR}")
   loom_warnings(${name})
   # Tests plan with the verifier after every transform, as debug builds do (core/debug_env.h).
+  # One label: gtest_discover_tests passes its properties as a flat list, so a second label would
+  # be read as a property name and dropped (scripts/test-numerics selects `numerical`).
+  list(LENGTH ARG_LABELS labels)
+  if(labels GREATER 1)
+    message(FATAL_ERROR "loom_test(${name}): one label, got ${ARG_LABELS}")
+  endif()
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "LOOM_VERIFY_EACH_TRANSFORM=1" TIMEOUT ${ARG_TIMEOUT}
                                   LABELS "${ARG_LABELS}")

@@ -162,10 +162,10 @@ class GlooComm : public Comm {
     return run("all_reduce", [&] { return pg_->allreduce(v, opts); });
   }
 
-  // As an all-to-all of the input sent to every member: gloo's own all-gather (LibTorch 1.13)
-  // moved an 8 MiB segment between two processes 4-6x slower than an all-to-all of the same
-  // bytes (ZeRO-1's parameter gather, bench/RESULTS.md). The copies it sends take a buffer of the
-  // output's size, as gloo's all-gather took for its flat output.
+  // As an all-to-all of the input sent to every member: gloo's own all-gather (measured with
+  // LibTorch 1.13's gloo, not since) moved an 8 MiB segment between two processes 4-6x slower
+  // than an all-to-all of the same bytes (ZeRO-1's parameter gather, bench/RESULTS.md). The copies
+  // it sends take a buffer of the output's size, as gloo's all-gather took for its flat output.
   Started start_all_gather(const at::Tensor& out_flat, const at::Tensor& in) override {
     at::Tensor send = flat_view(in).repeat({size()});
     std::vector<int64_t> counts;

@@ -29,7 +29,8 @@ struct RunDevice {
   std::string to_string() const;  // "cuda:0 bf16", "cpu fp32"
 };
 
-// LibTorch's dtype of a graph dtype (u16 widens to i32: LibTorch 1.13 has no unsigned 16-bit).
+// LibTorch's dtype of a graph dtype (u16 widens to i32: ATen's unsigned 16-bit type has few
+// kernels).
 at::ScalarType scalar_type(DType dtype);
 
 // The device of this process for run.device and run.precision: cuda takes GPU
