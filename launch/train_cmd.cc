@@ -1,6 +1,7 @@
 // loom train CONFIG [key=value ...]: validates everything, then creates the run directory,
-// writes the resolved config, trains, and appends one JSON line per step to metrics.jsonl (and
-// the same values as TensorBoard scalars under logging.tensorboard).
+// writes the resolved config, trains, and appends one JSON line per step
+// to metrics.jsonl (and the same values as TensorBoard scalars under logging.tensorboard). A
+// write that fails stops the run naming the file.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -8,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +25,7 @@
 
 #if LOOM_HAVE_RUNTIME
 #include "exec/lower/plan_file.h"
+#include "exec/runtime/metrics_file.h"
 #include "exec/runtime/trainer.h"
 #include "models/model.h"
 #endif
@@ -69,6 +70,154 @@ int bad_input(const std::string& message) {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+#if LOOM_HAVE_RUNTIME
+namespace fs = std::filesystem;
+
+// What rank 0 writes into the run directory, held open for the whole run.
+struct RunOutput {
+  std::unique_ptr<observe::EventFileWriter> tensorboard;
+  std::unique_ptr<runtime::MetricsFile> metrics;
+};
+
+// The event file (logging.tensorboard) first, so that one that cannot be written leaves no run
+// directory behind; then the directory, its config.yaml and metrics.jsonl (a resumed run keeps
+// the rows of the steps it resumes after). Errors are the user's: they name the key or file.
+Result<RunOutput> open_run_output(const Config& config, int64_t resumed_at) {
+  RunOutput out;
+  if (!config.logging.tensorboard.empty()) {
+    auto opened = observe::EventFileWriter::open(config.logging.tensorboard);
+    if (!opened.ok()) return config.error("logging.tensorboard", opened.error().message);
+    out.tensorboard = std::move(*opened);
+  }
+  const fs::path run_dir = config.run.output_dir;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec)
+    return Error::at("run.output_dir",
+                     "run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
+  LOOM_TRY(write_file_atomically(run_dir / "config.yaml", to_yaml(config)));
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  LOOM_ASSIGN_OR_RETURN(out.metrics, resumed_at == 0
+                                         ? runtime::MetricsFile::create(metrics)
+                                         : runtime::MetricsFile::resume(metrics, resumed_at));
+  return out;
+}
+
+// A step's metrics.jsonl row and TensorBoard scalars; a write that fails stops the run.
+Status record_step(const Config& config, RunOutput& out, const runtime::StepStats& st) {
+  nlohmann::json line = {{"step", st.step},
+                         {"loss", st.loss},
+                         {"lr", st.lr},
+                         {"grad_norm", st.grad_norm},
+                         {"step_time_s", st.step_time_s},
+                         {"tokens_per_s", st.tokens_per_s},
+                         {"peak_mem_bytes", st.peak_mem_bytes}};
+  LOOM_TRY(out.metrics->append(line.dump()));
+  if (out.tensorboard)
+    if (Status s = out.tensorboard->write_scalars(st.step, scalars_of(line), unix_seconds());
+        !s.ok())
+      return config.error("logging.tensorboard", s.error().message);
+  return Status::success();
+}
+
+// Whatever is still buffered reaches the files now, so that a failure is reported.
+Status close_run_output(const Config& config, RunOutput& out) {
+  if (out.tensorboard)
+    if (Status s = out.tensorboard->flush(); !s.ok())
+      return config.error("logging.tensorboard", s.error().message);
+  return out.metrics->close();
+}
+
+// Progress: a bar rewritten in place on a terminal, a line every logging.every steps otherwise.
+void report_progress(const Config& config, const runtime::StepStats& st, double eta, bool tty,
+                     const char* rate) {
+  const int64_t total = config.run.steps;
+  if (tty) {
+    const int width = 24;
+    int filled = static_cast<int>(width * st.step / total);
+    std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+    std::printf("\r  step %lld/%lld [%s] loss %.4f  %s %s  ETA %s  ",
+                static_cast<long long>(st.step), static_cast<long long>(total), bar.c_str(),
+                st.loss, format_rate(st.tokens_per_s).c_str(), rate, format_duration(eta).c_str());
+    std::fflush(stdout);
+  } else if (st.step % config.logging.every == 0 || st.step == total) {
+    std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s %s step_time %.3fs ETA %s\n",
+                static_cast<long long>(st.step), static_cast<long long>(total), st.loss, st.lr,
+                st.grad_norm, format_rate(st.tokens_per_s).c_str(), rate, st.step_time_s,
+                format_duration(eta).c_str());
+    std::fflush(stdout);
+  }
+}
+
+// Ranks other than 0 train silently; rank 0 reports and writes the run directory.
+int train_follower(runtime::Trainer& trainer) {
+  for (int64_t i = trainer.steps_done(); i < trainer.config().run.steps; ++i)
+    if (auto st = trainer.step(); !st.ok()) {
+      std::fprintf(stderr, "loom train: rank %lld: error: %s\n",
+                   static_cast<long long>(trainer.rank()), st.error().message.c_str());
+      return kExitFailure;
+    }
+  return kExitOk;
+}
+
+int train_lead(const Config& config, runtime::Trainer& trainer) {
+  // Only now, with every input validated, does anything get written.
+  const int64_t resumed_at = trainer.steps_done();
+  auto opened = open_run_output(config, resumed_at);
+  if (!opened.ok()) return bad_input(opened.error().message);
+  RunOutput& out = *opened;
+
+  const bool tty = isatty(STDOUT_FILENO);
+  const int64_t total = config.run.steps;
+  std::printf("loom: training %s (%s) for %lld steps, %lld micro-batches of %lld per step -> %s\n",
+              config.model.type.c_str(), config.model.preset.c_str(), static_cast<long long>(total),
+              static_cast<long long>(config.micro_batches()),
+              static_cast<long long>(config.batch.micro), config.run.output_dir.c_str());
+  if (resumed_at > 0)
+    std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
+  if (const int64_t dropped = out.metrics->dropped_rows(); dropped > 0)
+    std::printf(
+        "loom: dropped %lld row(s) after step %lld from %s: this run trains those steps "
+        "again\n",
+        static_cast<long long>(dropped), static_cast<long long>(resumed_at),
+        out.metrics->path().string().c_str());
+  std::fflush(stdout);
+  double elapsed = 0, first_loss = 0, last_loss = 0;
+  const auto items = models::items_per_sample(config);
+  const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
+  for (int64_t i = resumed_at; i < total; ++i) {
+    auto st = trainer.step();
+    if (st.ok()) {
+      if (Status s = record_step(config, out, *st); !s.ok()) st = s.error();
+    }
+    if (!st.ok()) {
+      if (tty) std::printf("\n");
+      // Data and write errors are the user's; a communication failure is the run's.
+      if (st.error().key == "comm") {
+        std::fprintf(stderr, "loom train: rank 0: error: %s\n", st.error().message.c_str());
+        return kExitFailure;
+      }
+      return bad_input(st.error().message);
+    }
+    elapsed += st->step_time_s;
+    if (i == resumed_at) first_loss = st->loss;
+    last_loss = st->loss;
+    if (!st->trace_summary.empty()) {
+      std::printf("%sloom: %s\n", tty ? "\n" : "", st->trace_summary.c_str());
+      std::fflush(stdout);
+    }
+    const double eta =
+        elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
+    report_progress(config, *st, eta, tty, rate);
+  }
+  if (tty) std::printf("\n");
+  if (Status s = close_run_output(config, out); !s.ok()) return bad_input(s.error().message);
+  std::printf("loom: done: loss %.4f -> %.4f in %s; metrics in %s\n", first_loss, last_loss,
+              format_duration(elapsed).c_str(), out.metrics->path().string().c_str());
+  return kExitOk;
+}
+#endif
+
 }  // namespace
 
 int train_main(const Args& args) {
@@ -99,111 +248,10 @@ int train_main(const Args& args) {
   auto created = runtime::Trainer::create(config, nullptr, plan ? &*plan : nullptr);
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;
-  const bool lead = trainer.rank() == 0;  // only rank 0 writes the run directory and reports
   if (config.parallel.world_size() > 1)
     (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
-  if (!lead) {
-    for (int64_t i = trainer.steps_done(); i < config.run.steps; ++i)
-      if (auto st = trainer.step(); !st.ok()) {
-        std::fprintf(stderr, "loom train: rank %lld: error: %s\n",
-                     static_cast<long long>(trainer.rank()), st.error().message.c_str());
-        return kExitFailure;
-      }
-    return kExitOk;
-  }
-
-  // Only now, with every input validated, does anything get written: the event file first, so a
-  // logging.tensorboard that cannot be written leaves no run directory behind.
-  std::unique_ptr<observe::EventFileWriter> tensorboard;
-  if (!config.logging.tensorboard.empty()) {
-    auto opened = observe::EventFileWriter::open(config.logging.tensorboard);
-    if (!opened.ok())
-      return bad_input(config.error("logging.tensorboard", opened.error().message).message);
-    tensorboard = std::move(*opened);
-  }
-  namespace fs = std::filesystem;
-  const fs::path run_dir = config.run.output_dir;
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec)
-    return bad_input("run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
-  if (Status s = write_file_atomically(run_dir / "config.yaml", to_yaml(config)); !s.ok())
-    return bad_input(s.error().message);
-  // A resumed run appends to the metrics of the run it continues.
-  const int64_t resumed_at = trainer.steps_done();
-  std::ofstream metrics(run_dir / "metrics.jsonl",
-                        resumed_at > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) return bad_input("cannot write " + (run_dir / "metrics.jsonl").string());
-
-  const bool tty = isatty(STDOUT_FILENO);
-  const int64_t total = config.run.steps;
-  std::printf("loom: training %s (%s) for %lld steps, %lld micro-batches of %lld per step -> %s\n",
-              config.model.type.c_str(), config.model.preset.c_str(), static_cast<long long>(total),
-              static_cast<long long>(config.micro_batches()),
-              static_cast<long long>(config.batch.micro), run_dir.string().c_str());
-  std::fflush(stdout);
-  double elapsed = 0, first_loss = 0, last_loss = 0;
-  if (resumed_at > 0)
-    std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
-  const auto items = models::items_per_sample(config);
-  const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
-  for (int64_t i = resumed_at; i < total; ++i) {
-    auto st = trainer.step();
-    if (!st.ok()) {
-      if (tty) std::printf("\n");
-      // Data errors are the user's; a communication failure is the run's.
-      if (st.error().key == "comm") {
-        std::fprintf(stderr, "loom train: rank 0: error: %s\n", st.error().message.c_str());
-        return kExitFailure;
-      }
-      return bad_input(st.error().message);
-    }
-    elapsed += st->step_time_s;
-    if (i == resumed_at) first_loss = st->loss;
-    last_loss = st->loss;
-    nlohmann::json line = {{"step", st->step},
-                           {"loss", st->loss},
-                           {"lr", st->lr},
-                           {"grad_norm", st->grad_norm},
-                           {"step_time_s", st->step_time_s},
-                           {"tokens_per_s", st->tokens_per_s},
-                           {"peak_mem_bytes", st->peak_mem_bytes}};
-    metrics << line.dump() << "\n" << std::flush;
-    if (tensorboard)
-      if (Status s = tensorboard->write_scalars(st->step, scalars_of(line), unix_seconds());
-          !s.ok())
-        return bad_input(config.error("logging.tensorboard", s.error().message).message);
-    if (!st->trace_summary.empty()) {
-      std::printf("%sloom: %s\n", tty ? "\n" : "", st->trace_summary.c_str());
-      std::fflush(stdout);
-    }
-    const double eta =
-        elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
-    if (tty) {
-      const int width = 24;
-      int filled = static_cast<int>(width * (i + 1) / total);
-      std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-      std::printf("\r  step %lld/%lld [%s] loss %.4f  %s %s  ETA %s  ",
-                  static_cast<long long>(st->step), static_cast<long long>(total), bar.c_str(),
-                  st->loss, format_rate(st->tokens_per_s).c_str(), rate,
-                  format_duration(eta).c_str());
-      std::fflush(stdout);
-    } else if (st->step % config.logging.every == 0 || st->step == total) {
-      std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s %s step_time %.3fs ETA %s\n",
-                  static_cast<long long>(st->step), static_cast<long long>(total), st->loss, st->lr,
-                  st->grad_norm, format_rate(st->tokens_per_s).c_str(), rate, st->step_time_s,
-                  format_duration(eta).c_str());
-      std::fflush(stdout);
-    }
-  }
-  if (tty) std::printf("\n");
-  // The event file's last second of scalars: written now, so that a failure is reported.
-  if (tensorboard)
-    if (Status s = tensorboard->flush(); !s.ok())
-      return bad_input(config.error("logging.tensorboard", s.error().message).message);
-  std::printf("loom: done: loss %.4f -> %.4f in %s; metrics in %s\n", first_loss, last_loss,
-              format_duration(elapsed).c_str(), (run_dir / "metrics.jsonl").string().c_str());
-  return kExitOk;
+  // Only rank 0 writes the run directory and reports.
+  return trainer.rank() == 0 ? train_lead(config, trainer) : train_follower(trainer);
 #else
   std::fprintf(stderr,
                "loom train: this build has no runtime (configured with LOOM_WITH_RUNTIME=OFF)\n");

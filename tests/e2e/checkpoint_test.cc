@@ -281,7 +281,13 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
   EXPECT_NE(results[0].output.find("SIGKILL"), std::string::npos) << results[0].describe();
   EXPECT_NE(results[0].output.find("resumed from step 4"), std::string::npos)
       << results[0].describe();
-  // metrics.jsonl holds both attempts; the last line of each step is the one that counts.
+  // One metrics.jsonl row per step: rank 0 may finish step 5, in which rank 1 died, and write its
+  // row; the restart resumes from step 4 and replaces it.
+  std::vector<int64_t> rows;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    rows.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+  EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
   const std::map<int64_t, double> losses = metrics_losses(dir / "run");
   ASSERT_EQ(losses.size(), 10u);
   expect_equal_losses(losses, 1, 10, testing_support::kLossRelTolerance, "after the restart");

@@ -1,0 +1,110 @@
+// What `loom train` writes into run.output_dir, when things go wrong: a write that fails (a full
+// disk, here /dev/full behind the file's name) stops the run naming the file; a resumed run keeps
+// one metrics.jsonl row per step.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/exec/comm/spawn.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using comm::testing::Launch;
+using comm::testing::ProcessResult;
+
+const std::string kLoom = std::string(LOOM_BINARY_DIR) + "/bin/loom";
+
+class RunOutput : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) /
+           ("loom_output_" +
+            std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(run_dir());
+    config_ = dir_ / "c.yaml";
+    std::ofstream(config_) << "run: {steps: 3, output_dir: " << run_dir().string() << "}\n"
+                           << "model: {type: gpt, preset: tiny, args: {layers: 1}}\n"
+                              "batch: {global: 4, micro: 2}\n";
+  }
+  fs::path run_dir() const { return dir_ / "run"; }
+  // `loom train` of the config with `extra`, pinned to one thread (the machine is shared).
+  Launch train(const std::vector<std::string>& extra) const {
+    Launch l;
+    l.argv = {kLoom, "train", config_.string()};
+    l.argv.insert(l.argv.end(), extra.begin(), extra.end());
+    l.env = {{"OMP_NUM_THREADS", "1"}};
+    return l;
+  }
+  ProcessResult run(const Launch& launch) const {
+    return comm::testing::run_processes({launch}, 120)[0];
+  }
+  // The steps of metrics.jsonl's rows, in file order.
+  std::vector<int64_t> metrics_steps() const {
+    std::ifstream in(run_dir() / "metrics.jsonl");
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(in, line);)
+      steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+    return steps;
+  }
+  std::string read(const fs::path& file) const {
+    std::ifstream in(file);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  fs::path dir_, config_;
+};
+
+// A user's mistake or the machine's: exit 2, `expect` in the message, no crash text.
+void expect_refused(const ProcessResult& r, const std::string& expect) {
+  EXPECT_EQ(r.exit_code, 2) << r.describe();
+  EXPECT_NE(r.output.find(expect), std::string::npos) << "missing '" << expect << "' in:\n"
+                                                      << r.output;
+  for (const char* crash : {"terminate called", "Segmentation", "internal error", "Aborted"})
+    EXPECT_EQ(r.output.find(crash), std::string::npos) << r.output;
+}
+
+TEST_F(RunOutput, MetricsOnAFullDiskStopTheRunNamingTheFile) {
+  fs::create_symlink("/dev/full", run_dir() / "metrics.jsonl");
+  const ProcessResult r = run(train({}));
+  expect_refused(
+      r, "cannot write '" + (run_dir() / "metrics.jsonl").string() + "': No space left on device");
+  EXPECT_EQ(r.output.find("done"), std::string::npos) << r.output;
+
+  // The same for a resumed run, which appends (and must not read the device: it never ends).
+  fs::remove(run_dir() / "metrics.jsonl");
+  ASSERT_TRUE(run(train({"checkpoint.every=1", "run.steps=1"})).ok());
+  fs::remove(run_dir() / "metrics.jsonl");
+  fs::create_symlink("/dev/full", run_dir() / "metrics.jsonl");
+  expect_refused(run(train({"checkpoint.resume=latest"})), "No space left on device");
+}
+
+// A run killed in step 4 resumes from its checkpoint of step 2: metrics.jsonl ends with one row
+// per step, the replayed step 3's row being the resumed run's.
+TEST_F(RunOutput, AResumedRunKeepsOneMetricsRowPerStep) {
+  Launch killed = train({"run.steps=5", "checkpoint.every=2"});
+  killed.env["LOOM_DEBUG_KILL_AT_STEP"] = "4";
+  const ProcessResult k = run(killed);
+  ASSERT_EQ(k.signal, SIGKILL) << k.describe();
+  ASSERT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2, 3}));
+  // A row the kill cut short, as a write interrupted mid-row leaves it.
+  std::ofstream(run_dir() / "metrics.jsonl", std::ios::app) << "{\"step\": 4, \"lo";
+
+  const ProcessResult r = run(train({"run.steps=5", "checkpoint.resume=latest"}));
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_NE(r.output.find("resumed from step 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dropped 2 row(s) after step 2"), std::string::npos) << r.output;
+  EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+}  // namespace
+}  // namespace loom
