@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 
+#include "core/durable_file.h"
 #include "exec/comm/local_comm.h"
 #include "exec/comm/make_comm.h"
 #include "exec/lower/plan_file.h"
@@ -92,6 +94,33 @@ CheckpointTarget checkpoint_target(Trainer::Impl& s) {
   t.rank = s.world->world_rank().value();
   t.world_size = s.world->size();
   return t;
+}
+
+// LOOM_PROFILE_STEP=N: LibTorch's profiler records step N's ops (times, shapes) as a chrome
+// trace in the run's output directory. It records into memory, and the file is written after the
+// step by finish_profile: RecordProfile's own file would drop a failed write without a word.
+struct StepProfile {
+  std::filesystem::path file;
+  std::ostringstream json;
+  // Declared after `json`, which it writes into when it ends.
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> record;
+};
+
+std::unique_ptr<StepProfile> start_profile(const Config& config, int64_t step, int64_t rank) {
+  auto p = std::make_unique<StepProfile>();
+  p->file = std::filesystem::path(config.run.output_dir) /
+            ("profile_step_" + std::to_string(step) + "_rank_" + std::to_string(rank) + ".json");
+  p->record = std::make_unique<torch::autograd::profiler::RecordProfile>(p->json);
+  return p;
+}
+
+Status finish_profile(std::unique_ptr<StepProfile> p) {
+  p->record.reset();
+  std::error_code ec;
+  std::filesystem::create_directories(p->file.parent_path(), ec);
+  if (Status s = write_file_atomically(p->file, p->json.str()); !s.ok())
+    return Error::at(p->file.string(), "LOOM_PROFILE_STEP: " + s.error().message);
+  return Status::success();
 }
 
 }  // namespace
@@ -215,17 +244,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
 
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
-  // LOOM_PROFILE_STEP=N: LibTorch's profiler records step N's ops (times, shapes) as a chrome
-  // trace in the run's output directory.
-  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
-  if (s.profile_step == s.step + 1) {
-    std::filesystem::create_directories(s.config.run.output_dir);
-    profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
-        (std::filesystem::path(s.config.run.output_dir) /
-         ("profile_step_" + std::to_string(s.step + 1) + "_rank_" + std::to_string(rank()) +
-          ".json"))
-            .string());
-  }
+  std::unique_ptr<StepProfile> profile =
+      s.profile_step == s.step + 1 ? start_profile(s.config, s.step + 1, rank()) : nullptr;
   s.tracer = tracer_for(s.config, s.device, s.step + 1);
   s.executor->set_tracer(s.tracer.get());
   auto start = std::chrono::steady_clock::now();
@@ -265,6 +285,7 @@ Result<StepStats> Trainer::step() {
     LOOM_ASSIGN_OR_RETURN(st.trace_summary, finish_step_trace(*s.tracer, *s.world, s.device, s.step,
                                                               s.config.run.output_dir, s.estimate));
   }
+  if (profile) LOOM_TRY(finish_profile(std::move(profile)));
   return st;
 }
 

@@ -88,6 +88,17 @@ TEST_F(RunOutput, MetricsOnAFullDiskStopTheRunNamingTheFile) {
   expect_refused(run(train({"checkpoint.resume=latest"})), "No space left on device");
 }
 
+// LOOM_PROFILE_STEP's trace is a per-step output too: a file that cannot be written (a directory
+// is in its place) stops the run naming it.
+TEST_F(RunOutput, AProfileThatCannotBeWrittenStopsTheRunNamingTheFile) {
+  const fs::path profile = run_dir() / "profile_step_2_rank_0.json";
+  fs::create_directories(profile);
+  Launch l = train({});
+  l.env["LOOM_PROFILE_STEP"] = "2";
+  expect_refused(run(l), profile.string());
+  EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1})) << "the run went on past step 2";
+}
+
 // A run killed in step 4 resumes from its checkpoint of step 2: metrics.jsonl ends with one row
 // per step, the replayed step 3's row being the resumed run's.
 TEST_F(RunOutput, AResumedRunKeepsOneMetricsRowPerStep) {
