@@ -1,5 +1,5 @@
-// loom train CONFIG [key=value ...]: validates everything, then creates the run directory,
-// writes the resolved config, trains, and appends one JSON line per step
+// loom train CONFIG [key=value ...]: validates everything, then creates the run directory and
+// locks it for this run, writes the resolved config, trains, and appends one JSON line per step
 // to metrics.jsonl (and the same values as TensorBoard scalars under logging.tensorboard). A
 // write that fails stops the run naming the file.
 #include <unistd.h>
@@ -26,6 +26,7 @@
 #if LOOM_HAVE_RUNTIME
 #include "exec/lower/plan_file.h"
 #include "exec/runtime/metrics_file.h"
+#include "exec/runtime/run_lock.h"
 #include "exec/runtime/trainer.h"
 #include "models/model.h"
 #endif
@@ -75,13 +76,15 @@ namespace fs = std::filesystem;
 
 // What rank 0 writes into the run directory, held open for the whole run.
 struct RunOutput {
+  std::unique_ptr<runtime::RunDirLock> lock;  // first: nothing is written without it
   std::unique_ptr<observe::EventFileWriter> tensorboard;
   std::unique_ptr<runtime::MetricsFile> metrics;
 };
 
 // The event file (logging.tensorboard) first, so that one that cannot be written leaves no run
-// directory behind; then the directory, its config.yaml and metrics.jsonl (a resumed run keeps
-// the rows of the steps it resumes after). Errors are the user's: they name the key or file.
+// directory behind; then the directory, locked for this run, then its config.yaml and
+// metrics.jsonl (a resumed run keeps the rows of the steps it resumes after). Errors are the
+// user's: they name the key or file.
 Result<RunOutput> open_run_output(const Config& config, int64_t resumed_at) {
   RunOutput out;
   if (!config.logging.tensorboard.empty()) {
@@ -95,6 +98,17 @@ Result<RunOutput> open_run_output(const Config& config, int64_t resumed_at) {
   if (ec)
     return Error::at("run.output_dir",
                      "run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
+  auto lock = runtime::RunDirLock::acquire(run_dir);
+  if (!lock.ok()) {
+    // The refused run leaves no trace: not even the empty event file it just made.
+    if (out.tensorboard) {
+      const fs::path events = out.tensorboard->path();
+      out.tensorboard.reset();
+      fs::remove(events, ec);
+    }
+    return config.error("run.output_dir", lock.error().message);
+  }
+  out.lock = std::move(*lock);
   LOOM_TRY(write_file_atomically(run_dir / "config.yaml", to_yaml(config)));
   const fs::path metrics = run_dir / "metrics.jsonl";
   LOOM_ASSIGN_OR_RETURN(out.metrics, resumed_at == 0

@@ -1,15 +1,18 @@
 // What `loom train` writes into run.output_dir, when things go wrong: a write that fails (a full
-// disk, here /dev/full behind the file's name) stops the run naming the file; a resumed run keeps
-// one metrics.jsonl row per step.
+// disk, here /dev/full behind the file's name) stops the run naming the file; a second run in a
+// directory another run holds is refused naming the holder; a resumed run keeps one
+// metrics.jsonl row per step.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "tests/exec/comm/spawn.h"
 
@@ -97,6 +100,68 @@ TEST_F(RunOutput, AProfileThatCannotBeWrittenStopsTheRunNamingTheFile) {
   l.env["LOOM_PROFILE_STEP"] = "2";
   expect_refused(run(l), profile.string());
   EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1})) << "the run went on past step 2";
+}
+
+// A `loom train` started in the background, SIGKILLed (with its process group) at the end.
+class Background {
+ public:
+  explicit Background(const Launch& launch) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      for (const auto& [k, v] : launch.env) setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (const std::string& a : launch.argv) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      freopen("/dev/null", "w", stdout);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Background() { kill(); }
+  pid_t pid() const { return pid_; }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(-pid_, SIGKILL);
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Waits (at most `limit_s`) until `file` exists and is not empty.
+bool wait_for_content(const fs::path& file, double limit_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  std::error_code ec;
+  while (std::chrono::steady_clock::now() < until) {
+    if (fs::exists(file, ec) && fs::file_size(file, ec) > 0 && !ec) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// While a run trains in the directory, a second one is refused naming the directory and the
+// holder's pid, and writes nothing there (its event file included). The lock ends with the
+// process holding it: once the first run is killed, the directory is free at once.
+TEST_F(RunOutput, ASecondRunInTheDirectoryIsRefusedWhileTheFirstHoldsIt) {
+  Background first(train({"run.steps=1000000"}));
+  ASSERT_TRUE(wait_for_content(run_dir() / "metrics.jsonl", 60)) << "the first run never trained";
+  const std::string config_before = read(run_dir() / "config.yaml");
+  const fs::path tb = dir_ / "tb";
+  const ProcessResult second = run(train({"run.steps=2", "logging.tensorboard=" + tb.string()}));
+  expect_refused(second, "run.output_dir: '" + run_dir().string() + "' is in use by another run");
+  EXPECT_NE(second.output.find("pid " + std::to_string(first.pid())), std::string::npos)
+      << second.output;
+  EXPECT_EQ(read(run_dir() / "config.yaml"), config_before) << "the refused run wrote config.yaml";
+  EXPECT_TRUE(!fs::exists(tb) || fs::is_empty(tb)) << "the refused run left an event file";
+
+  first.kill();
+  const ProcessResult third = run(train({"run.steps=2"}));
+  ASSERT_TRUE(third.ok()) << third.describe();
+  EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2}));
 }
 
 // A run killed in step 4 resumes from its checkpoint of step 2: metrics.jsonl ends with one row

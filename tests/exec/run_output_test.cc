@@ -1,12 +1,14 @@
 // The run directory's pieces on their own: metrics.jsonl's rows on a resume and its write
-// failures.
+// failures, and the lock that keeps a second run out.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "exec/runtime/metrics_file.h"
+#include "exec/runtime/run_lock.h"
 
 namespace loom::runtime {
 namespace {
@@ -68,6 +70,31 @@ TEST(MetricsFile, AWriteThatFailsIsAnErrorNamingTheFile) {
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.error().message, "cannot write '" + file.string() + "': No space left on device");
   }
+}
+
+TEST(RunDirLock, ASecondLockIsRefusedNamingTheDirectoryAndTheHolder) {
+  const fs::path dir = fresh_dir();
+  {
+    auto first = RunDirLock::acquire(dir);
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    // flock belongs to the open file, so a second open in this process conflicts as another
+    // process's would.
+    auto second = RunDirLock::acquire(dir);
+    ASSERT_FALSE(second.ok());
+    EXPECT_NE(second.error().message.find("'" + dir.string() + "' is in use by another run (pid " +
+                                          std::to_string(getpid()) + ")"),
+              std::string::npos)
+        << second.error().message;
+  }
+  EXPECT_TRUE(RunDirLock::acquire(dir).ok()) << "the lock outlived its holder";
+}
+
+TEST(RunDirLock, ADirectoryThatIsMissingIsAnErrorNamingTheLockFile) {
+  const fs::path dir = fresh_dir() / "missing";
+  auto lock = RunDirLock::acquire(dir);
+  ASSERT_FALSE(lock.ok());
+  EXPECT_NE(lock.error().message.find((dir / RunDirLock::kFileName).string()), std::string::npos)
+      << lock.error().message;
 }
 
 }  // namespace
