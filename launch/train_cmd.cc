@@ -174,7 +174,19 @@ int train_follower(runtime::Trainer& trainer) {
   return kExitOk;
 }
 
+// A checkpoint at or past run.steps leaves nothing to train: said, not reported as a run.
+bool nothing_to_train(const runtime::Trainer& trainer) {
+  const int64_t at = trainer.steps_done(), total = trainer.config().run.steps;
+  if (at == 0 || at < total) return false;
+  std::printf(
+      "loom: nothing to train: the checkpoint %s is at step %lld, already at or past "
+      "run.steps=%lld; raise run.steps to train on\n",
+      trainer.resumed_from().c_str(), static_cast<long long>(at), static_cast<long long>(total));
+  return true;
+}
+
 int train_lead(const Config& config, runtime::Trainer& trainer) {
+  if (nothing_to_train(trainer)) return kExitOk;
   // Only now, with every input validated, does anything get written.
   const int64_t resumed_at = trainer.steps_done();
   auto opened = open_run_output(config, resumed_at);
@@ -188,7 +200,8 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
               static_cast<long long>(config.micro_batches()),
               static_cast<long long>(config.batch.micro), config.run.output_dir.c_str());
   if (resumed_at > 0)
-    std::printf("loom: resumed from step %lld\n", static_cast<long long>(resumed_at));
+    std::printf("loom: resumed from step %lld (%s)\n", static_cast<long long>(resumed_at),
+                trainer.resumed_from().c_str());
   if (const int64_t dropped = out.metrics->dropped_rows(); dropped > 0)
     std::printf(
         "loom: dropped %lld row(s) after step %lld from %s: this run trains those steps "

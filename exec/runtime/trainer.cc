@@ -52,6 +52,7 @@ struct Trainer::Impl {
   // LOOM_PROFILE_STEP (core/debug_env.h), read once: the step LibTorch's profiler records.
   int64_t profile_step = debug_env_int("LOOM_PROFILE_STEP", 0);
   int64_t step = 0;
+  std::string resumed_from;  // the checkpoint checkpoint.resume loaded, if any
   // logging.trace_steps: the traced step's recording (null in other steps), and the plan's
   // estimate its summary reads the measurement against (empty for a plan from plan.json).
   std::unique_ptr<observe::Tracer> tracer;
@@ -131,6 +132,7 @@ Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
   if (!path.empty()) {
     LOOM_ASSIGN_OR_RETURN(impl->step,
                           load_checkpoint(checkpoint_target(*impl), impl->config, path));
+    impl->resumed_from = path.string();
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
@@ -290,6 +292,7 @@ Result<StepStats> Trainer::step() {
 }
 
 int64_t Trainer::steps_done() const { return impl_->step; }
+const std::string& Trainer::resumed_from() const { return impl_->resumed_from; }
 const Config& Trainer::config() const { return impl_->config; }
 const graph::Graph& Trainer::graph() const { return impl_->graph; }
 Executor& Trainer::executor() { return *impl_->executor; }

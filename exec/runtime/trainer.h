@@ -65,6 +65,9 @@ class Trainer {
   Result<StepStats> step();
 
   int64_t steps_done() const;
+  // The checkpoint checkpoint.resume loaded (a step directory or a merged file); empty when the
+  // run started from step 0.
+  const std::string& resumed_from() const;
   const Config& config() const;
   const graph::Graph& graph() const;
   Executor& executor();  // this rank's

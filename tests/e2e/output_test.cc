@@ -1,7 +1,7 @@
 // What `loom train` writes into run.output_dir, when things go wrong: a write that fails (a full
 // disk, here /dev/full behind the file's name) stops the run naming the file; a second run in a
 // directory another run holds is refused naming the holder; a resumed run keeps one
-// metrics.jsonl row per step.
+// metrics.jsonl row per step; a checkpoint already at run.steps says there is nothing to train.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -180,6 +180,25 @@ TEST_F(RunOutput, AResumedRunKeepsOneMetricsRowPerStep) {
   EXPECT_NE(r.output.find("resumed from step 2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dropped 2 row(s) after step 2"), std::string::npos) << r.output;
   EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+// Resuming a checkpoint already at run.steps trains nothing and says so, and leaves the run
+// directory as it was (config.yaml still says the steps it was trained for).
+TEST_F(RunOutput, ACheckpointAtOrPastRunStepsSaysThereIsNothingToTrain) {
+  ASSERT_TRUE(run(train({"checkpoint.every=3"})).ok());
+  const std::string config_before = read(run_dir() / "config.yaml");
+  for (const char* steps : {"run.steps=3", "run.steps=2"}) {
+    const ProcessResult r = run(train({steps, "checkpoint.resume=latest"}));
+    ASSERT_TRUE(r.ok()) << r.describe();
+    EXPECT_NE(r.output.find("nothing to train: the checkpoint " +
+                            (run_dir() / "checkpoints" / "step_00000003").string() +
+                            " is at step 3, already at or past " + steps),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("loss 0.0000"), std::string::npos) << r.output;
+    EXPECT_EQ(read(run_dir() / "config.yaml"), config_before) << steps;
+    EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2, 3})) << steps;
+  }
 }
 
 }  // namespace
