@@ -1,7 +1,9 @@
 #include "checkpoint/reader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "checkpoint/crc32.h"
 #include "checkpoint/merge.h"
@@ -11,6 +13,17 @@
 namespace loom {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// As `loom checkpoint inspect` prints a CRC-32, so the two can be compared by eye.
+std::string hex32(uint32_t v) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", v);
+  return text;
+}
+
+}  // namespace
 
 Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
   const fs::path manifest_path = dir / kManifestName;
@@ -25,6 +38,7 @@ Result<CheckpointReader> CheckpointReader::open(const fs::path& dir) {
                           merged_manifest(f, dir.filename().string(), size, crc, dir.string()));
     CheckpointReader r;
     r.dir_ = dir.parent_path();
+    r.merged_ = true;
     r.manifest_ = std::move(m);
     r.index_slices();
     r.shards_[dir.filename().string()] = std::make_shared<SafeTensorsFile>(std::move(f));
@@ -86,28 +100,71 @@ Result<std::pair<Shape, std::string>> CheckpointReader::describe(const std::stri
                    "checkpoint '" + dir_.string() + "' has no " + kind + " '" + tensor + "'");
 }
 
+std::vector<fs::path> CheckpointReader::files() const {
+  std::vector<fs::path> out;
+  for (const auto& f : manifest_.files) out.push_back(dir_ / f.name);
+  if (!merged_) out.push_back(dir_ / kManifestName);
+  return out;
+}
+
+Result<SafeTensorsFile> CheckpointReader::load_shard(const CheckpointFile& info) const {
+  const fs::path p = dir_ / info.name;
+  LOOM_ASSIGN_OR_RETURN(std::string bytes, read_whole_file(p));
+  if (bytes.size() != info.bytes)
+    return Error::at(p.string(), "checkpoint shard '" + p.string() + "' has " +
+                                     std::to_string(bytes.size()) +
+                                     " bytes but the manifest says " + std::to_string(info.bytes) +
+                                     " (truncated?)");
+  if (uint32_t crc = crc32(bytes); crc != info.crc32)
+    return Error::at(p.string(), "checkpoint shard '" + p.string() + "' is corrupted: CRC-32 " +
+                                     hex32(crc) + " but the manifest says " + hex32(info.crc32));
+  return SafeTensorsFile::parse(std::move(bytes), p.string());
+}
+
 Result<const SafeTensorsFile*> CheckpointReader::shard(const std::string& name) {
   if (auto it = shards_.find(name); it != shards_.end()) return it->second.get();
   const CheckpointFile* info = nullptr;
   for (const auto& f : manifest_.files)
     if (f.name == name) info = &f;
-  const fs::path p = dir_ / name;
-  if (!info)
-    return Error::at(p.string(), "shard '" + p.string() + "' is not listed in the manifest");
-  LOOM_ASSIGN_OR_RETURN(std::string bytes, read_whole_file(p));
-  if (bytes.size() != info->bytes)
-    return Error::at(p.string(), "checkpoint shard '" + p.string() + "' has " +
-                                     std::to_string(bytes.size()) +
-                                     " bytes but the manifest says " + std::to_string(info->bytes) +
-                                     " (truncated?)");
-  if (uint32_t crc = crc32(bytes); crc != info->crc32)
-    return Error::at(p.string(), "checkpoint shard '" + p.string() + "' is corrupted: CRC-32 " +
-                                     std::to_string(crc) + " but the manifest says " +
-                                     std::to_string(info->crc32));
-  LOOM_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::parse(std::move(bytes), p.string()));
+  if (!info) {
+    const std::string p = (dir_ / name).string();
+    return Error::at(p, "shard '" + p + "' is not listed in the manifest");
+  }
+  LOOM_ASSIGN_OR_RETURN(SafeTensorsFile f, load_shard(*info));
   auto owned = std::make_shared<SafeTensorsFile>(std::move(f));
   shards_[name] = owned;
   return owned.get();
+}
+
+Result<std::string_view> CheckpointReader::slice_bytes(const CheckpointSlice& s,
+                                                       const SafeTensorsFile& f) const {
+  const SafeTensor* t = f.find(s.key);
+  const std::string file = (dir_ / s.file).string();
+  if (!t)
+    return Error::at(file, "shard '" + file + "' has no tensor '" + s.key + "' for " + s.kind +
+                               " '" + s.tensor + "' of checkpoint '" + dir_.string() + "'");
+  if (t->dtype != s.dtype || t->shape != s.shape())
+    return Error::at(file, "tensor '" + s.key + "' in shard '" + file + "' has shape " +
+                               to_string(t->shape) + " " + t->dtype + " but the manifest says " +
+                               to_string(s.shape()) + " " + s.dtype);
+  return f.data(*t);
+}
+
+Status CheckpointReader::verify() const {
+  for (const CheckpointFile& info : manifest_.files) {
+    // A merged file was parsed when it was opened; a directory's shards are read one by one.
+    std::optional<SafeTensorsFile> loaded;
+    const SafeTensorsFile* f = nullptr;
+    if (auto it = shards_.find(info.name); it != shards_.end()) {
+      f = it->second.get();
+    } else {
+      LOOM_ASSIGN_OR_RETURN(SafeTensorsFile parsed, load_shard(info));
+      f = &loaded.emplace(std::move(parsed));
+    }
+    for (const CheckpointSlice& s : manifest_.slices)
+      if (s.file == info.name) LOOM_TRY(slice_bytes(s, *f));
+  }
+  return Status::success();
 }
 
 void copy_overlap(const char* src, const SliceRanges& src_ranges, char* dst,
@@ -186,16 +243,9 @@ Result<std::string> CheckpointReader::read(const std::string& tensor, const std:
                                  std::min(s.ranges[d].second, ranges[d].second);
     if (!overlaps) continue;
     LOOM_ASSIGN_OR_RETURN(const SafeTensorsFile* f, shard(s.file));
-    const SafeTensor* t = f->find(s.key);
-    const std::string file = (dir_ / s.file).string();
-    if (!t)
-      return Error::at(file, "shard '" + file + "' has no tensor '" + s.key + "' for " + what);
-    if (t->dtype != dtype || t->shape != s.shape())
-      return Error::at(file, "tensor '" + s.key + "' in shard '" + file + "' has shape " +
-                                 to_string(t->shape) + " " + t->dtype + " but the manifest says " +
-                                 to_string(s.shape()) + " " + dtype);
-    sources.emplace_back(&s, f->data(*t));
-    stored += static_cast<uint64_t>(numel(t->shape));
+    LOOM_ASSIGN_OR_RETURN(std::string_view data, slice_bytes(s, *f));
+    sources.emplace_back(&s, data);
+    stored += static_cast<uint64_t>(numel(s.shape()));
   }
   if (static_cast<uint64_t>(count) > stored)
     return Error::at(

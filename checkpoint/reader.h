@@ -25,6 +25,14 @@ class CheckpointReader {
 
   const CheckpointManifest& manifest() const { return manifest_; }
   const std::filesystem::path& dir() const { return dir_; }
+  // The files this checkpoint is made of: every shard and manifest.json, or the merged file.
+  // A tool writing next to a checkpoint refuses to write over one of them.
+  std::vector<std::filesystem::path> files() const;
+  // Checks every shard the way read() checks the ones it uses, without assembling anything: size
+  // and CRC-32 against the manifest, the safetensors header and offsets, and each slice's key,
+  // dtype and shape. Fails naming the file and what is wrong. Holds one shard in memory at a
+  // time, so `loom checkpoint inspect` verifies what it lists.
+  Status verify() const;
   // Distinct tensor names of a kind, in manifest order.
   std::vector<std::string> tensors(const std::string& kind) const;
   // The global shape and dtype of a stored tensor; an error naming it when absent.
@@ -39,10 +47,15 @@ class CheckpointReader {
 
  private:
   Result<const SafeTensorsFile*> shard(const std::string& name);
+  // Shard `info` read whole, checked against the manifest (size, CRC-32) and parsed.
+  Result<SafeTensorsFile> load_shard(const CheckpointFile& info) const;
+  // The bytes of slice `s` in its shard `f`, once its key, dtype and shape match the manifest.
+  Result<std::string_view> slice_bytes(const CheckpointSlice& s, const SafeTensorsFile& f) const;
   void index_slices();  // fills slices_ and names_ from manifest_
   const std::vector<size_t>& slices_of(const std::string& tensor, const std::string& kind) const;
 
   std::filesystem::path dir_;
+  bool merged_ = false;  // opened from a merged file (dir_ is its folder), not a directory
   CheckpointManifest manifest_;
   std::map<std::string, std::shared_ptr<SafeTensorsFile>> shards_;  // verified, by file name
   // Slices of each (kind, tensor), as indices into manifest_.slices, and the tensor names of

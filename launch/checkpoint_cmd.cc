@@ -41,6 +41,8 @@ std::string ranges_text(const SliceRanges& ranges) {
 int inspect(const fs::path& dir) {
   auto reader = open_checkpoint(dir);
   if (!reader.ok()) return bad_input(reader.error().message);
+  // The listing vouches for the shards it names: check them all before printing any of it.
+  if (Status s = reader->verify(); !s.ok()) return bad_input(s.error().message);
   const CheckpointManifest& m = reader->manifest();
   std::printf("checkpoint %s\n", reader->dir().string().c_str());
   std::printf(
@@ -72,9 +74,42 @@ int inspect(const fs::path& dir) {
   return kExitOk;
 }
 
+// Where merge may write: never over one of the checkpoint's own files (nor over one through
+// the temporary name the durable write uses next to OUT), never onto a directory, and only in
+// a folder that exists. The merge itself reads every shard before it writes anything.
+Status check_merge_output(const CheckpointReader& reader, const fs::path& out) {
+  std::error_code ec;
+  if (fs::is_directory(out, ec))
+    return Error::at(out.string(), "OUT '" + out.string() +
+                                       "' is a directory; give the safetensors file to write, "
+                                       "e.g. '" +
+                                       (out / "merged.safetensors").string() + "'");
+  const fs::path folder = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  if (!fs::is_directory(folder, ec))
+    return Error::at(out.string(), "cannot write OUT '" + out.string() + "': its folder '" +
+                                       folder.string() + "' does not exist");
+  fs::path tmp = out;
+  tmp += ".tmp";
+  for (const fs::path& own : reader.files()) {
+    for (const fs::path& target : {out, tmp}) {
+      if (!fs::exists(target, ec) || !fs::equivalent(target, own, ec)) continue;
+      return Error::at(
+          out.string(),
+          "OUT '" + out.string() + "' " +
+              (target == out ? "is"
+                             : "would be written through '" + target.string() + "', which is") +
+              " the checkpoint's own file '" + own.string() +
+              "'; merging over it would destroy the checkpoint: write the merged "
+              "file somewhere else");
+    }
+  }
+  return Status::success();
+}
+
 int merge(const fs::path& dir, const fs::path& out) {
   auto reader = open_checkpoint(dir);
   if (!reader.ok()) return bad_input(reader.error().message);
+  if (Status s = check_merge_output(*reader, out); !s.ok()) return bad_input(s.error().message);
   auto bytes = merge_checkpoint(*reader);
   if (!bytes.ok()) return bad_input(bytes.error().message);
   if (Status s = write_file_durably(out, *bytes); !s.ok()) return bad_input(s.error().message);

@@ -3,6 +3,7 @@
 // value-partial slices, and the durable writer.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -147,6 +148,56 @@ TEST_F(Reader, AssemblesAnyRegionFromTheOverlappingShards) {
   auto all = as_floats(std::string(f->data(*f->find("w"))));
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 6; ++j) EXPECT_EQ(all[static_cast<size_t>(6 * i + j)], 10 * i + j);
+}
+
+// verify() checks every shard as read() would, so `loom checkpoint inspect` vouches for what it
+// lists: a flipped data byte (CRC-32), a broken header whose CRC-32 the manifest was given, and a
+// slice whose key the shard lacks are each named with the file and what is wrong.
+TEST_F(Reader, VerifyNamesTheDamagedShardAndWhatIsWrong) {
+  ASSERT_TRUE(CheckpointReader::open(dir_)->verify().ok());
+  const fs::path shard = dir_ / "rank_1.safetensors";
+  const std::string good = *read_whole_file(shard);
+  auto expect_refused = [&](const std::string& what) {
+    auto r = CheckpointReader::open(dir_);
+    ASSERT_TRUE(r.ok()) << r.error().message;  // sizes match: only reading the shard tells
+    Status s = r->verify();
+    ASSERT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.error().message.find(shard.string()), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find(what), std::string::npos) << s.error().message;
+  };
+  std::string flipped = good;
+  flipped.back() ^= 0x40;
+  ASSERT_TRUE(write_file_durably(shard, flipped).ok());
+  expect_refused("is corrupted: CRC-32 " + [&] {
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", crc32(flipped));
+    return std::string(hex);
+  }());
+
+  std::string header = good;
+  header[9] = '[';  // the JSON header no longer parses
+  ASSERT_TRUE(write_file_durably(shard, header).ok());
+  m_.files[1].crc32 = crc32(header);
+  write_manifest();
+  expect_refused("header");
+
+  ASSERT_TRUE(write_file_durably(shard, good).ok());
+  m_.files[1].crc32 = crc32(good);
+  m_.slices[1].key = "param/absent";
+  write_manifest();
+  expect_refused("has no tensor 'param/absent'");
+}
+
+TEST_F(Reader, FilesAreTheShardsAndTheManifestOrTheMergedFile) {
+  auto r = CheckpointReader::open(dir_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->files(), (std::vector<fs::path>{dir_ / "rank_0.safetensors",
+                                               dir_ / "rank_1.safetensors", dir_ / kManifestName}));
+  ASSERT_TRUE(write_file_durably(dir_ / "merged.safetensors", *merge_checkpoint(*r)).ok());
+  auto m = CheckpointReader::open(dir_ / "merged.safetensors");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->files(), (std::vector<fs::path>{dir_ / "merged.safetensors"}));
+  EXPECT_TRUE(m->verify().ok());
 }
 
 TEST_F(Reader, AMergedFileIsACheckpointToo) {

@@ -156,6 +156,70 @@ TEST_F(Cli, MissingConfigAndBadFlags) {
   expect_rejected("trian", "unknown command 'trian'");
 }
 
+// A one-step checkpoint of GPT tiny (the run outside dir_/run, which expect_rejected watches).
+fs::path save_checkpoint(const fs::path& dir, const std::string& config) {
+  Outcome r = run("train " + config +
+                  " run.steps=1 checkpoint.every=1 run.output_dir=" + (dir / "saved").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  return dir / "saved" / "checkpoints" / "step_00000001";
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// `loom checkpoint merge` refuses an OUT that is one of the checkpoint's own files (a shard, its
+// manifest, the merged file it reads) before writing anything: the checkpoint stays loadable.
+TEST_F(Cli, CheckpointMergeNeverWritesOverItsInput) {
+  const fs::path ckpt = save_checkpoint(dir_, write("c.yaml", base_config()));
+  const fs::path shard = ckpt / "rank_00000.safetensors";
+  const std::string before = file_bytes(shard);
+  for (const fs::path& in : {ckpt, ckpt.parent_path()}) {  // a step_N directory, or the root
+    expect_rejected("checkpoint merge " + in.string() + " " + shard.string(),
+                    "OUT '" + shard.string() + "' is the checkpoint's own file");
+    expect_rejected("checkpoint merge " + in.string() + " " + (ckpt / "manifest.json").string(),
+                    "merging over it would destroy the checkpoint");
+  }
+  EXPECT_EQ(file_bytes(shard), before);
+  EXPECT_FALSE(fs::exists(shard.string() + ".tmp"));
+  Outcome inspect = run("checkpoint inspect " + ckpt.string());
+  EXPECT_EQ(inspect.code, 0) << inspect.output;
+
+  const fs::path merged = dir_ / "merged.safetensors";
+  Outcome ok = run("checkpoint merge " + ckpt.string() + " " + merged.string());
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  const std::string merged_bytes = file_bytes(merged);
+  expect_rejected("checkpoint merge " + merged.string() + " " + merged.string(),
+                  "OUT '" + merged.string() + "' is the checkpoint's own file");
+  EXPECT_EQ(file_bytes(merged), merged_bytes);
+  expect_rejected("checkpoint merge " + ckpt.string() + " " + dir_.string(), "is a directory");
+  expect_rejected("checkpoint merge " + ckpt.string() + " " + (dir_ / "no" / "m.st").string(),
+                  "its folder '" + (dir_ / "no").string() + "' does not exist");
+}
+
+// `loom checkpoint inspect` lists only what it has checked: a shard with a flipped data byte or a
+// damaged header is exit 2 naming the file and the CRC-32 mismatch, with no listing printed.
+TEST_F(Cli, CheckpointInspectVerifiesEveryShard) {
+  const fs::path ckpt = save_checkpoint(dir_, write("c.yaml", base_config()));
+  Outcome good = run("checkpoint inspect " + ckpt.string());
+  ASSERT_EQ(good.code, 0) << good.output;
+  const fs::path shard = ckpt / "rank_00000.safetensors";
+  const std::string bytes = file_bytes(shard);
+  for (size_t at : {bytes.size() - 3, size_t{12}}) {  // a parameter's bytes, then the header
+    std::string damaged = bytes;
+    damaged[at] ^= 0x20;
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << damaged;
+    expect_rejected("checkpoint inspect " + ckpt.string(),
+                    "checkpoint shard '" + shard.string() + "' is corrupted: CRC-32");
+    Outcome r = run("checkpoint inspect " + ckpt.parent_path().string());
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_EQ(r.output.find("tensors:"), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   std::string config = write(
       "c.yaml", base_config() + "parallel:\n  tp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
