@@ -16,9 +16,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <string>
 #include <vector>
@@ -38,7 +40,39 @@ constexpr size_t kTailLines = 10;
 volatile sig_atomic_t g_stop_signal = 0;
 
 void on_stop_signal(int sig) { g_stop_signal = sig; }
-void on_child(int) {}  // only there to interrupt poll()
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// A worker's exit as the SIGCHLD handler reaped it, and when. The root cause is the rank whose
+// exit came first; the main loop alone learns of exits late and several at once (while it
+// drains output, or blocks on a full console), and then could only guess their order.
+struct ReapedExit {
+  pid_t pid;
+  int status;
+  int64_t at_ns;  // CLOCK_MONOTONIC
+};
+// More than a node's workers (--nproc-per-node); past it the main loop reaps the rest itself.
+constexpr int kMaxReapedExits = 8192;
+ReapedExit g_reaped[kMaxReapedExits];
+volatile sig_atomic_t g_reaped_count = 0;  // written by the handler, reset with SIGCHLD blocked
+
+// Reaps every exited child the moment SIGCHLD arrives (and interrupts poll()); only
+// async-signal-safe calls.
+void on_child(int) {
+  const int saved_errno = errno;
+  while (g_reaped_count < kMaxReapedExits) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    g_reaped[g_reaped_count] = {pid, status, monotonic_ns()};
+    g_reaped_count = g_reaped_count + 1;
+  }
+  errno = saved_errno;
+}
 
 [[noreturn]] void die_usage(const std::string& message) {
   std::fprintf(stderr, "loomrun: %s\n", message.c_str());
@@ -126,7 +160,8 @@ struct Worker {
   int rank = 0;
   pid_t pid = -1;  // also its process group id
   bool running = false;
-  int status = 0;  // waitpid status once reaped
+  int status = 0;          // waitpid status once reaped
+  int64_t exited_ns = -1;  // CLOCK_MONOTONIC when it was reaped
   Stream out, err;
   std::deque<std::string> err_tail;
 };
@@ -283,18 +318,43 @@ void signal_all(std::vector<Worker>& ws, int sig) {
     if (w.running) killpg(w.pid, sig);
 }
 
-void reap(std::vector<Worker>& ws, int* first_failed) {
-  for (size_t i = 0; i < ws.size(); ++i) {
-    Worker& w = ws[i];
-    if (!w.running) continue;
-    int status = 0;
-    pid_t r = waitpid(w.pid, &status, WNOHANG);
-    if (r != w.pid) continue;
+void record_exit(std::vector<Worker>& ws, pid_t pid, int status, int64_t at_ns) {
+  for (auto& w : ws) {
+    if (w.pid != pid || !w.running) continue;
     w.running = false;
     w.status = status;
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && *first_failed < 0) *first_failed = static_cast<int>(i);
+    w.exited_ns = at_ns;
   }
+}
+
+// Takes over the exits the SIGCHLD handler reaped, then reaps (timed now) any it could not hold.
+void reap(std::vector<Worker>& ws) {
+  sigset_t chld, old;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, &old);  // the handler must not reap or append meanwhile
+  for (int i = 0; i < g_reaped_count; ++i)
+    record_exit(ws, g_reaped[i].pid, g_reaped[i].status, g_reaped[i].at_ns);
+  g_reaped_count = 0;
+  for (auto& w : ws) {
+    int status = 0;
+    if (w.running && waitpid(w.pid, &status, WNOHANG) == w.pid)
+      record_exit(ws, w.pid, status, monotonic_ns());
+  }
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+}
+
+// The index of the worker whose failure (non-zero exit or a signal) came first, -1 if none; by
+// exit time, not by rank or by the order the main loop got to them.
+int first_failure(const std::vector<Worker>& ws) {
+  int first = -1;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Worker& w = ws[i];
+    const bool failed = !w.running && !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
+    if (failed && (first < 0 || w.exited_ns < ws[static_cast<size_t>(first)].exited_ns))
+      first = static_cast<int>(i);
+  }
+  return first;
 }
 
 bool any_open(const std::vector<Worker>& ws) {
@@ -363,7 +423,8 @@ AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vecto
   auto drain_until = Clock::time_point::max();
   while (any_open(ws)) {
     poll_output(ws, 50);
-    reap(ws, &res.failed);
+    reap(ws);
+    res.failed = first_failure(ws);
     if (!stopping && (res.failed >= 0 || g_stop_signal != 0)) {
       stopping = true;
       res.stop_signal = g_stop_signal;

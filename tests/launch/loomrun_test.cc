@@ -30,8 +30,11 @@ struct Outcome {
   double seconds = 0;
 };
 
-// Runs loomrun with args; kills it (and fails the test) past timeout_s.
-Outcome run_loomrun(const std::vector<std::string>& args, int timeout_s = 15) {
+// Runs loomrun with args; kills it (and fails the test) past timeout_s. With hold_stdout_until,
+// loomrun's stdout is left unread, a console that does not keep up, until that file has existed
+// for 300 ms.
+Outcome run_loomrun(const std::vector<std::string>& args, int timeout_s = 15,
+                    const std::string& hold_stdout_until = "") {
   int out[2], err[2];
   EXPECT_EQ(pipe(out), 0);
   EXPECT_EQ(pipe(err), 0);
@@ -55,7 +58,14 @@ Outcome run_loomrun(const std::vector<std::string>& args, int timeout_s = 15) {
   std::string* sinks[2] = {&o.out, &o.err};
   auto deadline = start + std::chrono::seconds(timeout_s);
   int open = 2;
+  auto released_at = std::chrono::steady_clock::time_point::max();
   while (open > 0 && std::chrono::steady_clock::now() < deadline) {
+    struct stat st;
+    if (released_at == std::chrono::steady_clock::time_point::max() &&
+        (hold_stdout_until.empty() || stat(hold_stdout_until.c_str(), &st) == 0))
+      released_at = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(hold_stdout_until.empty() ? 0 : 300);
+    fds[0].events = std::chrono::steady_clock::now() >= released_at ? POLLIN : 0;
     if (poll(fds, 2, 100) <= 0) continue;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -206,6 +216,38 @@ TEST(Loomrun, FailingWorkerStopsTheGroupAndIsTheRootCause) {
     errno = 0;
     EXPECT_EQ(kill(pid, 0), -1) << "worker " << pid << " still alive";
     EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+// Two ranks fail 0.3 s apart, the first with the real error, the second with what its peer's
+// death did to it, while loomrun is blocked writing a third rank's flood of output to a console
+// that does not read it. loomrun learns of both exits at once when the console reads again; the
+// root cause is the rank that exited first, whichever of the two it is, not the lower rank.
+TEST(Loomrun, RootCauseIsTheRankThatExitedFirstNotTheLowest) {
+  for (int first : {1, 0}) {
+    const std::string dir = temp_dir();
+    const std::string script =
+        "case $RANK in\n"
+        "  2) yes 'a line of output nobody reads yet' | head -c 1000000; exec sleep 30;;\n"
+        "  " +
+        std::to_string(first) + ") sleep 0.5; echo 'the real error' >&2; : > " + dir +
+        "/first; exit 3;;\n"
+        "  *) while [ ! -e " +
+        dir +
+        "/first ]; do sleep 0.02; done; sleep 0.3\n"
+        "     echo 'Connection closed by peer' >&2; : > " +
+        dir +
+        "/second; exit 1;;\n"
+        "esac\n";
+    Outcome o = run_loomrun({"--nproc-per-node", "3", "--standalone", "sh", "-c", script}, 30,
+                            dir + "/second");
+    EXPECT_EQ(o.code, 3) << o.err;
+    EXPECT_NE(o.err.find("root cause: rank " + std::to_string(first) + " "), std::string::npos)
+        << "rank " << first << " exited first:\n"
+        << o.err;
+    EXPECT_NE(o.err.find("  | the real error"), std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("  | Connection closed by peer"), std::string::npos) << o.err;
+    EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   }
 }
 
