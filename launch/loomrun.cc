@@ -55,8 +55,9 @@ struct ReapedExit {
   int status;
   int64_t at_ns;  // CLOCK_MONOTONIC
 };
-// More than a node's workers (--nproc-per-node); past it the main loop reaps the rest itself.
+// Past this many unread exits the main loop reaps the rest itself (timed a little later).
 constexpr int kMaxReapedExits = 8192;
+static_assert(kMaxReapedExits >= kMaxWorkersPerNode, "every worker of an attempt is timed");
 ReapedExit g_reaped[kMaxReapedExits];
 volatile sig_atomic_t g_reaped_count = 0;  // written by the handler, reset with SIGCHLD blocked
 
@@ -523,5 +524,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!parsed.error.empty()) die_usage(parsed.error);
+  const std::string too_many = check_worker_count(parsed.options, ProcessLimits::of_this_process());
+  if (!too_many.empty()) die_usage(too_many);
   return run(parsed.options);
 }

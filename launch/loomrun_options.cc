@@ -1,8 +1,11 @@
 #include "launch/loomrun_options.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 
 namespace loom::launch {
@@ -14,14 +17,35 @@ std::string normalize_flag(std::string name) {
   return name;
 }
 
-bool parse_int(const std::string& text, long lo, long hi, int* out) {
+bool parse_long(const std::string& text, long lo, long hi, long* out) {
   if (text.empty()) return false;
   errno = 0;
   char* end = nullptr;
   long v = std::strtol(text.c_str(), &end, 10);
   if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_int(const std::string& text, long lo, long hi, int* out) {
+  long v = 0;
+  if (!parse_long(text, lo, hi, &v)) return false;
   *out = static_cast<int>(v);
   return true;
+}
+
+// --nproc-per-node: a positive integer, at most kMaxWorkersPerNode; the error names the bound.
+std::string parse_nproc(const std::string& value, int* out) {
+  long v = 0;
+  const bool digits = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+  if (!parse_long(value, 1, LONG_MAX, &v) && !(digits && errno == ERANGE))
+    return "--nproc-per-node expects a positive integer, got '" + value + "'";
+  if (errno == ERANGE || v > kMaxWorkersPerNode)
+    return "--nproc-per-node " + value + " is more workers than one node runs: at most " +
+           std::to_string(kMaxWorkersPerNode) +
+           " (a node has a few hundred cores or GPUs at the most)";
+  *out = static_cast<int>(v);
+  return "";
 }
 
 std::string check(const RunOptions& o) {
@@ -32,10 +56,84 @@ std::string check(const RunOptions& o) {
   if (o.standalone && o.nnodes != 1)
     return "--standalone runs one node; drop --nnodes or set it to 1";
   if (o.master_addr.empty()) return "--master-addr must not be empty";
+  if (static_cast<long long>(o.nnodes) * o.nproc_per_node > INT_MAX)
+    return "--nnodes " + std::to_string(o.nnodes) + " x --nproc-per-node " +
+           std::to_string(o.nproc_per_node) + " ranks do not fit WORLD_SIZE (at most " +
+           std::to_string(INT_MAX) + ")";
   return "";
 }
 
+long soft_limit(int resource) {
+  rlimit l{};
+  if (getrlimit(resource, &l) != 0 || l.rlim_cur == RLIM_INFINITY) return -1;
+  return l.rlim_cur > static_cast<rlim_t>(LONG_MAX) ? -1 : static_cast<long>(l.rlim_cur);
+}
+
+// Sets the valued option `name` (a known one) from `value`; the error names the flag and range.
+std::string set_option(const std::string& name, const std::string& value, RunOptions* o) {
+  if (name == "--nproc-per-node") return parse_nproc(value, &o->nproc_per_node);
+  if (name == "--master-addr") {
+    o->master_addr = value;
+    return "";
+  }
+  if (name == "--log-dir") {
+    o->log_dir = value;
+    return "";
+  }
+  const struct {
+    const char* name;
+    long lo, hi;
+    int RunOptions::*field;
+  } kIntegers[] = {{"--nnodes", 1, 1 << 20, &RunOptions::nnodes},
+                   {"--node-rank", 0, (1 << 20) - 1, &RunOptions::node_rank},
+                   {"--master-port", 0, 65535, &RunOptions::master_port},
+                   {"--max-restarts", 0, 1000, &RunOptions::max_restarts}};
+  for (const auto& f : kIntegers) {
+    if (name != f.name) continue;
+    if (parse_int(value, f.lo, f.hi, &(o->*f.field))) return "";
+    return name + " expects " + (name == "--master-port" ? "a port" : "an integer") + " " +
+           std::to_string(f.lo) + ".." + std::to_string(f.hi) + ", got '" + value + "'";
+  }
+  return "unknown option " + name;
+}
+
 }  // namespace
+
+ProcessLimits ProcessLimits::of_this_process() {
+  ProcessLimits l;
+  l.open_files = soft_limit(RLIMIT_NOFILE);
+  l.processes = soft_limit(RLIMIT_NPROC);
+  long pid_max = -1;
+  if (FILE* f = std::fopen("/proc/sys/kernel/pid_max", "r")) {
+    if (std::fscanf(f, "%ld", &pid_max) != 1) pid_max = -1;
+    std::fclose(f);
+  }
+  if (pid_max > 0 && (l.processes < 0 || pid_max < l.processes)) l.processes = pid_max;
+  return l;
+}
+
+std::string check_worker_count(const RunOptions& o, const ProcessLimits& limits) {
+  const long n = o.nproc_per_node;
+  const std::string asked = "--nproc-per-node " + std::to_string(n);
+  // Two pipes per worker (stdout, stderr) for its lifetime, and two log files with --log-dir.
+  const long per_worker = o.log_dir.empty() ? 2 : 4;
+  const long files = kReservedFiles + n * per_worker;
+  if (limits.open_files >= 0 && files > limits.open_files)
+    return asked + " needs " + std::to_string(files) + " open files (" +
+           std::to_string(per_worker) + " per worker" +
+           (o.log_dir.empty() ? "" : " with --log-dir") +
+           ") but the open-file limit (ulimit -n) is " + std::to_string(limits.open_files) +
+           ": at most " +
+           std::to_string(std::max(0L, (limits.open_files - kReservedFiles) / per_worker)) +
+           " workers; raise the limit or start fewer";
+  if (limits.processes >= 0 && n + 1 > limits.processes)
+    return asked + " needs " + std::to_string(n + 1) +
+           " processes (the workers and loomrun) but the process limit (ulimit -u, or "
+           "kernel.pid_max) is " +
+           std::to_string(limits.processes) + ": at most " +
+           std::to_string(std::max(0L, limits.processes - 1)) + " workers";
+  return "";
+}
 
 std::string run_usage() {
   return "usage: loomrun [options] PROGRAM [ARGS...]\n"
@@ -97,28 +195,8 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
       }
       value = argv[++i];
     }
-    bool ok = true;
-    if (name == "--nproc-per-node")
-      ok = parse_int(value, 1, 4096, &o.nproc_per_node);
-    else if (name == "--nnodes")
-      ok = parse_int(value, 1, 1 << 20, &o.nnodes);
-    else if (name == "--node-rank")
-      ok = parse_int(value, 0, 1 << 20, &o.node_rank);
-    else if (name == "--master-port")
-      ok = parse_int(value, 0, 65535, &o.master_port);
-    else if (name == "--max-restarts")
-      ok = parse_int(value, 0, 1000, &o.max_restarts);
-    else if (name == "--master-addr")
-      o.master_addr = value;
-    else if (name == "--log-dir")
-      o.log_dir = value;
-    if (!ok) {
-      const char* what = name == "--master-port"      ? "a port 0..65535"
-                         : name == "--nproc-per-node" ? "a positive integer"
-                                                      : "a non-negative integer";
-      r.error = name + " expects " + what + ", got '" + value + "'";
-      return r;
-    }
+    r.error = set_option(name, value, &o);
+    if (!r.error.empty()) return r;
   }
   if (i < argv.size()) {
     o.program = argv[i];

@@ -5,6 +5,20 @@
 
 namespace loom::launch {
 
+// Workers one loomrun starts at most, whatever the machine would allow: a node has a few hundred
+// cores or GPUs at the very most, so a larger --nproc-per-node is a typo, not a job.
+constexpr int kMaxWorkersPerNode = 4096;
+// Open files loomrun keeps for itself besides the workers' (stdio, the master port's socket, a
+// worker's pipe ends and /dev/null while it is being started).
+constexpr long kReservedFiles = 16;
+
+// What the machine lets one process start; -1 where there is no limit.
+struct ProcessLimits {
+  long open_files = -1;  // RLIMIT_NOFILE (ulimit -n): loomrun holds pipes and logs per worker
+  long processes = -1;   // RLIMIT_NPROC (ulimit -u), or kernel.pid_max when that is lower
+  static ProcessLimits of_this_process();
+};
+
 // What loomrun was asked to do; the parsed form of torchrun's flags.
 struct RunOptions {
   int nproc_per_node = 1;                 // workers started on this node
@@ -30,6 +44,10 @@ struct ParseResult {
 // Parses argv (without argv[0]); options stop at the program name or "--", so the
 // program's own flags are never read as loomrun's.
 ParseResult parse_run_options(const std::vector<std::string>& argv);
+
+// "" when o.nproc_per_node workers fit `limits`; else one line with the bound and the limit that
+// sets it, so loomrun refuses before starting any instead of failing half-way.
+std::string check_worker_count(const RunOptions& o, const ProcessLimits& limits);
 
 // The usage text printed by --help.
 std::string run_usage();

@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::launch {
@@ -337,6 +338,9 @@ TEST(Loomrun, BadCommandLinesExitTwoWithOneLine) {
       {"--nproc-per-node", "2"},
       {"--nproc-per-node", "0", kWorker},
       {"--nproc-per-node", "x", kWorker},
+      {"--nproc-per-node", "100000", kWorker},
+      {"--nnodes", "1048576", "--nproc-per-node", "4096", kWorker},
+      {"--max-restarts", "5000", kWorker},
       {"--nnodes", "2", "--node-rank", "2", kWorker},
       {"--master-port", "70000", kWorker},
       {"--master-port", "-1", kWorker},
@@ -419,6 +423,54 @@ bool all_gone_within(const std::vector<pid_t>& pids, int timeout_s) {
     usleep(10 * 1000);
   }
   return false;
+}
+
+// loomrun under a shell's `ulimit`: exit code and everything it printed.
+std::pair<int, std::string> loomrun_under(const std::string& ulimit, const std::string& args) {
+  const std::string cmd =
+      "bash -c 'ulimit " + ulimit + " && exec " + kLoomrun + " " + args + "' 2>&1 </dev/null";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// More workers than loomrun or the machine can run is refused before any starts, with the
+// bound and what sets it: loomrun's own (a node's workers), the open-file limit (two pipes per
+// worker, four with --log-dir), the process limit.
+TEST(Loomrun, TooManyWorkersIsRefusedNamingTheBoundAndWhy) {
+  Outcome huge = run_loomrun(with_worker({"--nproc-per-node", "100000"}, {"env"}));
+  EXPECT_EQ(huge.code, 2) << huge.err;
+  EXPECT_NE(huge.err.find("--nproc-per-node 100000 is more workers than one node runs: at most "
+                          "4096 (a node has a few hundred cores or GPUs at the most)"),
+            std::string::npos)
+      << huge.err;
+  EXPECT_EQ(huge.err.find("positive integer"), std::string::npos) << huge.err;
+
+  auto files = loomrun_under("-n 64", "--nproc-per-node 40 " + kWorker + " env");
+  EXPECT_EQ(files.first, 2) << files.second;
+  EXPECT_NE(files.second.find("--nproc-per-node 40 needs 96 open files (2 per worker) but the "
+                              "open-file limit (ulimit -n) is 64: at most 24 workers"),
+            std::string::npos)
+      << files.second;
+  EXPECT_EQ(files.second.find("PID="), std::string::npos) << "a worker started";
+  auto logs = loomrun_under("-n 64",
+                            "--nproc-per-node 20 --log-dir /tmp/loomrun_never " + kWorker + " env");
+  EXPECT_EQ(logs.first, 2) << logs.second;
+  EXPECT_NE(logs.second.find("(4 per worker with --log-dir)"), std::string::npos) << logs.second;
+  // At the bound they all start.
+  auto fits = loomrun_under("-n 64", "--nproc-per-node 24 --master-port 0 " + kWorker + " env");
+  EXPECT_EQ(fits.first, 0) << fits.second;
+
+  auto processes = loomrun_under("-u 10", "--nproc-per-node 12 " + kWorker + " env");
+  EXPECT_EQ(processes.first, 2) << processes.second;
+  EXPECT_NE(processes.second.find("--nproc-per-node 12 needs 13 processes (the workers and "
+                                  "loomrun) but the process limit (ulimit -u, or "
+                                  "kernel.pid_max) is 10: at most 9 workers"),
+            std::string::npos)
+      << processes.second;
 }
 
 TEST(Loomrun, SigintIsForwardedAndExits130) {
