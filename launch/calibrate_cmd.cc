@@ -20,6 +20,7 @@
 #include "launch/calibration.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "launch/config_file.h"
 #include "plan/plan.h"
 #ifdef LOOM_HAVE_RUNTIME
 #include "exec/comm/make_comm.h"
@@ -201,7 +202,7 @@ int calibrate_main_checked(Options o) {
   Config config;
   const bool have_config = !o.config_path.empty();
   if (have_config) {
-    auto loaded = load_config(o.config_path, o.overrides);
+    auto loaded = load_config_file(o.config_path, o.overrides);
     if (!loaded.ok()) return fail(loaded.error().message);
     config = *loaded;
   } else if (!o.overrides.empty()) {

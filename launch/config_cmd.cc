@@ -2,6 +2,7 @@
 
 #include "core/config.h"
 #include "launch/command.h"
+#include "launch/config_file.h"
 
 namespace loom::cli {
 
@@ -12,7 +13,7 @@ int config_main(const Args& args) {
                  "Validates a config and prints it fully resolved (defaults included).\n");
     return args.empty() ? kExitBadInput : kExitOk;
   }
-  auto config = load_config(args[0], Args(args.begin() + 1, args.end()));
+  auto config = load_config_file(args[0], Args(args.begin() + 1, args.end()));
   if (!config.ok()) {
     std::fprintf(stderr, "loom config: error: %s\n", config.error().message.c_str());
     return kExitBadInput;

@@ -14,6 +14,7 @@
 #include "exec/lower/plan_file.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "launch/config_file.h"
 #include "plan/auto_plan.h"
 #include "plan/plan.h"
 
@@ -98,6 +99,48 @@ nlohmann::json summary_json(const Config& config, const plan::Plan& plan) {
           {"ranks", ranks}};
 }
 
+// The dump in `out_dir`: every rank's program, plan.json, the schedule files and the summary,
+// each written atomically; the summary is printed too.
+int write_dump(const std::string& out_dir, const Config& config, const plan::Plan& plan,
+               bool no_plan_json) {
+  namespace fs = std::filesystem;
+  const fs::path out(out_dir);
+  std::error_code ec;
+  fs::create_directories(out / "programs", ec);
+  if (ec) return fail("--out: cannot create '" + out.string() + "': " + ec.message());
+  auto write = [&](const fs::path& path, const std::string& text) {
+    return write_file_atomically(path, text);
+  };
+  for (int64_t r = 0; r < plan.world_size(); ++r)
+    if (Status s = write(out / "programs" / ("rank_" + std::to_string(r) + ".txt"),
+                         lower::listing(plan.file.graph, plan.file.lowered, Rank(r)));
+        !s.ok())
+      return fail(s.error().message);
+  if (!no_plan_json) {
+    auto json = lower::plan_to_json(plan.file);
+    if (!json.ok()) return fail(json.error().message);
+    if (Status s = write(out / "plan.json", *json); !s.ok()) return fail(s.error().message);
+  }
+  const loom::plan::ScheduleDrawings drawn = loom::plan::draw_schedule(plan);
+  const std::pair<const char*, const std::string*> schedule_files[] = {
+      {"schedule.csv", &plan.schedule.csv},
+      {"timeline.json", &drawn.chrome_trace},
+      {"schedule.svg", &drawn.svg}};
+  for (const auto& [name, text] : schedule_files)
+    if (!text->empty())
+      if (Status s = write(out / name, *text); !s.ok()) return fail(s.error().message);
+
+  const std::string table = summary_table(config, plan);
+  if (Status s = write(out / "summary.json", summary_json(config, plan).dump(1)); !s.ok())
+    return fail(s.error().message);
+  if (Status s = write(out / "summary.txt", table); !s.ok()) return fail(s.error().message);
+  std::fputs(table.c_str(), stdout);
+  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt, summary.json)\n",
+              out.string().c_str(), no_plan_json ? "" : "plan.json, ",
+              plan.schedule.csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");
+  return kExitOk;
+}
+
 }  // namespace
 
 int plan_main(const Args& args) {
@@ -117,13 +160,18 @@ int plan_main(const Args& args) {
                  "a cost-model file (presets, or one model) instead of the built-in "
                  "configs/cost-model.yaml; the same as cost.file=FILE");
   int64_t top = 5;
-  app.add_option("--top", top, "with parallel.policy=auto: how many of the best plans to list")
-      ->check(CLI::PositiveNumber);
+  // Checked below rather than with CLI11's PositiveNumber, whose message prints the range as
+  // 0 to the largest double, in full.
+  app.add_option("--top", top,
+                 "with parallel.policy=auto: how many of the best plans to list (at least 1)");
   app.add_flag("--no-plan-json", no_plan_json,
                "skip plan.json (the whole plan; large for thousands of ranks)");
   if (auto code = parse_args(app, args, "plan")) return *code;
+  if (top < 1)
+    return fail("--top must be at least 1 (the plans to list, the chosen one first), got " +
+                std::to_string(top));
   if (!cost_file.empty()) overrides.push_back("cost.file=" + cost_file);
-  auto config = load_config(config_path, overrides);
+  auto config = load_config_file(config_path, overrides);
   if (!config.ok()) return fail(config.error().message);
   if (world_size == 0) world_size = config->parallel.world_size();
   if (world_size < 1)
@@ -143,44 +191,7 @@ int plan_main(const Args& args) {
     made = plan::make_plan(*config, plan::Registries{}, *cost, world_size);
   }
   if (!made.ok()) return fail(made.error().message);
-  const plan::Plan& plan = *made;
-
-  namespace fs = std::filesystem;
-  const fs::path out(out_dir);
-  std::error_code ec;
-  fs::create_directories(out / "programs", ec);
-  if (ec) return fail("--out: cannot create '" + out.string() + "': " + ec.message());
-  auto write = [&](const fs::path& path, const std::string& text) {
-    return write_file_atomically(path, text);
-  };
-  for (int64_t r = 0; r < world_size; ++r)
-    if (Status s = write(out / "programs" / ("rank_" + std::to_string(r) + ".txt"),
-                         lower::listing(plan.file.graph, plan.file.lowered, Rank(r)));
-        !s.ok())
-      return fail(s.error().message);
-  if (!no_plan_json) {
-    auto json = lower::plan_to_json(plan.file);
-    if (!json.ok()) return fail(json.error().message);
-    if (Status s = write(out / "plan.json", *json); !s.ok()) return fail(s.error().message);
-  }
-  const loom::plan::ScheduleDrawings drawn = loom::plan::draw_schedule(plan);
-  const std::pair<const char*, const std::string*> schedule_files[] = {
-      {"schedule.csv", &plan.schedule.csv},
-      {"timeline.json", &drawn.chrome_trace},
-      {"schedule.svg", &drawn.svg}};
-  for (const auto& [name, text] : schedule_files)
-    if (!text->empty())
-      if (Status s = write(out / name, *text); !s.ok()) return fail(s.error().message);
-
-  const std::string table = summary_table(*config, plan);
-  if (Status s = write(out / "summary.json", summary_json(*config, plan).dump(1)); !s.ok())
-    return fail(s.error().message);
-  if (Status s = write(out / "summary.txt", table); !s.ok()) return fail(s.error().message);
-  std::fputs(table.c_str(), stdout);
-  std::printf("loom plan: wrote %s (%sprograms/rank_K.txt%s, summary.txt, summary.json)\n",
-              out.string().c_str(), no_plan_json ? "" : "plan.json, ",
-              plan.schedule.csv.empty() ? "" : ", schedule.csv, timeline.json, schedule.svg");
-  return kExitOk;
+  return write_dump(out_dir, *config, *made, no_plan_json);
 }
 
 }  // namespace loom::cli

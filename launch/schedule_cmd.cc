@@ -1,6 +1,8 @@
 // `loom schedule`: build a predefined pipeline schedule, search one for a placement or read one
 // from a torch.distributed.pipelining CSV, simulate it, print makespan, bubble ratio and per-device
 // peak memory, and optionally write the CSV, an SVG Gantt chart and a chrome trace.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -11,9 +13,11 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/strings.h"
 #include "launch/command.h"
+#include "plan/estimate.h"
 #include "scheduler/csv.h"
 #include "scheduler/placement.h"
 #include "scheduler/predefined.h"
@@ -80,10 +84,29 @@ Placement named_placement(const std::string& name, const Flags& f) {
   return Placement::v_shape(f.stages, f.fwd, f.bwd);
 }
 
-}  // namespace
+// Memory a schedule takes per (stage, micro-batch) pair, its forward and backward blocks with
+// their simulation and drawing: measured 0.5 to 0.9 KiB for every kind at 1000 x 1000, rounded
+// up.
+constexpr double kScheduleBytesPerCell = 1024;
 
-int schedule_main(const Args& args) {
-  Flags f;
+// Refuses a schedule of `cells` (stage, micro-batch) pairs that would not fit in this machine's
+// memory, before allocating any of it (a bad_alloc deep in the builder says nothing useful).
+int check_size(const std::string& sizes, double cells) {
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (!(memory > 0) || cells * kScheduleBytesPerCell <= memory) return kExitOk;
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "%s = %.0f (stage, micro-batch) pairs would take about %s of memory (%.0f bytes "
+                "each), more than this machine's %s: at most %.0f; lower them",
+                sizes.c_str(), cells, plan::human_bytes(cells * kScheduleBytesPerCell).c_str(),
+                kScheduleBytesPerCell, plan::human_bytes(memory).c_str(),
+                std::floor(memory / kScheduleBytesPerCell));
+  return fail(kExitBadInput, text);
+}
+
+// Parses the command line into `f`; an exit code when the command stops here (help, a bad flag).
+std::optional<int> parse_flags(const Args& args, Flags& f) {
   CLI::App app{"Build or search a pipeline schedule, simulate it and draw it.", "loom schedule"};
   app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search");
   app.add_option("--from-csv", f.from_csv,
@@ -114,7 +137,11 @@ int schedule_main(const Args& args) {
   } catch (const CLI::ParseError& e) {
     return fail(kExitBadInput, std::string(e.what()) + " (see loom schedule --help)");
   }
+  return std::nullopt;
+}
 
+// The checks every kind shares, and the predefined kind; kExitOk or the failure's code.
+int check_flags(const Flags& f, std::optional<ScheduleKind>* kind) {
   const bool imported = !f.from_csv.empty();
   if (imported &&
       (!f.kind.empty() || f.stages || f.micro_batches || f.chunks != 1 || !f.placement.empty()))
@@ -125,9 +152,7 @@ int schedule_main(const Args& args) {
     return fail(kExitBadInput, "--kind or --from-csv is required (see loom schedule --help)");
   if (!imported && f.micro_batches == 0)
     return fail(kExitBadInput, "--micro-batches is required (see loom schedule --help)");
-  const bool search = f.kind == "search";
-  std::optional<ScheduleKind> kind;
-  if (!search && !imported) {
+  if (!imported && f.kind != "search") {
     auto k = parse_schedule_kind(f.kind);
     if (!k.ok()) {
       std::vector<std::string> names = schedule_kind_names();
@@ -137,145 +162,210 @@ int schedule_main(const Args& args) {
                                      (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
                                      "; known: " + join(names, ", "));
     }
-    kind = *k;
+    *kind = *k;
   }
   if (!imported && f.micro_batches < 1)
     return fail(kExitBadInput, "--micro-batches must be at least 1");
   if (f.comm < 0) return fail(kExitBadInput, "--comm must not be negative");
   if (f.mem_limit && !(*f.mem_limit > 0))
     return fail(kExitBadInput, "--mem-limit must be positive");
+  if (!imported && f.stages > 0) {  // a placement file's size is checked once it is read
+    const bool chunked = *kind && f.chunks > 1;
+    return check_size("--stages " + std::to_string(f.stages) +
+                          (chunked ? " x --chunks " + std::to_string(f.chunks) : "") +
+                          " x --micro-batches " + std::to_string(f.micro_batches),
+                      static_cast<double>(f.stages) * (chunked ? f.chunks : 1) * f.micro_batches);
+  }
+  return kExitOk;
+}
 
-  const auto t0 = std::chrono::steady_clock::now();
+// What the three ways of making a schedule produce.
+struct Built {
   Schedule schedule;
   Timeline timeline;
-  std::optional<SearchResult> found;
-  if (imported) {
+  std::optional<SearchResult> found;  // --kind search only
+};
+
+// --from-csv: the file's schedule, simulated at --fwd/--bwd/--wgrad.
+int build_imported(Flags& f, Built* b) {
+  if (!(f.fwd > 0) || !(f.bwd > 0) || !(f.wgrad > 0))
+    return fail(kExitBadInput, "--fwd, --bwd and --wgrad must be positive");
+  auto s = read_schedule_file(f);
+  if (!s.ok()) return fail(kExitBadInput, s.error().message);
+  b->schedule = std::move(s->schedule);
+  f.kind = "csv";
+  f.micro_batches = s->micro_batches;
+  auto t = simulate(b->schedule, SimOptions{f.comm, {}});
+  if (!t.ok()) return fail(kExitFailure, t.error().message);
+  b->timeline = std::move(t).value();
+  return kExitOk;
+}
+
+// --kind search: the placement named, read from a file, or the V-shape at --stages.
+int load_placement(const Flags& f, Placement* pl) {
+  const auto& names = placement_names();
+  if (std::find(names.begin(), names.end(), f.placement) != names.end()) {
+    if (f.stages < 1)
+      return fail(kExitBadInput, "--placement " + f.placement + " needs --stages P");
+    if (f.placement == "k" && f.stages < 2)
+      return fail(kExitBadInput, "--placement k needs at least 2 --stages");
     if (!(f.fwd > 0) || !(f.bwd > 0) || !(f.wgrad > 0))
       return fail(kExitBadInput, "--fwd, --bwd and --wgrad must be positive");
-    auto s = read_schedule_file(f);
-    if (!s.ok()) return fail(kExitBadInput, s.error().message);
-    schedule = std::move(s->schedule);
-    f.kind = "csv";
-    f.micro_batches = s->micro_batches;
-    auto t = simulate(schedule, SimOptions{f.comm, {}});
-    if (!t.ok()) return fail(kExitFailure, t.error().message);
-    timeline = std::move(t).value();
-  } else if (search) {
-    if (f.chunks != 1)
-      return fail(kExitBadInput,
-                  "--chunks does not apply to --kind search (the placement says where blocks run)");
-    Placement pl;
-    const auto& names = placement_names();
-    if (std::find(names.begin(), names.end(), f.placement) != names.end()) {
-      if (f.stages < 1)
-        return fail(kExitBadInput, "--placement " + f.placement + " needs --stages P");
-      if (f.placement == "k" && f.stages < 2)
-        return fail(kExitBadInput, "--placement k needs at least 2 --stages");
-      if (!(f.fwd > 0) || !(f.bwd > 0) || !(f.wgrad > 0))
-        return fail(kExitBadInput, "--fwd, --bwd and --wgrad must be positive");
-      pl = named_placement(f.placement, f);
-    } else if (!f.placement.empty()) {
-      auto loaded = Placement::load(f.placement);
-      if (!loaded.ok()) return fail(kExitBadInput, loaded.error().message);
-      pl = std::move(loaded).value();
-      if (f.stages && f.stages != pl.num_devices())
-        return fail(kExitBadInput, "--stages " + std::to_string(f.stages) + " disagrees with " +
-                                       f.placement + ", which has " +
-                                       std::to_string(pl.num_devices()) + " devices");
-    } else {
-      if (f.stages < 1)
-        return fail(kExitBadInput,
-                    "--kind search needs --placement FILE or --stages P (the V-shape)");
-      if (!(f.fwd > 0) || !(f.bwd > 0))
-        return fail(kExitBadInput, "--fwd and --bwd must be positive");
-      pl = Placement::v_shape(f.stages, f.fwd, f.bwd);
-    }
-    SearchOptions opt;
-    opt.memory_limit = f.mem_limit;
-    opt.comm_delay = f.comm;
-    auto r = search_schedule(pl, f.micro_batches, opt);
-    if (!r.ok()) return fail(kExitBadInput, r.error().to_string());
-    found = std::move(r).value();
-    schedule = found->schedule;
-    timeline = found->timeline;
+    *pl = named_placement(f.placement, f);
+  } else if (!f.placement.empty()) {
+    auto loaded = Placement::load(f.placement);
+    if (!loaded.ok()) return fail(kExitBadInput, loaded.error().message);
+    *pl = std::move(loaded).value();
+    if (f.stages && f.stages != pl->num_devices())
+      return fail(kExitBadInput, "--stages " + std::to_string(f.stages) + " disagrees with " +
+                                     f.placement + ", which has " +
+                                     std::to_string(pl->num_devices()) + " devices");
+    // Counted as the stages of a V-shape with as many blocks (a forward and a backward each) per
+    // micro-batch.
+    const double per_micro_batch = static_cast<double>(pl->blocks().size()) / 2 /
+                                   std::max(1, pl->micro_batches_per_instance());
+    char stages[32];
+    std::snprintf(stages, sizeof stages, "%g", per_micro_batch);
+    if (int code = check_size(f.placement + "'s " + stages + " stages per micro-batch (" +
+                                  std::to_string(pl->blocks().size()) +
+                                  " forward and backward blocks) x --micro-batches " +
+                                  std::to_string(f.micro_batches),
+                              per_micro_batch * f.micro_batches))
+      return code;
   } else {
-    PipelineSpec spec;
-    spec.devices = f.stages;
-    spec.micro_batches = f.micro_batches;
-    spec.chunks = f.chunks;
-    spec.fwd = f.fwd, spec.bwd = f.bwd, spec.wgrad = f.wgrad;
-    if (f.stages < 1) return fail(kExitBadInput, "--stages must be at least 1");
-    auto s = build_predefined(*kind, spec);
-    if (!s.ok()) {
-      const Error& e = s.error();
-      return fail(kExitBadInput, (e.key.empty() ? "" : "--" + e.key + ": ") + e.message);
-    }
-    schedule = std::move(s).value();
-    auto t = simulate(schedule, SimOptions{f.comm, {}});
-    if (!t.ok()) return fail(kExitFailure, t.error().message);
-    timeline = std::move(t).value();
+    if (f.stages < 1)
+      return fail(kExitBadInput,
+                  "--kind search needs --placement FILE or --stages P (the V-shape)");
+    if (!(f.fwd > 0) || !(f.bwd > 0))
+      return fail(kExitBadInput, "--fwd and --bwd must be positive");
+    *pl = Placement::v_shape(f.stages, f.fwd, f.bwd);
   }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return kExitOk;
+}
 
+int build_searched(const Flags& f, Built* b) {
+  if (f.chunks != 1)
+    return fail(kExitBadInput,
+                "--chunks does not apply to --kind search (the placement says where blocks run)");
+  Placement pl;
+  if (int code = load_placement(f, &pl)) return code;
+  SearchOptions opt;
+  opt.memory_limit = f.mem_limit;
+  opt.comm_delay = f.comm;
+  auto r = search_schedule(pl, f.micro_batches, opt);
+  if (!r.ok()) return fail(kExitBadInput, r.error().to_string());
+  b->found = std::move(r).value();
+  b->schedule = b->found->schedule;
+  b->timeline = b->found->timeline;
+  return kExitOk;
+}
+
+int build_rule(const Flags& f, ScheduleKind kind, Built* b) {
+  PipelineSpec spec;
+  spec.devices = f.stages;
+  spec.micro_batches = f.micro_batches;
+  spec.chunks = f.chunks;
+  spec.fwd = f.fwd, spec.bwd = f.bwd, spec.wgrad = f.wgrad;
+  if (f.stages < 1) return fail(kExitBadInput, "--stages must be at least 1");
+  auto s = build_predefined(kind, spec);
+  if (!s.ok()) {
+    const Error& e = s.error();
+    return fail(kExitBadInput, (e.key.empty() ? "" : "--" + e.key + ": ") + e.message);
+  }
+  b->schedule = std::move(s).value();
+  auto t = simulate(b->schedule, SimOptions{f.comm, {}});
+  if (!t.ok()) return fail(kExitFailure, t.error().message);
+  b->timeline = std::move(t).value();
+  return kExitOk;
+}
+
+int write_outputs(const Flags& f, const Built& b) {
   if (!f.csv.empty()) {
-    auto csv = to_csv(schedule);
+    auto csv = to_csv(b.schedule);
     if (!csv.ok()) return fail(kExitFailure, csv.error().message);
     if (!write_file(f.csv, *csv)) return fail(kExitFailure, "cannot write '" + f.csv + "'");
   }
-  if (!f.svg.empty() && !write_file(f.svg, to_svg(schedule, timeline)))
+  if (!f.svg.empty() && !write_file(f.svg, to_svg(b.schedule, b.timeline)))
     return fail(kExitFailure, "cannot write '" + f.svg + "'");
-  if (!f.trace.empty() && !write_file(f.trace, to_chrome_trace(schedule, timeline)))
+  if (!f.trace.empty() && !write_file(f.trace, to_chrome_trace(b.schedule, b.timeline)))
     return fail(kExitFailure, "cannot write '" + f.trace + "'");
+  return kExitOk;
+}
+
+void print_json(const Flags& f, const Built& b, double elapsed, bool over) {
+  const Timeline& timeline = b.timeline;
+  nlohmann::json j = {{"kind", f.kind},
+                      {"devices", b.schedule.num_devices()},
+                      {"micro_batches", f.micro_batches},
+                      {"makespan", timeline.makespan},
+                      {"bubble_ratio", timeline.bubble_ratio},
+                      {"peak_memory", timeline.peak_memory},
+                      {"search_time_s", b.found ? b.found->search_time_s : elapsed}};
+  if (b.found) {
+    j["period"] = b.found->repetend.period;
+    j["period_lower_bound"] = b.found->repetend.period_lower_bound;
+    j["period_optimal"] = b.found->repetend.period_optimal;
+    j["warmup"] = b.found->warmup;
+    j["cooldown"] = b.found->cooldown;
+    j["repetend_instances"] = b.found->repetend_instances;
+    j["completion"] = b.found->completion;
+  }
+  if (over) j["over_memory_limit"] = true;
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_table(const Flags& f, const Built& b) {
+  const Timeline& timeline = b.timeline;
+  std::printf("schedule       %s (%d devices, %d micro-batches)\n", f.kind.c_str(),
+              b.schedule.num_devices(), f.micro_batches);
+  std::printf("makespan       %g\n", timeline.makespan);
+  std::printf("bubble ratio   %.4f\n", timeline.bubble_ratio);
+  if (b.found) {
+    const Repetend& r = b.found->repetend;
+    std::printf("period         %g (lower bound %g%s), %d repetend instance(s)\n", r.period,
+                r.period_lower_bound,
+                r.period_optimal ? ", optimal" : ", node limit hit: not proved optimal",
+                b.found->repetend_instances);
+    std::printf("warm-up        %g\ncool-down      %g\n", b.found->warmup, b.found->cooldown);
+    std::printf("search time    %.4f s (%lld nodes, completion: %s)\n", b.found->search_time_s,
+                static_cast<long long>(r.nodes), b.found->completion.c_str());
+  }
+  std::printf("\ndevice  busy        peak memory\n");
+  for (int d = 0; d < b.schedule.num_devices(); ++d)
+    std::printf("%-7d %-11g %g\n", d, timeline.busy[d], timeline.peak_memory[d]);
+}
+
+}  // namespace
+
+int schedule_main(const Args& args) {
+  Flags f;
+  if (auto code = parse_flags(args, f)) return *code;
+  std::optional<ScheduleKind> kind;
+  if (int code = check_flags(f, &kind)) return code;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Built built;
+  const int code = !f.from_csv.empty()  ? build_imported(f, &built)
+                   : f.kind == "search" ? build_searched(f, &built)
+                                        : build_rule(f, *kind, &built);
+  if (code != kExitOk) return code;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (int written = write_outputs(f, built)) return written;
 
   int over = -1;
-  if (f.mem_limit && !search)
-    for (int d = 0; d < schedule.num_devices() && over < 0; ++d)
-      if (timeline.peak_memory[d] > *f.mem_limit + 1e-9) over = d;
-
-  if (f.json) {
-    nlohmann::json j = {{"kind", f.kind},
-                        {"devices", schedule.num_devices()},
-                        {"micro_batches", f.micro_batches},
-                        {"makespan", timeline.makespan},
-                        {"bubble_ratio", timeline.bubble_ratio},
-                        {"peak_memory", timeline.peak_memory},
-                        {"search_time_s", found ? found->search_time_s : elapsed}};
-    if (found) {
-      j["period"] = found->repetend.period;
-      j["period_lower_bound"] = found->repetend.period_lower_bound;
-      j["period_optimal"] = found->repetend.period_optimal;
-      j["warmup"] = found->warmup;
-      j["cooldown"] = found->cooldown;
-      j["repetend_instances"] = found->repetend_instances;
-      j["completion"] = found->completion;
-    }
-    if (over >= 0) j["over_memory_limit"] = true;
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("schedule       %s (%d devices, %d micro-batches)\n", f.kind.c_str(),
-                schedule.num_devices(), f.micro_batches);
-    std::printf("makespan       %g\n", timeline.makespan);
-    std::printf("bubble ratio   %.4f\n", timeline.bubble_ratio);
-    if (found) {
-      const Repetend& r = found->repetend;
-      std::printf("period         %g (lower bound %g%s), %d repetend instance(s)\n", r.period,
-                  r.period_lower_bound,
-                  r.period_optimal ? ", optimal" : ", node limit hit: not proved optimal",
-                  found->repetend_instances);
-      std::printf("warm-up        %g\ncool-down      %g\n", found->warmup, found->cooldown);
-      std::printf("search time    %.4f s (%lld nodes, completion: %s)\n", found->search_time_s,
-                  static_cast<long long>(r.nodes), found->completion.c_str());
-    }
-    std::printf("\ndevice  busy        peak memory\n");
-    for (int d = 0; d < schedule.num_devices(); ++d)
-      std::printf("%-7d %-11g %g\n", d, timeline.busy[d], timeline.peak_memory[d]);
-  }
+  if (f.mem_limit && !built.found)
+    for (int d = 0; d < built.schedule.num_devices() && over < 0; ++d)
+      if (built.timeline.peak_memory[d] > *f.mem_limit + 1e-9) over = d;
+  if (f.json)
+    print_json(f, built, elapsed, over >= 0);
+  else
+    print_table(f, built);
   if (over >= 0) {
     char msg[160];
     std::snprintf(msg, sizeof msg,
                   "device %d peaks at %g micro-batches of activations, over --mem-limit %g", over,
-                  timeline.peak_memory[over], *f.mem_limit);
+                  built.timeline.peak_memory[over], *f.mem_limit);
     return fail(kExitFailure, msg);
   }
   return kExitOk;

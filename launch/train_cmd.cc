@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "launch/config_file.h"
 #include "observe/event_file.h"
 
 #if LOOM_HAVE_RUNTIME
@@ -259,7 +260,7 @@ int train_main(const Args& args) {
                  "run the plan in this plan.json (from `loom plan`) instead of planning");
   if (auto code = parse_args(app, args, "train")) return *code;
 
-  auto loaded = load_config(config_path, overrides);
+  auto loaded = load_config_file(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
   const Config& config = *loaded;
   if (Status s = init_logging(-1, config.logging.level); !s.ok())

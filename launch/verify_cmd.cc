@@ -15,6 +15,7 @@
 #include "core/durable_file.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "launch/config_file.h"
 
 #if LOOM_HAVE_RUNTIME
 #include "exec/comm/make_comm.h"
@@ -142,7 +143,7 @@ int verify_main(const Args& args) {
   if (ranks != "local" && ranks != "launched" && ranks != "auto")
     return bad_input("--ranks must be local, launched or auto, got '" + ranks + "'");
 
-  auto loaded = load_config(config_path, overrides);
+  auto loaded = load_config_file(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
 #if LOOM_HAVE_RUNTIME
   runtime::VerifyOptions options;

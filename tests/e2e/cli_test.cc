@@ -102,6 +102,23 @@ TEST_F(Cli, EmptyConfigIsRefused) {
   }
 }
 
+// A directory given as the config is named as one (it used to read as an empty config), and a
+// run directory points at the config.yaml it holds.
+TEST_F(Cli, ADirectoryIsNotAConfigFile) {
+  const fs::path folder = dir_ / "configs";
+  fs::create_directories(folder);
+  for (const char* command : {"train ", "config ", "calibrate --quick "})
+    expect_rejected(command + folder.string(),
+                    folder.string() + ": is a directory, not a config file; give the YAML");
+  expect_rejected("plan " + folder.string() + " --out " + (dir_ / "run").string(),
+                  "is a directory, not a config file");
+  write("configs/config.yaml", base_config());
+  expect_rejected("train " + folder.string(), "is a directory, not a config file (did you mean '" +
+                                                  (folder / "config.yaml").string() + "'?)");
+  Outcome r = run("config " + folder.string());
+  EXPECT_EQ(r.output.find("empty"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, UnknownKeySuggestsTheClosest) {
   expect_rejected("train " + write("c.yaml", base_config() + "parallel:\n  tpp: 2\n"),
                   "c.yaml:15: unknown key 'parallel.tpp' (did you mean 'parallel.tp'?)");
@@ -410,6 +427,36 @@ TEST_F(Cli, PlanDumpsTheSearchedSchedule) {
   for (const auto& e : trace["traceEvents"])
     blocks += e.value("cat", "") == "F" || e.value("cat", "") == "B";
   EXPECT_EQ(blocks, 4 * 8 * 2);  // 4 stages x 8 micro-batches x (F, B)
+}
+
+// --top 0 used to be CLI11's range check, printing the largest double in 309 digits.
+TEST_F(Cli, PlanTopMustBeAtLeastOne) {
+  const std::string config = write("c.yaml", base_config());
+  for (const char* top : {"0", "-2"}) {
+    const std::string args = "plan " + config + " parallel.policy=auto --world-size 4 --top " +
+                             top + " --out " + (dir_ / "run").string();
+    expect_rejected(args, std::string("--top must be at least 1 (the plans to list, the chosen one "
+                                      "first), got ") +
+                              top);
+    EXPECT_LT(run(args).output.size(), 200u);
+  }
+}
+
+// A schedule that would not fit in memory is refused naming the options, not a bad_alloc.
+TEST_F(Cli, ScheduleTooLargeForMemoryIsRefused) {
+  expect_rejected("schedule --kind 1f1b --stages 100000 --micro-batches 100000",
+                  "--stages 100000 x --micro-batches 100000 = 10000000000 (stage, micro-batch) "
+                  "pairs would take about 9.3 TiB of memory");
+  expect_rejected("schedule --kind interleaved --stages 50000 --chunks 4 --micro-batches 100000",
+                  "--stages 50000 x --chunks 4 x --micro-batches 100000 = 20000000000");
+  expect_rejected("schedule --kind search --stages 100000 --micro-batches 100000",
+                  "more than this machine's");
+  expect_rejected("schedule --kind search --placement " + std::string(LOOM_SOURCE_DIR) +
+                      "/configs/placements/k_shape.yaml --micro-batches 2000000000",
+                  "k_shape.yaml's 3 stages per micro-batch (6 forward and backward blocks) x "
+                  "--micro-batches 2000000000 = 6000000000 (stage, micro-batch) pairs");
+  Outcome ok = run("schedule --kind 1f1b --stages 8 --micro-batches 64");
+  EXPECT_EQ(ok.code, 0) << ok.output;
 }
 
 TEST_F(Cli, MultiRankPlanInASingleProcessIsRefused) {
