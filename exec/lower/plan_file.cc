@@ -8,7 +8,9 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
+#include "core/check.h"
 #include "core/plan.pb.h"
 
 #ifndef LOOM_VERSION_STRING
@@ -65,6 +67,30 @@ std::string hex(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+// The seal is plan.json's first member, so it is found and removed without parsing: what it
+// covers is exactly the printer's bytes with the seal absent.
+constexpr std::string_view kSealOpen = "{\"seal\":\"";
+constexpr size_t kSealDigits = 16;
+constexpr size_t kSealedPrefix = kSealOpen.size() + kSealDigits + 2;  // {"seal":"<16 hex>",
+
+struct Unsealed {
+  std::string json;  // the text with the seal member removed
+  std::string seal;  // empty when the text has none
+};
+
+Unsealed unseal(const std::string& text) {
+  if (text.size() > kSealedPrefix && text.compare(0, kSealOpen.size(), kSealOpen) == 0 &&
+      text.compare(kSealOpen.size() + kSealDigits, 2, "\",") == 0)
+    return {"{" + text.substr(kSealedPrefix), text.substr(kSealOpen.size(), kSealDigits)};
+  return {text, ""};
+}
+
+// Trailing whitespace is not covered: an editor that adds a final newline changes no plan.
+std::string seal_of(const std::string& unsealed) {
+  size_t end = unsealed.find_last_not_of(" \t\r\n");
+  return hex(fnv1a(unsealed.substr(0, end == std::string::npos ? 0 : end + 1)));
 }
 
 // "section.key: value" for every leaf of to_yaml's output (block style, two-space indent).
@@ -568,7 +594,13 @@ Result<std::string> plan_to_json(const PlanFile& plan) {
   std::string out;
   auto status = google::protobuf::util::MessageToJsonString(p, &out, options);
   if (!status.ok()) return Error::at("plan.json", "cannot print the plan: " + status.ToString());
-  return out;
+  return seal_plan_json(out);
+}
+
+std::string seal_plan_json(const std::string& json) {
+  const std::string unsealed = unseal(json).json;
+  LOOM_CHECK(!unsealed.empty() && unsealed[0] == '{') << "plan JSON is not an object";
+  return std::string(kSealOpen) + seal_of(unsealed) + "\"," + unsealed.substr(1);
 }
 
 Result<PlanFile> plan_from_json(const std::string& json, const std::string& source) {
@@ -576,7 +608,8 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
   pb::Plan p;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &p, options);
+  const Unsealed text = unseal(json);
+  auto status = google::protobuf::util::JsonStringToMessage(text.json, &p, options);
   if (!status.ok()) {
     std::string why(status.message());
     for (char& c : why)
@@ -590,6 +623,16 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
                                  std::to_string(p.format_version()) + ", this loom reads version " +
                                  std::to_string(kPlanFormatVersion) +
                                  "; make the plan again with this loom's `loom plan`");
+  // Checked before any field is used: an edited plan would otherwise run as the original plan
+  // (most fields are not read back against the config) or fail deep in the runtime.
+  if (text.seal.empty())
+    return Error::at(source, source +
+                                 ": plan has no seal (written by an older loom or rewritten by "
+                                 "another tool); make it again with `loom plan`");
+  if (const std::string actual = seal_of(text.json); actual != text.seal)
+    return Error::at(source, source + ": plan was edited after `loom plan` wrote it (its seal " +
+                                 text.seal + " does not match its content, " + actual +
+                                 "); a plan is not edited by hand: make it again with `loom plan`");
   if (p.world_size() < 1) return reader.bad("world_size", std::to_string(p.world_size()));
   PlanFile plan;
   plan.source = source;

@@ -45,11 +45,16 @@ std::string model_digest(const graph::Graph& model);
 std::string plan_hash(const Config& config, const std::string& model_digest,
                       const std::string& code_fingerprint);
 
-// plan.json text (Protobuf JSON, two-space indented). Fails only on an internal error.
+// plan.json text (compact Protobuf JSON), sealed. Fails only on an internal error.
 Result<std::string> plan_to_json(const PlanFile& plan);
 
+// Seals plan JSON: a first member "seal" holding the FNV-1a 64 digest (16 hex digits) of the
+// text without it, trailing whitespace aside. A sealed text is sealed again over its content.
+std::string seal_plan_json(const std::string& json);
+
 // Reads plan.json text; `source` names the file in messages. Malformed JSON, an unknown format
-// or version, and ids out of range are errors naming the file and the field.
+// or version, a missing seal or one that does not match (the file was edited after `loom plan`
+// wrote it), and ids out of range are errors naming the file and the field.
 Result<PlanFile> plan_from_json(const std::string& json, const std::string& source);
 
 // Reads a plan file from disk.

@@ -298,10 +298,23 @@ TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
   std::ifstream in(plan);
   std::stringstream text;
   text << in.rdbuf();
+  // plan.json is sealed: an edit anywhere (the hash, a tensor's shape, the config text) is
+  // refused naming the file, before the run uses any of it.
+  const std::string edited = ": plan was edited after `loom plan` wrote it";
   std::string damaged = text.str();
   damaged.replace(damaged.find("\"hash\":\""), 8, "\"hash\":\"f");
-  expect_rejected("train " + config + " --plan " + write("edited.json", damaged),
-                  "edited.json: stale plan");
+  const std::string hash_path = write("edited.json", damaged);
+  expect_rejected("train " + config + " --plan " + hash_path, hash_path + edited);
+  std::string shape = text.str();
+  const size_t dim = shape.find("\"shape\":[\"") + 10;
+  shape[dim] = shape[dim] == '9' ? '8' : '9';
+  const std::string shape_path = write("shape.json", shape);
+  expect_rejected("train " + config + " --plan " + shape_path, shape_path + edited);
+  std::string yaml = text.str();
+  const size_t letter = yaml.find("\"config_yaml\":\"") + 15;
+  yaml[letter] = yaml[letter] == 'x' ? 'y' : 'x';
+  const std::string yaml_path = write("yaml.json", yaml);
+  expect_rejected("train " + config + " --plan " + yaml_path, yaml_path + edited);
   expect_rejected("train " + config + " --plan " + write("cut.json", text.str().substr(0, 500)),
                   "cut.json: not a loom plan");
 }

@@ -172,26 +172,59 @@ TEST(PlanJson, DamagedFilesAreRefusedByName) {
   ASSERT_TRUE(json.ok());
   expect_refused(json->substr(0, json->size() / 2), "not a loom plan");
   expect_refused("[1, 2]", "not a loom plan");
-  expect_refused(replace_once(*json, "\"format\":\"loom-plan\"", "\"format\":\"other\""), "format");
-  expect_refused(replace_once(*json, "\"format_version\":1", "\"format_version\":99"),
-                 "plan format version 99");
-  expect_refused(replace_once(*json, "\"device\":\"1\"", "\"device\":\"7\""),
+  // Damage behind an intact seal (a file sealed again after editing) is still refused.
+  expect_refused(
+      seal_plan_json(replace_once(*json, "\"format\":\"loom-plan\"", "\"format\":\"other\"")),
+      "format");
+  expect_refused(
+      seal_plan_json(replace_once(*json, "\"format_version\":1", "\"format_version\":99")),
+      "plan format version 99");
+  expect_refused(seal_plan_json(replace_once(*json, "\"device\":\"1\"", "\"device\":\"7\"")),
                  "device: 7 is out of range [0, 4)");
-  expect_refused(replace_once(*json, "\"def\":\"1\"", "\"def\":\"100000\""),
+  expect_refused(seal_plan_json(replace_once(*json, "\"def\":\"1\"", "\"def\":\"100000\"")),
                  ".def: 100000 is out of range");
-  expect_refused(replace_once(*json, "\"format\"", "\"surprise\": 1, \"format\""),
+  expect_refused(seal_plan_json(replace_once(*json, "\"format\"", "\"surprise\": 1, \"format\"")),
                  "not a loom plan");
-  expect_refused(replace_once(*json, "\"world_size\":\"4\"", "\"world_size\":\"3\""),
-                 "is out of range [0, 3)");
+  expect_refused(
+      seal_plan_json(replace_once(*json, "\"world_size\":\"4\"", "\"world_size\":\"3\"")),
+      "is out of range [0, 3)");
   // Indices the executor uses to reach its per-micro-batch and per-stage tables.
-  expect_refused(replace_once(*json, "{\"micro_batch\":\"1\"}", "{\"micro_batch\":\"9\"}"),
-                 "blocks.micro_batch: 9 is out of range [0, 4)");
   expect_refused(
-      replace_once(*json, "\"blocks\":[{\"stage\":\"1\"}", "\"blocks\":[{\"stage\":\"0\"}"),
-      "stage 0 has no segment on rank 2");
-  expect_refused(
-      replace_once(*json, "\"segments\":[{\"stage\":\"1\"", "\"segments\":[{\"stage\":\"5\""),
-      "segments.stage: 5 is out of range [0, 2)");
+      seal_plan_json(replace_once(*json, "{\"micro_batch\":\"1\"}", "{\"micro_batch\":\"9\"}")),
+      "blocks.micro_batch: 9 is out of range [0, 4)");
+  expect_refused(seal_plan_json(replace_once(*json, "\"blocks\":[{\"stage\":\"1\"}",
+                                             "\"blocks\":[{\"stage\":\"0\"}")),
+                 "stage 0 has no segment on rank 2");
+  expect_refused(seal_plan_json(replace_once(*json, "\"segments\":[{\"stage\":\"1\"",
+                                             "\"segments\":[{\"stage\":\"5\"")),
+                 "segments.stage: 5 is out of range [0, 2)");
+}
+
+// plan.json is sealed: any edit after `loom plan` wrote it is refused before a field is used.
+TEST(PlanJson, EditedOrUnsealedFilesAreRefused) {
+  auto json = plan_to_json(make({"parallel.tp=2", "parallel.pp=2"}));
+  ASSERT_TRUE(json.ok());
+  ASSERT_EQ(json->rfind("{\"seal\":\"", 0), 0u) << json->substr(0, 40);
+  EXPECT_TRUE(plan_from_json(*json + "\n", "x/plan.json").ok());  // a final newline is no edit
+  EXPECT_EQ(seal_plan_json(*json), *json);
+  const std::string edited = "plan was edited after `loom plan` wrote it";
+  const size_t shape = json->find("\"shape\":[\"");
+  ASSERT_NE(shape, std::string::npos);
+  std::string wider = *json;
+  wider[shape + 10] = wider[shape + 10] == '9' ? '8' : '9';
+  expect_refused(wider, edited);
+  const size_t yaml = json->find("\"config_yaml\":\"");
+  ASSERT_NE(yaml, std::string::npos);
+  std::string config = *json;
+  config[yaml + 15] = config[yaml + 15] == 'x' ? 'y' : 'x';
+  expect_refused(config, edited);
+  expect_refused(replace_once(*json, "\"world_size\":\"4\"", "\"world_size\":\"2\""), edited);
+  std::string unsealed = "{" + json->substr(json->find(",\"format\"") + 1);
+  expect_refused(unsealed, "plan has no seal");
+  EXPECT_EQ(seal_plan_json(unsealed), *json);
+  std::string reseal = *json;  // the seal itself edited
+  reseal[9] = reseal[9] == '0' ? '1' : '0';
+  expect_refused(reseal, edited);
 }
 
 }  // namespace
