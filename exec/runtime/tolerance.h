@@ -173,24 +173,28 @@ inline ParameterDifference parameter_difference(const at::Tensor& got, const at:
   return d;
 }
 
-// AdamW's update of an element whose gradient is itself rounding noise (within kGradRoundingOfMax
-// of its tensor's largest gradient, where two summation orders may disagree even in sign) is
-// noise too: m / sqrt(v) is about +-1 whatever |g| is, so that element may take the whole step
-// the other way, 2 lr, at that step. Per element of one piece: the sum of 2 lr over the steps
-// where the single-device gradient `grads[s]` (the piece's, as applied) was noise; `grad_max[s]`
-// is the tensor's largest gradient at step s. (The tests skip whole tensors where this happens by
-// construction and run enough steps for the floor to cover a stray element; `loom verify` runs
-// few steps and allows it per element.)
+// AdamW normalises each element's update (m / sqrt(v)), so an element's gradient error counts
+// relative to that element, not to its tensor's largest gradient: with `rounding` the gradient
+// rounding of the run's precision (gradient_tolerance), an element with gradient g at step s may
+// have an error of rounding * grad_max[s], a relative error e = rounding * grad_max[s] / |g|,
+// which moves its update by up to 2 e lr (m and sqrt(v) each carry e), and by at most a whole
+// step the other way (2 lr) where e >= 1, the gradient being rounding noise, where two
+// summation orders may disagree even in sign. Per element of one piece: the sum over the steps,
+// from the single-device gradients `grads[s]` (the piece's, as applied) and `grad_max[s]`, the
+// tensor's largest gradient at step s. A lost or doubled gradient (error ~ |g|) still exceeds it
+// wherever |g| is above the noise. (The tests skip whole tensors where noise happens by
+// construction; `loom verify` runs few steps and allows it per element.)
 inline at::Tensor adam_noise_allowance(const std::vector<at::Tensor>& grads,
                                        const std::vector<double>& grad_max,
-                                       const std::vector<double>& lr) {
+                                       const std::vector<double>& lr, double rounding) {
   at::Tensor allowed;
   for (size_t s = 0; s < grads.size() && s < grad_max.size() && s < lr.size(); ++s) {
-    const at::Tensor noise =
-        (grads[s].detach().to(at::kCPU).to(at::kDouble).abs() <= kGradRoundingOfMax * grad_max[s])
-            .to(at::kDouble) *
-        (2 * lr[s]);
-    allowed = allowed.defined() ? allowed + noise : noise;
+    const at::Tensor g = grads[s].detach().to(at::kCPU).to(at::kDouble).abs();
+    const double noise = rounding * grad_max[s];
+    const at::Tensor relative =
+        noise > 0 ? (noise / g.clamp_min(noise * 1e-12)).clamp_max(1.0) : at::zeros_like(g);
+    const at::Tensor step = relative * (2 * lr[s]);
+    allowed = allowed.defined() ? allowed + step : step;
   }
   return allowed;
 }

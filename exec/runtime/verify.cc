@@ -165,7 +165,8 @@ void compare_pieces(Trainer& trainer, const SingleDeviceRun& single, int64_t ste
       std::vector<at::Tensor> piece_grads;
       for (int64_t u = 0; u < step; ++u)
         piece_grads.push_back(cut_piece(single.grads[static_cast<size_t>(u)].at(name), piece));
-      allowance = adam_noise_allowance(piece_grads, trace.grad_max.at(name), trace.lr);
+      allowance = adam_noise_allowance(piece_grads, trace.grad_max.at(name), trace.lr,
+                                       gradient_tolerance(trace));
     }
     const ParameterDifference pd = parameter_difference(
         value, cut_piece(params.at(name), piece), cut_piece(single.init.at(name), piece),
