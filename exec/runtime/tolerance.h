@@ -90,11 +90,14 @@ constexpr double kGradRoundingOfMax = 2e-5;
 // gradient's scale: rounding that moves every gradient alike changes nothing, and an element's
 // update moves by its own gradient's relative rounding. That is eps (~1e-7) of the terms the
 // element sums, so 1e-3 of the element where they cancel down to 1e-4 of their size: the floor
-// lets every element's update differ by 1e-3 of a full step (lr) at every step. (Measured: at
-// most 1.4e-4 of sum(lr).) An element whose gradient cancels further, down to rounding noise,
-// could take a whole step the other way (2 lr): the tensors where that happens by construction
-// are named and skipped by the tests.
-constexpr double kAdamStepRounding = 1e-3;
+// lets every element's update differ by 3e-3 of a full step (lr) at every step. (Measured: at
+// most 1.4e-4 of sum(lr) with LibTorch 1.13's kernels; with the fused AdamW of LibTorch 2.11 and
+// MKL held to AVX2, 1.1e-3 on one element of GPT tiny's tied embedding under dp2 x tp2 ZeRO 3,
+// whose gradient sums the lookup's and the LM head's and cancels: 3e-3 leaves 2.7x. A dropped
+// update, a step of lr, is still 300x over.) An element whose gradient cancels further, down to
+// rounding noise, could take a whole step the other way (2 lr): the tensors where that happens
+// by construction are named and skipped by the tests.
+constexpr double kAdamStepRounding = 3e-3;
 
 // A bf16 gradient element against the tensor's largest gradient: the products it sums come from
 // activations rounded to bf16 at different points, a few bf16 roundings of the terms. Measured:
