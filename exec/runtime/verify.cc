@@ -374,10 +374,9 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   }
   report.tensors = table.rows();
   report.tensors_compared = table.compared();
-  // Each sub-op against the one-device values, both in float32 on the host: 1e-5 of a piece's
-  // largest magnitude is a decade above what a split reduction's reordering measures
-  // (oracle_test), and a bias counted twice is 1e-3 or more.
-  report.oracle_tolerance = 1e-5;
+  // Each sub-op against the one-device values, both in float32 on the host (kOracleTolerance says
+  // why this much).
+  report.oracle_tolerance = kOracleTolerance;
   if (report.prints) {  // launched: rank 0's report is the one read
     LOOM_ASSIGN_OR_RETURN(report.oracle, run_oracle(config, plan, single, extensions->kernels,
                                                     report.oracle_tolerance));
