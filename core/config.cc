@@ -69,6 +69,8 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "dp", c.parallel.dp, positive());
   v("parallel", "tp", c.parallel.tp, positive());
   v("parallel", "pp", c.parallel.pp, positive());
+  v("parallel", "cp", c.parallel.cp, positive());
+  v("parallel", "cp_kind", c.parallel.cp_kind, one_of({"p2p"}));
   v("parallel", "sp", c.parallel.sp, Check<bool>());
   v("parallel", "schedule", c.parallel.schedule,
     one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search", "search-zb",
@@ -501,9 +503,10 @@ Status check_relations(const Config& config) {
   int64_t product = 0;
   if (__builtin_mul_overflow(p.dp, p.tp, &product) ||
       __builtin_mul_overflow(product, p.pp, &product) ||
+      __builtin_mul_overflow(product, p.cp, &product) ||
       __builtin_mul_overflow(b.micro, p.dp, &product))
     return config.error("parallel.dp",
-                        "parallel.dp x tp x pp, or batch.micro x parallel.dp, is too large");
+                        "parallel.dp x cp x tp x pp, or batch.micro x parallel.dp, is too large");
   if (b.global % (b.micro * p.dp) != 0)
     return config.error("batch.global", "batch.global (" + std::to_string(b.global) +
                                             ") must be divisible by batch.micro (" +
@@ -535,6 +538,13 @@ Status check_relations(const Config& config) {
 }
 
 }  // namespace
+
+std::string ParallelConfig::degrees() const {
+  std::string out = "parallel.dp (" + std::to_string(dp) + ")";
+  if (cp > 1) out += " x parallel.cp (" + std::to_string(cp) + ")";
+  return out + " x parallel.tp (" + std::to_string(tp) + ") x parallel.pp (" + std::to_string(pp) +
+         ")";
+}
 
 std::string Config::where(const std::string& key) const {
   auto it = where_.find(key);

@@ -33,6 +33,13 @@ struct ParallelConfig {
   int64_t dp = 1;
   int64_t tp = 1;
   int64_t pp = 1;
+  // Context parallelism: every activation's sequence cut into cp chunks, chunk c on cp rank c.
+  // Attention becomes ring attention (cp_kind p2p, as Megatron-Core calls it): cp steps, step k
+  // pairing each rank's query chunk c with key/value chunk (c - k) mod cp, sent point to point
+  // from the rank holding it, the steps merged by their log-sum-exp (planner/context_parallel.h).
+  // Parameters are replicated over the cp ranks like data-parallel replicas.
+  int64_t cp = 1;
+  std::string cp_kind = "p2p";
   bool sp = false;  // sequence parallelism over the tp ranks; needs tp > 1
   std::string schedule = "1f1b";
   // schedule csv: the torch.distributed.pipelining CSV whose order every rank runs (a path
@@ -54,7 +61,11 @@ struct ParallelConfig {
   // device memory.
   double memory_limit_gb = 0;
 
-  int64_t world_size() const { return dp * tp * pp; }
+  int64_t world_size() const { return dp * cp * tp * pp; }
+  // The ranks of one pipeline stage (the mesh lays pp outermost: planner/mesh.h).
+  int64_t ranks_per_stage() const { return dp * cp * tp; }
+  // "parallel.dp (2) x parallel.tp (2) x parallel.pp (1)", parallel.cp included where above 1.
+  std::string degrees() const;
 };
 
 struct BatchConfig {

@@ -1,6 +1,7 @@
 // loom's built-in op types and their annotations. The kernels live in exec/runtime.
 #include "core/strings.h"
 #include "graph/op_registry.h"
+#include "graph/ops_context.h"
 #include "graph/ops_evoformer.h"
 #include "graph/ops_vision.h"
 
@@ -98,6 +99,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
     must(std::move(schema));
   }
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
+  add_context_ops(r);
   add_evoformer_ops(r);
   add_vision_ops(r);
   return r;

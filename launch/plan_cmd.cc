@@ -32,8 +32,10 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
   const plan::Estimate& e = plan.estimate;
   std::ostringstream table;
   table << "plan: " << config.model.type << " " << config.model.preset << " on "
-        << plan.world_size() << " ranks (dp " << par.dp << " x tp " << par.tp << " x pp " << par.pp
-        << "), " << config.micro_batches() << " micro-batches per step, schedule " << par.schedule;
+        << plan.world_size() << " ranks (dp " << par.dp
+        << (par.cp > 1 ? " x cp " + std::to_string(par.cp) + " " + par.cp_kind : std::string())
+        << " x tp " << par.tp << " x pp " << par.pp << "), " << config.micro_batches()
+        << " micro-batches per step, schedule " << par.schedule;
   if (par.pp > 1) table << ", bubble ratio " << e.bubble_ratio;
   table << ", est. step time " << plan::human_seconds(e.step_s) << " at "
         << plan.cost.device_flops_per_s / 1e12 << " TFLOP/s per device\n";

@@ -4,6 +4,7 @@
 
 #include "core/strings.h"
 #include "graph/builder.h"
+#include "models/model.h"
 
 namespace loom::models {
 namespace {
@@ -168,6 +169,16 @@ Status check_llama_parallel(const Config& config) {
     return refuse("kv_heads", spec.kv_heads,
                   "to divide it or be divisible by it (kv heads are split, or repeated on the "
                   "ranks that share one)");
+  if (config.parallel.cp > 1 && tp > spec.kv_heads)
+    return config.error("parallel.cp",
+                        "context parallelism needs the kv heads split with their query heads, but "
+                        "parallel.tp (" +
+                            std::to_string(tp) + ") exceeds " + key("kv_heads") + " (" +
+                            std::to_string(spec.kv_heads) + ")");
+  LOOM_TRY(check_sequence_split(config, spec.seq,
+                                config.model.args.count("seq")
+                                    ? "model.args.seq"
+                                    : "model.preset (" + config.model.preset + ") seq"));
   const int64_t stages = config.parallel.pp * config.parallel.chunks;
   if (stages > spec.layers)
     return config.error("parallel.pp",

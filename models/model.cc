@@ -6,6 +6,7 @@
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "models/swin.h"
+#include "planner/context_parallel.h"
 
 namespace loom::models {
 namespace {
@@ -24,6 +25,10 @@ Status check_gpt_parallel(const Config& config) {
       return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                              key(name) + " (" + std::to_string(value) +
                                              ") to be divisible by " + std::to_string(tp));
+  LOOM_TRY(check_sequence_split(config, spec.seq,
+                                config.model.args.count("seq")
+                                    ? "model.args.seq"
+                                    : "model.preset (" + config.model.preset + ") seq"));
   const int64_t stages = config.parallel.pp * config.parallel.chunks;
   if (stages > spec.layers)
     return config.error("parallel.pp",
@@ -46,7 +51,8 @@ ModelType gpt_type() {
           [](const Config& c) -> Result<SampleItems> {
             LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(c));
             return SampleItems{spec.seq, "tokens", "tok/s"};
-          }};
+          },
+          /*context_parallel=*/true};
 }
 
 ModelType evoformer_type() {
@@ -75,7 +81,8 @@ ModelType llama_type() {
           [](const Config& c) -> Result<SampleItems> {
             LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(c));
             return SampleItems{spec.seq, "tokens", "tok/s"};
-          }};
+          },
+          /*context_parallel=*/true};
 }
 
 ModelType swin_type() {
@@ -137,12 +144,41 @@ std::vector<std::string> model_types() { return zoo().names(); }
 
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
-  return type->build(config, registry);
+  LOOM_ASSIGN_OR_RETURN(graph::Graph g, type->build(config, registry));
+  if (config.parallel.cp == 1) return g;
+  auto ring = planner::context_parallel_attention(g, config.parallel.cp);
+  if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
+  return ring;
+}
+
+Status check_context_parallel(const Config& config, const ModelType& type) {
+  if (config.parallel.cp > 1 && !type.context_parallel)
+    return config.error("parallel.cp",
+                        "context parallelism splits a language model's sequence; "
+                        "model.type '" +
+                            type.name + "' has none to split (parallel.cp must be 1)");
+  return Status::success();
 }
 
 Status check_parallel(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
+  LOOM_TRY(check_context_parallel(config, *type));
   return type->check_parallel ? type->check_parallel(config) : Status::success();
+}
+
+Status check_sequence_split(const Config& config, int64_t seq, const std::string& seq_key) {
+  const int64_t chunks = config.parallel.cp;
+  if (chunks > 1 && seq % chunks != 0)
+    return config.error("parallel.cp", "context parallelism cuts the sequence into " +
+                                           std::to_string(chunks) + " chunks, but " + seq_key +
+                                           " (" + std::to_string(seq) + ") is not divisible by " +
+                                           std::to_string(chunks));
+  if (config.parallel.cp > 1 && config.parallel.policy != "hybrid")
+    return config.error("parallel.cp",
+                        "context parallelism runs under parallel.policy hybrid, "
+                        "not '" +
+                            config.parallel.policy + "'");
+  return Status::success();
 }
 
 Result<SampleItems> items_per_sample(const Config& config) {

@@ -32,6 +32,9 @@ struct ModelType {
   std::function<Status(const Config&)> check_parallel;
   // Empty: samples.
   std::function<Result<SampleItems>(const Config&)> items;
+  // Whether parallel.cp may split its sequence (a language model's causal attention); others
+  // refuse parallel.cp above 1.
+  bool context_parallel = false;
 };
 
 class ModelRegistry {
@@ -54,6 +57,11 @@ std::vector<std::string> model_types();
 // The zoo's entry for config.model.type: its graph, its parallel check, its items.
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
 Status check_parallel(const Config& config);
+// parallel.cp above 1 only for a type that declares context_parallel, naming the type.
+Status check_context_parallel(const Config& config, const ModelType& type);
+// parallel.cp against a sequence of `seq` positions (`seq_key` names where it came from): cp
+// chunks of equal length, under the hybrid policy.
+Status check_sequence_split(const Config& config, int64_t seq, const std::string& seq_key);
 Result<SampleItems> items_per_sample(const Config& config);
 // Builds the model, checks the parallel config against it and runs the configured policy for
 // `world_size` ranks (the planning chain without lowering: policy tests and plan_scale).

@@ -26,7 +26,8 @@ namespace {
 // (graph::fused_attention says which runs).
 double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu) {
   const std::string& type = op.type();
-  if ((type != "attention" && type != "gqa_attention" && type != "shared_kv_attention") ||
+  if ((type != "attention" && type != "gqa_attention" && type != "shared_kv_attention" &&
+       type != "ring_attention_step") ||
       op.inputs.size() < 3)
     return 0;
   const Shape q = op.inputs[0].shape(), k = op.inputs[1].shape();
@@ -35,6 +36,9 @@ double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu
   const double heads = static_cast<double>(q[2] / d);
   const double queries = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]);
   const DType dtype = g.tensor(op.inputs[0].tensor).dtype;
+  // A ring attention step keeps its float32 probabilities and operands (exec/runtime's kernel).
+  if (type == "ring_attention_step")
+    return 4 * (queries * static_cast<double>(k[1]) + 3 * static_cast<double>(numel(q)));
   if (graph::fused_attention(dtype == DType::kBFloat16, on_gpu))
     return 4 * queries + static_cast<double>(numel(q) * size_bytes(dtype));
   return 4 * (queries * static_cast<double>(k[1]) + 3 * static_cast<double>(numel(q)));
@@ -416,7 +420,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   const size_t n = static_cast<size_t>(world);
   const double m = static_cast<double>(config.micro_batches());
-  const int64_t ranks_per_stage = par.tp * par.dp;
+  const int64_t ranks_per_stage = par.ranks_per_stage();
   const std::vector<double> fwd = forward_seconds(planned, world, cost);
   const std::vector<double> refwd = recompute_cost(planned, lowered, cost).forward_s;
   const Holdings h = holdings(config, planned, lowered, world);

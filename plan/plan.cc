@@ -11,6 +11,7 @@
 #include "exec/lower/schedule_order.h"
 #include "graph/precision.h"
 #include "graph/verify.h"
+#include "planner/context_parallel.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
 #include "scheduler/render.h"
@@ -208,6 +209,7 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
     LOOM_ASSIGN_OR_RETURN(model, registries.model(config, registries.ops));
   } else {
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+    LOOM_TRY(models::check_context_parallel(config, *type));
     LOOM_ASSIGN_OR_RETURN(model, type->build(config, registries.ops));
     if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
   }
@@ -215,6 +217,13 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
   // run.precision is a property of the graph: byte counts, estimates and buffers follow it.
   if (config.run.precision == "bf16")
     model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
+  // Context parallelism rewrites attention as ring steps before any split (its new tensors stay
+  // float32 whatever the precision).
+  if (config.parallel.cp > 1) {
+    auto ring = planner::context_parallel_attention(model, config.parallel.cp);
+    if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
+    model = std::move(ring).value();
+  }
   return model;
 }
 
@@ -223,6 +232,23 @@ namespace {
 // parallel.zero 3 gathers a linear's weight again in its backward and reduce-scatters its
 // gradient there: a weight gradient deferred to a W block would need both again, which the W
 // blocks' promise (no communication, exec/lower/program.h) rules out.
+// Context parallelism's ring steps recomputed in full inside layers whose weight gradients wait
+// for W blocks (llama tiny, cp 2 x pp 2, zb-h1) left a last-stage parameter without its gradient
+// when its bucket was flushed: refused until that combination is made to work.
+Status check_cp_schedule(const Config& config, const lower::Lowered& lowered) {
+  if (config.parallel.cp == 1 || config.parallel.recompute != "full") return Status::success();
+  for (const lower::Program& prog : lowered.programs)
+    for (const lower::ProgramBlock& b : prog.blocks)
+      if (b.kind == lower::BlockKind::kWeightGrad)
+        return config.error("parallel.cp",
+                            "context parallelism with parallel.recompute: full does not combine "
+                            "with a backward split into input- and weight-gradient blocks "
+                            "(parallel.schedule: " +
+                                config.parallel.schedule +
+                                "); use selective recomputation, or a schedule without W blocks");
+  return Status::success();
+}
+
 Status check_zero3_schedule(const Config& config, const lower::Lowered& lowered) {
   if (config.parallel.zero != 3) return Status::success();
   for (const lower::Program& prog : lowered.programs)
@@ -285,6 +311,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
                                                    paths, order, options));
   LOOM_TRY(check_zero3_schedule(config, file.lowered));
+  LOOM_TRY(check_cp_schedule(config, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, recompute);
   // A recomputed forward repeats its collectives inside the backward.
   LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));

@@ -21,7 +21,7 @@ double op_flops(const graph::Op& op) {
     return 4.0 * size("b") * size("s") * size("t") * size("t") * size("h") * size("d");
   if (t == "attention" || t == "shared_kv_attention")
     return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
-  if (t == "gqa_attention")
+  if (t == "gqa_attention" || t == "ring_attention_step")
     return 4.0 * size("b") * size("s") * size("t") * size("g") * size("r") * size("d");
   if (t == "embedding") return size("b") * size("s") * size("h");
   // The Evoformer's (graph/ops_evoformer.cc): scores and weighted sums, products over k or s.

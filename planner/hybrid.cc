@@ -2,8 +2,10 @@
 // Megatron-style tensor (and sequence) parallelism from the ops' annotations and `tp` hints.
 #include <algorithm>
 
+#include "graph/ops_context.h"
 #include "graph/transform.h"
 #include "planner/chimera.h"
+#include "planner/context_parallel.h"
 #include "planner/mesh.h"
 #include "planner/policy.h"
 #include "planner/stages.h"
@@ -15,18 +17,20 @@ using graph::Graph;
 using graph::LabelKind;
 using graph::Op;
 
-// For every op, the label that carries the batch: graph inputs hold the batch in dimension 0,
-// and each op passes it from its inputs to the outputs that have the same label.
-std::vector<std::string> batch_labels(const Graph& g) {
-  std::vector<int64_t> batch_dim(g.tensors().size(), -1);
+// For every op, the label that carries dimension `dim` of the graph inputs (0: the batch, 1: a
+// language model's sequence): inputs hold it there, and each op passes it from its inputs to the
+// outputs that have the same label.
+std::vector<std::string> carried_labels(const Graph& g, int64_t dim) {
+  std::vector<int64_t> carried(g.tensors().size(), -1);
   for (const auto& t : g.tensors())
-    if (t.role == graph::TensorRole::kInput && !t.shape.empty()) batch_dim[t.id.value()] = 0;
+    if (t.role == graph::TensorRole::kInput && static_cast<int64_t>(t.shape.size()) > dim)
+      carried[t.id.value()] = dim;
   std::vector<std::string> out;
   for (const auto& op : g.ops()) {
     std::string label;
     const auto& a = op.annotation();
     for (size_t i = 0; i < op.inputs.size() && label.empty(); ++i) {
-      int64_t d = batch_dim[op.inputs[i].tensor.value()];
+      int64_t d = carried[op.inputs[i].tensor.value()];
       if (d >= 0) label = a.inputs()[i].dims[static_cast<size_t>(d)].labels[0].name;
     }
     if (!label.empty())
@@ -34,10 +38,34 @@ std::vector<std::string> batch_labels(const Graph& g) {
         const auto& dims = a.outputs()[o].dims;
         for (size_t d = 0; d < dims.size(); ++d)
           if (dims[d].labels[0].name == label)
-            batch_dim[op.outputs[o].tensor.value()] = static_cast<int64_t>(d);
+            carried[op.outputs[o].tensor.value()] = static_cast<int64_t>(d);
       }
     out.push_back(label);
   }
+  return out;
+}
+
+// Context parallelism: `op` (one data-parallel part) as its parts over the cp ranks, each with
+// the cp rank that runs it. A ring attention step runs query chunk c on rank c; other ops split
+// their sequence label into cp chunks, chunk c on rank c; an op without a splittable sequence is
+// replicated.
+Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::string& sequence,
+                                                     const graph::Rewriter& rw, const Config& c) {
+  const int64_t cp = c.parallel.cp;
+  if (cp == 1) return std::vector<std::pair<Op, int64_t>>{{op, 0}};
+  const bool ring = op.type() == graph::kRingAttentionStep;
+  const bool splits = !sequence.empty() && op.annotation().kind_of(sequence) != LabelKind::kFrozen;
+  auto parts =
+      ring     ? rw.rewrite("ring attention", std::to_string(cp) + " query chunks", op,
+                            [](const Op& o) -> Result<std::vector<Op>> { return ring_step_parts(o); })
+      : splits ? rw.partition(op, sequence, cp)
+               : rw.replicate(op, cp);
+  if (!parts.ok())
+    return c.error("parallel.cp",
+                   "context parallelism " + std::to_string(cp) + ": " + parts.error().message);
+  std::vector<std::pair<Op, int64_t>> out;
+  for (size_t j = 0; j < parts->size(); ++j)
+    out.emplace_back(std::move((*parts)[j]), static_cast<int64_t>(j));
   return out;
 }
 
@@ -51,10 +79,12 @@ bool has_label(const Op& op, const std::string& label) {
 std::string tp_label(const Op& op, bool sp) {
   const std::string& t = op.type();
   const std::string hint = op.attrs().get_or<std::string>("tp", "");
-  if (t == "embedding") return "v";                       // vocab-parallel embedding
-  if (t == "attention") return "h";                       // heads
-  if (t == "gqa_attention") return "g";                   // kv groups with their query heads
-  if (t == "shared_kv_attention") return "h";             // query heads; kv heads whole
+  if (t == "embedding") return "v";            // vocab-parallel embedding
+  if (t == "attention") return "h";            // heads
+  if (t == "gqa_attention") return "g";        // kv groups with their query heads
+  if (t == "shared_kv_attention") return "h";  // query heads; kv heads whole
+  if (t == "ring_attention_step") return "g";  // context-parallel attention
+  if (t == "lse_merge" || t == "lse_merge_last") return "h";
   if (t == "window_attention") return "h";                // heads (Swin)
   if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
   if (t == "linear") return hint == "column" ? "n" : hint == "row" ? "k" : "";
@@ -78,11 +108,16 @@ Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
   return hybrid_policy_with(g, request, [sp](const Op& op, int64_t) { return tp_label(op, sp); });
 }
 
-Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
+Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
                                  const SplitLabel& tp_split) {
   const Config& c = request.config;
   const auto& p = c.parallel;
-  LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp));
+  LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp, p.cp));
+  const Graph& g = model;
+  if (p.cp > 1 && p.schedule == "chimera")
+    return c.error("parallel.cp",
+                   "context parallelism does not combine with chimera's two "
+                   "pipelines; choose another parallel.schedule");
   const bool chimera = p.schedule == "chimera";
   if (chimera && (p.pp < 2 || p.pp % 2 != 0))
     return c.error(
@@ -95,7 +130,9 @@ Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
                        std::to_string(p.chunks));
   const int64_t stages = p.pp * p.chunks;
   LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
-  const std::vector<std::string> batch = batch_labels(g);
+  const std::vector<std::string> batch = carried_labels(g, 0);
+  const std::vector<std::string> sequence =
+      p.cp > 1 ? carried_labels(g, 1) : std::vector<std::string>(g.ops().size());
 
   const graph::Rewriter rw = request.rewriter(g);
   Graph out = g;
@@ -116,22 +153,27 @@ Result<Graph> hybrid_policy_with(const Graph& g, const PlanRequest& request,
       dp_parts = std::move(split).value();
     }
     for (int64_t d = 0; d < static_cast<int64_t>(dp_parts.size()); ++d) {
-      std::vector<Op> tp_parts{dp_parts[static_cast<size_t>(d)]};
-      if (p.tp > 1) {
-        const std::string label = tp_split(tp_parts[0], p.tp);
-        auto split = label.empty() ? rw.replicate(tp_parts[0], p.tp)
-                                   : rw.partition(tp_parts[0], label, p.tp);
-        if (!split.ok())
-          return c.error("parallel.tp", "tensor parallelism " + std::to_string(p.tp) + ": " +
-                                            split.error().message);
-        tp_parts = std::move(split).value();
-      }
-      for (int64_t t = 0; t < static_cast<int64_t>(tp_parts.size()); ++t) {
-        Op& sub = tp_parts[static_cast<size_t>(t)];
-        LOOM_TRY(rw.assign(sub, DeviceId(mesh.rank({d, pp_rank, t}).value()), mesh.size()));
-        LOOM_TRY(rw.stage(sub, StageId(s), stages));
-        sub.id = OpId(static_cast<int64_t>(ops.size()));
-        ops.push_back(std::move(sub));
+      LOOM_ASSIGN_OR_RETURN(auto cp_split,
+                            cp_parts(dp_parts[static_cast<size_t>(d)], sequence[i], rw, c));
+      for (auto& [cp_part, cp_rank] : cp_split) {
+        std::vector<Op> tp_parts{cp_part};
+        if (p.tp > 1) {
+          const std::string label = tp_split(tp_parts[0], p.tp);
+          auto split = label.empty() ? rw.replicate(tp_parts[0], p.tp)
+                                     : rw.partition(tp_parts[0], label, p.tp);
+          if (!split.ok())
+            return c.error("parallel.tp", "tensor parallelism " + std::to_string(p.tp) + ": " +
+                                              split.error().message);
+          tp_parts = std::move(split).value();
+        }
+        for (int64_t t = 0; t < static_cast<int64_t>(tp_parts.size()); ++t) {
+          Op& sub = tp_parts[static_cast<size_t>(t)];
+          LOOM_TRY(
+              rw.assign(sub, DeviceId(mesh.rank({d, pp_rank, t, cp_rank}).value()), mesh.size()));
+          LOOM_TRY(rw.stage(sub, StageId(s), stages));
+          sub.id = OpId(static_cast<int64_t>(ops.size()));
+          ops.push_back(std::move(sub));
+        }
       }
     }
   }

@@ -70,11 +70,9 @@ Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& re
   const Config& c = request.config;
   const auto& p = c.parallel;
   if (p.world_size() != request.world_size)
-    return c.error("parallel.dp",
-                   "parallel.dp (" + std::to_string(p.dp) + ") x parallel.tp (" +
-                       std::to_string(p.tp) + ") x parallel.pp (" + std::to_string(p.pp) +
-                       ") = " + std::to_string(p.world_size()) + ", but the world size is " +
-                       std::to_string(request.world_size));
+    return c.error("parallel.dp", p.degrees() + " = " + std::to_string(p.world_size()) +
+                                      ", but the world size is " +
+                                      std::to_string(request.world_size));
   const Policy* policy = policies.find(p.policy);
   if (!policy) {
     std::string msg = "unknown policy '" + p.policy + "'";

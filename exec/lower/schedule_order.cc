@@ -228,12 +228,12 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
                               "; p: parallel.pp " + std::to_string(pp) + ")");
     orders = std::move(o).value();
   }
-  // Ranks are laid out tp fastest, then dp, then pp (planner/mesh.h).
+  // Ranks are laid out tp fastest, then cp, then dp, then pp (planner/mesh.h).
   const int64_t world = p.world_size();
   std::vector<std::vector<ProgramBlock>>& out = result.ranks;
   out.resize(static_cast<size_t>(world));
   for (int64_t r = 0; r < world; ++r)
-    for (const sched::BlockId& b : orders[static_cast<size_t>(r / (p.tp * p.dp))]) {
+    for (const sched::BlockId& b : orders[static_cast<size_t>(r / p.ranks_per_stage())]) {
       // Chimera's up pipeline (odd micro-batches) runs its own replica of stage s, numbered p + s
       // by the planner (planner/chimera.h).
       const bool up = p.schedule == "chimera" && b.mb.value() % 2 == 1;

@@ -107,8 +107,9 @@ std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> stored_kinds
 }
 
 std::string plan_string(const Config& c) {
-  return "dp" + std::to_string(c.parallel.dp) + " x tp" + std::to_string(c.parallel.tp) + " x pp" +
-         std::to_string(c.parallel.pp);
+  return "dp" + std::to_string(c.parallel.dp) +
+         (c.parallel.cp > 1 ? " x cp" + std::to_string(c.parallel.cp) : std::string()) + " x tp" +
+         std::to_string(c.parallel.tp) + " x pp" + std::to_string(c.parallel.pp);
 }
 
 // Removes all but the newest `keep` complete checkpoints, and incomplete ones older than the

@@ -123,30 +123,101 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
   return {causal_attention(heads_first(in[0], d), heads_first(in[1], d), heads_first(in[2], d))};
 }
 
-// Grouped-query attention (gqa_attention, shared_kv_attention): each query head of the piece
-// reads the kv head its group owns. Query head i of the model reads kv head i / r, r = query
-// heads / kv heads of the whole model; the pieces' head ranges say which of those this rank has.
-Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
-  const int64_t d = ctx.op.attrs().get<int64_t>("d");
-  const int64_t r = ctx.full_size(0, 2) / ctx.full_size(1, 2);
+// The kv heads the query heads of this piece read, heads first [b, heads, t, d]: query head i of
+// the model reads kv head i / r (r = query heads per kv head); the pieces' head ranges say which
+// of those this rank holds.
+std::pair<at::Tensor, at::Tensor> kv_for_queries(const Ctx& ctx, int64_t d, int64_t r,
+                                                 const at::Tensor& k, const at::Tensor& v) {
   const int64_t q0 = ctx.op.inputs[0].ranges[2].start / d;
   const int64_t kv0 = ctx.op.inputs[1].ranges[2].start / d;
-  const int64_t heads = in[0].size(2) / d, kv_heads = in[1].size(2) / d;
-  at::Tensor kh = heads_first(in[1], d), vh = heads_first(in[2], d);
+  const int64_t heads = ctx.op.inputs[0].ranges[2].size() / d, kv_heads = k.size(2) / d;
+  at::Tensor kh = heads_first(k, d), vh = heads_first(v, d);
   const int64_t first = q0 / r - kv0, last = (q0 + heads - 1) / r - kv0;  // local kv heads read
   LOOM_CHECK(first >= 0 && last < kv_heads)
       << ctx.op.name() << ": query heads [" << q0 << ", " << q0 + heads << ") read kv heads ["
       << first + kv0 << ", " << last + kv0 + 1 << ") but the piece holds [" << kv0 << ", "
       << kv0 + kv_heads << ")";
-  if (heads != kv_heads || r != 1) {
-    // Local query head j reads local kv head (q0 + j) / r - kv0.
-    at::Tensor index =
-        at::arange(q0, q0 + heads, in[1].options().dtype(at::kLong)).div_(r, "floor").sub_(kv0);
-    kh = kh.index_select(1, index);
-    vh = vh.index_select(1, index);
-  }
+  if (heads == kv_heads && r == 1) return {kh, vh};
+  // Local query head j reads local kv head (q0 + j) / r - kv0.
+  const at::Tensor index =
+      at::arange(q0, q0 + heads, k.options().dtype(at::kLong)).div_(r, "floor").sub_(kv0);
+  return {kh.index_select(1, index), vh.index_select(1, index)};
+}
+
+// Grouped-query attention (gqa_attention, shared_kv_attention): each query head of the piece
+// reads the kv head its group owns, r = query heads / kv heads of the whole model.
+Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  const int64_t r = ctx.full_size(0, 2) / ctx.full_size(1, 2);
+  auto [kh, vh] = kv_for_queries(ctx, d, r, in[1], in[2]);
   return {causal_attention(heads_first(in[0], d), kh, vh)};
 }
+
+// Causal attention of heads-first float32 queries [b, h, s, d] at positions p0.. over keys and
+// values [b, h, t, d] at positions t0..: the output [b, s, h*d] and each query's log-sum-exp of
+// its scores [b, s, h]. Keys all after the queries give 0 and -inf (nothing seen).
+std::pair<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& qh, const at::Tensor& kh,
+                                                     const at::Tensor& vh, int64_t p0, int64_t t0) {
+  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3), t = kh.size(2);
+  if (t0 > p0 + s - 1) {
+    // Still a function of k and v: their gradients (zeros) must flow back through the transfer
+    // that brought them, or the rank that sent them would wait for a gradient that never comes.
+    const at::Tensor none = (kh.sum() + vh.sum()).mul_(0);
+    return {at::zeros({b, s, h * d}, qh.options()).add_(none),
+            at::full({b, s, h}, -std::numeric_limits<double>::infinity(), qh.options())};
+  }
+  at::Tensor scores =
+      at::matmul(qh, kh.transpose(-1, -2)).mul_(1.0 / std::sqrt(static_cast<double>(d)));
+  if (t0 + t - 1 > p0) {  // some key lies after some query
+    const at::Tensor qpos = at::arange(p0, p0 + s, qh.options().dtype(at::kLong));
+    const at::Tensor kpos = at::arange(t0, t0 + t, qh.options().dtype(at::kLong));
+    scores = scores.masked_fill(kpos.unsqueeze(0) > qpos.unsqueeze(1),
+                                -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor lse = at::logsumexp(scores, -1);  // [b, h, s]
+  const at::Tensor out = at::matmul((scores - lse.unsqueeze(-1)).exp(), vh);
+  return {out.transpose(1, 2).reshape({b, s, h * d}), lse.transpose(1, 2).contiguous()};
+}
+
+// Step k of ring attention in float32 (graph/ops_context.h): each query chunk c of the piece
+// attends to key chunk (c - k) mod N, found in the key piece.
+Tensors ring_attention_step(const Ctx& ctx, const Tensors& in) {
+  const graph::Attrs& a = ctx.op.attrs();
+  const int64_t d = a.get<int64_t>("d"), r = a.get<int64_t>("r");
+  const int64_t chunks = a.get<int64_t>("cp"), step = a.get<int64_t>("cp_step");
+  const int64_t len = ctx.full_size(0, 1) / chunks;
+  const int64_t p0 = ctx.op.inputs[0].ranges[1].start, t0 = ctx.op.inputs[1].ranges[1].start;
+  const at::Tensor qh = heads_first(in[0].to(at::kFloat), d);
+  auto [kh, vh] = kv_for_queries(ctx, d, r, in[1].to(at::kFloat), in[2].to(at::kFloat));
+  std::vector<at::Tensor> outs, lses;
+  for (int64_t c = p0 / len; c < (p0 + qh.size(2)) / len; ++c) {
+    const int64_t kc = ((c - step) % chunks + chunks) % chunks;
+    LOOM_CHECK(kc * len >= t0 && (kc + 1) * len <= t0 + kh.size(2))
+        << ctx.op.name() << ": query chunk " << c << " reads key chunk " << kc
+        << ", outside the key piece from position " << t0;
+    auto [o, l] =
+        attention_with_lse(qh.narrow(2, c * len - p0, len), kh.narrow(2, kc * len - t0, len),
+                           vh.narrow(2, kc * len - t0, len), c * len, kc * len);
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  if (outs.size() == 1) return {outs[0], lses[0]};
+  return {at::cat(outs, 1), at::cat(lses, 1)};
+}
+
+// Two partial attentions of the same queries over disjoint keys, as one (float32).
+Tensors lse_merge(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  const at::Tensor l1 = in[1].to(at::kFloat), l2 = in[3].to(at::kFloat);
+  const at::Tensor lse = at::logaddexp(l1, l2);
+  const int64_t b = l1.size(0), s = l1.size(1), h = l1.size(2);
+  auto weighted = [&](const at::Tensor& o, const at::Tensor& l) {
+    return o.to(at::kFloat).view({b, s, h, d}) * (l - lse).exp().unsqueeze(-1);
+  };
+  return {(weighted(in[0], l1) + weighted(in[2], l2)).view({b, s, h * d}), lse};
+}
+
+Tensors lse_merge_last(const Ctx& ctx, const Tensors& in) { return {lse_merge(ctx, in)[0]}; }
 
 // Root-mean-square norm in float32 whatever the activations' dtype, as Llama computes it:
 // x / sqrt(mean(x^2) + eps), then the weight.
@@ -275,6 +346,9 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
       {"attention", attention},
       {"gqa_attention", grouped_attention},
       {"shared_kv_attention", grouped_attention},
+      {"ring_attention_step", ring_attention_step},
+      {"lse_merge", lse_merge},
+      {"lse_merge_last", lse_merge_last},
       {"rms_norm", rms_norm},
       {"swiglu", swiglu},
       {"rope", rope},

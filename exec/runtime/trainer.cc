@@ -220,12 +220,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
     LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm, env, impl->device.cuda()));
   }
   if (world->size() != world_size)
-    return config.error("parallel.dp",
-                        "parallel.dp (" + std::to_string(config.parallel.dp) + ") x parallel.tp (" +
-                            std::to_string(config.parallel.tp) + ") x parallel.pp (" +
-                            std::to_string(config.parallel.pp) +
-                            ") = " + std::to_string(world_size) + " ranks, but " +
-                            std::to_string(world->size()) + " processes were started");
+    return config.error("parallel.dp", config.parallel.degrees() + " = " +
+                                           std::to_string(world_size) + " ranks, but " +
+                                           std::to_string(world->size()) +
+                                           " processes were started");
   impl->world = world;
   impl->planned = std::move(plan.file.graph);
   impl->lowered = std::move(plan.file.lowered);

@@ -52,8 +52,8 @@ double relative(double err, double scale) {
 std::string describe(const Config& c, int64_t world_size) {
   const ParallelConfig& p = c.parallel;
   std::ostringstream os;
-  os << "dp " << p.dp << " x tp " << p.tp << " x pp " << p.pp << " (" << world_size << " ranks; "
-     << p.policy;
+  os << "dp " << p.dp << (p.cp > 1 ? " x cp " + std::to_string(p.cp) : std::string()) << " x tp "
+     << p.tp << " x pp " << p.pp << " (" << world_size << " ranks; " << p.policy;
   if (p.sp) os << ", sp";
   if (p.pp > 1) os << ", schedule " << p.schedule << ", chunks " << p.chunks;
   if (p.zero > 0) os << ", zero " << p.zero;
@@ -244,7 +244,7 @@ Result<Launched> join_launched_world(const Config& config, int64_t plan_ranks) {
     return Error::at("WORLD_SIZE", "the launcher started " + std::to_string(out.world->size()) +
                                        " processes; the plan of this config has " +
                                        std::to_string(plan_ranks) +
-                                       " ranks (parallel.dp x parallel.tp x parallel.pp)");
+                                       " ranks (parallel.dp x cp x tp x pp)");
   return out;
 }
 

@@ -1,0 +1,152 @@
+// Context parallelism: ring attention (cp steps of query chunk x key chunk, merged by their
+// log-sum-exp) equals one-device causal attention per element, forward and backward; GPT and
+// Llama tiny under cp alone and with tp, sp, pp, dp and zero 3 equal one device (ranks as threads
+// over the local backend; SGD, so tests/support/tolerance.h's bounds apply); the per-op oracle
+// holds on every piece.
+#include <ATen/ATen.h>
+
+#include "exec/runtime/kernels.h"
+#include "tests/exec/local_ranks.h"
+
+namespace loom {
+namespace {
+
+Config config(const std::string& model, const std::vector<std::string>& overrides) {
+  const std::string yaml = "run: {seed: 7, steps: 5}\nmodel: {type: " + model +
+                           ", preset: tiny}\nbatch: {global: 4, micro: 2}\n"
+                           "optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, "
+                           "clip_grad_norm: 1.0}\ncomm: {timeout_s: 60}\n";
+  auto c = parse_config(yaml, model + ".yaml", overrides);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return *c;
+}
+
+// The attention output and (q, k, v) gradients of one layer's attention: `ring` runs the
+// ring-attention ops that replace it under `overrides` (with parallel.cp), else the plain op.
+struct AttentionRun {
+  at::Tensor out, dq, dk, dv;
+};
+
+AttentionRun run_attention(const std::string& model, const std::vector<std::string>& overrides,
+                           const std::vector<at::Tensor>& qkv, const at::Tensor& dout) {
+  auto ops = graph::OpRegistry::with_builtin_ops();
+  auto kernels = runtime::KernelRegistry::with_builtin_kernels();
+  auto g = models::build_model(config(model, overrides), ops);
+  EXPECT_TRUE(g.ok()) << g.error().message;
+  std::vector<at::Tensor> in;
+  for (const at::Tensor& t : qkv) in.push_back(t.detach().clone().requires_grad_(true));
+  // Tensor values by id: q, k, v of h0's attention, then whatever its ops make.
+  std::map<int64_t, at::Tensor> env;
+  const graph::Op* first = nullptr;
+  for (const auto& op : g->ops())
+    if (op.name().rfind("h0.attn.core", 0) == 0 && !first) first = &op;
+  EXPECT_NE(first, nullptr);
+  for (size_t i = 0; i < 3; ++i) env[first->inputs[i].tensor.value()] = in[i];
+  int64_t out_id = -1;  // what the last of them writes: the attention's output
+  for (const auto& op : g->ops()) {
+    if (op.name().rfind("h0.attn.core", 0) != 0) continue;
+    out_id = op.outputs[0].tensor.value();
+    std::vector<at::Tensor> args;
+    for (const auto& i : op.inputs) args.push_back(env.at(i.tensor.value()));
+    auto outs = (*kernels.find(op.type()))(runtime::KernelContext{*g, op}, args);
+    for (size_t o = 0; o < outs.size(); ++o) env[op.outputs[o].tensor.value()] = outs[o];
+  }
+  AttentionRun r;
+  r.out = env.at(out_id);
+  (r.out.to(at::kDouble) * dout).sum().backward();
+  r.dq = in[0].grad();
+  r.dk = in[1].grad();
+  r.dv = in[2].grad();
+  return r;
+}
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  return ((a.to(at::kDouble) - b.to(at::kDouble)).abs().max() / b.abs().max().to(at::kDouble))
+      .item<double>();
+}
+
+// float32 attention over 24 keys of head size 16: the ring merges the same exponentials in
+// another order, a few ulps apart (1e-6 measured); 1e-5 of the largest element bounds it. A
+// chunk attending the wrong keys, a missed causal mask or a lost step moves outputs by 1e-2 or
+// more.
+constexpr double kRingTolerance = 1e-5;
+
+void expect_ring_equals_attention(const std::string& model, int64_t cp, int64_t seq) {
+  SCOPED_TRACE(model + " cp " + std::to_string(cp) + " seq " + std::to_string(seq));
+  at::manual_seed(11);
+  const std::vector<std::string> args = {"model.args.seq=" + std::to_string(seq)};
+  const int64_t kv = model == "llama" ? 32 : 64;  // llama tiny: 2 kv heads of 16
+  const std::vector<at::Tensor> qkv = {at::randn({2, seq, 64}), at::randn({2, seq, kv}),
+                                       at::randn({2, seq, kv})};
+  const at::Tensor dout = at::randn({2, seq, 64}, at::kDouble);
+  const AttentionRun plain = run_attention(model, args, qkv, dout);
+  std::vector<std::string> ring_args = args;
+  ring_args.push_back("parallel.cp=" + std::to_string(cp));
+  const AttentionRun ring = run_attention(model, ring_args, qkv, dout);
+  EXPECT_LT(max_rel(ring.out, plain.out), kRingTolerance);
+  EXPECT_LT(max_rel(ring.dq, plain.dq), kRingTolerance);
+  EXPECT_LT(max_rel(ring.dk, plain.dk), kRingTolerance);
+  EXPECT_LT(max_rel(ring.dv, plain.dv), kRingTolerance);
+}
+
+TEST(RingAttention, EqualsCausalAttentionForwardAndBackward) {
+  expect_ring_equals_attention("gpt", 2, 24);
+  expect_ring_equals_attention("gpt", 3, 24);  // chunks of 8
+  expect_ring_equals_attention("llama", 4, 24);  // chunks of 6: grouped-query heads
+  expect_ring_equals_attention("llama", 3, 21);  // chunks of 7
+}
+
+void expect_equal_to_single_device(const std::string& model, const std::vector<std::string>& o,
+                                   int world_size) {
+  static std::map<std::string, testing_support::Reference> refs;
+  auto it = refs.find(model);
+  if (it == refs.end())
+    it = refs.emplace(model, testing_support::train_single_device(config(model, {}), 5)).first;
+  // GPT's key bias cannot change the output (softmax ignores a shift shared by all keys).
+  testing_support::expect_equal_to_single_device(it->second, config(model, o), world_size,
+                                                 model == "gpt" ? std::vector<std::string>{"attn.k.b"}
+                                                                : std::vector<std::string>{});
+}
+
+TEST(ContextParallel, GptCp2) { expect_equal_to_single_device("gpt", {"parallel.cp=2"}, 2); }
+TEST(ContextParallel, GptCp4) { expect_equal_to_single_device("gpt", {"parallel.cp=4"}, 4); }
+TEST(ContextParallel, LlamaCp2) { expect_equal_to_single_device("llama", {"parallel.cp=2"}, 2); }
+TEST(ContextParallel, LlamaCp4) { expect_equal_to_single_device("llama", {"parallel.cp=4"}, 4); }
+TEST(ContextParallel, LlamaCp2Tp2Sp) {
+  expect_equal_to_single_device("llama", {"parallel.cp=2", "parallel.tp=2", "parallel.sp=true"},
+                                4);
+}
+TEST(ContextParallel, GptCp2Pp2) {
+  expect_equal_to_single_device("gpt", {"parallel.cp=2", "parallel.pp=2"}, 4);
+}
+TEST(ContextParallel, LlamaCp2Dp2Zero3SelectiveRecompute) {
+  expect_equal_to_single_device(
+      "llama", {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3", "parallel.recompute=selective"},
+      4);
+}
+
+TEST(ContextParallelOracle, LlamaCp2Tp2Pp2) {
+  testing_support::expect_ops_correct(
+      config("llama", {"parallel.cp=2", "parallel.tp=2", "parallel.pp=2"}));
+}
+TEST(ContextParallelOracle, GptCp4) {
+  testing_support::expect_ops_correct(config("gpt", {"parallel.cp=4"}));
+}
+
+TEST(ContextParallel, ConfigsItCannotServeNameTheKey) {
+  auto error_of = [&](const std::string& model, const std::vector<std::string>& o) {
+    Config c = config(model, o);
+    Status s = models::check_parallel(c);
+    return s.ok() ? std::string() : s.error().message;
+  };
+  EXPECT_NE(error_of("llama", {"parallel.cp=3"}).find("parallel.cp"), std::string::npos);
+  EXPECT_NE(error_of("llama", {"parallel.cp=3"}).find("seq (32) is not divisible by 3"),
+            std::string::npos);
+  EXPECT_NE(error_of("llama", {"parallel.cp=2", "parallel.tp=4"}).find("kv_heads (2)"),
+            std::string::npos);
+  EXPECT_NE(error_of("swin", {"parallel.cp=2"}).find("model.type 'swin' has none to split"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
