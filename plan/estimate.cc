@@ -36,9 +36,11 @@ double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu
   const double heads = static_cast<double>(q[2] / d);
   const double queries = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]);
   const DType dtype = g.tensor(op.inputs[0].tensor).dtype;
-  // A ring attention step keeps its float32 probabilities and operands (exec/runtime's kernel).
+  // A ring attention step (exec/runtime/attention_tiles.h) keeps float32 copies of its operands
+  // in the heads' layout, its output and each query's log-sum-exp; its probabilities exist a
+  // tile at a time.
   if (type == "ring_attention_step")
-    return 4 * (queries * static_cast<double>(k[1]) + 3 * static_cast<double>(numel(q)));
+    return 4 * (queries + 2 * static_cast<double>(numel(q)) + 2 * static_cast<double>(numel(k)));
   if (graph::fused_attention(dtype == DType::kBFloat16, on_gpu))
     return 4 * queries + static_cast<double>(numel(q) * size_bytes(dtype));
   return 4 * (queries * static_cast<double>(k[1]) + 3 * static_cast<double>(numel(q)));

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "exec/runtime/attention_tiles.h"
 #include "exec/runtime/kernels_evoformer.h"
 #include "exec/runtime/kernels_vision.h"
 #include "graph/precision.h"
@@ -158,7 +159,7 @@ Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
 // its scores [b, s, h]. Keys all after the queries give 0 and -inf (nothing seen).
 std::pair<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& qh, const at::Tensor& kh,
                                                      const at::Tensor& vh, int64_t p0, int64_t t0) {
-  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3), t = kh.size(2);
+  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3);
   if (t0 > p0 + s - 1) {
     // Still a function of k and v: their gradients (zeros) must flow back through the transfer
     // that brought them, or the rank that sent them would wait for a gradient that never comes.
@@ -166,16 +167,8 @@ std::pair<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& qh, const
     return {at::zeros({b, s, h * d}, qh.options()).add_(none),
             at::full({b, s, h}, -std::numeric_limits<double>::infinity(), qh.options())};
   }
-  at::Tensor scores =
-      at::matmul(qh, kh.transpose(-1, -2)).mul_(1.0 / std::sqrt(static_cast<double>(d)));
-  if (t0 + t - 1 > p0) {  // some key lies after some query
-    const at::Tensor qpos = at::arange(p0, p0 + s, qh.options().dtype(at::kLong));
-    const at::Tensor kpos = at::arange(t0, t0 + t, qh.options().dtype(at::kLong));
-    scores = scores.masked_fill(kpos.unsqueeze(0) > qpos.unsqueeze(1),
-                                -std::numeric_limits<double>::infinity());
-  }
-  const at::Tensor lse = at::logsumexp(scores, -1);  // [b, h, s]
-  const at::Tensor out = at::matmul((scores - lse.unsqueeze(-1)).exp(), vh);
+  auto [out, lse] = tiled_attention_with_lse(qh.contiguous(), kh.contiguous(), vh.contiguous(),
+                                             p0, t0);
   return {out.transpose(1, 2).reshape({b, s, h * d}), lse.transpose(1, 2).contiguous()};
 }
 
