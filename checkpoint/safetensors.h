@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
@@ -24,6 +25,25 @@ struct SafeTensor {
   Shape shape;
   uint64_t begin = 0;  // byte offsets into the data section
   uint64_t end = 0;
+};
+
+// The header of a file: its tensors (offsets relative to the data section) and metadata. Read
+// alone, it lets a reader fetch just the bytes of the tensors or slices it needs: a Hugging
+// Face checkpoint of a 70B model is read a slice at a time, never whole.
+struct SafeTensorsHeader {
+  uint64_t data_start = 0;  // bytes from the file's start to the data section
+  std::vector<SafeTensor> tensors;
+  std::map<std::string, std::string> metadata;
+
+  // Parses the header at the start of `head` (at least the 8-byte length and the JSON; more is
+  // ignored) of a file of `file_size` bytes. Every tensor's offsets lie inside the data section,
+  // match its shape and dtype, and no two tensors overlap. Errors name `file` and the tensor or
+  // header field.
+  static Result<SafeTensorsHeader> parse(std::string_view head, uint64_t file_size,
+                                         const std::string& file);
+  // Reads and parses only the header of `path`.
+  static Result<SafeTensorsHeader> read(const std::filesystem::path& path);
+  const SafeTensor* find(const std::string& name) const;
 };
 
 // A parsed file; it owns its bytes. Every tensor's offsets lie inside the data section, match
