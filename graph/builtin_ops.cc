@@ -51,6 +51,26 @@ OpRegistry OpRegistry::with_builtin_ops() {
       OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
   attention.attention_core = true;
   must(std::move(attention));
+  // Llama's blocks. RMSNorm (attribute eps) normalises the last dimension by its root mean square.
+  must(ranked("rms_norm", [](const std::string& l) { return l + " h^, h^ -> " + l + " h^"; }));
+  // silu(gate) * up, elementwise.
+  must(ranked("swiglu", [](const std::string& l) { return l + " h, " + l + " h -> " + l + " h"; }));
+  // Rotary position embedding of [batch, seq, heads*head_dim] queries or keys (attributes d,
+  // theta and Llama 3.1's frequency scaling): each head's halves rotate by the angle of the
+  // token's position, which a sequence piece takes from where its range starts.
+  must(OpSchema::simple("rope", "b s (h d^) -> b s (h d^)"));
+  // Grouped-query causal attention: q holds g kv groups of r query heads each (attribute r), k
+  // and v one head per group; splitting g splits query and kv heads together.
+  OpSchema gqa = OpSchema::simple("gqa_attention",
+                                  "b s^ (g r^ d^), b t^ (g d^), b t^ (g d^) -> b s^ (g r^ d^)");
+  gqa.attention_core = true;
+  must(std::move(gqa));
+  // The same with more tensor-parallel ranks than kv heads: a piece of the query heads reads the
+  // kv heads its heads belong to (query head i of h reads kv head i / (h / k)) from k and v whole.
+  OpSchema shared_kv = OpSchema::simple("shared_kv_attention",
+                                        "b s^ (h d^), b t^ (k^ d^), b t^ (k^ d^) -> b s^ (h d^)");
+  shared_kv.attention_core = true;
+  must(std::move(shared_kv));
   // Sum of token losses divided by attribute `normalizer` (the token count of the full
   // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
   // Cross-entropy over the last dimension (classes) of logits of any rank (attribute ndim,

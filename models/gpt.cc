@@ -66,7 +66,7 @@ Result<GptSpec> gpt_spec(const Config& config) {
   GptSpec s = it->second;
   ModelArgs args(config);
   LOOM_TRY(args.check_known({"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied",
-                             "init_std", "ln_eps", "vocab_groups"}));
+                             "init_std", "ln_eps", "vocab_groups", "activation"}));
   bool ffn_given = config.model.args.count("ffn_hidden") > 0;
   LOOM_ASSIGN_OR_RETURN(s.layers, args.get_int("layers", s.layers));
   LOOM_ASSIGN_OR_RETURN(s.hidden, args.get_int("hidden", s.hidden));
@@ -77,6 +77,7 @@ Result<GptSpec> gpt_spec(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(s.tied, args.get_bool("tied", s.tied));
   LOOM_ASSIGN_OR_RETURN(s.init_std, args.get_double("init_std", s.init_std));
   LOOM_ASSIGN_OR_RETURN(s.ln_eps, args.get_double("ln_eps", s.ln_eps));
+  LOOM_ASSIGN_OR_RETURN(s.activation, args.get_string("activation", s.activation));
   int64_t groups = 64;  // the largest power of two up to 64 that divides the vocabulary
   while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
   LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
@@ -97,6 +98,9 @@ Result<GptSpec> gpt_spec(const Config& config) {
       return config.error(key(name), name + " must be positive, got " + std::to_string(value));
   if (s.init_std <= 0) return config.error(key("init_std"), "init_std must be positive");
   if (s.ln_eps <= 0) return config.error(key("ln_eps"), "ln_eps must be positive");
+  if (s.activation != "gelu" && s.activation != "gelu_tanh")
+    return config.error(key("activation"),
+                        "activation must be gelu or gelu_tanh, got '" + s.activation + "'");
   if (s.vocab % s.vocab_groups != 0)
     return config.error(key("vocab_groups"), "vocab (" + std::to_string(s.vocab) +
                                                  ") is not divisible by vocab_groups (" +
@@ -152,7 +156,9 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
     x = b.op1("add", p + "attn.residual", {x, o});
     h = layer_norm(p + "ln2", x);
     TensorId f = linear(p + "mlp.fc1", h, s.ffn_hidden, s.hidden, std, "column");
-    f = b.op1("gelu", p + "mlp.gelu", {f}, Attrs{{"tp", std::string("column")}});
+    Attrs act{{"tp", std::string("column")}};
+    if (s.activation == "gelu_tanh") act.set("approximate", std::string("tanh"));
+    f = b.op1("gelu", p + "mlp.gelu", {f}, act);
     f = linear(p + "mlp.fc2", f, s.hidden, s.ffn_hidden, resid_std, "row");
     x = b.op1("add", p + "mlp.residual", {x, f});
   }

@@ -23,6 +23,8 @@ struct GptSpec {
   bool tied = true;          // LM head shares the token embedding
   double init_std = 0.02;
   double ln_eps = 1e-5;
+  // The MLP's activation: "gelu" (exact) or "gelu_tanh" (its tanh approximation, GPT-2's).
+  std::string activation = "gelu";
   // The loss's log-sum-exp runs in this many vocabulary groups; tensor parallelism over the
   // vocabulary needs tp to divide it.
   int64_t vocab_groups = 16;

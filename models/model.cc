@@ -4,6 +4,7 @@
 #include "core/strings.h"
 #include "models/evoformer.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/swin.h"
 
 namespace loom::models {
@@ -64,6 +65,19 @@ ModelType evoformer_type() {
           }};
 }
 
+ModelType llama_type() {
+  return {"llama",
+          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+            LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(c));
+            return build_llama(spec, replicas_batch(c), c.parallel.tp, ops);
+          },
+          check_llama_parallel,
+          [](const Config& c) -> Result<SampleItems> {
+            LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(c));
+            return SampleItems{spec.seq, "tokens", "tok/s"};
+          }};
+}
+
 ModelType swin_type() {
   return {"swin",
           [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
@@ -85,7 +99,7 @@ const ModelRegistry& zoo() {
 
 ModelRegistry ModelRegistry::with_builtin_models() {
   ModelRegistry r;
-  for (ModelType t : {evoformer_type(), gpt_type(), swin_type()})
+  for (ModelType t : {evoformer_type(), gpt_type(), llama_type(), swin_type()})
     LOOM_CHECK(r.add(std::move(t)).ok());
   return r;
 }

@@ -36,7 +36,7 @@ struct ModelType {
 
 class ModelRegistry {
  public:
-  static ModelRegistry with_builtin_models();  // gpt, swin, evoformer
+  static ModelRegistry with_builtin_models();  // gpt, llama, swin, evoformer
 
   // Refuses an entry without a name or a builder, or a name already registered.
   Status add(ModelType type);

@@ -25,7 +25,10 @@ namespace {
 // explicit products, its softmax probabilities [b, h, s, t] and per-head copies of q, k and v
 // (graph::fused_attention says which runs).
 double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu) {
-  if (op.type() != "attention" || op.inputs.size() < 3) return 0;
+  const std::string& type = op.type();
+  if ((type != "attention" && type != "gqa_attention" && type != "shared_kv_attention") ||
+      op.inputs.size() < 3)
+    return 0;
   const Shape q = op.inputs[0].shape(), k = op.inputs[1].shape();
   const int64_t d = op.attrs().get_or<int64_t>("d", 0);
   if (q.size() != 3 || k.size() != 3 || d <= 0) return 0;

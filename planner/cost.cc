@@ -19,7 +19,10 @@ double op_flops(const graph::Op& op) {
   }
   if (t == "window_attention")
     return 4.0 * size("b") * size("s") * size("t") * size("t") * size("h") * size("d");
-  if (t == "attention") return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
+  if (t == "attention" || t == "shared_kv_attention")
+    return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
+  if (t == "gqa_attention")
+    return 4.0 * size("b") * size("s") * size("t") * size("g") * size("r") * size("d");
   if (t == "embedding") return size("b") * size("s") * size("h");
   // The Evoformer's (graph/ops_evoformer.cc): scores and weighted sums, products over k or s.
   if (t == "row_attention" || t == "column_attention")

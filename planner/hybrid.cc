@@ -53,6 +53,8 @@ std::string tp_label(const Op& op, bool sp) {
   const std::string hint = op.attrs().get_or<std::string>("tp", "");
   if (t == "embedding") return "v";                       // vocab-parallel embedding
   if (t == "attention") return "h";                       // heads
+  if (t == "gqa_attention") return "g";                   // kv groups with their query heads
+  if (t == "shared_kv_attention") return "h";             // query heads; kv heads whole
   if (t == "window_attention") return "h";                // heads (Swin)
   if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
   if (t == "linear") return hint == "column" ? "n" : hint == "row" ? "k" : "";
@@ -63,7 +65,9 @@ std::string tp_label(const Op& op, bool sp) {
     return "h";
   // Outside attention and the MLP, sequence parallelism splits the sequence instead of
   // replicating (norms, residual adds, the bias after a row-parallel layer).
-  if (sp && (t == "layer_norm" || t == "add" || t == "add_position" || t == "bias_add") &&
+  if (sp &&
+      (t == "layer_norm" || t == "rms_norm" || t == "add" || t == "add_position" ||
+       t == "bias_add") &&
       has_label(op, "s") && op.annotation().kind_of("s") == LabelKind::kSplit)
     return "s";
   return "";

@@ -57,7 +57,10 @@ Tensors add_position(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
 Tensors add_tensors(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
-Tensors gelu(const Ctx&, const Tensors& in) { return {at::gelu(in[0])}; }
+// Attribute approximate: "none" (exact, the default) or "tanh".
+Tensors gelu(const Ctx& ctx, const Tensors& in) {
+  return {at::gelu(in[0], ctx.op.attrs().get_or<std::string>("approximate", "none"))};
+}
 
 // In float32 whatever the activations' dtype (the executor hands on the graph's dtype).
 Tensors layer_norm(const Ctx& ctx, const Tensors& in) {
@@ -70,41 +73,35 @@ Tensors linear(const Ctx&, const Tensors& in) { return {at::linear(in[0], in[1])
 
 Tensors bias_add(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
-// Causal attention over [b, s, h*d] pieces; the head count is local (hidden piece / d). A
-// piece of s queries (sequence parallel) sees keys up to its own positions: the last s of t.
-Tensors attention(const Ctx& ctx, const Tensors& in) {
-  const int64_t d = ctx.op.attrs().get<int64_t>("d");
-  const at::Tensor& q = in[0];
-  const int64_t b = q.size(0), s = q.size(1), t = in[1].size(1), hd = q.size(2);
-  const int64_t h = hd / d;
-  auto heads = [&](const at::Tensor& x, int64_t len) {
-    return x.view({b, len, h, d}).transpose(1, 2);
-  };
-  at::Tensor qh = heads(q, s), kh = heads(in[1], t), vh = heads(in[2], t);
+// Causal attention of heads-first [b, h, s, d] queries and [b, h, t, d] keys and values,
+// returned as [b, s, h*d]. A piece of s queries (sequence parallel) sees keys up to its own
+// positions: the last s of t.
+at::Tensor causal_attention(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh) {
+  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3), t = kh.size(2);
   // SDPA where graph::fused_attention says (GPUs; float32 on the CPU), else explicit products.
-  if (graph::fused_attention(q.scalar_type() == at::kBFloat16, q.device().is_cuda())) {
+  if (graph::fused_attention(qh.scalar_type() == at::kBFloat16, qh.device().is_cuda())) {
     // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
     // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left): true
     // where a query may see a key. One mask per shape, device and thread.
     thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> visible;
     auto mask = [&]() -> const at::Tensor& {
-      at::Tensor& m = visible[{s, t, q.device().str()}];
-      if (!m.defined()) m = at::ones({s, t}, q.options().dtype(at::kBool)).tril(t - s);
+      at::Tensor& m = visible[{s, t, qh.device().str()}];
+      if (!m.defined()) m = at::ones({s, t}, qh.options().dtype(at::kBool)).tril(t - s);
       return m;
     };
     at::Tensor out = s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
                             : at::scaled_dot_product_attention(qh, kh, vh, mask(), 0.0, false);
-    return {out.transpose(1, 2).reshape({b, s, hd})};
+    return out.transpose(1, 2).reshape({b, s, h * d});
   }
   // Scale, scores and causal mask in one batched product: baddbmm adds an additive mask (0 where
   // a query sees a key, -inf elsewhere) to scale * q k^T, and its backward has nothing to do for
   // the mask (a masked_fill's backward is another pass over the s x t scores). One mask per
   // shape, device, dtype and thread.
   thread_local std::map<std::tuple<int64_t, int64_t, std::string, int>, at::Tensor> biases;
-  at::Tensor& bias = biases[{s, t, q.device().str(), static_cast<int>(q.scalar_type())}];
+  at::Tensor& bias = biases[{s, t, qh.device().str(), static_cast<int>(qh.scalar_type())}];
   if (!bias.defined())
-    bias = at::zeros({s, t}, q.options())
-               .masked_fill_(at::ones({s, t}, q.options().dtype(at::kBool)).triu(t - s + 1),
+    bias = at::zeros({s, t}, qh.options())
+               .masked_fill_(at::ones({s, t}, qh.options().dtype(at::kBool)).triu(t - s + 1),
                              -std::numeric_limits<double>::infinity());
   const at::Tensor k3 = kh.reshape({b * h, t, d});
   at::Tensor scores = at::baddbmm(bias, qh.reshape({b * h, s, d}), k3.transpose(1, 2), 1.0,
@@ -112,7 +109,99 @@ Tensors attention(const Ctx& ctx, const Tensors& in) {
   // Softmax in float32 whatever the activations' dtype.
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vh.scalar_type());
   at::Tensor out = at::bmm(probs, vh.reshape({b * h, t, d})).view({b, h, s, d});
-  return {out.transpose(1, 2).reshape({b, s, hd})};
+  return out.transpose(1, 2).reshape({b, s, h * d});
+}
+
+// [b, len, heads*d] -> [b, heads, len, d].
+at::Tensor heads_first(const at::Tensor& x, int64_t d) {
+  return x.view({x.size(0), x.size(1), x.size(2) / d, d}).transpose(1, 2);
+}
+
+// Causal multi-head attention over [b, s, h*d] pieces; the head count is local (piece / d).
+Tensors attention(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  return {causal_attention(heads_first(in[0], d), heads_first(in[1], d), heads_first(in[2], d))};
+}
+
+// Grouped-query attention (gqa_attention, shared_kv_attention): each query head of the piece
+// reads the kv head its group owns. Query head i of the model reads kv head i / r, r = query
+// heads / kv heads of the whole model; the pieces' head ranges say which of those this rank has.
+Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  const int64_t r = ctx.full_size(0, 2) / ctx.full_size(1, 2);
+  const int64_t q0 = ctx.op.inputs[0].ranges[2].start / d;
+  const int64_t kv0 = ctx.op.inputs[1].ranges[2].start / d;
+  const int64_t heads = in[0].size(2) / d, kv_heads = in[1].size(2) / d;
+  at::Tensor kh = heads_first(in[1], d), vh = heads_first(in[2], d);
+  const int64_t first = q0 / r - kv0, last = (q0 + heads - 1) / r - kv0;  // local kv heads read
+  LOOM_CHECK(first >= 0 && last < kv_heads)
+      << ctx.op.name() << ": query heads [" << q0 << ", " << q0 + heads << ") read kv heads ["
+      << first + kv0 << ", " << last + kv0 + 1 << ") but the piece holds [" << kv0 << ", "
+      << kv0 + kv_heads << ")";
+  if (heads != kv_heads || r != 1) {
+    // Local query head j reads local kv head (q0 + j) / r - kv0.
+    at::Tensor index =
+        at::arange(q0, q0 + heads, in[1].options().dtype(at::kLong)).div_(r, "floor").sub_(kv0);
+    kh = kh.index_select(1, index);
+    vh = vh.index_select(1, index);
+  }
+  return {causal_attention(heads_first(in[0], d), kh, vh)};
+}
+
+// Root-mean-square norm in float32 whatever the activations' dtype, as Llama computes it:
+// x / sqrt(mean(x^2) + eps), then the weight.
+Tensors rms_norm(const Ctx& ctx, const Tensors& in) {
+  const double eps = ctx.op.attrs().get_or<double>("eps", 1e-5);
+  const at::Tensor x = in[0].to(at::kFloat);
+  return {in[1].to(at::kFloat) * (x * at::rsqrt(x.pow(2).mean(-1, true).add_(eps)))};
+}
+
+Tensors swiglu(const Ctx&, const Tensors& in) { return {at::silu(in[0]) * in[1]}; }
+
+// The rotary frequencies of a head of size d (float32, as Llama computes them), with Llama 3.1's
+// scaling when attribute `factor` is positive: long wavelengths slow down by the factor, short
+// ones stay, and those between blend smoothly.
+at::Tensor rope_frequencies(const graph::Attrs& a, int64_t d, const at::TensorOptions& options) {
+  const double theta = a.get<double>("theta");
+  at::Tensor inv = at::arange(0, d, 2, options.dtype(at::kLong)).to(at::kFloat).div_(d);
+  inv = at::pow(theta, inv).reciprocal_();
+  const double factor = a.get_or<double>("factor", 0.0);
+  if (factor <= 0) return inv;
+  const double low = a.get<double>("low_freq_factor"), high = a.get<double>("high_freq_factor");
+  const double old_len = static_cast<double>(a.get<int64_t>("original_max_positions"));
+  const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+  const at::Tensor wavelen = (2 * M_PI) / inv;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / factor, inv);
+  const at::Tensor smooth = (old_len / wavelen - low) / (high - low);
+  const at::Tensor smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+  const at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+// Rotary embedding of a [b, s, heads*d] piece whose positions start where its sequence range
+// does: x cos + rotate_half(x) sin per head, rotate_half(x) = (-x2, x1) of its halves. The
+// cos/sin tables are made once per shape, position, device and thread.
+Tensors rope(const Ctx& ctx, const Tensors& in) {
+  const graph::Attrs& a = ctx.op.attrs();
+  const int64_t d = a.get<int64_t>("d");
+  const at::Tensor& x = in[0];
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2) / d;
+  const int64_t p0 = ctx.op.inputs[0].ranges[1].start;
+  using Key = std::tuple<int64_t, int64_t, int64_t, std::string, int, std::string>;
+  thread_local std::map<Key, std::pair<at::Tensor, at::Tensor>> tables;
+  auto& [cos, sin] =
+      tables[Key{p0, s, d, x.device().str(), static_cast<int>(x.scalar_type()), a.to_string()}];
+  if (!cos.defined()) {
+    const at::Tensor inv = rope_frequencies(a, d, x.options());
+    const at::Tensor pos = at::arange(p0, p0 + s, x.options().dtype(at::kLong)).to(at::kFloat);
+    const at::Tensor freqs = at::outer(pos, inv);  // [s, d/2]
+    const at::Tensor angles = at::cat({freqs, freqs}, -1).view({1, s, 1, d});
+    cos = angles.cos().to(x.scalar_type());
+    sin = angles.sin().to(x.scalar_type());
+  }
+  const at::Tensor xh = x.view({b, s, h, d});
+  const at::Tensor rotated = at::cat({-xh.narrow(-1, d / 2, d / 2), xh.narrow(-1, 0, d / 2)}, -1);
+  return {(xh * cos + rotated * sin).view({b, s, h * d})};
 }
 
 // Sum of the token losses of this piece over the full micro-batch's token count.
@@ -184,6 +273,11 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
       {"linear", linear},
       {"bias_add", bias_add},
       {"attention", attention},
+      {"gqa_attention", grouped_attention},
+      {"shared_kv_attention", grouped_attention},
+      {"rms_norm", rms_norm},
+      {"swiglu", swiglu},
+      {"rope", rope},
       {"cross_entropy", cross_entropy},
       {"group_logsumexp", group_logsumexp},
       {"logsumexp", logsumexp},

@@ -77,6 +77,61 @@ TEST(ModelPlan, SwinC768On32RanksReportsMemoryPerRank) {
   EXPECT_LT(params, 8 * 5867.0);
 }
 
+// The rows of a plan dump's summary.txt: one per rank, its peak memory the sum of its parts, an
+// 80 GB device holding it. Returns the parameters summed over ranks (millions).
+double expect_rank_rows(const fs::path& dir, int ranks) {
+  std::ifstream summary(dir / "summary.txt");
+  std::stringstream text;
+  text << summary.rdbuf();
+  const std::regex row(
+      R"(^\s*(\d+)\s+([\d.]+)M\s+([\d.]+) (\w+) = ([\d.]+) (\w+) \+ ([\d.]+) (\w+) \+ ([\d.]+) (\w+) \+ ([\d.]+) (\w+)\s+([\d.]+) s)");
+  std::string line;
+  int rows = 0;
+  double params = 0;
+  while (std::getline(text, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, row)) continue;
+    EXPECT_EQ(std::stoi(m[1]), rows) << line;
+    const double peak = gib(m[3], m[4]);
+    const double parts = gib(m[5], m[6]) + gib(m[7], m[8]) + gib(m[9], m[10]) + gib(m[11], m[12]);
+    EXPECT_NEAR(peak, parts, 0.2) << line;
+    EXPECT_GT(gib(m[11], m[12]), 0.0) << "no activations: " << line;
+    EXPECT_LT(peak, 75.0) << line;
+    EXPECT_GT(std::stod(m[13]), 0.0) << "no step estimate: " << line;
+    params += std::stod(m[2]);
+    ++rows;
+  }
+  EXPECT_EQ(rows, ranks) << text.str();
+  return params;
+}
+
+// Llama at paper size from the shipped configs: every rank's memory and step estimated, and the
+// ranks together hold each replica's parameters once (Meta's model cards: 70.55 B, 405.85 B).
+TEST(ModelPlan, Llama3_70bOn64Ranks) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_llama3_70b_plan";
+  fs::remove_all(dir);
+  Outcome r = run("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/llama3-70b.yaml --out " +
+                  dir.string() + " --no-plan-json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: llama llama3-70b on 64 ranks (dp 1 x tp 8 x pp 8)"),
+            std::string::npos)
+      << r.output;
+  // Norm weights are replicated over the 8 tensor-parallel ranks: 161 x 8192 x 7 more.
+  EXPECT_NEAR(expect_rank_rows(dir, 64), 70553.7 + 161 * 8192 * 7 / 1e6, 1.0);
+}
+
+TEST(ModelPlan, Llama31_405bOn1024Ranks) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_llama31_405b_plan";
+  fs::remove_all(dir);
+  Outcome r = run("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/llama3.1-405b.yaml --out " +
+                  dir.string() + " --no-plan-json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: llama llama3.1-405b on 1024 ranks (dp 8 x tp 8 x pp 16)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NEAR(expect_rank_rows(dir, 1024), 8 * (405853.4 + 253 * 16384 * 7 / 1e6), 8.0);
+}
+
 // A bad Swin argument ends in exit code 2 with one message naming the key, and nothing written.
 TEST(ModelPlan, BadSwinArgumentNamesTheKey) {
   const fs::path dir = fs::path(testing::TempDir()) / "loom_swin_bad_plan";

@@ -111,6 +111,20 @@ TEST(VerifyCli, GptTinyPresetTp2AdamW) {
   expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/gpt-tiny.yaml", "parallel.tp=2",
                   "dp 1 x tp 2 x pp 1");
 }
+TEST(VerifyCli, LlamaTp2Pp2) {
+  expect_verified(config_file("llama", R"(run: {seed: 3}
+model: {type: llama, preset: tiny}
+batch: {global: 8, micro: 2}
+optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
+comm: {timeout_s: 60}
+)"),
+                  "parallel.tp=2 parallel.pp=2", "dp 1 x tp 2 x pp 2");
+}
+// The shipped Llama preset with AdamW, kv heads repeated over 4 tensor-parallel ranks.
+TEST(VerifyCli, LlamaTinyPresetTp4AdamW) {
+  expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/llama-tiny.yaml", "parallel.tp=4",
+                  "dp 1 x tp 4 x pp 1");
+}
 TEST(VerifyCli, SwinWindow2) {
   expect_verified(config_file("swin", R"(run: {seed: 5}
 model: {type: swin, preset: tiny}

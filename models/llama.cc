@@ -1,0 +1,258 @@
+#include "models/llama.h"
+
+#include <map>
+
+#include "core/strings.h"
+#include "graph/builder.h"
+
+namespace loom::models {
+namespace {
+
+using graph::Attrs;
+using graph::ParamInit;
+
+LlamaSpec preset(int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
+                 int64_t ffn_hidden, int64_t vocab, int64_t seq, double theta) {
+  LlamaSpec s;
+  s.layers = layers;
+  s.hidden = hidden;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.ffn_hidden = ffn_hidden;
+  s.vocab = vocab;
+  s.seq = seq;
+  s.rope_theta = theta;
+  return s;
+}
+
+// Llama 3.1 trains at 8K positions and scales its rotary frequencies 8x for 128K contexts.
+LlamaSpec llama31(LlamaSpec s) {
+  s.rope_factor = 8;
+  s.rope_low_freq_factor = 1;
+  s.rope_high_freq_factor = 4;
+  s.rope_original_max_positions = 8192;
+  return s;
+}
+
+// The published shapes (Meta's model cards and Hugging Face config.json files).
+const std::map<std::string, LlamaSpec>& presets() {
+  static const std::map<std::string, LlamaSpec> kPresets = {
+      {"tiny", preset(2, 64, 4, 2, 160, 256, 32, 10000.0)},
+      {"llama3-8b", preset(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0)},
+      {"llama3-70b", preset(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0)},
+      {"llama3.1-8b", llama31(preset(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0))},
+      {"llama3.1-70b", llama31(preset(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0))},
+      {"llama3.1-405b", llama31(preset(126, 16384, 128, 8, 53248, 128256, 8192, 500000.0))},
+  };
+  return kPresets;
+}
+
+Result<LlamaSpec> apply_args(const Config& config, LlamaSpec s) {
+  ModelArgs args(config);
+  LOOM_TRY(args.check_known({"layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn_hidden",
+                             "tied", "init_std", "norm_eps", "rope_theta", "rope_factor",
+                             "rope_low_freq_factor", "rope_high_freq_factor",
+                             "rope_original_max_positions", "vocab_groups"}));
+  LOOM_ASSIGN_OR_RETURN(s.layers, args.get_int("layers", s.layers));
+  LOOM_ASSIGN_OR_RETURN(s.hidden, args.get_int("hidden", s.hidden));
+  LOOM_ASSIGN_OR_RETURN(s.heads, args.get_int("heads", s.heads));
+  LOOM_ASSIGN_OR_RETURN(s.kv_heads, args.get_int("kv_heads", s.kv_heads));
+  LOOM_ASSIGN_OR_RETURN(s.vocab, args.get_int("vocab", s.vocab));
+  LOOM_ASSIGN_OR_RETURN(s.seq, args.get_int("seq", s.seq));
+  LOOM_ASSIGN_OR_RETURN(s.ffn_hidden, args.get_int("ffn_hidden", s.ffn_hidden));
+  LOOM_ASSIGN_OR_RETURN(s.tied, args.get_bool("tied", s.tied));
+  LOOM_ASSIGN_OR_RETURN(s.init_std, args.get_double("init_std", s.init_std));
+  LOOM_ASSIGN_OR_RETURN(s.norm_eps, args.get_double("norm_eps", s.norm_eps));
+  LOOM_ASSIGN_OR_RETURN(s.rope_theta, args.get_double("rope_theta", s.rope_theta));
+  LOOM_ASSIGN_OR_RETURN(s.rope_factor, args.get_double("rope_factor", s.rope_factor));
+  LOOM_ASSIGN_OR_RETURN(s.rope_low_freq_factor,
+                        args.get_double("rope_low_freq_factor", s.rope_low_freq_factor));
+  LOOM_ASSIGN_OR_RETURN(s.rope_high_freq_factor,
+                        args.get_double("rope_high_freq_factor", s.rope_high_freq_factor));
+  LOOM_ASSIGN_OR_RETURN(s.rope_original_max_positions,
+                        args.get_int("rope_original_max_positions", s.rope_original_max_positions));
+  int64_t groups = 64;  // the largest power of two up to 64 that divides the vocabulary
+  while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
+  LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
+  return s;
+}
+
+Status validate(const Config& config, const LlamaSpec& s) {
+  auto key = [&](const std::string& name) {
+    return config.model.args.count(name) ? "model.args." + name : std::string("model.preset");
+  };
+  auto positive = [&](const std::string& name, int64_t value) -> Status {
+    if (value > 0) return Status::success();
+    return config.error(key(name), name + " must be positive, got " + std::to_string(value));
+  };
+  for (const auto& [name, value] : std::vector<std::pair<std::string, int64_t>>{
+           {"layers", s.layers},
+           {"hidden", s.hidden},
+           {"heads", s.heads},
+           {"kv_heads", s.kv_heads},
+           {"vocab", s.vocab},
+           {"seq", s.seq},
+           {"ffn_hidden", s.ffn_hidden},
+           {"vocab_groups", s.vocab_groups},
+           {"rope_original_max_positions", s.rope_original_max_positions}})
+    LOOM_TRY(positive(name, value));
+  for (const auto& [name, value] : std::vector<std::pair<std::string, double>>{
+           {"init_std", s.init_std}, {"norm_eps", s.norm_eps}, {"rope_theta", s.rope_theta}})
+    if (!(value > 0)) return config.error(key(name), name + " must be positive");
+  if (s.rope_factor < 0) return config.error(key("rope_factor"), "rope_factor must be >= 0");
+  if (s.rope_factor > 0 && !(s.rope_high_freq_factor > s.rope_low_freq_factor))
+    return config.error(key("rope_high_freq_factor"),
+                        "rope_high_freq_factor must exceed rope_low_freq_factor");
+  auto divides = [&](const std::string& big, int64_t b, const std::string& small,
+                     int64_t m) -> Status {
+    if (b % m == 0) return Status::success();
+    return config.error(key(small), big + " (" + std::to_string(b) + ") is not divisible by " +
+                                        small + " (" + std::to_string(m) + ")");
+  };
+  LOOM_TRY(divides("hidden", s.hidden, "heads", s.heads));
+  LOOM_TRY(divides("heads", s.heads, "kv_heads", s.kv_heads));
+  LOOM_TRY(divides("vocab", s.vocab, "vocab_groups", s.vocab_groups));
+  if (s.head_dim() % 2 != 0)
+    return config.error(key("heads"),
+                        "rotary embeddings need an even head size, got hidden/heads = " +
+                            std::to_string(s.head_dim()));
+  return Status::success();
+}
+
+}  // namespace
+
+int64_t LlamaSpec::parameter_count() const {
+  const int64_t d = head_dim();
+  const int64_t attention = hidden * heads * d * 2 + hidden * kv_heads * d * 2;
+  const int64_t per_layer = attention + 3 * hidden * ffn_hidden + 2 * hidden;
+  int64_t n = vocab * hidden + layers * per_layer + hidden;
+  if (!tied) n += vocab * hidden;
+  return n;
+}
+
+std::vector<std::string> llama_presets() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : presets()) out.push_back(k);
+  return out;
+}
+
+Result<LlamaSpec> llama_spec(const Config& config) {
+  auto it = presets().find(config.model.preset);
+  if (it == presets().end()) {
+    std::string msg = "unknown Llama preset '" + config.model.preset + "'";
+    std::string close = closest_match(config.model.preset, llama_presets());
+    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+    return config.error("model.preset", msg + "; presets: " + join(llama_presets(), ", "));
+  }
+  LOOM_ASSIGN_OR_RETURN(LlamaSpec s, apply_args(config, it->second));
+  LOOM_TRY(validate(config, s));
+  return s;
+}
+
+Status check_llama_parallel(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(config));
+  const int64_t tp = config.parallel.tp;
+  auto key = [&](const std::string& name) {
+    return config.model.args.count(name) ? "model.args." + name
+                                         : "model.preset (" + config.model.preset + ") " + name;
+  };
+  auto refuse = [&](const std::string& name, int64_t value, const std::string& need) {
+    return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
+                                           key(name) + " (" + std::to_string(value) + ") " + need);
+  };
+  const std::pair<std::string, int64_t> dims[] = {
+      {"heads", spec.heads}, {"ffn_hidden", spec.ffn_hidden}, {"vocab_groups", spec.vocab_groups}};
+  for (const auto& [name, value] : dims)
+    if (value % tp != 0) return refuse(name, value, "to be divisible by " + std::to_string(tp));
+  if (spec.kv_heads % tp != 0 && tp % spec.kv_heads != 0)
+    return refuse("kv_heads", spec.kv_heads,
+                  "to divide it or be divisible by it (kv heads are split, or repeated on the "
+                  "ranks that share one)");
+  const int64_t stages = config.parallel.pp * config.parallel.chunks;
+  if (stages > spec.layers)
+    return config.error("parallel.pp",
+                        "parallel.pp (" + std::to_string(config.parallel.pp) +
+                            ") x parallel.chunks (" + std::to_string(config.parallel.chunks) +
+                            ") = " + std::to_string(stages) + " stages, but the model has " +
+                            std::to_string(spec.layers) + " layers");
+  return Status::success();
+}
+
+Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
+                                 const graph::OpRegistry& registry) {
+  graph::GraphBuilder b(registry, "llama");
+  const double std = s.init_std;
+  const int64_t d = s.head_dim();
+  const int64_t group = s.heads / s.kv_heads;  // query heads per kv head
+  // More tensor-parallel ranks than kv heads: every rank computes the kv heads its query heads
+  // read, from a replicated projection (its gradient summed over the ranks that share it).
+  const bool repeat_kv = tp > s.kv_heads;
+  const Attrs column{{"tp", std::string("column")}};
+  const Attrs norm{{"eps", s.norm_eps}};
+  const Attrs rope{{"tp", std::string("column")},
+                   {"d", d},
+                   {"theta", s.rope_theta},
+                   {"factor", s.rope_factor},
+                   {"low_freq_factor", s.rope_low_freq_factor},
+                   {"high_freq_factor", s.rope_high_freq_factor},
+                   {"original_max_positions", s.rope_original_max_positions}};
+
+  TensorId tokens = b.input("tokens", {batch, s.seq}, DType::kInt64, s.vocab);
+  TensorId targets = b.input("targets", {batch, s.seq}, DType::kInt64, s.vocab);
+  TensorId embed = b.parameter("embed.w", {s.vocab, s.hidden}, ParamInit::normal(std));
+
+  b.set_layer(graph::kPreLayers);
+  TensorId x = b.op1("embedding", "embed", {tokens, embed});
+
+  // `tp` as in GPT: "column" splits a linear's output features, "row" its input features.
+  auto linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f,
+                    const std::string& tp_hint) {
+    TensorId w = b.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(std));
+    return b.op1("linear", name, {in, w}, Attrs{{"tp", tp_hint}});
+  };
+  auto rms_norm = [&](const std::string& name, TensorId in) {
+    TensorId w = b.parameter(name + ".w", {s.hidden}, ParamInit::ones());
+    return b.op1("rms_norm", name, {in, w}, norm);
+  };
+
+  for (int64_t l = 0; l < s.layers; ++l) {
+    b.set_layer(l);
+    const std::string p = "h" + std::to_string(l) + ".";
+    TensorId h = rms_norm(p + "attn_norm", x);
+    TensorId q = linear(p + "attn.q", h, s.heads * d, s.hidden, "column");
+    const std::string kv_hint = repeat_kv ? "" : "column";
+    TensorId k = linear(p + "attn.k", h, s.kv_heads * d, s.hidden, kv_hint);
+    TensorId v = linear(p + "attn.v", h, s.kv_heads * d, s.hidden, kv_hint);
+    q = b.op1("rope", p + "attn.q_rope", {q}, rope);
+    Attrs k_rope = rope;
+    if (repeat_kv) k_rope.set("tp", std::string());
+    k = b.op1("rope", p + "attn.k_rope", {k}, k_rope);
+    TensorId a =
+        repeat_kv
+            ? b.op1("shared_kv_attention", p + "attn.core", {q, k, v}, Attrs{{"d", d}})
+            : b.op1("gqa_attention", p + "attn.core", {q, k, v}, Attrs{{"d", d}, {"r", group}});
+    TensorId o = linear(p + "attn.o", a, s.hidden, s.heads * d, "row");
+    x = b.op1("add", p + "attn.residual", {x, o});
+    h = rms_norm(p + "mlp_norm", x);
+    TensorId gate = linear(p + "mlp.gate", h, s.ffn_hidden, s.hidden, "column");
+    TensorId up = linear(p + "mlp.up", h, s.ffn_hidden, s.hidden, "column");
+    TensorId f = b.op1("swiglu", p + "mlp.act", {gate, up}, column);
+    f = linear(p + "mlp.down", f, s.hidden, s.ffn_hidden, "row");
+    x = b.op1("add", p + "mlp.residual", {x, f});
+  }
+
+  b.set_layer(graph::kPostLayers);
+  x = rms_norm("norm", x);
+  TensorId head =
+      s.tied ? embed : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
+  TensorId logits = b.op1("linear", "lm_head", {x, head}, column);
+  const Attrs groups{{"v", s.vocab / s.vocab_groups}};
+  TensorId group_lse = b.op1("group_logsumexp", "loss.group_lse", {logits}, groups);
+  TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});
+  TensorId target_logit = b.op1("pick", "loss.target", {logits, targets}, groups);
+  TensorId loss = b.op1("nll", "loss", {lse, target_logit}, Attrs{{"normalizer", batch * s.seq}});
+  b.set_loss(loss);
+  return b.finish();
+}
+
+}  // namespace loom::models
