@@ -9,6 +9,7 @@
 
 #include "core/durable_file.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 
 namespace loom::models {
 namespace {
@@ -25,9 +26,6 @@ struct Resolved {
   std::string hf_key;
   Kind kind;
   std::string value;
-  // Written into model.args only when it differs from `skip_if` or the config names the arg:
-  // a value equal to the model's default needs no key the model may not know.
-  std::optional<std::string> skip_if;
 };
 
 // The shortest decimal that reads back as `v`, so model.args holds what config.json said.
@@ -87,13 +85,13 @@ class HfKeys {
 };
 
 Resolved int_arg(std::string arg, std::string key, int64_t v) {
-  return {std::move(arg), std::move(key), Kind::kInt, std::to_string(v), std::nullopt};
+  return {std::move(arg), std::move(key), Kind::kInt, std::to_string(v)};
 }
 Resolved real_arg(std::string arg, std::string key, double v) {
-  return {std::move(arg), std::move(key), Kind::kReal, real_text(v), std::nullopt};
+  return {std::move(arg), std::move(key), Kind::kReal, real_text(v)};
 }
 Resolved bool_arg(std::string arg, std::string key, bool v) {
-  return {std::move(arg), std::move(key), Kind::kBool, v ? "true" : "false", std::nullopt};
+  return {std::move(arg), std::move(key), Kind::kBool, v ? "true" : "false"};
 }
 
 Result<std::vector<Resolved>> gpt2_args(const HfKeys& k, int64_t* positions) {
@@ -131,7 +129,7 @@ Result<std::vector<Resolved>> gpt2_args(const HfKeys& k, int64_t* positions) {
   out.push_back(int_arg("ffn_hidden", "n_inner", ffn));
   out.push_back(real_arg("ln_eps", "layer_norm_epsilon", eps));
   out.push_back(bool_arg("tied", "tie_word_embeddings", tied));
-  out.push_back({"activation", "activation_function", Kind::kText, activation, "gelu"});
+  out.push_back({"activation", "activation_function", Kind::kText, activation});
   return out;
 }
 
@@ -199,7 +197,10 @@ Result<std::vector<Resolved>> llama_args(const HfKeys& k, int64_t* positions) {
       else
         out.push_back(real_arg(arg, rope_key + "." + key, v));
     }
-  } else if (type != "default") {
+  } else if (type == "default") {
+    // No scaling, whatever the preset says (llama3.1-* presets scale).
+    out.push_back(real_arg("rope_factor", rope_key + ".rope_type", 0.0));
+  } else {
     return k.error(rope_key + ".rope_type",
                    "'" + type +
                        "'; loom's Llama has the default rotary embedding and Llama 3.1's "
@@ -234,7 +235,6 @@ bool same_value(Kind kind, const std::string& given, const std::string& want) {
 
 Result<std::string> write_gpt2(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(GptSpec s, gpt_spec(config));
-  LOOM_ASSIGN_OR_RETURN(std::string activation, ModelArgs(config).get_string("activation", "gelu"));
   json j = {{"model_type", "gpt2"},
             {"architectures", {"GPT2LMHeadModel"}},
             {"n_layer", s.layers},
@@ -244,7 +244,7 @@ Result<std::string> write_gpt2(const Config& config) {
             {"vocab_size", s.vocab},
             {"n_positions", s.seq},
             {"layer_norm_epsilon", s.ln_eps},
-            {"activation_function", activation == "gelu_tanh" ? "gelu_new" : "gelu"},
+            {"activation_function", s.activation == "gelu_tanh" ? "gelu_new" : "gelu"},
             {"tie_word_embeddings", s.tied},
             // loom trains without dropout; the exported model computes what loom computed.
             {"attn_pdrop", 0.0},
@@ -260,53 +260,35 @@ Result<std::string> write_gpt2(const Config& config) {
   return j.dump(2) + "\n";
 }
 
-// The llama model.args a config.json is written from, with Llama's defaults where the run's
-// config does not say (the same defaults apply_from_hf reads back).
 Result<std::string> write_llama(const Config& config) {
-  ModelArgs a(config);
-  const std::vector<std::string> needed = {"layers",     "hidden", "heads",
-                                           "ffn_hidden", "vocab",  "seq"};
-  for (const auto& key : needed)
-    if (!config.model.args.count(key))
-      return config.error("model.args." + key, "export-hf of a llama model needs model.args." +
-                                                   key + " in the checkpoint's config");
-  LOOM_ASSIGN_OR_RETURN(int64_t layers, a.get_int("layers", 0));
-  LOOM_ASSIGN_OR_RETURN(int64_t hidden, a.get_int("hidden", 0));
-  LOOM_ASSIGN_OR_RETURN(int64_t heads, a.get_int("heads", 0));
-  LOOM_ASSIGN_OR_RETURN(int64_t kv_heads, a.get_int("kv_heads", heads));
-  LOOM_ASSIGN_OR_RETURN(int64_t ffn, a.get_int("ffn_hidden", 0));
-  LOOM_ASSIGN_OR_RETURN(int64_t vocab, a.get_int("vocab", 0));
-  LOOM_ASSIGN_OR_RETURN(int64_t seq, a.get_int("seq", 0));
-  LOOM_ASSIGN_OR_RETURN(double eps, a.get_double("norm_eps", 1e-5));
-  LOOM_ASSIGN_OR_RETURN(double theta, a.get_double("rope_theta", 10000.0));
-  LOOM_ASSIGN_OR_RETURN(bool tied, a.get_bool("tied", false));
-  json rope = {{"rope_type", "default"}, {"rope_theta", theta}};
-  if (config.model.args.count("rope_factor")) {
-    LOOM_ASSIGN_OR_RETURN(double factor, a.get_double("rope_factor", 1.0));
-    LOOM_ASSIGN_OR_RETURN(double low, a.get_double("rope_low_freq_factor", 1.0));
-    LOOM_ASSIGN_OR_RETURN(double high, a.get_double("rope_high_freq_factor", 4.0));
-    LOOM_ASSIGN_OR_RETURN(int64_t original, a.get_int("rope_original_max_positions", 8192));
-    rope = {{"rope_type", "llama3"},    {"rope_theta", theta},
-            {"factor", factor},         {"low_freq_factor", low},
-            {"high_freq_factor", high}, {"original_max_position_embeddings", original}};
-  }
+  LOOM_ASSIGN_OR_RETURN(LlamaSpec s, llama_spec(config));
+  json rope = {{"rope_type", "default"}, {"rope_theta", s.rope_theta}};
+  if (s.rope_factor > 0)
+    rope = {{"rope_type", "llama3"},
+            {"rope_theta", s.rope_theta},
+            {"factor", s.rope_factor},
+            {"low_freq_factor", s.rope_low_freq_factor},
+            {"high_freq_factor", s.rope_high_freq_factor},
+            {"original_max_position_embeddings", s.rope_original_max_positions}};
   json j = {{"model_type", "llama"},
             {"architectures", {"LlamaForCausalLM"}},
-            {"num_hidden_layers", layers},
-            {"hidden_size", hidden},
-            {"num_attention_heads", heads},
-            {"num_key_value_heads", kv_heads},
-            {"head_dim", heads > 0 ? hidden / heads : 0},
-            {"intermediate_size", ffn},
-            {"vocab_size", vocab},
-            {"max_position_embeddings", seq},
-            {"rms_norm_eps", eps},
-            {"rope_theta", theta},
+            {"num_hidden_layers", s.layers},
+            {"hidden_size", s.hidden},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim()},
+            {"intermediate_size", s.ffn_hidden},
+            {"vocab_size", s.vocab},
+            // The positions loom trained; rotary embeddings would run past them, as in Hugging
+            // Face's own fine-tunes, but the folder says what was trained.
+            {"max_position_embeddings", s.seq},
+            {"rms_norm_eps", s.norm_eps},
             {"rope_parameters", rope},
             {"hidden_act", "silu"},
             {"attention_bias", false},
             {"mlp_bias", false},
-            {"tie_word_embeddings", tied},
+            {"tie_word_embeddings", s.tied},
+            {"initializer_range", s.init_std},
             {"dtype", "float32"}};
   return j.dump(2) + "\n";
 }
@@ -353,16 +335,18 @@ Status apply_from_hf(Config& config) {
                                      r.arg + " or make them agree");
       continue;
     }
-    if (r.skip_if && *r.skip_if == r.value) continue;
     config.model.args[r.arg] = r.value;
     config.where_[key] = file.string() + " (" + r.hf_key + ", model.from_hf)";
   }
   // seq is the run's choice; the folder's position table bounds it.
   std::optional<int64_t> seq;
-  if (auto it = config.model.args.find("seq"); it != config.model.args.end()) {
+  if (config.model.args.count("seq")) {
     LOOM_ASSIGN_OR_RETURN(seq, ModelArgs(config).get_int("seq", 0));
   } else if (config.model.type == "gpt") {
     LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
+    seq = spec.seq;
+  } else {
+    LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(config));
     seq = spec.seq;
   }
   if (seq && *seq > positions)

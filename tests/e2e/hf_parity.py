@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """loom against Hugging Face transformers, an implementation nobody here wrote.
 
-transformers makes a random tiny model (GPT-2, or Llama with grouped-query attention, a
-non-default rope_theta and rms_norm_eps) and saves it with save_pretrained. loom trains on that
+transformers makes a random tiny model (GPT-2 with its tanh GELU; Llama with grouped-query
+attention, a non-default rope_theta and rms_norm_eps, untied, and optionally Llama 3.1's rotary
+frequency scaling) and saves it with save_pretrained. loom trains on that
 folder (checkpoint.init_from, model.from_hf) under each plan: one step of SGD with lr 1 (no
 momentum, weight decay or clipping), so the step's gradient is (initial - after) weights, read
 back through `loom checkpoint export-hf` in transformers' own names. The first step's loss and
@@ -48,7 +49,7 @@ LOSS_RTOL = 2e-6
 #   2^-24 max|w| (two allowed: the update's and the store's);
 # - float32's backward: ~1e-6 of the gradient's scale for sums of at most 64 terms here; 2e-5
 #   allows reduction orders that differ per plan.
-# Measured: at most 0.21 of the bound (GPT-2 tiny, every plan). A missing term (a bias, a tied
+# Measured: at most 0.24 of the bound (GPT-2 and Llama tiny, every plan). A missing term (a bias, a tied
 # head's share, a gradient not summed over tensor-parallel ranks) or a transposed slice is off by
 # O(1) of the largest element, 10^4 times the bound.
 GRAD_FLOOR_ULPS = 2 * 2.0 ** -24
@@ -71,17 +72,26 @@ def run(cmd, env, log):
 def make_gpt2(torch, transformers, folder):
     config = transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32, n_inner=None,
-        # Exact GELU: loom's GPT default (gelu_new maps to model.args.activation: gelu_tanh).
-        activation_function="gelu", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+        # GPT-2's tanh GELU: model.from_hf maps it to model.args.activation: gelu_tanh.
+        activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
     return transformers.GPT2LMHeadModel(config)
 
 
-def make_llama(torch, transformers, folder):
+def make_llama(torch, transformers, folder, scaling=False):
+    rope = {"rope_type": "default", "rope_theta": 5000.0}
+    if scaling:
+        # original_max_position_embeddings 16 with head_dim 8 puts one frequency in the smoothed
+        # band and three in the scaled one: every branch of Llama 3.1's rule. Dropping the
+        # scaling moves this model's loss by 33 times LOSS_RTOL and the k_proj gradients by 5e4
+        # times their bound.
+        rope = {"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16}
     config = transformers.LlamaConfig(
         num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=48, vocab_size=VOCAB, max_position_embeddings=32,
-        rms_norm_eps=3e-5, rope_theta=5000.0, tie_word_embeddings=False,
+        rms_norm_eps=3e-5, rope_parameters=rope, tie_word_embeddings=False,
         attention_bias=False, mlp_bias=False, hidden_act="silu", bos_token_id=0,
         eos_token_id=0, pad_token_id=None)
     return transformers.LlamaForCausalLM(config)
@@ -197,7 +207,7 @@ def check_errors(args, env, folder, tokens_path, model_type, failures):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["gpt2", "llama"], required=True)
+    ap.add_argument("--model", choices=["gpt2", "llama", "llama-rope-scaling"], required=True)
     ap.add_argument("--loom", required=True)
     ap.add_argument("--loomrun", required=True)
     ap.add_argument("--work", required=True)
@@ -217,7 +227,8 @@ def main():
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     folder = os.path.join(args.work, "hf")
-    make = make_gpt2 if args.model == "gpt2" else make_llama
+    make = {"gpt2": make_gpt2, "llama": make_llama,
+            "llama-rope-scaling": lambda *a: make_llama(*a, scaling=True)}[args.model]
     model = make(torch, transformers, folder)
     # Biases start at zero and norms at one in transformers' init: perturb every parameter so a
     # bias or norm read from the wrong place cannot hide.

@@ -124,7 +124,7 @@ TEST_F(FromHf, Gpt2FillsModelArgs) {
   EXPECT_EQ(c->model.args.at("ffn_hidden"), "192");  // n_inner null: 4 x n_embd
   EXPECT_EQ(c->model.args.at("ln_eps"), "1e-05");
   EXPECT_EQ(c->model.args.at("tied"), "true");
-  EXPECT_EQ(c->model.args.count("activation"), 0u);  // exact gelu, loom's default
+  EXPECT_EQ(c->model.args.at("activation"), "gelu");
   EXPECT_NE(c->where("model.args.hidden").find("n_embd"), std::string::npos);
 }
 
@@ -185,6 +185,7 @@ TEST_F(FromHf, LlamaRopeParametersAndScaling) {
   ASSERT_TRUE(old.ok()) << old.error().message;
   EXPECT_EQ(old->model.args.at("rope_theta"), "1234.5");
   EXPECT_EQ(old->model.args.at("kv_heads"), "4");
+  EXPECT_EQ(old->model.args.at("rope_factor"), "0");  // no scaling, whatever the preset says
 }
 
 TEST(HfConfigJson, Gpt2RoundTrip) {
@@ -205,6 +206,27 @@ TEST(HfConfigJson, Gpt2RoundTrip) {
   EXPECT_EQ(j["tie_word_embeddings"], false);
   EXPECT_EQ(j["layer_norm_epsilon"], 1e-6);
   EXPECT_EQ(j["activation_function"], "gelu");
+}
+
+TEST(HfConfigJson, LlamaWithScaling) {
+  auto c = parse_config(
+      "model:\n  type: llama\n  args: {layers: 2, hidden: 32, heads: 4, kv_heads: "
+      "2, ffn_hidden: 48, vocab: 64, seq: 16, norm_eps: 3e-5, rope_theta: 5000, "
+      "rope_factor: 8}\n",
+      "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto text = hf_config_json(*c);
+  ASSERT_TRUE(text.ok()) << text.error().message;
+  auto j = nlohmann::json::parse(*text);
+  EXPECT_EQ(j["model_type"], "llama");
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["intermediate_size"], 48);
+  EXPECT_EQ(j["rms_norm_eps"], 3e-5);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"], 5000.0);
+  EXPECT_EQ(j["rope_parameters"]["factor"], 8.0);
+  EXPECT_EQ(j["rope_parameters"]["original_max_position_embeddings"], 8192);
 }
 
 }  // namespace
