@@ -17,14 +17,14 @@ vocab=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["voca
 [ -f "$out/tokens.bin" ] || "$python" examples/llama/hf_tools.py make-tokens "$out/tokens.bin" "$vocab"
 
 cat >"$out/finetune.yaml" <<YAML
-run: {name: llama-finetune, output_dir: $out/run, steps: 20}
+run: {name: llama-finetune, output_dir: $out/run, steps: 40}
 model: {type: llama, from_hf: $hf, args: {seq: 64}}
 parallel: {tp: 2, pp: 2, schedule: 1f1b}
 batch: {global: 8, micro: 2}
-optimizer: {type: adamw, lr: 3.0e-3}
+optimizer: {type: adamw, lr: 1.0e-2}
 data: {type: tokens, path: $out/tokens.bin}
-checkpoint: {init_from: $hf, every: 20}
-logging: {every: 5}
+checkpoint: {init_from: $hf, every: 40}
+logging: {every: 10}
 YAML
 rm -rf "$out/run" "$out/exported"
 ./build/bin/loomrun --nproc-per-node 4 --master-port 0 ./build/bin/loom train "$out/finetune.yaml"
