@@ -205,6 +205,30 @@ def check_errors(args, env, folder, tokens_path, model_type, failures):
                      [out], "export-hf over an existing folder", failures)
 
 
+def check_bf16_folder(args, env, model, tokens, tokens_path, model_type, failures):
+    """Released Llama checkpoints are bfloat16: loom reads them into float32 exactly, so its
+    first loss is transformers' on the same bfloat16 weights (upcast), within the loss's bound."""
+    import torch
+    folder = os.path.join(args.work, "hf_bf16")
+    model.to(torch.bfloat16).save_pretrained(folder)
+    model.to(torch.float32)
+    ref = model.__class__.from_pretrained(folder, dtype=torch.float64)
+    ref.eval()
+    inputs, targets = samples(tokens, 0, GLOBAL)
+    with torch.no_grad():
+        want = hf_loss(torch, ref, inputs, targets).item()
+    cfg, run_dir = loom_config(args.work, "bf16", folder, tokens_path, model_type, {}, 2)
+    run([args.loom, "train", cfg, "run.steps=1", "checkpoint.every=0"], env,
+        os.path.join(args.work, "bf16.log"))
+    got = losses(run_dir)[1]
+    rel = abs(got - want) / abs(want)
+    ok = rel <= LOSS_RTOL
+    print("bf16    folder: loom %.8f transformers %.8f rel %.1e (bound %.0e) %s" %
+          (got, want, rel, LOSS_RTOL, "ok" if ok else "FAIL"))
+    if not ok:
+        failures.append("bf16 folder: loss")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["gpt2", "llama", "llama-rope-scaling"], required=True)
@@ -235,7 +259,11 @@ def main():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    model.save_pretrained(folder)
+    # The scaled Llama is saved in shards (model.safetensors.index.json), as large checkpoints are.
+    sharded = args.model == "llama-rope-scaling"
+    model.save_pretrained(folder, **({"max_shard_size": "20KB"} if sharded else {}))
+    if sharded:
+        assert os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
     model_type = "gpt" if args.model == "gpt2" else "llama"
 
     g = torch.Generator().manual_seed(1)
@@ -253,10 +281,9 @@ def main():
     loss = hf_loss(torch, ref, inputs, targets)
     loss.backward()
     ref_loss = loss.item()
-    initial = {k: v.to(torch.float64) for k, v in load_file(os.path.join(folder,
-                                                                           "model.safetensors")).items()}
-    grads = {}
+    initial, grads = {}, {}  # the saved float32 weights, exactly, in float64
     for name, p in ref.named_parameters():
+        initial[name] = p.detach().clone()
         grads[name] = p.grad.detach().clone()
     # A tied head is one parameter in transformers (the embedding); its file has no lm_head.
     print("transformers %s: loss %.8f, %d parameters" % (transformers.__version__, ref_loss,
@@ -321,8 +348,10 @@ def main():
                                    "ok" if ok else "FAIL"))
         if not ok:
             failures.append("%s: exported model's loss" % name)
-    if "single" in args.plans.split(","):
+    if "single" in args.plans.split(",") and not sharded:
         check_errors(args, env, folder, tokens_path, model_type, failures)
+    if args.model == "llama":
+        check_bf16_folder(args, env, model, tokens, tokens_path, model_type, failures)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
