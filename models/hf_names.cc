@@ -102,4 +102,17 @@ Result<HfSource> hf_source(const std::string& model_type, const std::string& nam
                                      "' has no Hugging Face name map (gpt and llama have)");
 }
 
+std::string hf_base_prefix(const std::string& model_type) {
+  return model_type == "gpt" ? "transformer." : "model.";
+}
+
+bool hf_buffer(const std::string& model_type, const std::string& hf_name) {
+  auto ends_with = [&](const std::string& tail) {
+    return hf_name.size() >= tail.size() &&
+           hf_name.compare(hf_name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (model_type == "gpt") return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  return ends_with("rotary_emb.inv_freq");
+}
+
 }  // namespace loom::models

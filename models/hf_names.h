@@ -42,4 +42,14 @@ bool has_hf_names(const std::string& model_type);
 Result<HfSource> hf_source(const std::string& model_type, const std::string& name,
                            const Shape& shape);
 
+// The prefix of the base model's names ("transformer." for GPT-2, "model." for Llama): a folder
+// saved from the base model alone (GPT2Model, as openai-community/gpt2 is) names its tensors
+// without it, and transformers accepts both.
+std::string hf_base_prefix(const std::string& model_type);
+// Whether a tensor of a folder may go unread by loom's model: buffers transformers once saved
+// (GPT-2's causal masks attn.bias and attn.masked_bias, rotary inv_freq), not weights. Any
+// other tensor no loom parameter reads means the folder holds another model (more layers, an
+// untied head).
+bool hf_buffer(const std::string& model_type, const std::string& hf_name);
+
 }  // namespace loom::models

@@ -199,6 +199,15 @@ def check_errors(args, env, folder, tokens_path, model_type, failures):
     expect_bad_input(train + ["model.args.layers=5"], env,
                      ["model.args.layers", "5", "config.json"], "model.args against config.json",
                      failures)
+    # A folder with more layers than model.args says (no model.from_hf): refused, not loaded in
+    # part.
+    dims = {"gpt": "layers=1 hidden=32 heads=4 vocab=64 activation=gelu_tanh",
+            "llama": "layers=1 hidden=32 heads=4 kv_heads=2 ffn_hidden=48 vocab=64 norm_eps=3e-5 "
+                     "rope_theta=5000 rope_factor=0"}[model_type]
+    layer1 = {"gpt": "transformer.h.1.", "llama": "model.layers.1."}[model_type]
+    expect_bad_input(train + ["model.from_hf="] + ["model.args." + d for d in dims.split()], env,
+                     [layer1, folder, "model.args"], "folder with more layers than model.args",
+                     failures)
     out = os.path.join(args.work, "single_export_1")  # exists: written by the single plan
     expect_bad_input([args.loom, "checkpoint", "export-hf",
                       os.path.join(args.work, "single", "ckpt", "step_%08d" % 1), out], env,
@@ -227,6 +236,23 @@ def check_bf16_folder(args, env, model, tokens, tokens_path, model_type, failure
           (got, want, rel, LOSS_RTOL, "ok" if ok else "FAIL"))
     if not ok:
         failures.append("bf16 folder: loss")
+
+
+def check_base_model_names(args, env, model, ref_loss, tokens_path, failures):
+    """openai-community/gpt2 is saved from GPT2Model: its names lack "transformer.". loom reads
+    such a folder as transformers does, to the same first loss."""
+    folder = os.path.join(args.work, "hf_base")
+    model.transformer.save_pretrained(folder)
+    cfg, run_dir = loom_config(args.work, "base_names", folder, tokens_path, "gpt", {}, 2)
+    run([args.loom, "train", cfg, "run.steps=1", "checkpoint.every=0"], env,
+        os.path.join(args.work, "base_names.log"))
+    got = losses(run_dir)[1]
+    rel = abs(got - ref_loss) / abs(ref_loss)
+    ok = rel <= LOSS_RTOL
+    print("base    model names: loom %.8f transformers %.8f rel %.1e (bound %.0e) %s" %
+          (got, ref_loss, rel, LOSS_RTOL, "ok" if ok else "FAIL"))
+    if not ok:
+        failures.append("base model names: loss")
 
 
 def main():
@@ -350,6 +376,8 @@ def main():
             failures.append("%s: exported model's loss" % name)
     if "single" in args.plans.split(",") and not sharded:
         check_errors(args, env, folder, tokens_path, model_type, failures)
+    if args.model == "gpt2":
+        check_base_model_names(args, env, model, ref_loss, tokens_path, failures)
     if args.model == "llama":
         check_bf16_folder(args, env, model, tokens, tokens_path, model_type, failures)
     if failures:

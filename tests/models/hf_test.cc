@@ -91,6 +91,16 @@ TEST(HfNames, LlamaNamesAreUntransposed) {
   EXPECT_FALSE(hf_source("swin", "x", {1}).ok());
 }
 
+TEST(HfNames, BuffersAndBasePrefix) {
+  EXPECT_TRUE(hf_buffer("gpt", "h.0.attn.bias"));
+  EXPECT_TRUE(hf_buffer("gpt", "transformer.h.3.attn.masked_bias"));
+  EXPECT_FALSE(hf_buffer("gpt", "transformer.h.3.attn.c_attn.bias"));  // a weight
+  EXPECT_TRUE(hf_buffer("llama", "model.layers.0.self_attn.rotary_emb.inv_freq"));
+  EXPECT_FALSE(hf_buffer("llama", "model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_EQ(hf_base_prefix("gpt"), "transformer.");
+  EXPECT_EQ(hf_base_prefix("llama"), "model.");
+}
+
 class FromHf : public testing::Test {
  protected:
   void SetUp() override {
