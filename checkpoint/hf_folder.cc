@@ -199,6 +199,7 @@ Result<std::vector<float>> HfFolder::read(const std::string& tensor,
     in.seekg(static_cast<std::streamoff>(base + static_cast<uint64_t>(offset * elem)));
     if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
       return Error::at(tensor, "'" + path.string() + "' ended inside " + where + " (truncated?)");
+    bytes_read_ += bytes.size();
     to_float(t.dtype, bytes.data(), run, out.data() + done);
     for (size_t d = k; d-- > 0;) {  // next position, last walked dimension fastest
       if (++index[d] < ranges[d].second - ranges[d].first) break;

@@ -36,6 +36,8 @@ class HfFolder {
   // Region `ranges` ([start, end) per dimension) of `tensor`, row-major, converted to float32
   // from F32, BF16 or F16. Reads only the region's bytes. Errors name the tensor and its file.
   Result<std::vector<float>> read(const std::string& tensor, const SliceRanges& ranges) const;
+  // Tensor bytes read so far (headers excluded): what a rank's load cost it.
+  uint64_t bytes_read() const { return bytes_read_; }
 
  private:
   struct Entry {
@@ -50,6 +52,7 @@ class HfFolder {
   std::string config_text_;
   std::vector<File> files_;
   std::map<std::string, Entry> tensors_;
+  mutable uint64_t bytes_read_ = 0;
 };
 
 // IEEE half and bfloat16 bit patterns to float.

@@ -79,6 +79,8 @@ TEST_F(HfFolderTest, ReadsRegionsOfOneFile) {
   auto c2 = folder->read("c", {{0, 2}, {1, 2}, {3, 4}});
   ASSERT_TRUE(c2.ok()) << c2.error().message;
   EXPECT_EQ(*c2, (std::vector<float>{103, 403}));
+  // Only the region's bytes: 6 + 4 (bf16, 2 bytes each) + 12 + 2 elements so far.
+  EXPECT_EQ(folder->bytes_read(), 6u * 4 + 4u * 2 + 12u * 4 + 2u * 4);
   auto whole = folder->read("a", {{0, 5}, {0, 7}});
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ(*whole, grid(5, 7));
