@@ -196,6 +196,31 @@ TEST_F(FromHf, LlamaRopeParametersAndScaling) {
   EXPECT_EQ(old->model.args.at("rope_theta"), "1234.5");
   EXPECT_EQ(old->model.args.at("kv_heads"), "4");
   EXPECT_EQ(old->model.args.at("rope_factor"), "0");  // no scaling, whatever the preset says
+  // transformers 4's rope_scaling, as Llama 3.1's own config.json has it.
+  auto scaled = load(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+    "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 64,
+    "max_position_embeddings": 64, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}})",
+                     "model:\n  type: llama\n  args: {seq: 16}");
+  ASSERT_TRUE(scaled.ok()) << scaled.error().message;
+  EXPECT_EQ(scaled->model.args.at("rope_factor"), "8");
+  EXPECT_EQ(scaled->model.args.at("rope_theta"), "500000");
+  // Heads wider than hidden / heads, and a scaling loom does not compute, are refused.
+  auto head_dim = load(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+    "num_attention_heads": 4, "head_dim": 16, "intermediate_size": 64, "vocab_size": 64,
+    "max_position_embeddings": 64})",
+                       "model:\n  type: llama\n  args: {seq: 16}");
+  ASSERT_FALSE(head_dim.ok());
+  EXPECT_NE(head_dim.error().message.find("head_dim"), std::string::npos);
+  auto yarn = load(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+    "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 64,
+    "max_position_embeddings": 64, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
+    "factor": 4.0}})",
+                   "model:\n  type: llama\n  args: {seq: 16}");
+  ASSERT_FALSE(yarn.ok());
+  EXPECT_NE(yarn.error().message.find("yarn"), std::string::npos);
+  EXPECT_NE(yarn.error().message.find("rope_parameters.rope_type"), std::string::npos);
 }
 
 TEST(HfConfigJson, Gpt2RoundTrip) {
