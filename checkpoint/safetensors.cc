@@ -169,10 +169,11 @@ void SafeTensorsWriter::add(const std::string& name, const std::string& dtype, c
   tensors_.push_back(std::move(t));
 }
 
-std::string SafeTensorsWriter::finish() const {
+std::string safetensors_header(const std::vector<SafeTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   json header = json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  for (const auto& t : tensors_)
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const auto& t : tensors)
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
@@ -180,9 +181,11 @@ std::string SafeTensorsWriter::finish() const {
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i)
     out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out += text;
-  out += data_;
-  return out;
+  return out + text;
+}
+
+std::string SafeTensorsWriter::finish() const {
+  return safetensors_header(tensors_, metadata_) + data_;
 }
 
 }  // namespace loom

@@ -65,6 +65,12 @@ class SafeTensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// The start of a file holding `tensors` (their offsets into the data section set) and
+// `metadata`: the 8-byte length and the JSON header, padded so the data starts 8-byte aligned.
+// A writer streams each tensor's bytes after it, in offset order.
+std::string safetensors_header(const std::vector<SafeTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata);
+
 // Builds a file in memory: tensors in the order added, contiguous, header padded to 8 bytes.
 class SafeTensorsWriter {
  public:

@@ -10,8 +10,10 @@
 
 namespace loom::cli {
 
-// Writes the folder `out` from `reader`'s checkpoint: everything is assembled and written into
-// `out`.tmp, then renamed to `out`, so an error leaves no half-written folder. `out` must not
+// Writes the folder `out` from `reader`'s checkpoint into `out`.tmp, then renames it to `out`, so
+// an error leaves no half-written folder. The header is computed from the manifest and each
+// Hugging Face tensor is assembled and written in turn: the export holds one of them at a time
+// (besides the shards the reader keeps). `out` must not
 // exist (or be an empty directory). Errors name the file, tensor or config key.
 Status export_hf(CheckpointReader& reader, const std::filesystem::path& out);
 
