@@ -14,7 +14,8 @@ hf=${1:-$out/hf-tiny}
 [ -n "${1:-}" ] || [ -f "$hf/config.json" ] || "$python" examples/llama/hf_tools.py make-model "$hf"
 vocab=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' \
   "$hf/config.json")
-[ -f "$out/tokens.bin" ] || "$python" examples/llama/hf_tools.py make-tokens "$out/tokens.bin" "$vocab"
+[ -f "$out/tokens.bin" ] ||
+  "$python" examples/llama/hf_tools.py make-tokens "$out/tokens.bin" "$vocab"
 
 cat >"$out/finetune.yaml" <<YAML
 run: {name: llama-finetune, output_dir: $out/run, steps: 40}

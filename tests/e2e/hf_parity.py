@@ -167,8 +167,8 @@ def expect_bad_input(cmd, env, needles, what, failures):
     text = proc.stdout + proc.stderr
     missing = [n for n in needles if n not in text]
     ok = proc.returncode == 2 and not missing
-    print("error   %s: exit %d%s" % (what, proc.returncode,
-                                     "" if ok else " FAIL (wanted 2 naming %s)\n%s" % (missing, text)))
+    detail = "" if ok else " FAIL (wanted 2 naming %s)\n%s" % (missing, text)
+    print("error   %s: exit %d%s" % (what, proc.returncode, detail))
     if not ok:
         failures.append("error case: " + what)
 
