@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -28,22 +29,27 @@ int64_t safetensors_dtype_size(std::string_view dtype) {
   return 0;
 }
 
-Result<SafeTensorsFile> SafeTensorsFile::parse(std::string bytes, const std::string& file) {
-  if (bytes.size() < 8) return bad(file, "shorter than its 8-byte header length (truncated?)");
+Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64_t file_size,
+                                                   const std::string& file) {
+  if (head.size() < 8 || file_size < 8)
+    return bad(file, "shorter than its 8-byte header length (truncated?)");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i)
-    header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
-  if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 8)
+    header_len = (header_len << 8) | static_cast<unsigned char>(head[static_cast<size_t>(i)]);
+  if (header_len > kMaxHeaderBytes || header_len > file_size - 8)
     return bad(file, "header length " + std::to_string(header_len) + " exceeds the file size " +
-                         std::to_string(bytes.size()) + " (truncated?)");
-  json header =
-      json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len),
-                  nullptr, /*allow_exceptions=*/false);
+                         std::to_string(file_size) + " (truncated?)");
+  if (header_len > head.size() - 8)
+    return bad(file, "header length " + std::to_string(header_len) + " exceeds the " +
+                         std::to_string(head.size() - 8) + " header bytes read (truncated?)");
+  json header = json::parse(head.begin() + 8,
+                            head.begin() + 8 + static_cast<std::ptrdiff_t>(header_len), nullptr,
+                            /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object())
     return bad(file, "the header is not a JSON object");
-  SafeTensorsFile out;
-  out.data_start_ = 8 + static_cast<size_t>(header_len);
-  const uint64_t data_size = bytes.size() - out.data_start_;
+  SafeTensorsHeader out;
+  out.data_start = 8 + header_len;
+  const uint64_t data_size = file_size - out.data_start;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const json& v = it.value();
@@ -52,7 +58,7 @@ Result<SafeTensorsFile> SafeTensorsFile::parse(std::string bytes, const std::str
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
           return bad(file, "__metadata__." + m.key() + " is not a string");
-        out.metadata_[m.key()] = m.value().get<std::string>();
+        out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
@@ -93,15 +99,52 @@ Result<SafeTensorsFile> SafeTensorsFile::parse(std::string bytes, const std::str
       return bad(file, where + "data_offsets hold " + std::to_string(t.end - t.begin) +
                            " bytes but shape " + to_string(t.shape) + " of " + t.dtype + " needs " +
                            std::to_string(count * static_cast<uint64_t>(elem)));
-    out.tensors_.push_back(std::move(t));
+    out.tensors.push_back(std::move(t));
   }
   std::vector<const SafeTensor*> sorted;
-  for (const auto& t : out.tensors_) sorted.push_back(&t);
+  for (const auto& t : out.tensors) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < sorted.size(); ++i)
     if (sorted[i]->begin < sorted[i - 1]->end)
       return bad(file,
                  "tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
+  return out;
+}
+
+Result<SafeTensorsHeader> SafeTensorsHeader::read(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!in || ec) return Error::at(file, "cannot read '" + file + "'");
+  std::string head(8, '\0');
+  if (size < 8 || !in.read(head.data(), 8))
+    return bad(file, "shorter than its 8-byte header length (truncated?)");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | static_cast<unsigned char>(head[static_cast<size_t>(i)]);
+  if (header_len > kMaxHeaderBytes || header_len > size - 8)
+    return bad(file, "header length " + std::to_string(header_len) + " exceeds the file size " +
+                         std::to_string(size) + " (truncated?)");
+  head.resize(8 + header_len);
+  if (!in.read(head.data() + 8, static_cast<std::streamsize>(header_len)))
+    return Error::at(file, "cannot read the header of '" + file + "'");
+  return parse(head, size, file);
+}
+
+const SafeTensor* SafeTensorsHeader::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Result<SafeTensorsFile> SafeTensorsFile::parse(std::string bytes, const std::string& file) {
+  LOOM_ASSIGN_OR_RETURN(SafeTensorsHeader header,
+                        SafeTensorsHeader::parse(bytes, bytes.size(), file));
+  SafeTensorsFile out;
+  out.data_start_ = static_cast<size_t>(header.data_start);
+  out.tensors_ = std::move(header.tensors);
+  out.metadata_ = std::move(header.metadata);
   out.bytes_ = std::move(bytes);
   return out;
 }
@@ -126,10 +169,11 @@ void SafeTensorsWriter::add(const std::string& name, const std::string& dtype, c
   tensors_.push_back(std::move(t));
 }
 
-std::string SafeTensorsWriter::finish() const {
+std::string safetensors_header(const std::vector<SafeTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   json header = json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  for (const auto& t : tensors_)
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const auto& t : tensors)
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
@@ -137,9 +181,11 @@ std::string SafeTensorsWriter::finish() const {
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i)
     out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out += text;
-  out += data_;
-  return out;
+  return out + text;
+}
+
+std::string SafeTensorsWriter::finish() const {
+  return safetensors_header(tensors_, metadata_) + data_;
 }
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
@@ -26,6 +27,25 @@ struct SafeTensor {
   uint64_t end = 0;
 };
 
+// The header of a file: its tensors (offsets relative to the data section) and metadata. Read
+// alone, it lets a reader fetch just the bytes of the tensors or slices it needs: a Hugging
+// Face checkpoint of a 70B model is read a slice at a time, never whole.
+struct SafeTensorsHeader {
+  uint64_t data_start = 0;  // bytes from the file's start to the data section
+  std::vector<SafeTensor> tensors;
+  std::map<std::string, std::string> metadata;
+
+  // Parses the header at the start of `head` (at least the 8-byte length and the JSON; more is
+  // ignored) of a file of `file_size` bytes. Every tensor's offsets lie inside the data section,
+  // match its shape and dtype, and no two tensors overlap. Errors name `file` and the tensor or
+  // header field.
+  static Result<SafeTensorsHeader> parse(std::string_view head, uint64_t file_size,
+                                         const std::string& file);
+  // Reads and parses only the header of `path`.
+  static Result<SafeTensorsHeader> read(const std::filesystem::path& path);
+  const SafeTensor* find(const std::string& name) const;
+};
+
 // A parsed file; it owns its bytes. Every tensor's offsets lie inside the data section, match
 // its shape and dtype, and no two tensors overlap.
 class SafeTensorsFile {
@@ -44,6 +64,12 @@ class SafeTensorsFile {
   std::vector<SafeTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The start of a file holding `tensors` (their offsets into the data section set) and
+// `metadata`: the 8-byte length and the JSON header, padded so the data starts 8-byte aligned.
+// A writer streams each tensor's bytes after it, in offset order.
+std::string safetensors_header(const std::vector<SafeTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata);
 
 // Builds a file in memory: tensors in the order added, contiguous, header padded to 8 bytes.
 class SafeTensorsWriter {

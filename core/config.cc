@@ -65,6 +65,7 @@ void visit_fields(Config& c, V& v) {
 
   v("model", "type", c.model.type, non_empty());
   v("model", "preset", c.model.preset, non_empty());
+  v("model", "from_hf", c.model.from_hf, Check<std::string>());
 
   v("parallel", "dp", c.parallel.dp, positive());
   v("parallel", "tp", c.parallel.tp, positive());
@@ -127,6 +128,7 @@ void visit_fields(Config& c, V& v) {
   v("checkpoint", "every", c.checkpoint.every, non_negative());
   v("checkpoint", "keep", c.checkpoint.keep, positive());
   v("checkpoint", "resume", c.checkpoint.resume, non_empty());
+  v("checkpoint", "init_from", c.checkpoint.init_from, Check<std::string>());
 
   v("cost", "preset", c.cost.preset, Check<std::string>());
   v("cost", "file", c.cost.file, Check<std::string>());

@@ -27,6 +27,9 @@ struct ModelConfig {
   std::string type = "gpt";
   std::string preset = "tiny";
   std::map<std::string, std::string> args;
+  // A Hugging Face model folder whose config.json fills model.args (models/hf_config.h); an
+  // explicit model.args value must agree with it. Empty: none.
+  std::string from_hf;
 };
 
 struct ParallelConfig {
@@ -139,6 +142,10 @@ struct CheckpointConfig {
   int64_t every = 0;  // 0: never
   int64_t keep = 2;
   std::string resume = "none";  // none | latest | a path
+  // A Hugging Face model folder the parameters start from instead of the seeded init (each rank
+  // reads its pieces through the model's name map, models/hf_names.h); the optimizer starts
+  // fresh at step 0. A run resumed from a checkpoint continues that checkpoint instead.
+  std::string init_from;
 };
 
 class Config {

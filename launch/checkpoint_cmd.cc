@@ -1,5 +1,6 @@
-// loom checkpoint inspect DIR | merge DIR OUT: reads sharded checkpoints without a plan or
-// LibTorch. DIR is a step_N directory or a run's checkpoint root (its newest checkpoint).
+// loom checkpoint inspect DIR | merge DIR OUT | export-hf DIR OUT: reads sharded checkpoints
+// without a plan or LibTorch. DIR is a step_N directory or a run's checkpoint root (its newest
+// checkpoint).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/durable_file.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
+#include "launch/hf_export.h"
 
 namespace loom::cli {
 namespace {
@@ -119,10 +121,20 @@ int merge(const fs::path& dir, const fs::path& out) {
   return kExitOk;
 }
 
+int export_hf_folder(const fs::path& dir, const fs::path& out) {
+  auto reader = open_checkpoint(dir);
+  if (!reader.ok()) return bad_input(reader.error().message);
+  if (Status s = export_hf(*reader, out); !s.ok()) return bad_input(s.error().message);
+  std::printf("loom: exported %s (step %lld) as the Hugging Face folder %s\n",
+              reader->dir().string().c_str(), static_cast<long long>(reader->manifest().step),
+              out.string().c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 int checkpoint_main(const Args& args) {
-  CLI::App app{"Inspect or merge a sharded checkpoint.", "loom checkpoint"};
+  CLI::App app{"Inspect, merge or export a sharded checkpoint.", "loom checkpoint"};
   app.require_subcommand(1);
   std::string dir, out;
   CLI::App* inspect_cmd =
@@ -132,8 +144,13 @@ int checkpoint_main(const Args& args) {
       app.add_subcommand("merge", "write one full safetensors file: merge DIR OUT");
   merge_cmd->add_option("dir", dir, "a step_N directory or a checkpoint root")->required();
   merge_cmd->add_option("out", out, "the safetensors file to write")->required();
+  CLI::App* export_cmd = app.add_subcommand(
+      "export-hf", "write a Hugging Face folder transformers loads: export-hf DIR OUT");
+  export_cmd->add_option("dir", dir, "a step_N directory or a checkpoint root")->required();
+  export_cmd->add_option("out", out, "the folder to write (must not exist)")->required();
   if (auto code = parse_args(app, args, "checkpoint")) return *code;
   if (inspect_cmd->parsed()) return inspect(dir);
+  if (export_cmd->parsed()) return export_hf_folder(dir, out);
   return merge(dir, out);
 }
 

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "models/hf_config.h"
+
 namespace loom::cli {
 
 Result<Config> load_config_file(const std::string& path,
@@ -16,7 +18,9 @@ Result<Config> load_config_file(const std::string& path,
                                  : "; give the YAML config file";
     return Error::at(path, path + ": is a directory, not a config file" + hint);
   }
-  return load_config(path, overrides);
+  LOOM_ASSIGN_OR_RETURN(Config config, load_config(path, overrides));
+  LOOM_TRY(models::apply_from_hf(config));
+  return config;
 }
 
 }  // namespace loom::cli

@@ -10,8 +10,9 @@
 
 namespace loom::cli {
 
-// load_config(path, overrides), except that a directory is refused as one (it would otherwise
-// read as an empty config), pointing at its config.yaml when it has one (a run directory).
+// load_config(path, overrides), model.from_hf applied (models/hf_config.h), except that a directory
+// is refused as one (it would otherwise read as an empty config), pointing at its config.yaml when
+// it has one (a run directory).
 Result<Config> load_config_file(const std::string& path, const std::vector<std::string>& overrides);
 
 }  // namespace loom::cli

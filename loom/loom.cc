@@ -7,9 +7,21 @@
 #include "exec/runtime/extensions.h"
 #include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
+#include "models/hf_config.h"
 #include "plan/plan.h"
 
 namespace loom {
+namespace {
+
+// model.from_hf applied, as every `loom` command reads its config (launch/config_file.h); a
+// config that had it applied already is unchanged.
+Result<Config> with_hf_args(const Config& given) {
+  Config config = given;
+  LOOM_TRY(models::apply_from_hf(config));
+  return config;
+}
+
+}  // namespace
 
 Setup::Setup() : ext_(std::make_shared<runtime::Extensions>()) {}
 Setup::Setup(const Setup& other) : ext_(std::make_shared<runtime::Extensions>(*other.ext_)) {}
@@ -40,7 +52,8 @@ Status add_kernel(Setup& setup, const std::string& type, Kernel kernel) {
   return setup.extensions().kernels.add(type, std::move(kernel));
 }
 
-Result<lower::PlanFile> make_plan(const Config& config, const Setup& setup) {
+Result<lower::PlanFile> make_plan(const Config& given, const Setup& setup) {
+  LOOM_ASSIGN_OR_RETURN(Config config, with_hf_args(given));
   LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, *setup.shared()));
   return std::move(plan.file);
 }
@@ -69,7 +82,8 @@ Result<std::unique_ptr<Trainer>> Trainer::from_file(const std::string& config_pa
   return create(config, setup);
 }
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, const Setup& setup) {
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& given, const Setup& setup) {
+  LOOM_ASSIGN_OR_RETURN(Config config, with_hf_args(given));
   LOOM_ASSIGN_OR_RETURN(auto impl,
                         runtime::Trainer::create(config, nullptr, nullptr, setup.shared()));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl), setup));

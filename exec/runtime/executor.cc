@@ -69,7 +69,8 @@ using ForwardStep = Executor::Impl::ForwardStep;
 
 // Materialises this rank's parameter pieces (one per (tensor, slice), shared by the ops that
 // read it) and returns each op input's parameter slot (-1: not a parameter), per op.
-std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t seed) {
+std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t seed,
+                                                 bool seeded_init) {
   std::map<std::pair<int64_t, std::string>, int64_t> holders;
   for (const auto& sync : s.lowered.grad_syncs)
     holders[{sync.tensor.value(), sync.piece.ranges_string()}] =
@@ -95,7 +96,10 @@ std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t see
       }
       slots[i].back() = static_cast<int64_t>(s.params.size());
       if (shard != stored.end()) s.shard_slot[shard->second->id] = slots[i].back();
-      at::Tensor p = init_parameter_piece(t, in, seed).to(s.device.device);
+      at::Tensor p = seeded_init
+                         ? init_parameter_piece(t, in, seed).to(s.device.device)
+                         : at::zeros(in.shape(),
+                                     at::TensorOptions().dtype(at::kFloat).device(s.device.device));
       p.set_requires_grad(true);
       s.param_index[key] = s.params.size();
       s.params.push_back(p);
@@ -280,7 +284,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
       impl->producer_stage[static_cast<size_t>(o.tensor.value())] = op.stage.value();
     for (const auto& in : op.inputs) impl->consumed[op.stage.value()].insert(in.tensor.value());
   }
-  const auto param_slots = add_parameters(*impl, options.seed);
+  const auto param_slots = add_parameters(*impl, options.seed, options.seeded_init);
   LOOM_TRY(plan_forward_steps(*impl, kernels, param_slots));
   plan_regions(*impl);
   add_grad_buckets(*impl, param_slots, std::move(grad_groups), options.bucket_bytes, options.zero1);

@@ -40,6 +40,9 @@ struct ExecutorOptions {
   // parallel.zero 1: each shared piece's gradient is summed onto one owner, which alone keeps
   // optimizer state for it and updates it (grad_buckets.h).
   bool zero1 = false;
+  // false: parameter pieces start as zeros, for a loader that fills every one next
+  // (checkpoint.init_from), so that no full tensor is drawn only to be overwritten.
+  bool seeded_init = true;
 };
 
 class Executor {

@@ -25,6 +25,7 @@
 #include "exec/runtime/device.h"
 #include "exec/runtime/executor.h"
 #include "exec/runtime/extensions.h"
+#include "exec/runtime/hf_weights.h"
 #include "exec/runtime/inputs.h"
 #include "exec/runtime/lr_schedule.h"
 #include "exec/runtime/memory.h"
@@ -133,6 +134,10 @@ Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
     LOOM_ASSIGN_OR_RETURN(impl->step,
                           load_checkpoint(checkpoint_target(*impl), impl->config, path));
     impl->resumed_from = path.string();
+  } else if (!impl->config.checkpoint.init_from.empty()) {
+    // A fine-tuning run starts from the folder's weights and fresh optimizer state at step 0.
+    LOOM_TRY(
+        load_hf_weights(checkpoint_target(*impl), impl->config, impl->config.checkpoint.init_from));
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
@@ -231,7 +236,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
       impl->executor,
       Executor::create(impl->planned, impl->lowered, world, impl->kernels,
                        ExecutorOptions{static_cast<uint64_t>(config.run.seed), impl->device,
-                                       bucket_bytes(config), config.parallel.zero == 1}));
+                                       bucket_bytes(config), config.parallel.zero == 1,
+                                       /*seeded_init=*/config.checkpoint.init_from.empty()}));
   // Weight decay applies to matrices, not to biases and norm scales.
   std::vector<bool> decay;
   for (const auto& piece : impl->executor->parameter_pieces())

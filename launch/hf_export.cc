@@ -1,0 +1,195 @@
+#include "launch/hf_export.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <system_error>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "core/config.h"
+#include "core/durable_file.h"
+#include "models/hf_config.h"
+#include "models/hf_names.h"
+
+namespace loom::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A loom parameter and its place in a Hugging Face tensor.
+struct Part {
+  std::string name;
+  Shape shape;
+  models::HfSource src;
+};
+
+// One Hugging Face tensor of the export: its shape and the parameters that make it.
+struct HfTensor {
+  Shape shape;
+  std::vector<Part> parts;
+};
+
+// The rows of a loom parameter a Hugging Face tensor with `more_rows` gets: the parameter's own
+// (GPT-2's position table exports the run's seq positions, and config.json says n_positions=seq).
+Shape exported_shape(const models::HfSource& src, const Shape& loom) {
+  Shape s = src.shape;
+  if (src.more_rows) s[0] = src.transposed ? loom[1] : loom[0];
+  return s;
+}
+
+// Which parameters make which Hugging Face tensor, from the checkpoint's manifest alone.
+Result<std::map<std::string, HfTensor>> plan_tensors(const CheckpointReader& reader,
+                                                     const std::string& model_type) {
+  std::map<std::string, HfTensor> out;
+  for (const std::string& name : reader.tensors(kSliceParam)) {
+    LOOM_ASSIGN_OR_RETURN(auto desc, reader.describe(name, kSliceParam));
+    const auto& [shape, dtype] = desc;
+    if (dtype != "F32")
+      return Error::at(name, "parameter '" + name + "' is stored as " + dtype +
+                                 "; export-hf reads float32 parameters");
+    LOOM_ASSIGN_OR_RETURN(models::HfSource src, models::hf_source(model_type, name, shape));
+    HfTensor& t = out[src.tensor];
+    const Shape want = exported_shape(src, shape);
+    if (t.parts.empty()) t.shape = want;
+    if (t.shape != want)
+      return Error::at(name, "parameter '" + name + "' places Hugging Face tensor '" + src.tensor +
+                                 "' as " + to_string(want) + ", another parameter as " +
+                                 to_string(t.shape));
+    t.parts.push_back({name, shape, src});
+  }
+  return out;
+}
+
+// The float32 values of Hugging Face tensor `hf_name`, assembled from its parameters.
+Result<std::vector<float>> assemble(CheckpointReader& reader, const std::string& hf_name,
+                                    const HfTensor& t) {
+  std::vector<float> out(static_cast<size_t>(numel(t.shape)), 0.0f);
+  std::vector<unsigned char> covered(out.size(), 0);
+  SliceRanges whole;
+  for (int64_t d : t.shape) whole.emplace_back(0, d);
+  for (const Part& part : t.parts) {
+    SliceRanges full;
+    for (int64_t d : part.shape) full.emplace_back(0, d);
+    LOOM_ASSIGN_OR_RETURN(std::string bytes, reader.read(part.name, kSliceParam, full));
+    std::vector<float> values(bytes.size() / 4);
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    if (part.src.transposed) {  // to the Hugging Face layout: [cols, rows]
+      const int64_t rows = part.shape[0], cols = part.shape[1];
+      std::vector<float> flipped(values.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          flipped[static_cast<size_t>(c * rows + r)] = values[static_cast<size_t>(r * cols + c)];
+      values = std::move(flipped);
+    }
+    const SliceRanges region = part.src.region(full);
+    for (size_t d = 0; d < region.size(); ++d)
+      if (region[d].second > t.shape[d])
+        return Error::at(part.name, "parameter '" + part.name + "' " + to_string(part.shape) +
+                                        " does not fit Hugging Face tensor '" + hf_name + "' " +
+                                        to_string(t.shape));
+    copy_overlap(reinterpret_cast<const char*>(values.data()), region,
+                 reinterpret_cast<char*>(out.data()), whole, 4, covered.data());
+  }
+  for (unsigned char c : covered)
+    if (!c)
+      return Error::at(hf_name, "Hugging Face tensor '" + hf_name +
+                                    "' is not covered by the checkpoint's parameters");
+  return out;
+}
+
+// Writes `header` then each tensor as it is assembled, so the export holds one Hugging Face
+// tensor at a time besides what the reader keeps; synced before it returns.
+Status write_weights(CheckpointReader& reader, const std::map<std::string, HfTensor>& tensors,
+                     const std::string& header, const fs::path& path) {
+  const std::string file = path.string();
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::at(file, "cannot create '" + file + "': " + std::strerror(errno));
+  auto write_all = [&](const char* p, size_t n) -> Status {
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return Error::at(file, "cannot write '" + file + "': " + std::strerror(errno));
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return Status::success();
+  };
+  Status s = write_all(header.data(), header.size());
+  for (auto it = tensors.begin(); s.ok() && it != tensors.end(); ++it) {
+    auto values = assemble(reader, it->first, it->second);
+    if (!values.ok()) {
+      s = values.error();
+      break;
+    }
+    s = write_all(reinterpret_cast<const char*>(values->data()), values->size() * 4);
+  }
+  if (s.ok() && ::fsync(fd) != 0)
+    s = Error::at(file, "cannot sync '" + file + "': " + std::strerror(errno));
+  ::close(fd);
+  return s;
+}
+
+Status check_out(const fs::path& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    return Error::at(out.string(), "OUT '" + out.string() +
+                                       "' exists; export-hf writes a new folder (remove it or "
+                                       "name another)");
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, ec))
+    return Error::at(out.string(), "cannot write OUT '" + out.string() + "': its folder '" +
+                                       parent.string() + "' does not exist");
+  return Status::success();
+}
+
+}  // namespace
+
+Status export_hf(CheckpointReader& reader, const fs::path& out_arg) {
+  fs::path out = out_arg;
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
+  LOOM_TRY(check_out(out));
+  const std::string source = reader.dir().string() + " (the checkpoint's config)";
+  LOOM_ASSIGN_OR_RETURN(Config config, parse_config(reader.manifest().config_yaml, source));
+  if (!models::has_hf_names(config.model.type))
+    return config.error("model.type", "model.type '" + config.model.type +
+                                          "' has no Hugging Face name map (gpt and llama have)");
+  LOOM_ASSIGN_OR_RETURN(std::string config_json, models::hf_config_json(config));
+
+  LOOM_ASSIGN_OR_RETURN(auto tensors, plan_tensors(reader, config.model.type));
+  std::vector<SafeTensor> entries;  // in name order, as the map iterates and the data follows
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(numel(t.shape)) * 4;
+    entries.push_back({name, "F32", t.shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  // "format": transformers reads the file as PyTorch weights.
+  const std::string header = safetensors_header(entries, {{"format", "pt"}});
+
+  fs::path tmp = out;
+  tmp += ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // a previous export that stopped halfway
+  if (!fs::create_directory(tmp, ec))
+    return Error::at(tmp.string(), "cannot create '" + tmp.string() + "': " + ec.message());
+  Status written = write_file_durably(tmp / "config.json", config_json);
+  if (written.ok()) written = write_weights(reader, tensors, header, tmp / "model.safetensors");
+  if (!written.ok()) {
+    fs::remove_all(tmp, ec);
+    return written;
+  }
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    return Error::at(out.string(),
+                     "cannot rename '" + tmp.string() + "' to '" + out.string() + "'");
+  }
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  return sync_directory(parent);
+}
+
+}  // namespace loom::cli

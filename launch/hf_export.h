@@ -1,0 +1,20 @@
+// `loom checkpoint export-hf CHECKPOINT OUT`: a loom checkpoint saved under any plan as a Hugging
+// Face folder transformers' from_pretrained loads (config.json and model.safetensors, float32),
+// the tensors assembled through the model's name map (models/hf_names.h). LibTorch-free.
+#pragma once
+
+#include <filesystem>
+
+#include "checkpoint/reader.h"
+#include "core/result.h"
+
+namespace loom::cli {
+
+// Writes the folder `out` from `reader`'s checkpoint into `out`.tmp, then renames it to `out`, so
+// an error leaves no half-written folder. The header is computed from the manifest and each
+// Hugging Face tensor is assembled and written in turn: the export holds one of them at a time
+// (besides the shards the reader keeps). `out` must not
+// exist (or be an empty directory). Errors name the file, tensor or config key.
+Status export_hf(CheckpointReader& reader, const std::filesystem::path& out);
+
+}  // namespace loom::cli

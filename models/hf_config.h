@@ -1,0 +1,25 @@
+// A Hugging Face config.json as loom's model.args, and back: `model.from_hf: DIR` fills
+// model.args from DIR/config.json (GPT-2 and Llama keys), and `loom checkpoint export-hf`
+// writes the config.json transformers reads for a loom model.
+#pragma once
+
+#include <string>
+
+#include "core/config.h"
+#include "core/result.h"
+
+namespace loom::models {
+
+// With model.from_hf set: every model.args value the folder's config.json determines, written
+// into config.model.args (their origin recorded as the file). An explicit model.args value that
+// disagrees is an error naming both keys and both values; so is a config.json whose model_type
+// is not model.type's, or which asks for what loom's model does not compute (biases in Llama's
+// projections, another activation). `seq` stays the run's: it must fit the folder's positions.
+// Nothing to do without model.from_hf.
+Status apply_from_hf(Config& config);
+
+// The config.json of `config`'s model (model.type gpt or llama) that transformers'
+// from_pretrained reads, float32 weights.
+Result<std::string> hf_config_json(const Config& config);
+
+}  // namespace loom::models
