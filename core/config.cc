@@ -71,7 +71,7 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "tp", c.parallel.tp, positive());
   v("parallel", "pp", c.parallel.pp, positive());
   v("parallel", "cp", c.parallel.cp, positive());
-  v("parallel", "cp_kind", c.parallel.cp_kind, one_of({"p2p"}));
+  v("parallel", "cp_kind", c.parallel.cp_kind, one_of({"p2p", "all-to-all"}));
   v("parallel", "sp", c.parallel.sp, Check<bool>());
   v("parallel", "schedule", c.parallel.schedule,
     one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search", "search-zb",

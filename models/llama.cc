@@ -179,6 +179,7 @@ Status check_llama_parallel(const Config& config) {
                                 config.model.args.count("seq")
                                     ? "model.args.seq"
                                     : "model.preset (" + config.model.preset + ") seq"));
+  LOOM_TRY(check_all_to_all_heads(config, key("kv_heads"), spec.kv_heads));
   const int64_t stages = config.parallel.pp * config.parallel.chunks;
   if (stages > spec.layers)
     return config.error("parallel.pp",

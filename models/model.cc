@@ -29,6 +29,7 @@ Status check_gpt_parallel(const Config& config) {
                                 config.model.args.count("seq")
                                     ? "model.args.seq"
                                     : "model.preset (" + config.model.preset + ") seq"));
+  LOOM_TRY(check_all_to_all_heads(config, key("heads"), spec.heads));
   const int64_t stages = config.parallel.pp * config.parallel.chunks;
   if (stages > spec.layers)
     return config.error("parallel.pp",
@@ -145,7 +146,7 @@ std::vector<std::string> model_types() { return zoo().names(); }
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
   LOOM_ASSIGN_OR_RETURN(graph::Graph g, type->build(config, registry));
-  if (config.parallel.cp == 1) return g;
+  if (config.parallel.cp == 1 || config.parallel.cp_kind != "p2p") return g;
   auto ring = planner::context_parallel_attention(g, config.parallel.cp);
   if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
   return ring;
@@ -158,6 +159,18 @@ Status check_context_parallel(const Config& config, const ModelType& type) {
                         "model.type '" +
                             type.name + "' has none to split (parallel.cp must be 1)");
   return Status::success();
+}
+
+Status check_all_to_all_heads(const Config& config, const std::string& key, int64_t heads) {
+  const auto& p = config.parallel;
+  if (p.cp == 1 || p.cp_kind != "all-to-all" || heads % (p.cp * p.tp) == 0)
+    return Status::success();
+  return config.error("parallel.cp_kind",
+                      "all-to-all context parallelism gives each of the parallel.cp x "
+                      "parallel.tp = " +
+                          std::to_string(p.cp * p.tp) + " ranks whole heads, but " + key + " (" +
+                          std::to_string(heads) + ") is not divisible by " +
+                          std::to_string(p.cp * p.tp));
 }
 
 Status check_parallel(const Config& config) {

@@ -57,6 +57,9 @@ std::vector<std::string> model_types();
 // The zoo's entry for config.model.type: its graph, its parallel check, its items.
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
 Status check_parallel(const Config& config);
+// parallel.cp_kind all-to-all gives each of the cp x tp ranks of a stage whole heads: `heads`
+// (named by `key`) must be divisible by cp x tp.
+Status check_all_to_all_heads(const Config& config, const std::string& key, int64_t heads);
 // parallel.cp above 1 only for a type that declares context_parallel, naming the type.
 Status check_context_parallel(const Config& config, const ModelType& type);
 // parallel.cp against a sequence of `seq` positions (`seq_key` names where it came from): cp

@@ -219,7 +219,7 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
     model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
   // Context parallelism rewrites attention as ring steps before any split (its new tensors stay
   // float32 whatever the precision).
-  if (config.parallel.cp > 1) {
+  if (config.parallel.cp > 1 && config.parallel.cp_kind == "p2p") {
     auto ring = planner::context_parallel_attention(model, config.parallel.cp);
     if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
     model = std::move(ring).value();

@@ -25,11 +25,11 @@ class RingExpander {
   Status run() {
     const int64_t seq = op_.inputs[0].ranges[1].size();
     if (seq % cp_ != 0)
-      return Error::at("parallel.cp", "context parallelism " + std::to_string(cp_) +
-                                          " cuts the " + std::to_string(seq) +
-                                          " positions of op '" + op_.name() + "' into " +
-                                          std::to_string(cp_) + " chunks, which needs the " +
-                                          "sequence divisible by " + std::to_string(cp_));
+      return Error::at("parallel.cp", "context parallelism " + std::to_string(cp_) + " cuts the " +
+                                          std::to_string(seq) + " positions of op '" + op_.name() +
+                                          "' into " + std::to_string(cp_) +
+                                          " chunks, which needs the " + "sequence divisible by " +
+                                          std::to_string(cp_));
     d_ = op_.attrs().get<int64_t>("d");
     const int64_t r = op_.type() == "gqa_attention" ? op_.attrs().get<int64_t>("r") : 1;
     std::pair<SubTensor, SubTensor> acc;

@@ -54,12 +54,18 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
   const int64_t cp = c.parallel.cp;
   if (cp == 1) return std::vector<std::pair<Op, int64_t>>{{op, 0}};
   const bool ring = op.type() == graph::kRingAttentionStep;
+  // all-to-all (Ulysses): attention takes whole sequences of its share of the heads; the
+  // lowering finds the all-to-alls between the sequence split around it and the heads split.
+  std::string heads;
+  if (c.parallel.cp_kind == "all-to-all")
+    heads = op.type() == "attention" ? "h" : op.type() == "gqa_attention" ? "g" : "";
   const bool splits = !sequence.empty() && op.annotation().kind_of(sequence) != LabelKind::kFrozen;
   auto parts =
-      ring     ? rw.rewrite("ring attention", std::to_string(cp) + " query chunks", op,
-                            [](const Op& o) -> Result<std::vector<Op>> { return ring_step_parts(o); })
-      : splits ? rw.partition(op, sequence, cp)
-               : rw.replicate(op, cp);
+      ring             ? rw.rewrite("ring attention", std::to_string(cp) + " query chunks", op,
+                                    [](const Op& o) -> Result<std::vector<Op>> { return ring_step_parts(o); })
+      : !heads.empty() ? rw.partition(op, heads, cp)
+      : splits         ? rw.partition(op, sequence, cp)
+                       : rw.replicate(op, cp);
   if (!parts.ok())
     return c.error("parallel.cp",
                    "context parallelism " + std::to_string(cp) + ": " + parts.error().message);

@@ -23,8 +23,7 @@ at::Tensor tile_scores(const at::Tensor& q, const at::Tensor& k, int64_t i, int6
   if (t0 + t - 1 > first) {  // some key lies after some query of the tile
     const at::Tensor qpos = at::arange(first, first + rows, q.options().dtype(at::kLong));
     const at::Tensor kpos = at::arange(t0, t0 + t, q.options().dtype(at::kLong));
-    s.masked_fill_(kpos.unsqueeze(0) > qpos.unsqueeze(1),
-                   -std::numeric_limits<double>::infinity());
+    s.masked_fill_(kpos.unsqueeze(0) > qpos.unsqueeze(1), -std::numeric_limits<double>::infinity());
   }
   return s;
 }
@@ -53,8 +52,7 @@ struct TiledAttention : public torch::autograd::Function<TiledAttention> {
   // dK = dS^T Q / sqrt(d), one tile of P at a time.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3],
-                     &lse = saved[4];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const int64_t p0 = ctx->saved_data["p0"].toInt(), t0 = ctx->saved_data["t0"].toInt();
     const int64_t tile = ctx->saved_data["tile"].toInt();
     const at::Tensor d_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
@@ -65,9 +63,8 @@ struct TiledAttention : public torch::autograd::Function<TiledAttention> {
     const int64_t s = q.size(2);
     for (int64_t i = 0; i < s; i += tile) {
       const int64_t rows = std::min(tile, s - i);
-      at::Tensor p = tile_scores(q, k, i, rows, p0, t0)
-                         .sub_(lse.narrow(2, i, rows).unsqueeze(-1))
-                         .exp_();
+      at::Tensor p =
+          tile_scores(q, k, i, rows, p0, t0).sub_(lse.narrow(2, i, rows).unsqueeze(-1)).exp_();
       const at::Tensor d_o = d_out.narrow(2, i, rows);
       dv.add_(at::matmul(p.transpose(-1, -2), d_o));
       at::Tensor ds = at::matmul(d_o, v.transpose(-1, -2))
@@ -83,14 +80,13 @@ struct TiledAttention : public torch::autograd::Function<TiledAttention> {
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> tiled_attention_with_lse(const at::Tensor& q,
-                                                           const at::Tensor& k,
+std::pair<at::Tensor, at::Tensor> tiled_attention_with_lse(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v, int64_t p0,
                                                            int64_t t0, int64_t tile_rows) {
   if (tile_rows <= 0) {
     constexpr int64_t kTileScores = int64_t{1} << 26;  // float32 scores: 256 MiB
-    tile_rows = std::max<int64_t>(1, kTileScores / std::max<int64_t>(1, q.size(0) * q.size(1) *
-                                                                              k.size(2)));
+    tile_rows =
+        std::max<int64_t>(1, kTileScores / std::max<int64_t>(1, q.size(0) * q.size(1) * k.size(2)));
   }
   auto outs = TiledAttention::apply(q, k, v, p0, t0, std::min(tile_rows, q.size(2)));
   return {outs[0], outs[1]};

@@ -18,8 +18,7 @@ namespace loom::runtime {
 // Returns the output [b, h, s, d] and the log-sum-exp of each query's scores [b, h, s], both
 // differentiable (the log-sum-exp's gradient is the probabilities). `tile_rows` queries per tile;
 // 0 takes as many as keep a tile's scores near 256 MiB.
-std::pair<at::Tensor, at::Tensor> tiled_attention_with_lse(const at::Tensor& q,
-                                                           const at::Tensor& k,
+std::pair<at::Tensor, at::Tensor> tiled_attention_with_lse(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v, int64_t p0,
                                                            int64_t t0, int64_t tile_rows = 0);
 

@@ -167,8 +167,8 @@ std::pair<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& qh, const
     return {at::zeros({b, s, h * d}, qh.options()).add_(none),
             at::full({b, s, h}, -std::numeric_limits<double>::infinity(), qh.options())};
   }
-  auto [out, lse] = tiled_attention_with_lse(qh.contiguous(), kh.contiguous(), vh.contiguous(),
-                                             p0, t0);
+  auto [out, lse] =
+      tiled_attention_with_lse(qh.contiguous(), kh.contiguous(), vh.contiguous(), p0, t0);
   return {out.transpose(1, 2).reshape({b, s, h * d}), lse.transpose(1, 2).contiguous()};
 }
 

@@ -132,6 +132,36 @@ TEST(ModelPlan, Llama31_405bOn1024Ranks) {
   EXPECT_NEAR(expect_rank_rows(dir, 1024), 8 * (405853.4 + 253 * 16384 * 7 / 1e6), 8.0);
 }
 
+// Long context: Llama 3.1 8B at 131072 tokens on 8 ranks (cp 8, zero 3, full recomputation) and
+// Llama 3 70B at 131072 tokens on 64 (cp 8 x tp 8) fit an 80 GB device, and the ring's transfers
+// are counted.
+TEST(ModelPlan, Llama8bAt128kTokensOn8RanksWithContextParallelism) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_llama_128k_plan";
+  fs::remove_all(dir);
+  Outcome r = run("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/llama3-8b-128k.yaml --out " +
+                  dir.string() + " --no-plan-json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("on 8 ranks (dp 1 x cp 8 p2p x tp 1 x pp 1)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("send_recv"), std::string::npos) << r.output;
+  // zero 3 over the 8 context-parallel ranks: each holds an eighth of the 8.03 B parameters.
+  EXPECT_NEAR(expect_rank_rows(dir, 8), 8030.3, 1.0);
+}
+
+TEST(ModelPlan, Llama70bAt128kTokensOn64Ranks) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_llama70b_128k_plan";
+  fs::remove_all(dir);
+  Outcome r = run("plan " + std::string(LOOM_SOURCE_DIR) +
+                  "/configs/llama3-70b.yaml model.args.seq=131072 parallel.cp=8 parallel.pp=1 "
+                  "parallel.zero=3 batch.global=8 --out " +
+                  dir.string() + " --no-plan-json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("on 64 ranks (dp 1 x cp 8 p2p x tp 8 x pp 1)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("send_recv"), std::string::npos) << r.output;
+  expect_rank_rows(dir, 64);
+}
+
 // A bad Swin argument ends in exit code 2 with one message naming the key, and nothing written.
 TEST(ModelPlan, BadSwinArgumentNamesTheKey) {
   const fs::path dir = fs::path(testing::TempDir()) / "loom_swin_bad_plan";

@@ -120,6 +120,11 @@ comm: {timeout_s: 60}
 )"),
                   "parallel.tp=2 parallel.pp=2", "dp 1 x tp 2 x pp 2");
 }
+// Context parallelism: ring attention over 2 ranks inside tensor parallelism 2.
+TEST(VerifyCli, LlamaCp2Tp2) {
+  expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/llama-tiny.yaml",
+                  "parallel.cp=2 parallel.tp=2", "dp 1 x cp 2 x tp 2 x pp 1");
+}
 // The shipped Llama preset with AdamW, kv heads repeated over 4 tensor-parallel ranks.
 TEST(VerifyCli, LlamaTinyPresetTp4AdamW) {
   expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/llama-tiny.yaml", "parallel.tp=4",

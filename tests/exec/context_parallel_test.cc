@@ -92,7 +92,7 @@ void expect_ring_equals_attention(const std::string& model, int64_t cp, int64_t 
 
 TEST(RingAttention, EqualsCausalAttentionForwardAndBackward) {
   expect_ring_equals_attention("gpt", 2, 24);
-  expect_ring_equals_attention("gpt", 3, 24);  // chunks of 8
+  expect_ring_equals_attention("gpt", 3, 24);    // chunks of 8
   expect_ring_equals_attention("llama", 4, 24);  // chunks of 6: grouped-query heads
   expect_ring_equals_attention("llama", 3, 21);  // chunks of 7
 }
@@ -121,8 +121,8 @@ TEST(RingAttention, TilesOfQueriesEqualTheWhole) {
                                 k.to(at::kDouble).requires_grad_(true),
                                 v.to(at::kDouble).requires_grad_(true)};
   at::Tensor scores = at::matmul(in[0], in[1].transpose(-1, -2)) / std::sqrt(8.0);
-  const at::Tensor hidden = at::arange(4, 13, at::kLong).unsqueeze(0) >
-                            at::arange(8, 21, at::kLong).unsqueeze(1);
+  const at::Tensor hidden =
+      at::arange(4, 13, at::kLong).unsqueeze(0) > at::arange(8, 21, at::kLong).unsqueeze(1);
   scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
   const at::Tensor lse = at::logsumexp(scores, -1);
   const at::Tensor out = at::matmul(at::softmax(scores, -1), in[2]);
@@ -142,9 +142,9 @@ void expect_equal_to_single_device(const std::string& model, const std::vector<s
   if (it == refs.end())
     it = refs.emplace(model, testing_support::train_single_device(config(model, {}), 5)).first;
   // GPT's key bias cannot change the output (softmax ignores a shift shared by all keys).
-  testing_support::expect_equal_to_single_device(it->second, config(model, o), world_size,
-                                                 model == "gpt" ? std::vector<std::string>{"attn.k.b"}
-                                                                : std::vector<std::string>{});
+  testing_support::expect_equal_to_single_device(
+      it->second, config(model, o), world_size,
+      model == "gpt" ? std::vector<std::string>{"attn.k.b"} : std::vector<std::string>{});
 }
 
 TEST(ContextParallel, GptCp2) { expect_equal_to_single_device("gpt", {"parallel.cp=2"}, 2); }
@@ -152,16 +152,25 @@ TEST(ContextParallel, GptCp4) { expect_equal_to_single_device("gpt", {"parallel.
 TEST(ContextParallel, LlamaCp2) { expect_equal_to_single_device("llama", {"parallel.cp=2"}, 2); }
 TEST(ContextParallel, LlamaCp4) { expect_equal_to_single_device("llama", {"parallel.cp=4"}, 4); }
 TEST(ContextParallel, LlamaCp2Tp2Sp) {
-  expect_equal_to_single_device("llama", {"parallel.cp=2", "parallel.tp=2", "parallel.sp=true"},
-                                4);
+  expect_equal_to_single_device("llama", {"parallel.cp=2", "parallel.tp=2", "parallel.sp=true"}, 4);
 }
 TEST(ContextParallel, GptCp2Pp2) {
   expect_equal_to_single_device("gpt", {"parallel.cp=2", "parallel.pp=2"}, 4);
 }
 TEST(ContextParallel, LlamaCp2Dp2Zero3SelectiveRecompute) {
   expect_equal_to_single_device(
-      "llama", {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3", "parallel.recompute=selective"},
-      4);
+      "llama",
+      {"parallel.cp=2", "parallel.dp=2", "parallel.zero=3", "parallel.recompute=selective"}, 4);
+}
+
+// all-to-all (Ulysses): attention on whole sequences of its share of the heads, the lowering's
+// all-to-alls around it.
+TEST(ContextParallel, LlamaCp2AllToAll) {
+  expect_equal_to_single_device("llama", {"parallel.cp=2", "parallel.cp_kind=all-to-all"}, 2);
+}
+TEST(ContextParallel, GptCp2Tp2AllToAllPp2) {
+  expect_equal_to_single_device(
+      "gpt", {"parallel.cp=2", "parallel.tp=2", "parallel.cp_kind=all-to-all", "parallel.pp=2"}, 8);
 }
 
 TEST(ContextParallelOracle, LlamaCp2Tp2Pp2) {
@@ -184,6 +193,9 @@ TEST(ContextParallel, ConfigsItCannotServeNameTheKey) {
   EXPECT_NE(error_of("llama", {"parallel.cp=2", "parallel.tp=4"}).find("kv_heads (2)"),
             std::string::npos);
   EXPECT_NE(error_of("swin", {"parallel.cp=2"}).find("model.type 'swin' has none to split"),
+            std::string::npos);
+  EXPECT_NE(error_of("llama", {"parallel.cp=4", "parallel.cp_kind=all-to-all"})
+                .find("kv_heads (2) is not divisible by 4"),
             std::string::npos);
 }
 
