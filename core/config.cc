@@ -108,6 +108,10 @@ void visit_fields(Config& c, V& v) {
 
   v("data", "type", c.data.type, one_of({"synthetic", "tokens"}));
   v("data", "path", c.data.path, Check<std::string>());
+  v("data", "token_bytes", c.data.token_bytes, Check<int64_t>([](int64_t b) {
+      if (b == 2 || b == 4) return std::string();
+      return "must be 2 (uint16 ids) or 4 (uint32 ids), got " + std::to_string(b);
+    }));
 
   v("logging", "every", c.logging.every, positive());
   v("logging", "level", c.logging.level, one_of({"debug", "info", "warn", "error"}));

@@ -37,9 +37,10 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   // Context parallelism: every activation's sequence cut into cp chunks, chunk c on cp rank c.
-  // Attention becomes ring attention (cp_kind p2p, as Megatron-Core calls it): cp steps, step k
+  // cp_kind p2p (Megatron-Core's name): attention becomes ring attention, cp steps, step k
   // pairing each rank's query chunk c with key/value chunk (c - k) mod cp, sent point to point
   // from the rank holding it, the steps merged by their log-sum-exp (planner/context_parallel.h).
+  // all-to-all (DeepSpeed Ulysses): attention takes whole sequences of 1/cp of the heads.
   // Parameters are replicated over the cp ranks like data-parallel replicas.
   int64_t cp = 1;
   std::string cp_kind = "p2p";
@@ -91,7 +92,10 @@ struct OptimizerConfig {
 
 struct DataConfig {
   std::string type = "synthetic";  // synthetic | tokens
-  std::string path;                // tokens only: flat file of uint16 token ids
+  std::string path;                // tokens only: flat file of little-endian token ids
+  // Bytes per token id in the file: 2 (uint16, nanoGPT's .bin) or 4 (uint32, for vocabularies
+  // past 65536 such as Llama 3's 128256).
+  int64_t token_bytes = 2;
 };
 
 struct LoggingConfig {

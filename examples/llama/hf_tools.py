@@ -27,7 +27,7 @@ def make_model(folder):
 
 
 def make_tokens(path, vocab):
-    vocab = min(vocab, 1 << 16)  # token files hold uint16 ids
+    vocab = min(vocab, 1 << 16)  # written as uint16 ids (data.token_bytes: 2)
     # Arithmetic sequences (start + stride * t mod vocab): a pattern the model can learn, so the
     # loss falls within a few steps.
     g = torch.Generator().manual_seed(1)

@@ -1,5 +1,6 @@
 #include "exec/runtime/data.h"
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 
@@ -24,7 +25,7 @@ class SyntheticSource : public TokenSource {
 
 class TokenFileSource : public TokenSource {
  public:
-  TokenFileSource(std::string path, std::vector<uint16_t> tokens, int64_t vocab)
+  TokenFileSource(std::string path, std::vector<uint32_t> tokens, int64_t vocab)
       : path_(std::move(path)), tokens_(std::move(tokens)), vocab_(vocab) {}
   Status sample(int64_t index, int64_t seq, int64_t* out) const override {
     const int64_t windows = (static_cast<int64_t>(tokens_.size()) - 1) / seq;
@@ -42,7 +43,7 @@ class TokenFileSource : public TokenSource {
 
  private:
   std::string path_;
-  std::vector<uint16_t> tokens_;
+  std::vector<uint32_t> tokens_;
   int64_t vocab_;
 };
 
@@ -56,17 +57,26 @@ Result<std::unique_ptr<TokenSource>> make_token_source(const Config& config, int
   const std::string& path = config.data.path;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return config.error("data.path", "cannot read token file '" + path + "'");
-  std::streamsize bytes = in.tellg();
-  if (bytes % 2 != 0)
-    return config.error("data.path", "token file '" + path + "' has an odd size (" +
-                                         std::to_string(bytes) + " bytes); expected uint16 ids");
-  if (bytes / 2 < seq + 1)
-    return config.error("data.path", "token file '" + path + "' holds " +
-                                         std::to_string(bytes / 2) + " tokens; one sample needs " +
-                                         std::to_string(seq + 1));
-  std::vector<uint16_t> tokens(static_cast<size_t>(bytes / 2));
+  const std::streamsize bytes = in.tellg();
+  const int64_t width = config.data.token_bytes;  // 2 or 4 (core/config.cc)
+  const std::string kind = width == 2 ? "uint16" : "uint32";
+  if (bytes % width != 0)
+    return config.error("data.path", "token file '" + path + "' has " + std::to_string(bytes) +
+                                         " bytes, not a whole number of " + kind +
+                                         " ids (data.token_bytes " + std::to_string(width) + ")");
+  const int64_t count = bytes / width;
+  if (count < seq + 1)
+    return config.error("data.path", "token file '" + path + "' holds " + std::to_string(count) +
+                                         " tokens; one sample needs " + std::to_string(seq + 1));
+  std::vector<uint32_t> tokens(static_cast<size_t>(count));
   in.seekg(0);
-  in.read(reinterpret_cast<char*>(tokens.data()), bytes);
+  if (width == 4) {
+    in.read(reinterpret_cast<char*>(tokens.data()), bytes);
+  } else {
+    std::vector<uint16_t> narrow(static_cast<size_t>(count));
+    in.read(reinterpret_cast<char*>(narrow.data()), bytes);
+    std::copy(narrow.begin(), narrow.end(), tokens.begin());
+  }
   if (!in) return config.error("data.path", "failed to read token file '" + path + "'");
   return std::unique_ptr<TokenSource>(
       std::make_unique<TokenFileSource>(path, std::move(tokens), vocab));

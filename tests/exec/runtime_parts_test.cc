@@ -80,6 +80,31 @@ TEST(Data, TokenFileWindows) {
   EXPECT_EQ(x[8], 16);
 }
 
+// Llama 3's vocabulary (128256) needs uint32 ids: data.token_bytes 4 reads them whole.
+TEST(Data, TokenFileOfUint32Ids) {
+  std::vector<uint32_t> ids(20);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(128000 + i);
+  const std::string path = testing::TempDir() + "wide.bin";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(ids.data()),
+             static_cast<std::streamsize>(ids.size() * 4));
+  auto src = make_token_source(
+      config({"data.type=tokens", "data.path=" + path, "data.token_bytes=4"}), 128256, 4);
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  std::vector<int64_t> x(5);
+  ASSERT_TRUE((*src)->sample(1, 4, x.data()).ok());
+  EXPECT_EQ(x[0], 128004);
+  EXPECT_EQ(x[4], 128008);
+  // Read as uint16 the same bytes are other ids (here the high halves, 1, outside no vocabulary).
+  auto narrow = make_token_source(config({"data.type=tokens", "data.path=" + path}), 128256, 4);
+  ASSERT_TRUE(narrow.ok());
+  ASSERT_TRUE((*narrow)->sample(0, 4, x.data()).ok());
+  EXPECT_EQ(x[1], 1);
+  auto bad = parse_config("data: {type: tokens, path: x.bin, token_bytes: 3}\n", "d.yaml", {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("data.token_bytes"), std::string::npos) << bad.error().message;
+}
+
 TEST(Data, TokenFileErrorsNameTheFile) {
   auto missing =
       make_token_source(config({"data.type=tokens", "data.path=/nonexistent/t.bin"}), 64, 8);
@@ -90,7 +115,8 @@ TEST(Data, TokenFileErrorsNameTheFile) {
   std::string odd = write_tokens("odd.bin", {1, 2, 3}, true);
   auto o = make_token_source(config({"data.type=tokens", "data.path=" + odd}), 64, 2);
   ASSERT_FALSE(o.ok());
-  EXPECT_NE(o.error().message.find("odd size"), std::string::npos);
+  EXPECT_NE(o.error().message.find("7 bytes, not a whole number of uint16 ids"), std::string::npos)
+      << o.error().message;
   std::string shortf = write_tokens("short.bin", {1, 2, 3});
   auto s = make_token_source(config({"data.type=tokens", "data.path=" + shortf}), 64, 8);
   ASSERT_FALSE(s.ok());
