@@ -291,6 +291,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
 
   const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
   LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, pipeline, file.lowered, plan));
+  plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;

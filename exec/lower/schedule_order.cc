@@ -60,7 +60,7 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
 // parallel.pp x chunks stages placed as the planner places them (stage s on pipeline rank
 // s mod pp) and the step's micro-batches. Errors name
 // parallel.schedule_csv, the file and, where there is one, the cell.
-Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v) {
+Result<sched::CsvSchedule> csv_schedule(const Config& config, int pp, int m, int v) {
   const std::string& file = config.parallel.schedule_csv;
   auto fail = [&](const std::string& message) {
     return config.error("parallel.schedule_csv", file + ": " + message);
@@ -108,7 +108,7 @@ Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v)
       }
     }
   if (off_rank) return fail(off_rank->to_string() + ": " + off_rank_what);
-  return s;
+  return read;
 }
 
 }  // namespace
@@ -212,9 +212,10 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
     LOOM_CHECK(searched.ok()) << searched.error().to_string();
     result.searched = std::make_shared<const sched::Schedule>(std::move(searched).value());
   } else if (p.schedule == "csv") {
-    LOOM_ASSIGN_OR_RETURN(sched::Schedule imported, csv_schedule(config, pp, m, v));
-    orders = imported.device_orders();
-    result.imported = std::make_shared<const sched::Schedule>(std::move(imported));
+    LOOM_ASSIGN_OR_RETURN(sched::CsvSchedule imported, csv_schedule(config, pp, m, v));
+    orders = imported.schedule.device_orders();
+    result.csv_actions = imported.actions;
+    result.imported = std::make_shared<const sched::Schedule>(std::move(imported.schedule));
   } else {
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);
