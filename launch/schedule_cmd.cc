@@ -48,7 +48,7 @@ struct Flags {
   int stages = 0;
   int micro_batches = 0;
   int chunks = 1;
-  double fwd = 1, bwd = 2, wgrad = 1, comm = 0;
+  double fwd = 1, bwd = kBackwardForwards, wgrad = 1, comm = 0;
   std::string placement;
   std::optional<double> mem_limit;
   std::string csv, svg, trace;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/training_state.h"
 #include "exec/lower/program.h"
 
 namespace loom::plan {
@@ -169,9 +170,9 @@ struct Search {
   const CostModel& cost;
   int64_t world = 0;
   double limit = 0;
-  bool whole = true;                // plan each candidate whole; else on a data-parallel proxy
-  double bytes_per_parameter = 16;  // weights, gradients and optimizer state (float32)
-  double parameters = 0;            // of the single-device model
+  bool whole = true;               // plan each candidate whole; else on a data-parallel proxy
+  double bytes_per_parameter = 0;  // weights, gradients and optimizer state (training_state_bytes)
+  double parameters = 0;           // of the single-device model
 };
 
 enum class Outcome { kFits, kOverMemory, kInvalid };
@@ -306,7 +307,7 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
            world_size,
            result.memory_limit_bytes,
            world_size <= options.exact_ranks};
-  s.bytes_per_parameter = 4 + 4 + (config.optimizer.type == "adamw" ? 8 : 4);
+  s.bytes_per_parameter = training_state_bytes(config.optimizer).total();
   {
     LOOM_ASSIGN_OR_RETURN(const graph::Graph model, build_model(config, registries, 1));
     for (const auto& t : model.tensors())

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/training_state.h"
 #include "exec/lower/fusion.h"
 #include "exec/lower/grad_bucketing.h"
 #include "exec/lower/param_shards.h"
@@ -16,6 +17,7 @@
 #include "exec/lower/recompute.h"
 #include "graph/precision.h"
 #include "planner/cost.h"
+#include "scheduler/block.h"
 
 namespace loom::plan {
 namespace {
@@ -273,9 +275,9 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
       h.sync_buffer[r] +=
           static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
   // Recomputed regions keep only what crosses their border; one region's activations come back
-  // while its backward runs.
+  // while its backward runs. Only the bytes are read here, which no cost model changes.
   const RecomputeCost rc =
-      recompute_cost(planned, lowered, CostModel{}, config.run.device == "cuda");
+      recompute_cost(planned, lowered, CostModel::builtin(), config.run.device == "cuda");
   h.recompute_bytes = rc.largest_region_bytes;
   for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
   for (size_t r = 0; r < n; ++r)
@@ -293,10 +295,6 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     }
   return h;
 }
-
-// The optimizer's state per parameter: AdamW's two moments, SGD's one buffer (allocated with or
-// without momentum).
-double optimizer_copies(const Config& config) { return config.optimizer.type == "adamw" ? 2 : 1; }
 
 // What a backward holds besides the saved activations, at its largest: the gradient of the
 // largest activation and a buffer of its size (the loss's: the logits' gradient and the
@@ -316,8 +314,11 @@ double pipeline_extra_micro_batches(const Config& config) {
 RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
   RankMemory m;
   m.activation_bytes = h.acts[r];
-  m.held_bytes = h.params[r] * 4 * 2 + h.state_params[r] * 4 * optimizer_copies(config) +
-                 h.zero_segments[r] * 4 + pipeline_extra_micro_batches(config) * h.acts[r] +
+  const TrainingStateBytes state = training_state_bytes(config.optimizer);
+  // A ZeRO-1 rank's reduced gradient segments are float32 gradients too.
+  m.held_bytes = h.params[r] * (state.weight + state.grad) + h.state_params[r] * state.optimizer +
+                 h.zero_segments[r] * state.grad +
+                 pipeline_extra_micro_batches(config) * h.acts[r] +
                  std::max(h.incoming[r] + backward_transient(h, r), h.gather_forward[r]);
   return m;
 }
@@ -423,19 +424,21 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   // momentum); its step makes temporaries the size of the piece it updates: AdamW's sqrt and
   // denominator, SGD's decayed gradient.
   const bool adamw = config.optimizer.type == "adamw";
-  const double opt_copies = optimizer_copies(config);
+  const TrainingStateBytes state = training_state_bytes(config.optimizer);
   const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;
   // one without (each micro-batch's backward follows its forward: exec/lower/program.h).
   const double flat_units = 1.0;
 
-  // Each rank's compute at the device's rate: forward + backward (twice the forward) of every
-  // micro-batch, and the recomputed forward.
+  // Each rank's compute at the device's rate: forward and backward (sched::block_time) of every
+  // micro-batch, the backward running the recomputed forward again.
   auto stage_of = [&](size_t r) {
     return static_cast<size_t>(static_cast<int64_t>(r) / ranks_per_stage);
   };
   std::vector<double> busy(n);
-  for (size_t r = 0; r < n; ++r) busy[r] = m * (3 * fwd[r] + refwd[r]);
+  for (size_t r = 0; r < n; ++r)
+    busy[r] = m * (sched::block_time(sched::BlockKind::kF, fwd[r]) +
+                   sched::block_time(sched::BlockKind::kB, fwd[r], refwd[r]));
   // Ranks that share a node's compute (CPU ranks on fewer cores than ranks) finish no sooner
   // than the node's work shared out as the operating system shares cores.
   std::map<int64_t, std::vector<double>> node_work;
@@ -496,18 +499,18 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
     const RankMemory mem = memory_of(config, h, r);
     re.micro_batches_in_flight = in_flight + pipeline_extra_micro_batches(config);
     re.parameters = h.params[r];
-    re.param_bytes = h.params[r] * 4;
-    re.grad_bytes = re.param_bytes;
+    re.param_bytes = h.params[r] * state.weight;
+    re.grad_bytes = h.params[r] * state.grad;
     re.grad_bucket_bytes = h.sync_buffer[r] + h.zero_receive[r] * 4;
     // Under ZeRO-1: state only for what this rank owns (and on MPI its reduced segments).
-    re.optimizer_bytes = (h.state_params[r] * opt_copies + h.zero_segments[r]) * 4;
+    re.optimizer_bytes = h.state_params[r] * state.optimizer + h.zero_segments[r] * state.grad;
     re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
     re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
     re.working_set_bytes = std::max({re.grad_bucket_bytes,
                                      re.activation_bytes + h.incoming[r] + backward_transient(h, r),
                                      re.activation_bytes + h.gather_forward[r],
                                      h.gather_backward[r], re.optimizer_temporary_bytes});
-    re.peak_bytes = re.param_bytes * 2 + re.optimizer_bytes + re.working_set_bytes;
+    re.peak_bytes = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.working_set_bytes;
     e.step_s = std::max(e.step_s, re.step_s);
   }
   return e;

@@ -379,10 +379,7 @@ Result<CsvSchedule> read_rows(const std::vector<std::vector<Listed>>& rows,
     }
     return 0.0;
   };
-  // Activations live from F to the end of the backward: B, or W when it is split.
-  l.memory = [v](BlockKind k, StageId) {
-    return k == BlockKind::kF ? 1.0 / v : k == BlockKind::kI ? 0.0 : -1.0 / v;
-  };
+  l.memory = [v](BlockKind k, StageId) { return block_memory(k) / v; };
   LOOM_ASSIGN_OR_RETURN(Workload w, Workload::chain(l));
 
   CsvSchedule out;

@@ -24,7 +24,7 @@ Result<std::string> to_csv(const Schedule& schedule);
 // input for I (0: bwd, as `loom schedule --from-csv --bwd` gives I's time).
 struct CsvImportOptions {
   double fwd = 1;
-  double bwd = 2;
+  double bwd = kBackwardForwards;
   double wgrad = 1;
   double input = 0;
 };
