@@ -407,6 +407,68 @@ std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_s
   return fwd;
 }
 
+namespace {
+
+// A rank's communication per step: each adapter's forward and gradient paths per micro-batch
+// (the steps this rank takes part in), and the gradient all-reduces once per step.
+void add_communication(const Config& config, const graph::Graph& planned,
+                       const lower::Lowered& lowered, const CostModel& cost, double m, size_t r,
+                       RankEstimate& re) {
+  const int64_t rank = static_cast<int64_t>(r);
+  for (const auto& a : lowered.adapters) {
+    re.comm_s += m * (path_seconds(a.forward, rank) + path_seconds(a.backward, rank));
+    const auto& t = planned.tensor(a.tensor);
+    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+    add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+    if (!a.regather) continue;  // a linear's weight is gathered again for its backward
+    re.comm_s += m * path_seconds(a.forward, rank);
+    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+  }
+  // One all-reduce per bucket of the runtime's (a latency per bucket, not per tensor).
+  const GradGroups groups = grad_groups(lowered, r);
+  for (size_t k = 0; k < groups.devices.size(); ++k) {
+    const auto members = static_cast<int64_t>(groups.devices[k].size());
+    for (const lower::BucketPlan& b :
+         lower::plan_buckets(groups.numels[k], 4, bucket_bytes(config), members, false)) {
+      const double bytes = static_cast<double>(b.elements * 4);
+      re.comm_s += all_reduce_seconds(cost, groups.devices[k], bytes);
+      re.sent["grad all_reduce"] +=
+          2 * static_cast<double>(members - 1) / static_cast<double>(members) * bytes;
+    }
+  }
+}
+
+// A rank's memory with `in_flight` micro-batches of activations held at once. Activations (and
+// a pipeline backward's extra, pipeline_extra_micro_batches), gradient buckets (reduced after the
+// last backward, when activations are gone) and the optimizer's temporaries come one after the
+// other; the backward also holds a parameter's incoming gradients before they are accumulated.
+// memory_of splits the same figures for the schedule search.
+void add_memory(const Config& config, const Holdings& h, size_t r, double in_flight,
+                RankEstimate& re) {
+  // The optimizer's step makes temporaries the size of the piece it updates: AdamW's sqrt and
+  // denominator, SGD's decayed gradient.
+  const bool adamw = config.optimizer.type == "adamw";
+  const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
+  const TrainingStateBytes state = training_state_bytes(config.optimizer);
+  const RankMemory mem = memory_of(config, h, r);
+  re.micro_batches_in_flight = in_flight + pipeline_extra_micro_batches(config);
+  re.parameters = h.params[r];
+  re.param_bytes = h.params[r] * state.weight;
+  re.grad_bytes = h.params[r] * state.grad;
+  re.grad_bucket_bytes = h.sync_buffer[r] + h.zero_receive[r] * 4;
+  // Under ZeRO-1: state only for what this rank owns (and on MPI its reduced segments).
+  re.optimizer_bytes = h.state_params[r] * state.optimizer + h.zero_segments[r] * state.grad;
+  re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
+  re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
+  re.working_set_bytes = std::max({re.grad_bucket_bytes,
+                                   re.activation_bytes + h.incoming[r] + backward_transient(h, r),
+                                   re.activation_bytes + h.gather_forward[r], h.gather_backward[r],
+                                   re.optimizer_temporary_bytes});
+  re.peak_bytes = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.working_set_bytes;
+}
+
+}  // namespace
+
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
                        const PipelineTimes& pipeline) {
@@ -420,12 +482,6 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const Holdings h = holdings(config, planned, lowered, world);
   const bool pipelined = !pipeline.busy_s.empty();
 
-  // The optimizer keeps two moments (AdamW) or one buffer (SGD, allocated with or without
-  // momentum); its step makes temporaries the size of the piece it updates: AdamW's sqrt and
-  // denominator, SGD's decayed gradient.
-  const bool adamw = config.optimizer.type == "adamw";
-  const TrainingStateBytes state = training_state_bytes(config.optimizer);
-  const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;
   // one without (each micro-batch's backward follows its forward: exec/lower/program.h).
   const double flat_units = 1.0;
@@ -462,55 +518,13 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
         re.bubble = 1 - pipeline.busy_s[stage] / pipeline.makespan_s;
     }
     re.compute_s = std::max(re.compute_s, node_s[static_cast<int64_t>(r) / cost.devices_per_node]);
-    // Communication: each adapter's forward and gradient paths per micro-batch (the steps this
-    // rank takes part in), and the gradient all-reduces once per step.
-    for (const auto& a : lowered.adapters) {
-      re.comm_s += m * (path_seconds(a.forward, static_cast<int64_t>(r)) +
-                        path_seconds(a.backward, static_cast<int64_t>(r)));
-      const auto& t = planned.tensor(a.tensor);
-      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
-      add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
-      if (!a.regather) continue;  // a linear's weight is gathered again for its backward
-      re.comm_s += m * path_seconds(a.forward, static_cast<int64_t>(r));
-      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
-    }
-    // One all-reduce per bucket of the runtime's (a latency per bucket, not per tensor).
-    const GradGroups groups = grad_groups(lowered, r);
-    for (size_t k = 0; k < groups.devices.size(); ++k) {
-      const auto members = static_cast<int64_t>(groups.devices[k].size());
-      for (const lower::BucketPlan& b :
-           lower::plan_buckets(groups.numels[k], 4, bucket_bytes(config), members, false)) {
-        const double bytes = static_cast<double>(b.elements * 4);
-        re.comm_s += all_reduce_seconds(cost, groups.devices[k], bytes);
-        re.sent["grad all_reduce"] +=
-            2 * static_cast<double>(members - 1) / static_cast<double>(members) * bytes;
-      }
-    }
+    add_communication(config, planned, lowered, cost, m, r, re);
     re.step_s = re.compute_s + re.comm_s;
 
-    // Memory. Activations (the schedule's micro-batches in flight, and a pipeline backward's
-    // extra, pipeline_extra_micro_batches), gradient buckets (reduced after the last backward,
-    // when activations are gone) and the optimizer's temporaries come one after the other; the
-    // backward also holds a parameter's incoming gradients before they are accumulated.
-    // memory_of splits the same figures for the schedule search.
     const double in_flight = pipelined && stage < pipeline.peak_micro_batches.size()
                                  ? pipeline.peak_micro_batches[stage]
                                  : flat_units;
-    const RankMemory mem = memory_of(config, h, r);
-    re.micro_batches_in_flight = in_flight + pipeline_extra_micro_batches(config);
-    re.parameters = h.params[r];
-    re.param_bytes = h.params[r] * state.weight;
-    re.grad_bytes = h.params[r] * state.grad;
-    re.grad_bucket_bytes = h.sync_buffer[r] + h.zero_receive[r] * 4;
-    // Under ZeRO-1: state only for what this rank owns (and on MPI its reduced segments).
-    re.optimizer_bytes = h.state_params[r] * state.optimizer + h.zero_segments[r] * state.grad;
-    re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
-    re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes = std::max({re.grad_bucket_bytes,
-                                     re.activation_bytes + h.incoming[r] + backward_transient(h, r),
-                                     re.activation_bytes + h.gather_forward[r],
-                                     h.gather_backward[r], re.optimizer_temporary_bytes});
-    re.peak_bytes = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.working_set_bytes;
+    add_memory(config, h, r, in_flight, re);
     e.step_s = std::max(e.step_s, re.step_s);
   }
   return e;
