@@ -20,19 +20,21 @@ struct RealField {
   const char* key;
   double CostModel::*field;
   double CostConfig::*override;  // cost.<key>: 0 keeps the preset's value
+  bool required = false;         // every built-in preset sets it (0 means something else)
 };
 const std::vector<RealField>& real_fields() {
   static const std::vector<RealField> kFields = {
-      {"device_flops_per_s", &CostModel::device_flops_per_s, &CostConfig::device_flops_per_s},
-      {"device_memory_bytes", &CostModel::device_memory_bytes, &CostConfig::device_memory_bytes},
-      {"intra_alpha_s", &CostModel::intra_alpha_s, &CostConfig::intra_alpha_s},
+      {"device_flops_per_s", &CostModel::device_flops_per_s, &CostConfig::device_flops_per_s, true},
+      {"device_memory_bytes", &CostModel::device_memory_bytes, &CostConfig::device_memory_bytes,
+       true},
+      {"intra_alpha_s", &CostModel::intra_alpha_s, &CostConfig::intra_alpha_s, true},
       {"intra_beta_s_per_byte", &CostModel::intra_beta_s_per_byte,
-       &CostConfig::intra_beta_s_per_byte},
-      {"inter_alpha_s", &CostModel::inter_alpha_s, &CostConfig::inter_alpha_s},
+       &CostConfig::intra_beta_s_per_byte, true},
+      {"inter_alpha_s", &CostModel::inter_alpha_s, &CostConfig::inter_alpha_s, true},
       {"inter_beta_s_per_byte", &CostModel::inter_beta_s_per_byte,
-       &CostConfig::inter_beta_s_per_byte},
+       &CostConfig::inter_beta_s_per_byte, true},
       {"local_beta_s_per_byte", &CostModel::local_beta_s_per_byte,
-       &CostConfig::local_beta_s_per_byte},
+       &CostConfig::local_beta_s_per_byte, true},
       {"node_flops_per_s", &CostModel::node_flops_per_s, &CostConfig::node_flops_per_s},
       {"intra_send_recv_alpha_s", &CostModel::intra_send_recv_alpha_s,
        &CostConfig::intra_send_recv_alpha_s},
@@ -169,8 +171,10 @@ std::vector<std::string> cost_model_keys() {
 
 Result<CostModel> CostModel::parse(const std::string& yaml, const std::string& source) {
   LOOM_ASSIGN_OR_RETURN(YAML::Node root, load_yaml(yaml, source));
-  if (root.IsNull()) return CostModel{};
-  LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(root, source, CostModel{}));
+  CostModel m = builtin();
+  if (!root.IsNull()) {
+    LOOM_ASSIGN_OR_RETURN(m, read_model(root, source, builtin()));
+  }
   m.name = source;
   return m;
 }
@@ -180,14 +184,18 @@ Result<CostModel> CostModel::load(const std::string& path) {
   return parse(text, path);
 }
 
-Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::string& source) {
+namespace {
+
+// A cost-model file's presets, each read over `base` (the built-in file: over an empty model).
+Result<CostModelFile> parse_file_over(const std::string& yaml, const std::string& source,
+                                      const CostModel& base) {
   LOOM_ASSIGN_OR_RETURN(YAML::Node root, load_yaml(yaml, source));
   if (!root.IsMap())
     return Error::at(source,
                      source + ": expected a mapping (presets: and default:, or cost-model keys)");
   CostModelFile file;
   if (!root["presets"]) {  // one flat model
-    LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(root, source, CostModel{}));
+    LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(root, source, base));
     file.default_preset = "custom";
     file.presets.emplace_back("custom", m);
     return file;
@@ -204,7 +212,7 @@ Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::
         source, at_line(source, presets) + ": presets: expected a mapping of named cost models");
   for (const auto& kv : presets) {
     const std::string name = kv.first.Scalar();
-    LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(kv.second, source, CostModel{}));
+    LOOM_ASSIGN_OR_RETURN(CostModel m, read_model(kv.second, source, base));
     file.presets.emplace_back(name, m);
   }
   if (root["default"]) {
@@ -220,13 +228,42 @@ Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::
   return file;
 }
 
+}  // namespace
+
+Result<CostModelFile> parse_cost_model_file(const std::string& yaml, const std::string& source) {
+  return parse_file_over(yaml, source, CostModel::builtin());
+}
+
 const CostModelFile& builtin_cost_models() {
   static const CostModelFile kFile = [] {
-    auto f = parse_cost_model_file(kBuiltinCostModelYaml, "configs/cost-model.yaml");
+    auto f = parse_file_over(kBuiltinCostModelYaml, "configs/cost-model.yaml", CostModel{});
     LOOM_CHECK(f.ok()) << "the built-in cost model does not parse: " << f.error().message;
+    // Nothing fills in for a built-in preset: each sets every value a plan divides by.
+    for (const auto& [name, m] : f->presets) {
+      for (const RealField& field : real_fields())
+        LOOM_CHECK(!field.required || m.*field.field > 0)
+            << "configs/cost-model.yaml: preset " << name << " does not set " << field.key;
+      LOOM_CHECK(m.devices_per_node > 0)
+          << "configs/cost-model.yaml: preset " << name << " does not set " << kDevicesPerNode;
+    }
     return std::move(f).value();
   }();
   return kFile;
+}
+
+const CostModel& CostModel::builtin() {
+  static const CostModel kDefault = [] {
+    const CostModelFile& file = builtin_cost_models();
+    for (const auto& [name, m] : file.presets)
+      if (name == file.default_preset) {
+        CostModel out = m;
+        out.name = name + " from the built-in configs/cost-model.yaml";
+        return out;
+      }
+    LOOM_CHECK(false) << "configs/cost-model.yaml: no default preset";
+    return CostModel{};
+  }();
+  return kDefault;
 }
 
 Result<CostModel> resolve_cost_model(const Config& config) {

@@ -14,16 +14,18 @@ namespace loom {
 
 class Config;
 
+// Every value comes from configs/cost-model.yaml, its one home: a default-constructed CostModel
+// is empty (zeros), and CostModel::builtin() is the file's default preset as built into loom.
 struct CostModel {
   // A message of b bytes costs alpha + b * beta seconds.
-  double intra_alpha_s = 5e-6;  // within a node
-  double intra_beta_s_per_byte = 1e-11;
-  double inter_alpha_s = 20e-6;  // between nodes
-  double inter_beta_s_per_byte = 8e-11;
-  double local_beta_s_per_byte = 2e-12;  // a copy on one device
-  int64_t devices_per_node = 8;
-  double device_flops_per_s = 100e12;  // sustained by one device computing alone
-  double device_memory_bytes = 80.0 * (1ull << 30);
+  double intra_alpha_s = 0;  // within a node
+  double intra_beta_s_per_byte = 0;
+  double inter_alpha_s = 0;  // between nodes
+  double inter_beta_s_per_byte = 0;
+  double local_beta_s_per_byte = 0;  // a copy on one device
+  int64_t devices_per_node = 0;
+  double device_flops_per_s = 0;  // sustained by one device computing alone
+  double device_memory_bytes = 0;
   // What all devices of a node sustain computing at once; 0: devices_per_node times
   // device_flops_per_s (devices that share nothing, as GPUs do). Less where ranks share cores:
   // a node's busy ranks then split its rate, and one alone runs at device_flops_per_s.
@@ -41,7 +43,11 @@ struct CostModel {
   double intra_reduce_scatter_beta_s_per_byte = 0;
   double intra_all_to_all_alpha_s = 0;
   double intra_all_to_all_beta_s_per_byte = 0;
-  std::string name = "default";  // the preset and where it came from, for what a plan prints
+  std::string name;  // the preset and where it came from, for what a plan prints
+
+  // The built-in configs/cost-model.yaml's default preset: what a plan, a path search or a test
+  // that names no cost model assumes.
+  static const CostModel& builtin();
 
   struct Link {
     double alpha_s = 0;
@@ -56,7 +62,8 @@ struct CostModel {
   // device_flops_per_s).
   double node_compute_flops_per_s() const;
 
-  // One flat mapping of the keys above (a user's single model); errors name the key and line.
+  // One flat mapping of the keys above (a user's single model; a key it leaves out keeps
+  // builtin()'s value); errors name the key and line.
   static Result<CostModel> parse(const std::string& yaml, const std::string& source);
   static Result<CostModel> load(const std::string& path);
 };
@@ -65,7 +72,8 @@ struct CostModel {
 std::vector<std::string> cost_model_keys();
 
 // The presets of a cost-model file (`default:` and `presets:`) or, for a flat mapping, its one
-// model (named "custom"); `source` names the file in messages.
+// model (named "custom"); a key a model leaves out keeps CostModel::builtin()'s value; `source`
+// names the file in messages.
 struct CostModelFile {
   std::string default_preset;
   std::vector<std::pair<std::string, CostModel>> presets;

@@ -86,12 +86,19 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
   auto fail = [&](const std::string& why) {
     return Error::at(a.to_string(), "annotation '" + a.to_string() + "': " + why);
   };
-  std::map<std::string, int64_t> size;
-  for (const auto& label : a.labels())
-    if (attrs.has(label)) {
-      int64_t v = attrs.get_or<int64_t>(label, 0);
-      if (v <= 0) return fail("attribute '" + label + "' must be a positive integer");
-      size[label] = v;
+  // Sizes by position in a.labels(): planning binds the labels of every op of every rank, so
+  // this runs without a map or a string copy until the result.
+  const std::vector<std::string>& names = a.labels();
+  std::vector<int64_t> size(names.size(), 0);
+  std::vector<char> bound(names.size(), 0);
+  auto index_of = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  for (size_t k = 0; k < names.size(); ++k)
+    if (attrs.has(names[k])) {
+      int64_t v = attrs.get_or<int64_t>(names[k], 0);
+      if (v <= 0) return fail("attribute '" + names[k] + "' must be a positive integer");
+      size[k] = v, bound[k] = 1;
     }
   for (size_t i = 0; i < inputs.size(); ++i)
     if (a.inputs()[i].dims.size() != inputs[i].size())
@@ -105,20 +112,24 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
     for (size_t i = 0; i < inputs.size(); ++i) {
       for (size_t d = 0; d < inputs[i].size(); ++d) {
         int64_t known = 1;
-        std::vector<std::string> unknown;
+        int unknown = 0;
+        size_t last = 0;
         for (const auto& l : a.inputs()[i].dims[d].labels) {
-          if (l.kind == LabelKind::kFixed)
+          if (l.kind == LabelKind::kFixed) {
             known *= l.size;
-          else if (size.count(l.name))
-            known *= size[l.name];
+            continue;
+          }
+          const size_t k = index_of(l.name);
+          if (bound[k])
+            known *= size[k];
           else
-            unknown.push_back(l.name);
+            ++unknown, last = k;
         }
-        if (unknown.size() != 1) continue;
+        if (unknown != 1) continue;
         if (known <= 0 || inputs[i][d] % known != 0)
           return fail("dimension " + std::to_string(d) + " of input " + std::to_string(i) + " is " +
                       std::to_string(inputs[i][d]) + ", not divisible by " + std::to_string(known));
-        size[unknown[0]] = inputs[i][d] / known;
+        size[last] = inputs[i][d] / known, bound[last] = 1;
         progress = true;
       }
     }
@@ -128,12 +139,14 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
     for (const auto& l : dim.labels) {
       if (l.kind == LabelKind::kFixed) {
         n *= l.size;
-      } else if (size.count(l.name)) {
-        n *= size[l.name];
-      } else {
+        continue;
+      }
+      const size_t k = index_of(l.name);
+      if (!bound[k]) {
         missing = l.name;
         return -1;
       }
+      n *= size[k];
     }
     return n;
   };
@@ -156,7 +169,10 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
       if (dim_size(dim, missing) < 0)
         return fail("output label '" + missing + "' is not bound by any input or attribute");
     }
-  return size;
+  std::map<std::string, int64_t> out;
+  for (size_t k = 0; k < names.size(); ++k)
+    if (bound[k]) out.emplace_hint(out.end(), names[k], size[k]);
+  return out;
 }
 
 Result<std::vector<Shape>> shapes_from_annotation(const Annotation& a,

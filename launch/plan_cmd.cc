@@ -39,6 +39,9 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
   if (par.pp > 1) table << ", bubble ratio " << e.bubble_ratio;
   table << ", est. step time " << plan::human_seconds(e.step_s) << " at "
         << plan.cost.device_flops_per_s / 1e12 << " TFLOP/s per device\n";
+  if (plan.schedule.read_as)
+    table << "schedule file: " << par.schedule_csv << ", actions "
+          << sched::describe(*plan.schedule.read_as) << "\n";
   table << "cost model: " << plan.cost.name << "\n";
   table << "rank  parameters  est. peak memory (params+grads+optimizer+working set: the largest of "
            "activations, "
@@ -90,15 +93,18 @@ nlohmann::json summary_json(const Config& config, const plan::Plan& plan) {
                      {"bubble", re.bubble},
                      {"sent_bytes", re.sent}});
   }
-  return {{"world_size", plan.world_size()},
-          {"micro_batches", config.micro_batches()},
-          {"schedule", config.parallel.schedule},
-          {"bubble_ratio", plan.estimate.bubble_ratio},
-          {"step_s", plan.estimate.step_s},
-          {"device_flops_per_s", plan.cost.device_flops_per_s},
-          {"device_memory_bytes", plan.cost.device_memory_bytes},
-          {"cost_model", plan.cost.name},
-          {"ranks", ranks}};
+  nlohmann::json summary = {{"world_size", plan.world_size()},
+                            {"micro_batches", config.micro_batches()},
+                            {"schedule", config.parallel.schedule},
+                            {"bubble_ratio", plan.estimate.bubble_ratio},
+                            {"step_s", plan.estimate.step_s},
+                            {"device_flops_per_s", plan.cost.device_flops_per_s},
+                            {"device_memory_bytes", plan.cost.device_memory_bytes},
+                            {"cost_model", plan.cost.name},
+                            {"ranks", ranks}};
+  if (plan.schedule.read_as)
+    summary["schedule_csv_actions"] = sched::to_string(*plan.schedule.read_as);
+  return summary;
 }
 
 // The dump in `out_dir`: every rank's program, plan.json, the schedule files and the summary,

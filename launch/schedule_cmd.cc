@@ -48,7 +48,7 @@ struct Flags {
   int stages = 0;
   int micro_batches = 0;
   int chunks = 1;
-  double fwd = 1, bwd = 2, wgrad = 1, comm = 0;
+  double fwd = 1, bwd = kBackwardForwards, wgrad = 1, comm = 0;
   std::string placement;
   std::optional<double> mem_limit;
   std::string csv, svg, trace;
@@ -110,7 +110,8 @@ std::optional<int> parse_flags(const Args& args, Flags& f) {
   CLI::App app{"Build or search a pipeline schedule, simulate it and draw it.", "loom schedule"};
   app.add_option("--kind", f.kind, "gpipe|1f1b|interleaved|chimera|looped-bfs|zb-h1|search");
   app.add_option("--from-csv", f.from_csv,
-                 "read the schedule from a torch.distributed.pipelining CSV (one row per rank)");
+                 "read the schedule from a torch.distributed.pipelining CSV (one row per rank; "
+                 "a split backward as I + W, or B + W as torch wrote it before naming I)");
   app.add_option("--stages", f.stages,
                  "P: pipeline devices (for search without --placement: the V-shape's)");
   app.add_option("--micro-batches", f.micro_batches, "M: micro-batches");
@@ -184,6 +185,7 @@ struct Built {
   Schedule schedule;
   Timeline timeline;
   std::optional<SearchResult> found;  // --kind search only
+  std::optional<CsvActions> actions;  // --from-csv only: how the file named its backwards
 };
 
 // --from-csv: the file's schedule, simulated at --fwd/--bwd/--wgrad.
@@ -193,6 +195,7 @@ int build_imported(Flags& f, Built* b) {
   auto s = read_schedule_file(f);
   if (!s.ok()) return fail(kExitBadInput, s.error().message);
   b->schedule = std::move(s->schedule);
+  b->actions = s->actions;
   f.kind = "csv";
   f.micro_batches = s->micro_batches;
   auto t = simulate(b->schedule, SimOptions{f.comm, {}});
@@ -310,6 +313,7 @@ void print_json(const Flags& f, const Built& b, double elapsed, bool over) {
     j["repetend_instances"] = b.found->repetend_instances;
     j["completion"] = b.found->completion;
   }
+  if (b.actions) j["csv_actions"] = to_string(*b.actions);
   if (over) j["over_memory_limit"] = true;
   std::printf("%s\n", j.dump().c_str());
 }
@@ -318,6 +322,7 @@ void print_table(const Flags& f, const Built& b) {
   const Timeline& timeline = b.timeline;
   std::printf("schedule       %s (%d devices, %d micro-batches)\n", f.kind.c_str(),
               b.schedule.num_devices(), f.micro_batches);
+  if (b.actions) std::printf("actions        %s\n", describe(*b.actions).c_str());
   std::printf("makespan       %g\n", timeline.makespan);
   std::printf("bubble ratio   %.4f\n", timeline.bubble_ratio);
   if (b.found) {

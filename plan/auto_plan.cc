@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/training_state.h"
 #include "exec/lower/program.h"
 
 namespace loom::plan {
@@ -169,9 +170,9 @@ struct Search {
   const CostModel& cost;
   int64_t world = 0;
   double limit = 0;
-  bool whole = true;                // plan each candidate whole; else on a data-parallel proxy
-  double bytes_per_parameter = 16;  // weights, gradients and optimizer state (float32)
-  double parameters = 0;            // of the single-device model
+  bool whole = true;               // plan each candidate whole; else on a data-parallel proxy
+  double bytes_per_parameter = 0;  // weights, gradients and optimizer state (training_state_bytes)
+  double parameters = 0;           // of the single-device model
 };
 
 enum class Outcome { kFits, kOverMemory, kInvalid };
@@ -292,6 +293,87 @@ bool faster(const AutoCandidate& a, const AutoCandidate& b) {
 
 }  // namespace
 
+namespace {
+
+// Each shape's memory ladder, in parallel: the fitting ones join `fits` (fastest first); the
+// counts of `result` grow by the shapes tried.
+void search_shapes(const Search& s, const std::vector<Shape>& shapes, int64_t threads,
+                   std::atomic<int64_t>& planned, AutoPlan& result,
+                   std::vector<AutoCandidate>& fits) {
+  std::vector<Outcome> outcome(shapes.size(), Outcome::kInvalid);
+  std::vector<AutoCandidate> found(shapes.size());
+  parallel_for(static_cast<int64_t>(shapes.size()), threads, [&](int64_t i) {
+    int64_t made = 0;
+    const auto k = static_cast<size_t>(i);
+    outcome[k] = ladder(s, shapes[k], found[k], made);
+    planned += made;
+  });
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    ++result.considered;
+    if (outcome[k] == Outcome::kFits) fits.push_back(found[k]);
+    result.over_memory += outcome[k] == Outcome::kOverMemory;
+    result.invalid += outcome[k] == Outcome::kInvalid;
+  }
+  std::sort(fits.begin(), fits.end(), faster);
+}
+
+// Every schedule (and tp without sp) of the best `expand` skeletons that fit.
+std::vector<Shape> expansions(const std::vector<Shape>& skeletons,
+                              const std::vector<AutoCandidate>& fits, int64_t expand,
+                              int64_t global) {
+  std::map<std::string, Shape> by_label;
+  for (const Shape& shape : skeletons) by_label[label_of(shape, {})] = shape;
+  std::vector<Shape> out;
+  int64_t expanded = 0;
+  for (const AutoCandidate& c : fits) {
+    if (expanded == expand) break;
+    std::string base = c.label.substr(0, c.label.find(" recompute"));
+    base = base.substr(0, base.find(" zero"));
+    auto it = by_label.find(base);
+    if (it == by_label.end()) continue;
+    for (const Shape& v : variants(it->second, global)) out.push_back(v);
+    ++expanded;
+  }
+  return out;
+}
+
+// The best `top` proxies planned whole and ranked on their own estimates (those over the limit
+// dropped); the fastest one's plan is kept so the winner is not planned twice.
+struct WholeRanking {
+  std::vector<AutoCandidate> ranked;
+  std::optional<Plan> best_plan;
+  AutoCandidate best;
+};
+WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxies, int64_t top,
+                        int64_t threads, std::atomic<int64_t>& planned) {
+  WholeRanking out;
+  std::mutex lock;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(proxies.size()), top);
+  parallel_for(n, threads, [&](int64_t i) {
+    const AutoCandidate& proxy = proxies[static_cast<size_t>(i)];
+    auto c = with_overrides(s.yaml, proxy.overrides);
+    if (!c.ok()) return;
+    auto plan = make_plan(*c, s.registries, s.cost, s.world);
+    ++planned;
+    if (!plan.ok()) return;
+    AutoCandidate w = figures(plan->estimate);
+    if (w.peak_bytes > s.limit) return;
+    w.overrides = proxy.overrides;
+    w.label = proxy.label;
+    w.whole = true;
+    std::lock_guard<std::mutex> guard(lock);
+    if (!out.best_plan || faster(w, out.best)) {
+      out.best = w;
+      out.best_plan = std::move(*plan);
+    }
+    out.ranked.push_back(std::move(w));
+  });
+  std::sort(out.ranked.begin(), out.ranked.end(), faster);
+  return out;
+}
+
+}  // namespace
+
 Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
                            const CostModel& cost, int64_t world_size, const AutoOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -306,7 +388,7 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
            world_size,
            result.memory_limit_bytes,
            world_size <= options.exact_ranks};
-  s.bytes_per_parameter = 4 + 4 + (config.optimizer.type == "adamw" ? 8 : 4);
+  s.bytes_per_parameter = training_state_bytes(config.optimizer).total();
   {
     LOOM_ASSIGN_OR_RETURN(const graph::Graph model, build_model(config, registries, 1));
     for (const auto& t : model.tensors())
@@ -317,71 +399,17 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
                               ? options.threads
                               : std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::atomic<int64_t> planned{0};
-  std::mutex lock;
-  // Each shape's memory ladder, in parallel; the fitting ones in `fits`.
-  std::vector<AutoCandidate> fits;
-  auto search = [&](const std::vector<Shape>& shapes) {
-    std::vector<Outcome> outcome(shapes.size(), Outcome::kInvalid);
-    std::vector<AutoCandidate> found(shapes.size());
-    parallel_for(static_cast<int64_t>(shapes.size()), threads, [&](int64_t i) {
-      int64_t made = 0;
-      const auto k = static_cast<size_t>(i);
-      outcome[k] = ladder(s, shapes[k], found[k], made);
-      planned += made;
-    });
-    for (size_t k = 0; k < shapes.size(); ++k) {
-      ++result.considered;
-      if (outcome[k] == Outcome::kFits) fits.push_back(found[k]);
-      result.over_memory += outcome[k] == Outcome::kOverMemory;
-      result.invalid += outcome[k] == Outcome::kInvalid;
-    }
-    std::sort(fits.begin(), fits.end(), faster);
-  };
   // The skeletons first; then every schedule (and tp without sp) of the best of them.
+  std::vector<AutoCandidate> fits;
   const std::vector<Shape> first = skeletons(config, registries, cost, world_size, s.whole);
-  search(first);
-  std::vector<Shape> second;
-  std::map<std::string, Shape> by_label;
-  for (const Shape& shape : first) by_label[label_of(shape, {})] = shape;
-  int64_t expanded = 0;
-  for (const AutoCandidate& c : fits) {
-    if (expanded == options.expand) break;
-    std::string base = c.label.substr(0, c.label.find(" recompute"));
-    base = base.substr(0, base.find(" zero"));
-    auto it = by_label.find(base);
-    if (it == by_label.end()) continue;
-    for (const Shape& v : variants(it->second, config.batch.global)) second.push_back(v);
-    ++expanded;
-  }
-  search(second);
+  search_shapes(s, first, threads, planned, result, fits);
+  search_shapes(s, expansions(first, fits, options.expand, config.batch.global), threads, planned,
+                result, fits);
   // Proxies rank the candidates; the best are planned whole and ranked on their own estimates.
-  // The whole plan of the best so far, kept: the winner is not planned twice.
-  std::optional<Plan> best_plan;
-  AutoCandidate best_whole;
+  WholeRanking whole;
   if (!s.whole) {
-    std::vector<AutoCandidate> whole;
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(fits.size()), options.top);
-    parallel_for(n, threads, [&](int64_t i) {
-      const AutoCandidate& proxy = fits[static_cast<size_t>(i)];
-      auto c = with_overrides(s.yaml, proxy.overrides);
-      if (!c.ok()) return;
-      auto plan = make_plan(*c, registries, cost, world_size);
-      ++planned;
-      if (!plan.ok()) return;
-      AutoCandidate w = figures(plan->estimate);
-      if (w.peak_bytes > s.limit) return;
-      w.overrides = proxy.overrides;
-      w.label = proxy.label;
-      w.whole = true;
-      std::lock_guard<std::mutex> guard(lock);
-      if (!best_plan || faster(w, best_whole)) {
-        best_whole = w;
-        best_plan = std::move(*plan);
-      }
-      whole.push_back(std::move(w));
-    });
-    std::sort(whole.begin(), whole.end(), faster);
-    fits = std::move(whole);
+    whole = rank_whole(s, fits, options.top, threads, planned);
+    fits = whole.ranked;
   }
   result.planned = planned;
   if (fits.empty())
@@ -396,8 +424,8 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
     fits.resize(static_cast<size_t>(options.top));
   result.top = fits;
   LOOM_ASSIGN_OR_RETURN(result.config, with_overrides(s.yaml, fits[0].overrides));
-  if (best_plan && best_whole.label == fits[0].label) {
-    result.plan = std::move(*best_plan);
+  if (whole.best_plan && whole.best.label == fits[0].label) {
+    result.plan = std::move(*whole.best_plan);
   } else {
     LOOM_ASSIGN_OR_RETURN(result.plan, make_plan(result.config, registries, cost, world_size));
   }

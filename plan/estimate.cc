@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/training_state.h"
 #include "exec/lower/fusion.h"
 #include "exec/lower/grad_bucketing.h"
 #include "exec/lower/param_shards.h"
@@ -16,6 +17,7 @@
 #include "exec/lower/recompute.h"
 #include "graph/precision.h"
 #include "planner/cost.h"
+#include "scheduler/block.h"
 
 namespace loom::plan {
 namespace {
@@ -282,9 +284,9 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
       h.sync_buffer[r] +=
           static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
   // Recomputed regions keep only what crosses their border; one region's activations come back
-  // while its backward runs.
+  // while its backward runs. Only the bytes are read here, which no cost model changes.
   const RecomputeCost rc =
-      recompute_cost(planned, lowered, CostModel{}, config.run.device == "cuda");
+      recompute_cost(planned, lowered, CostModel::builtin(), config.run.device == "cuda");
   h.recompute_bytes = rc.largest_region_bytes;
   for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
   for (size_t r = 0; r < n; ++r)
@@ -302,10 +304,6 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     }
   return h;
 }
-
-// The optimizer's state per parameter: AdamW's two moments, SGD's one buffer (allocated with or
-// without momentum).
-double optimizer_copies(const Config& config) { return config.optimizer.type == "adamw" ? 2 : 1; }
 
 // What a backward holds besides the saved activations, at its largest: the gradient of the
 // largest activation and a buffer of its size (the loss's: the logits' gradient and the
@@ -325,8 +323,11 @@ double pipeline_extra_micro_batches(const Config& config) {
 RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
   RankMemory m;
   m.activation_bytes = h.acts[r];
-  m.held_bytes = h.params[r] * 4 * 2 + h.state_params[r] * 4 * optimizer_copies(config) +
-                 h.zero_segments[r] * 4 + pipeline_extra_micro_batches(config) * h.acts[r] +
+  const TrainingStateBytes state = training_state_bytes(config.optimizer);
+  // A ZeRO-1 rank's reduced gradient segments are float32 gradients too.
+  m.held_bytes = h.params[r] * (state.weight + state.grad) + h.state_params[r] * state.optimizer +
+                 h.zero_segments[r] * state.grad +
+                 pipeline_extra_micro_batches(config) * h.acts[r] +
                  std::max(h.incoming[r] + backward_transient(h, r), h.gather_forward[r]);
   return m;
 }
@@ -410,10 +411,86 @@ double Estimate::max_sent_bytes() const {
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
                                     const CostModel& cost) {
   std::vector<double> fwd(static_cast<size_t>(world_size), 0);
-  for (const auto& op : planned.ops())
-    fwd[static_cast<size_t>(op.device.value())] += planner::op_flops(op) / cost.device_flops_per_s;
+  // A sub-op's FLOPs follow from its definition and its pieces' shapes, which every replica and
+  // most ranks share: each distinct one is counted once (a 1024-rank plan has a few hundred
+  // among ~200k sub-ops).
+  std::map<std::pair<const graph::OpDef*, std::vector<int64_t>>, double> counted;
+  std::vector<int64_t> shapes;
+  for (const auto& op : planned.ops()) {
+    shapes.clear();
+    for (const auto* io : {&op.inputs, &op.outputs})
+      for (const auto& piece : *io) {
+        shapes.push_back(static_cast<int64_t>(piece.ranges.size()));
+        for (const auto& r : piece.ranges) shapes.push_back(r.size());
+      }
+    auto [it, fresh] = counted.try_emplace({op.def.get(), shapes}, 0.0);
+    if (fresh) it->second = planner::op_flops(op);
+    fwd[static_cast<size_t>(op.device.value())] += it->second / cost.device_flops_per_s;
+  }
   return fwd;
 }
+
+namespace {
+
+// A rank's communication per step: each adapter's forward and gradient paths per micro-batch
+// (the steps this rank takes part in), and the gradient all-reduces once per step.
+void add_communication(const Config& config, const graph::Graph& planned,
+                       const lower::Lowered& lowered, const CostModel& cost, double m, size_t r,
+                       RankEstimate& re) {
+  const int64_t rank = static_cast<int64_t>(r);
+  for (const auto& a : lowered.adapters) {
+    re.comm_s += m * (path_seconds(a.forward, rank) + path_seconds(a.backward, rank));
+    const auto& t = planned.tensor(a.tensor);
+    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+    add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+    if (!a.regather) continue;  // a linear's weight is gathered again for its backward
+    re.comm_s += m * path_seconds(a.forward, rank);
+    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+  }
+  // One all-reduce per bucket of the runtime's (a latency per bucket, not per tensor).
+  const GradGroups groups = grad_groups(lowered, r);
+  for (size_t k = 0; k < groups.devices.size(); ++k) {
+    const auto members = static_cast<int64_t>(groups.devices[k].size());
+    for (const lower::BucketPlan& b :
+         lower::plan_buckets(groups.numels[k], 4, bucket_bytes(config), members, false)) {
+      const double bytes = static_cast<double>(b.elements * 4);
+      re.comm_s += all_reduce_seconds(cost, groups.devices[k], bytes);
+      re.sent["grad all_reduce"] +=
+          2 * static_cast<double>(members - 1) / static_cast<double>(members) * bytes;
+    }
+  }
+}
+
+// A rank's memory with `in_flight` micro-batches of activations held at once. Activations (and
+// a pipeline backward's extra, pipeline_extra_micro_batches), gradient buckets (reduced after the
+// last backward, when activations are gone) and the optimizer's temporaries come one after the
+// other; the backward also holds a parameter's incoming gradients before they are accumulated.
+// memory_of splits the same figures for the schedule search.
+void add_memory(const Config& config, const Holdings& h, size_t r, double in_flight,
+                RankEstimate& re) {
+  // The optimizer's step makes temporaries the size of the piece it updates: AdamW's sqrt and
+  // denominator, SGD's decayed gradient.
+  const bool adamw = config.optimizer.type == "adamw";
+  const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
+  const TrainingStateBytes state = training_state_bytes(config.optimizer);
+  const RankMemory mem = memory_of(config, h, r);
+  re.micro_batches_in_flight = in_flight + pipeline_extra_micro_batches(config);
+  re.parameters = h.params[r];
+  re.param_bytes = h.params[r] * state.weight;
+  re.grad_bytes = h.params[r] * state.grad;
+  re.grad_bucket_bytes = h.sync_buffer[r] + h.zero_receive[r] * 4;
+  // Under ZeRO-1: state only for what this rank owns (and on MPI its reduced segments).
+  re.optimizer_bytes = h.state_params[r] * state.optimizer + h.zero_segments[r] * state.grad;
+  re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
+  re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
+  re.working_set_bytes = std::max({re.grad_bucket_bytes,
+                                   re.activation_bytes + h.incoming[r] + backward_transient(h, r),
+                                   re.activation_bytes + h.gather_forward[r], h.gather_backward[r],
+                                   re.optimizer_temporary_bytes});
+  re.peak_bytes = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.working_set_bytes;
+}
+
+}  // namespace
 
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
@@ -428,23 +505,19 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const Holdings h = holdings(config, planned, lowered, world);
   const bool pipelined = !pipeline.busy_s.empty();
 
-  // The optimizer keeps two moments (AdamW) or one buffer (SGD, allocated with or without
-  // momentum); its step makes temporaries the size of the piece it updates: AdamW's sqrt and
-  // denominator, SGD's decayed gradient.
-  const bool adamw = config.optimizer.type == "adamw";
-  const double opt_copies = optimizer_copies(config);
-  const double opt_temporaries = adamw ? 2 : config.optimizer.weight_decay != 0 ? 1 : 0;
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;
   // one without (each micro-batch's backward follows its forward: exec/lower/program.h).
   const double flat_units = 1.0;
 
-  // Each rank's compute at the device's rate: forward + backward (twice the forward) of every
-  // micro-batch, and the recomputed forward.
+  // Each rank's compute at the device's rate: forward and backward (sched::block_time) of every
+  // micro-batch, the backward running the recomputed forward again.
   auto stage_of = [&](size_t r) {
     return static_cast<size_t>(static_cast<int64_t>(r) / ranks_per_stage);
   };
   std::vector<double> busy(n);
-  for (size_t r = 0; r < n; ++r) busy[r] = m * (3 * fwd[r] + refwd[r]);
+  for (size_t r = 0; r < n; ++r)
+    busy[r] = m * (sched::block_time(sched::BlockKind::kF, fwd[r]) +
+                   sched::block_time(sched::BlockKind::kB, fwd[r], refwd[r]));
   // Ranks that share a node's compute (CPU ranks on fewer cores than ranks) finish no sooner
   // than the node's work shared out as the operating system shares cores.
   std::map<int64_t, std::vector<double>> node_work;
@@ -468,55 +541,13 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
         re.bubble = 1 - pipeline.busy_s[stage] / pipeline.makespan_s;
     }
     re.compute_s = std::max(re.compute_s, node_s[static_cast<int64_t>(r) / cost.devices_per_node]);
-    // Communication: each adapter's forward and gradient paths per micro-batch (the steps this
-    // rank takes part in), and the gradient all-reduces once per step.
-    for (const auto& a : lowered.adapters) {
-      re.comm_s += m * (path_seconds(a.forward, static_cast<int64_t>(r)) +
-                        path_seconds(a.backward, static_cast<int64_t>(r)));
-      const auto& t = planned.tensor(a.tensor);
-      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
-      add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
-      if (!a.regather) continue;  // a linear's weight is gathered again for its backward
-      re.comm_s += m * path_seconds(a.forward, static_cast<int64_t>(r));
-      add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), static_cast<int64_t>(r), m, re.sent);
-    }
-    // One all-reduce per bucket of the runtime's (a latency per bucket, not per tensor).
-    const GradGroups groups = grad_groups(lowered, r);
-    for (size_t k = 0; k < groups.devices.size(); ++k) {
-      const auto members = static_cast<int64_t>(groups.devices[k].size());
-      for (const lower::BucketPlan& b :
-           lower::plan_buckets(groups.numels[k], 4, bucket_bytes(config), members, false)) {
-        const double bytes = static_cast<double>(b.elements * 4);
-        re.comm_s += all_reduce_seconds(cost, groups.devices[k], bytes);
-        re.sent["grad all_reduce"] +=
-            2 * static_cast<double>(members - 1) / static_cast<double>(members) * bytes;
-      }
-    }
+    add_communication(config, planned, lowered, cost, m, r, re);
     re.step_s = re.compute_s + re.comm_s;
 
-    // Memory. Activations (the schedule's micro-batches in flight, and a pipeline backward's
-    // extra, pipeline_extra_micro_batches), gradient buckets (reduced after the last backward,
-    // when activations are gone) and the optimizer's temporaries come one after the other; the
-    // backward also holds a parameter's incoming gradients before they are accumulated.
-    // memory_of splits the same figures for the schedule search.
     const double in_flight = pipelined && stage < pipeline.peak_micro_batches.size()
                                  ? pipeline.peak_micro_batches[stage]
                                  : flat_units;
-    const RankMemory mem = memory_of(config, h, r);
-    re.micro_batches_in_flight = in_flight + pipeline_extra_micro_batches(config);
-    re.parameters = h.params[r];
-    re.param_bytes = h.params[r] * 4;
-    re.grad_bytes = re.param_bytes;
-    re.grad_bucket_bytes = h.sync_buffer[r] + h.zero_receive[r] * 4;
-    // Under ZeRO-1: state only for what this rank owns (and on MPI its reduced segments).
-    re.optimizer_bytes = (h.state_params[r] * opt_copies + h.zero_segments[r]) * 4;
-    re.activation_bytes = mem.activation_bytes * re.micro_batches_in_flight;
-    re.optimizer_temporary_bytes = opt_temporaries * h.largest_piece[r];
-    re.working_set_bytes = std::max({re.grad_bucket_bytes,
-                                     re.activation_bytes + h.incoming[r] + backward_transient(h, r),
-                                     re.activation_bytes + h.gather_forward[r],
-                                     h.gather_backward[r], re.optimizer_temporary_bytes});
-    re.peak_bytes = re.param_bytes * 2 + re.optimizer_bytes + re.working_set_bytes;
+    add_memory(config, h, r, in_flight, re);
     e.step_s = std::max(e.step_s, re.step_s);
   }
   return e;

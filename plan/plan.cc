@@ -99,8 +99,9 @@ Result<sched::Schedule> scaled(const sched::Schedule& s, double factor, double a
 }
 
 // Simulates the pipeline schedule at the cost model's block durations. Predefined and CSV
-// schedules: a forward takes its device's forward time per stage chunk, a backward twice that. A
-// searched schedule is the one found, its blocks at each stage's own durations.
+// schedules: a forward takes its device's forward time per stage chunk, the others
+// sched::block_time of it. A searched schedule is the one found, its blocks at each stage's own
+// durations.
 Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
                          const std::vector<double>& recompute_s, const lower::PipelineOrder& order,
                          const lower::Lowered& lowered, Plan& plan) {
@@ -130,12 +131,10 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
     const double share_ms = unit_ms * static_cast<double>(par.chunks);
     const double again_share_ms = again_ms * static_cast<double>(par.chunks);
     spec.fwd = share_ms;
-    spec.bwd = 2 * share_ms + again_share_ms;
-    if (*kind == sched::ScheduleKind::kZbH1) {
-      // The split backward: I (the input gradients) and W (the weight matrix products, about
-      // half a backward's FLOPs) take about a forward each; I first runs the recomputed forward.
-      spec.bwd = share_ms + again_share_ms;
-      spec.wgrad = share_ms;
+    spec.bwd = sched::block_time(sched::BlockKind::kB, share_ms, again_share_ms);
+    if (*kind == sched::ScheduleKind::kZbH1) {  // its spec's bwd is the split backward's I
+      spec.bwd = sched::block_time(sched::BlockKind::kI, share_ms, again_share_ms);
+      spec.wgrad = sched::block_time(sched::BlockKind::kW, share_ms);
     }
     auto built = sched::build_predefined(*kind, spec);
     if (!built.ok()) return config.error("parallel.schedule", built.error().message);
@@ -318,6 +317,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
 
   const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
   LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, pipeline, file.lowered, plan));
+  plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
   return plan;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "core/config.h"
@@ -37,6 +38,9 @@ struct Registries {
 // The pipeline schedule of a plan as a file: empty without pipeline parallelism.
 struct ScheduleFiles {
   std::string csv;  // torch.distributed.pipelining's action-per-cell format
+  // parallel.schedule csv: how parallel.schedule_csv named its backwards (torch's older B + W,
+  // or I + W); what `loom plan` reports.
+  std::optional<sched::CsvActions> read_as;
 };
 
 struct Plan {

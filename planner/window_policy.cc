@@ -5,6 +5,7 @@
 // tokens, wide features) take the Megatron split.
 #include <map>
 
+#include "core/training_state.h"
 #include "graph/transform.h"
 #include "planner/cost.h"
 #include "planner/policy.h"
@@ -13,12 +14,10 @@ namespace loom::planner {
 namespace {
 
 // Per model layer: true when the activations a replica's ops write outweigh what a weight
-// costs per rank (the weight, its gradient and the optimizer's copies), so splitting
+// costs per rank (the weight, its gradient and the optimizer's state), so splitting
 // activations and replicating weights holds less per rank.
 std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const Config& config) {
-  const double per_weight = 2.0 + (config.optimizer.type == "adamw" ? 2
-                                   : config.optimizer.momentum > 0  ? 1
-                                                                    : 0);
+  const double per_element = training_state_bytes(config.optimizer).total();
   const double dp = static_cast<double>(config.parallel.dp);
   std::map<int64_t, double> acts, weights;
   for (const auto& op : g.ops()) {
@@ -26,7 +25,7 @@ std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const Config& co
     for (const auto& in : op.inputs) {
       const auto& t = g.tensor(in.tensor);
       if (t.role == graph::TensorRole::kParameter)
-        weights[op.layer()] += per_weight * static_cast<double>(t.bytes());
+        weights[op.layer()] += per_element * static_cast<double>(numel(t.shape));
     }
   }
   std::map<int64_t, bool> out;

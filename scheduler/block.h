@@ -25,6 +25,30 @@ std::optional<BlockKind> parse_block_kind(char c);  // inverse of to_char
 // Forward blocks allocate activations; the others consume them (why list schedulers care).
 inline bool is_backward(BlockKind kind) { return kind != BlockKind::kF; }
 
+// The one rule of block costs in loom, in forwards of the same stage and micro-batch: a full
+// backward computes the input and the weight gradients, a matrix product each for every one of
+// the forward's, so it takes two forwards; split, I and W take one each. `again` is the forward
+// a recomputing backward runs first (in B, or in I when split). The scheduler's default units,
+// the plan's simulated pipeline, the schedule search's spans and the estimator all use it.
+inline constexpr double kBackwardForwards = 2;
+constexpr double block_time(BlockKind kind, double forward, double again = 0) {
+  switch (kind) {
+    case BlockKind::kF:
+    case BlockKind::kW:
+      return forward;
+    case BlockKind::kB:
+      return kBackwardForwards * forward + again;
+    case BlockKind::kI:
+      return forward + again;
+  }
+  return forward;
+}
+// A block's activation change in micro-batches of its stage: F allocates one; the end of the
+// backward releases it: B, or W when split (I still needs none of it freed).
+constexpr double block_memory(BlockKind kind) {
+  return kind == BlockKind::kF ? 1.0 : kind == BlockKind::kI ? 0.0 : -1.0;
+}
+
 // The identity of a block inside a schedule: written "1B3" (stage 1, B, micro-batch 3), the
 // action notation of torch.distributed.pipelining's CSV schedules.
 struct BlockId {

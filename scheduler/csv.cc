@@ -11,6 +11,31 @@
 
 namespace loom::sched {
 
+std::string to_string(CsvActions actions) {
+  switch (actions) {
+    case CsvActions::kFullBackward:
+      return "full-backward";
+    case CsvActions::kInputWeight:
+      return "input-weight";
+    case CsvActions::kBackwardWeight:
+      return "backward-weight";
+  }
+  return "full-backward";
+}
+
+std::string describe(CsvActions actions) {
+  switch (actions) {
+    case CsvActions::kFullBackward:
+      return "F + B (full backwards, the same under torch's older and current names)";
+    case CsvActions::kInputWeight:
+      return "I + W (torch's current names: I the input gradient, W the weight gradient)";
+    case CsvActions::kBackwardWeight:
+      return "B + W (torch's names before it renamed the input gradient I: B followed by W of "
+             "the same stage and micro-batch is I + W)";
+  }
+  return "";
+}
+
 std::string CsvCell::to_string() const {
   return "row " + std::to_string(row) + ", column " + std::to_string(column);
 }
@@ -43,6 +68,8 @@ struct Listed {
   CsvCell cell;
   int rank = 0;
 };
+
+using StageMb = std::pair<int64_t, int64_t>;  // (stage, micro-batch)
 
 Error at(const CsvCell& cell, const std::string& message) {
   return error(cell.to_string() + ": " + message);
@@ -112,6 +139,27 @@ Result<std::vector<std::vector<Listed>>> parse_rows(const std::string& text) {
   return rows;
 }
 
+// Which naming the rows use; under torch's older one, each B that a W of its stage and
+// micro-batch follows becomes the I it stands for. A file that writes I uses the current names,
+// where B + W of one micro-batch at one stage is a mistake split_backwards reports.
+CsvActions read_actions(std::vector<std::vector<Listed>>& rows) {
+  std::set<StageMb> weighed;  // (stage, micro-batch) pairs with a W
+  for (const auto& row : rows)
+    for (const Listed& l : row) {
+      if (l.id.kind == BlockKind::kI) return CsvActions::kInputWeight;
+      if (l.id.kind == BlockKind::kW) weighed.insert({l.id.stage.value(), l.id.mb.value()});
+    }
+  if (weighed.empty()) return CsvActions::kFullBackward;
+  bool renamed = false;
+  for (auto& row : rows)
+    for (Listed& l : row)
+      if (l.id.kind == BlockKind::kB && weighed.count({l.id.stage.value(), l.id.mb.value()})) {
+        l.id.kind = BlockKind::kI;
+        renamed = true;
+      }
+  return renamed ? CsvActions::kBackwardWeight : CsvActions::kInputWeight;
+}
+
 // What the rows say about each block: the ranks that list it, and where.
 struct Listing {
   std::vector<int> ranks;  // ascending
@@ -139,7 +187,6 @@ Result<std::map<BlockId, Listing>> list_blocks(const std::vector<std::vector<Lis
 // The ranks of each (stage, micro-batch): those that run most of the stage's blocks, unless
 // none of the micro-batch's blocks runs there (a stage that moves per micro-batch, as in
 // Chimera): then those of its first listed block. A block elsewhere is an error at its cell.
-using StageMb = std::pair<int64_t, int64_t>;
 Result<std::map<StageMb, std::vector<int>>> stage_ranks(
     const std::vector<std::vector<Listed>>& rows, const std::map<BlockId, Listing>& listing) {
   std::map<int64_t, std::map<std::vector<int>, int>> votes;  // stage -> rank set -> blocks
@@ -290,10 +337,9 @@ Status check_runs(const Workload& w, const std::vector<std::vector<int>>& order,
   return error("the schedule deadlocks: " + join(stuck, "; "));
 }
 
-}  // namespace
-
-Result<CsvSchedule> read_csv(const std::string& text, const CsvImportOptions& opt) {
-  LOOM_ASSIGN_OR_RETURN(auto rows, parse_rows(text));
+// read_csv past parsing, on the rows as loom names their actions.
+Result<CsvSchedule> read_rows(const std::vector<std::vector<Listed>>& rows,
+                              const CsvImportOptions& opt) {
   LOOM_ASSIGN_OR_RETURN(auto listing, list_blocks(rows));
   int64_t stages = 0, mbs = 0;
   for (const auto& [id, l] : listing) {
@@ -333,10 +379,7 @@ Result<CsvSchedule> read_csv(const std::string& text, const CsvImportOptions& op
     }
     return 0.0;
   };
-  // Activations live from F to the end of the backward: B, or W when it is split.
-  l.memory = [v](BlockKind k, StageId) {
-    return k == BlockKind::kF ? 1.0 / v : k == BlockKind::kI ? 0.0 : -1.0 / v;
-  };
+  l.memory = [v](BlockKind k, StageId) { return block_memory(k) / v; };
   LOOM_ASSIGN_OR_RETURN(Workload w, Workload::chain(l));
 
   CsvSchedule out;
@@ -352,6 +395,20 @@ Result<CsvSchedule> read_csv(const std::string& text, const CsvImportOptions& op
   LOOM_ASSIGN_OR_RETURN(out.schedule,
                         Schedule::from_indices(std::move(w), std::move(order), "csv"));
   return out;
+}
+
+}  // namespace
+
+Result<CsvSchedule> read_csv(const std::string& text, const CsvImportOptions& opt) {
+  LOOM_ASSIGN_OR_RETURN(auto rows, parse_rows(text));
+  const CsvActions actions = read_actions(rows);
+  auto read = read_rows(rows, opt);
+  if (!read.ok() && actions == CsvActions::kBackwardWeight)
+    return error(read.error().message +
+                 " (the file writes torch's older action names: a B followed by a W of the same "
+                 "stage and micro-batch is read as I + W)");
+  if (read.ok()) read->actions = actions;
+  return read;
 }
 
 Result<Schedule> from_csv(const std::string& text, const CsvImportOptions& options) {

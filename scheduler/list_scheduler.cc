@@ -2,15 +2,152 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
+#include <tuple>
+#include <utility>
 
 #include "scheduler/validator.h"
 
 namespace loom::sched {
 
+namespace {
+
+constexpr double kEps = 1e-9;
+
+// The blocks that may start, kept so that the next one is found without scanning them all:
+// per device, those already released when the device frees up, by (priority, index), and those
+// released later, by (release, priority, index); each split by whether it allocates memory, the
+// only ones a memory limit can hold back. Blocks on several devices (rare: a tensor-parallel
+// stage) are scanned one by one.
+class Eligible {
+ public:
+  Eligible(const Workload& w, const ListPolicy& pol, const std::vector<double>& ready,
+           const std::vector<double>& prio, const std::vector<double>& free_at,
+           const std::vector<double>& mem)
+      : w_(w),
+        pol_(pol),
+        ready_(ready),
+        prio_(prio),
+        free_at_(free_at),
+        mem_(mem),
+        devices_(static_cast<size_t>(w.num_devices())) {}
+
+  void add(int i) {
+    const Block& b = w_.block(i);
+    if (b.devices.size() != 1) {
+      shared_.push_back(i);
+      return;
+    }
+    const size_t d = static_cast<size_t>(b.devices[0].value());
+    const bool allocates = b.memory > 0;
+    if (ready_[i] <= free_at_[d])
+      devices_[d].released[allocates].insert({prio_[i], i});
+    else
+      devices_[d].later[allocates].insert({ready_[i], prio_[i], i});
+  }
+
+  void remove(int i) {
+    const Block& b = w_.block(i);
+    if (b.devices.size() != 1) {
+      shared_.erase(std::find(shared_.begin(), shared_.end(), i));
+      return;
+    }
+    Device& dev = devices_[static_cast<size_t>(b.devices[0].value())];
+    const bool allocates = b.memory > 0;
+    if (dev.released[allocates].erase({prio_[i], i}) == 0)
+      dev.later[allocates].erase({ready_[i], prio_[i], i});
+  }
+
+  // Device `d` has moved its free time on: what was released by then moves over.
+  void advance(DeviceId device) {
+    Device& dev = devices_[static_cast<size_t>(device.value())];
+    const double now = free_at_[static_cast<size_t>(device.value())];
+    for (int allocates = 0; allocates < 2; ++allocates) {
+      auto& later = dev.later[allocates];
+      while (!later.empty() && std::get<0>(*later.begin()) <= now) {
+        const int i = std::get<2>(*later.begin());
+        dev.released[allocates].insert({prio_[i], i});
+        later.erase(later.begin());
+      }
+    }
+  }
+
+  // The block that can start earliest within the memory limit, ties to the lower priority and
+  // then the lower index; -1 when none can.
+  int best() const {
+    Candidate best;
+    for (size_t d = 0; d < devices_.size(); ++d) best = std::min(best, best_on(d));
+    for (int i : shared_) {
+      const Block& b = w_.block(i);
+      double start = ready_[i];
+      bool fits = true;
+      for (DeviceId dev : b.devices) {
+        start = std::max(start, free_at_[static_cast<size_t>(dev.value())]);
+        fits = fits && this->fits(b, static_cast<size_t>(dev.value()));
+      }
+      if (fits) best = std::min(best, Candidate{start, prio_[i], i});
+    }
+    return best.block;
+  }
+
+ private:
+  struct Candidate {
+    double start = std::numeric_limits<double>::infinity();
+    double prio = 0;
+    int block = -1;
+    friend bool operator<(const Candidate& a, const Candidate& b) {
+      if (b.block < 0) return a.block >= 0;
+      if (a.block < 0) return false;
+      if (a.start < b.start - kEps) return true;
+      if (a.start > b.start + kEps) return false;
+      return a.prio != b.prio ? a.prio < b.prio : a.block < b.block;
+    }
+  };
+  struct Device {
+    std::set<std::pair<double, int>> released[2];        // (priority, block)
+    std::set<std::tuple<double, double, int>> later[2];  // (release, priority, block)
+  };
+
+  bool fits(const Block& b, size_t d) const {
+    return pol_.memory_limit.empty() || b.memory <= 0 ||
+           mem_[d] + b.memory <= pol_.memory_limit[d] + kEps;
+  }
+
+  Candidate best_on(size_t d) const {
+    const Device& dev = devices_[d];
+    Candidate best;
+    // Released blocks all start when the device frees up: the first that fits, by priority.
+    for (int allocates = 0; allocates < 2; ++allocates)
+      for (const auto& [prio, i] : dev.released[allocates])
+        if (fits(w_.block(i), d)) {
+          best = std::min(best, Candidate{free_at_[d], prio, i});
+          break;
+        }
+    if (best.block >= 0) return best;  // a later one starts later
+    for (int allocates = 0; allocates < 2; ++allocates)
+      for (const auto& [release, prio, i] : dev.later[allocates])
+        if (fits(w_.block(i), d)) {
+          best = std::min(best, Candidate{release, prio, i});
+          break;
+        }
+    return best;
+  }
+
+  const Workload& w_;
+  const ListPolicy& pol_;
+  const std::vector<double>& ready_;
+  const std::vector<double>& prio_;
+  const std::vector<double>& free_at_;
+  const std::vector<double>& mem_;
+  std::vector<Device> devices_;
+  std::vector<int> shared_;  // eligible blocks on several devices
+};
+
+}  // namespace
+
 Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const ListPolicy& pol) {
   const int n = w.size();
   const int p = w.num_devices();
-  constexpr double kEps = 1e-9;
   std::vector<std::vector<int>> out_edges(n);
   std::vector<int> missing(n, 0);
   for (int i = 0; i < n; ++i) {
@@ -19,10 +156,11 @@ Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const Lis
   }
   std::vector<double> ready(n, 0), end(n, 0), prio(n, 0);
   for (int i = 0; i < n; ++i) prio[i] = pol.priority ? pol.priority(i) : i;
-  std::vector<int> eligible;
-  for (int i = 0; i < n; ++i)
-    if (!missing[i]) eligible.push_back(i);
   std::vector<double> free_at(p, 0), mem(p, 0);
+  Eligible eligible(w, pol, ready, prio, free_at, mem);
+  std::vector<int> waiting;  // the eligible blocks in the order they became so, for messages
+  for (int i = 0; i < n; ++i)
+    if (!missing[i]) eligible.add(i), waiting.push_back(i);
   std::vector<std::vector<int>> order(p);
   auto shares = [&](int a, int b) {
     for (DeviceId d : w.block(a).devices)
@@ -30,44 +168,29 @@ Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const Lis
     return false;
   };
   for (int step = 0; step < n; ++step) {
-    int best = -1;
-    double best_start = std::numeric_limits<double>::infinity();
-    for (int i : eligible) {
-      const Block& b = w.block(i);
-      bool fits = true;
-      double st = ready[i];
-      for (DeviceId d : b.devices) {
-        st = std::max(st, free_at[d.value()]);
-        if (!pol.memory_limit.empty() && b.memory > 0 &&
-            mem[d.value()] + b.memory > pol.memory_limit[d.value()] + kEps)
-          fits = false;
-      }
-      if (!fits) continue;
-      if (best < 0 || st < best_start - kEps ||
-          (st < best_start + kEps &&
-           (prio[i] < prio[best] || (prio[i] == prio[best] && i < best)))) {
-        best = i;
-        best_start = st;
-      }
-    }
+    const int best = eligible.best();
     if (best < 0) {
       std::string names;
-      for (size_t k = 0; k < eligible.size() && k < 4; ++k)
-        names += (k ? ", " : "") + w.block(eligible[k]).id().to_string();
+      for (size_t k = 0; k < waiting.size() && k < 4; ++k)
+        names += (k ? ", " : "") + w.block(waiting[k]).id().to_string();
       return error("no block can start within the memory limit (waiting: " + names + ")");
     }
     const Block& b = w.block(best);
-    end[best] = best_start + b.duration;
+    double start = ready[best];
+    for (DeviceId d : b.devices) start = std::max(start, free_at[d.value()]);
+    eligible.remove(best);
+    waiting.erase(std::find(waiting.begin(), waiting.end(), best));
+    end[best] = start + b.duration;
     for (DeviceId d : b.devices) {
       free_at[d.value()] = end[best];
       mem[d.value()] += b.memory;
       order[d.value()].push_back(best);
+      eligible.advance(d);
     }
-    eligible.erase(std::find(eligible.begin(), eligible.end(), best));
     for (int v : out_edges[best]) {
       double r = end[best] + (pol.comm_delay > 0 && !shares(best, v) ? pol.comm_delay : 0);
       ready[v] = std::max(ready[v], r);
-      if (--missing[v] == 0) eligible.push_back(v);
+      if (--missing[v] == 0) eligible.add(v), waiting.push_back(v);
     }
   }
   return order;

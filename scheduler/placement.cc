@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -244,8 +245,99 @@ Result<Workload> Placement::unroll(int instances) const {
   return w;
 }
 
+namespace {
+
+// One entry of a placement file's blocks, as written: the block, the names it comes after and
+// whether it gives its stage. YAML conversion errors throw to Placement::parse.
+struct WrittenBlock {
+  PlacedBlock block;
+  std::vector<std::pair<std::string, YAML::Node>> after;
+  bool has_stage = false;
+};
+
+Result<WrittenBlock> parse_block(const YAML::Node& node, size_t position,
+                                 const std::function<std::string(const YAML::Node&)>& where) {
+  static const std::vector<std::string> keys = {"name",   "kind",  "devices", "span",
+                                                "memory", "after", "stage",   "micro_batch"};
+  const std::string at = where(node);
+  if (!node.IsMap())
+    return Error::at("blocks", at + ": each block is a map such as {name: f0, kind: F, "
+                                    "devices: [0], span: 1, memory: 1}");
+  for (const auto& kv : node) {
+    std::string key = kv.first.as<std::string>();
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      std::string hint = closest_match(key, keys);
+      return Error::at(key, where(kv.first) + ": block " + std::to_string(position) +
+                                ": unknown key '" + key + "'" +
+                                (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+    }
+  }
+  if (!node["name"])
+    return Error::at("name", at + ": block " + std::to_string(position) + " has no name");
+  WrittenBlock out;
+  PlacedBlock& b = out.block;
+  b.name = node["name"].as<std::string>();
+  const std::string who = at + ": block '" + b.name + "'";
+  if (!node["kind"]) return Error::at("kind", who + ": missing 'kind' (F, B, I or W)");
+  std::string kind = node["kind"].as<std::string>();
+  auto k = kind.size() == 1 ? parse_block_kind(kind[0]) : std::nullopt;
+  if (!k) return Error::at("kind", who + ": kind must be F, B, I or W, got '" + kind + "'");
+  b.kind = *k;
+  if (!node["devices"] || !node["devices"].IsSequence())
+    return Error::at("devices", who + ": 'devices' must be a list such as [0] or [0, 1]");
+  for (const auto& d : node["devices"]) b.devices.push_back(DeviceId(d.as<int>()));
+  b.span = node["span"] ? node["span"].as<double>() : 1.0;
+  b.memory = node["memory"] ? node["memory"].as<double>() : 0.0;
+  b.micro_batch = node["micro_batch"] ? node["micro_batch"].as<int>() : 0;
+  out.has_stage = static_cast<bool>(node["stage"]);
+  if (node["stage"]) b.stage = StageId(node["stage"].as<int>());
+  if (node["after"]) {
+    if (!node["after"].IsSequence())
+      return Error::at("after", who + ": 'after' must be a list of block names");
+    for (const auto& a : node["after"]) out.after.emplace_back(a.as<std::string>(), a);
+  }
+  return out;
+}
+
+// Each block's `after` names as block indices; an unknown name is an error at its line.
+Status resolve_after(std::vector<PlacedBlock>& blocks,
+                     const std::vector<std::vector<std::pair<std::string, YAML::Node>>>& after,
+                     const std::map<std::string, int>& index,
+                     const std::function<std::string(const YAML::Node&)>& where) {
+  std::vector<std::string> all_names;
+  for (const auto& b : blocks) all_names.push_back(b.name);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (const auto& [name, node] : after[i]) {
+      auto it = index.find(name);
+      if (it == index.end()) {
+        std::string hint = closest_match(name, all_names);
+        return Error::at("after", where(node) + ": block '" + blocks[i].name +
+                                      "': 'after' names '" + name + "', which is not a block" +
+                                      (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+      }
+      blocks[i].after.push_back(it->second);
+    }
+  }
+  return Status::success();
+}
+
+// Stages: explicit, else the name's trailing number, else the order among blocks of a kind.
+void infer_stages(std::vector<PlacedBlock>& blocks, const std::vector<bool>& has_stage) {
+  std::map<BlockKind, int> seen;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    int count = seen[b.kind]++;
+    if (has_stage[i]) continue;
+    size_t e = b.name.size(), s = e;
+    while (s > 0 && std::isdigit(static_cast<unsigned char>(b.name[s - 1]))) --s;
+    b.stage = StageId(s < e && e - s < 9 ? std::stoll(b.name.substr(s)) : count);
+  }
+}
+
+}  // namespace
+
 Result<Placement> Placement::parse(const std::string& yaml, const std::string& source) {
-  auto where = [&](const YAML::Node& n) {
+  const std::function<std::string(const YAML::Node&)> where = [&](const YAML::Node& n) {
     return source + ":" + std::to_string(n.Mark().line + 1);
   };
   try {
@@ -266,79 +358,21 @@ Result<Placement> Placement::parse(const std::string& yaml, const std::string& s
       return Error::at("blocks", source + ": missing 'blocks' (a list)");
     int devices = root["devices"].as<int>();
     double limit = root["memory_limit"] ? root["memory_limit"].as<double>() : kNoLimit;
-    static const std::vector<std::string> keys = {"name",   "kind",  "devices", "span",
-                                                  "memory", "after", "stage",   "micro_batch"};
     std::vector<PlacedBlock> blocks;
     std::map<std::string, int> index;
     std::vector<std::vector<std::pair<std::string, YAML::Node>>> after_names;
     std::vector<bool> has_stage;
     for (const auto& node : root["blocks"]) {
-      const std::string at = where(node);
-      if (!node.IsMap())
-        return Error::at("blocks", at + ": each block is a map such as {name: f0, kind: F, "
-                                        "devices: [0], span: 1, memory: 1}");
-      PlacedBlock b;
-      for (const auto& kv : node) {
-        std::string key = kv.first.as<std::string>();
-        if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-          std::string hint = closest_match(key, keys);
-          return Error::at(key, where(kv.first) + ": block " + std::to_string(blocks.size()) +
-                                    ": unknown key '" + key + "'" +
-                                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
-        }
-      }
-      if (!node["name"])
-        return Error::at("name", at + ": block " + std::to_string(blocks.size()) + " has no name");
-      b.name = node["name"].as<std::string>();
-      const std::string who = at + ": block '" + b.name + "'";
-      if (!node["kind"]) return Error::at("kind", who + ": missing 'kind' (F, B, I or W)");
-      std::string kind = node["kind"].as<std::string>();
-      auto k = kind.size() == 1 ? parse_block_kind(kind[0]) : std::nullopt;
-      if (!k) return Error::at("kind", who + ": kind must be F, B, I or W, got '" + kind + "'");
-      b.kind = *k;
-      if (!node["devices"] || !node["devices"].IsSequence())
-        return Error::at("devices", who + ": 'devices' must be a list such as [0] or [0, 1]");
-      for (const auto& d : node["devices"]) b.devices.push_back(DeviceId(d.as<int>()));
-      b.span = node["span"] ? node["span"].as<double>() : 1.0;
-      b.memory = node["memory"] ? node["memory"].as<double>() : 0.0;
-      b.micro_batch = node["micro_batch"] ? node["micro_batch"].as<int>() : 0;
-      has_stage.push_back(static_cast<bool>(node["stage"]));
-      if (node["stage"]) b.stage = StageId(node["stage"].as<int>());
-      std::vector<std::pair<std::string, YAML::Node>> deps;
-      if (node["after"]) {
-        if (!node["after"].IsSequence())
-          return Error::at("after", who + ": 'after' must be a list of block names");
-        for (const auto& a : node["after"]) deps.emplace_back(a.as<std::string>(), a);
-      }
-      after_names.push_back(std::move(deps));
-      if (!index.emplace(b.name, static_cast<int>(blocks.size())).second)
-        return Error::at("name", who + ": defined twice");
-      blocks.push_back(std::move(b));
+      LOOM_ASSIGN_OR_RETURN(WrittenBlock written, parse_block(node, blocks.size(), where));
+      has_stage.push_back(written.has_stage);
+      after_names.push_back(std::move(written.after));
+      if (!index.emplace(written.block.name, static_cast<int>(blocks.size())).second)
+        return Error::at("name",
+                         where(node) + ": block '" + written.block.name + "': defined twice");
+      blocks.push_back(std::move(written.block));
     }
-    std::vector<std::string> all_names;
-    for (const auto& b : blocks) all_names.push_back(b.name);
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      for (const auto& [name, node] : after_names[i]) {
-        auto it = index.find(name);
-        if (it == index.end()) {
-          std::string hint = closest_match(name, all_names);
-          return Error::at("after", where(node) + ": block '" + blocks[i].name +
-                                        "': 'after' names '" + name + "', which is not a block" +
-                                        (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
-        }
-        blocks[i].after.push_back(it->second);
-      }
-    }
-    // Stages: explicit, else the name's trailing number, else the order among blocks of a kind.
-    std::map<BlockKind, int> seen;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      auto& b = blocks[i];
-      int count = seen[b.kind]++;
-      if (has_stage[i]) continue;
-      size_t e = b.name.size(), s = e;
-      while (s > 0 && std::isdigit(static_cast<unsigned char>(b.name[s - 1]))) --s;
-      b.stage = StageId(s < e && e - s < 9 ? std::stoll(b.name.substr(s)) : count);
-    }
+    LOOM_TRY(resolve_after(blocks, after_names, index, where));
+    infer_stages(blocks, has_stage);
     auto placement = create(devices, limit, std::move(blocks));
     if (!placement.ok())
       return Error::at(placement.error().key, source + ": " + placement.error().message);

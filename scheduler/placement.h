@@ -46,17 +46,17 @@ class Placement {
   static Result<Placement> load(const std::string& path);
 
   // 1F1B's placement: stage s on device s, F down the chain, B back up.
-  static Placement v_shape(int p, double fwd = 1, double bwd = 2);
+  static Placement v_shape(int p, double fwd = 1, double bwd = kBackwardForwards);
   // ZB-H1's placement: the V-shape with each backward split into I (input gradients, back up
   // the chain, releasing nothing) and W (weight gradients, after the stage's own I on the same
   // device, releasing the activations).
   static Placement v_shape_split(int p, double fwd = 1, double input = 1, double weight = 1);
   // Chimera's pair: micro-batch 0 down (stage s on device s), micro-batch 1 up (on p-1-s).
-  static Placement x_shape(int p, double fwd = 1, double bwd = 2);
+  static Placement x_shape(int p, double fwd = 1, double bwd = kBackwardForwards);
   // A GPT: embedding and LM head on all devices around a V chain (LM head logits: 1 unit).
-  static Placement m_shape(int p, double fwd = 1, double bwd = 2);
+  static Placement m_shape(int p, double fwd = 1, double bwd = kBackwardForwards);
   // A chain with a tensor-parallel stage on devices h and h+1 (h = p/2 - 1): p-1 stages.
-  static Placement k_shape(int p, double fwd = 1, double bwd = 2);
+  static Placement k_shape(int p, double fwd = 1, double bwd = kBackwardForwards);
 
   int num_devices() const { return devices_; }
   double memory_limit() const { return memory_limit_; }

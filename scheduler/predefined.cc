@@ -45,11 +45,7 @@ Result<Workload> chain(const PipelineSpec& spec, int stages, bool split,
     }
     return 0.0;
   };
-  l.memory = [per_f, split](BlockKind k, StageId) {
-    if (k == BlockKind::kF) return per_f;
-    if (k == BlockKind::kW || (k == BlockKind::kB && !split)) return -per_f;
-    return 0.0;
-  };
+  l.memory = [per_f](BlockKind k, StageId) { return block_memory(k) * per_f; };
   return Workload::chain(l);
 }
 

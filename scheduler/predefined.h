@@ -26,7 +26,7 @@ struct PipelineSpec {
   int micro_batches = 1;  // m
   int chunks = 1;         // v: stages per device (interleaved, looped-bfs)
   double fwd = 1;
-  double bwd = 2;
+  double bwd = kBackwardForwards;
   double wgrad = 1;
 
   static PipelineSpec of(int p, int m, int v = 1) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <queue>
 #include <set>
 #include <sstream>
@@ -156,37 +157,126 @@ Result<CommPath> PathFinder::find(const Shape& shape, int64_t elem_bytes, const 
   return path;
 }
 
+namespace {
+
+// The intra-group search's states are factor tuples (R, V, D...), each with the device order its
+// cheapest path reaches; the target's order, when different, is reached by one send/recv step.
+// Keeping one order per tuple bounds the search by the number of tuples (a few hundred for 64
+// devices and 4-D). The goal is its own state (the target factors with the target order), keyed
+// apart.
+struct SearchNode {
+  double cost;
+  std::vector<int64_t> key;
+  bool operator>(const SearchNode& o) const { return cost > o.cost; }
+};
+struct SearchState {
+  double cost;
+  Layout layout;
+  std::vector<int64_t> parent;
+  CommStep step;  // the step that reached it
+  bool done = false;
+};
+using SearchStates = std::map<std::vector<int64_t>, SearchState>;
+const std::vector<int64_t> kGoal{-1};
+
+// Offers `relax` every step out of `layout` (reached at `cost`) that moves k of one factor into
+// another by a primitive rule, priced on the link class its groups cross; a step that cannot
+// improve on a state already known is not built.
+void factor_moves(const CostModel& model, bool gradient, const Shape& shape, int64_t elem_bytes,
+                  const Layout& layout, double cost, const SearchStates& states,
+                  const std::function<void(const std::vector<int64_t>&, CommStep)>& relax) {
+  const std::vector<int64_t> f = layout.factors();
+  const double bytes = piece_bytes(layout, shape, elem_bytes);
+  // Node of the device at each position, and each factor's position stride.
+  std::vector<int64_t> node_of(static_cast<size_t>(layout.size()));
+  for (size_t p = 0; p < node_of.size(); ++p)
+    node_of[p] = layout.devices[p].value() / model.devices_per_node;
+  std::vector<int64_t> stride(f.size(), 1);
+  for (size_t i = f.size() - 1; i-- > 0;) stride[i] = stride[i + 1] * f[i + 1];
+  for (const PrimitiveRule& rule : primitive_rules()) {
+    if (rule.primitive == Primitive::kPad && !gradient)
+      continue;  // forward values stay uniform chunks
+    const bool local = rule.primitive == Primitive::kChunk ||
+                       rule.primitive == Primitive::kValueChunk ||
+                       rule.primitive == Primitive::kPad;
+    for (int a = 0; a < static_cast<int>(f.size()); ++a)
+      for (int b = 0; b < static_cast<int>(f.size()); ++b) {
+        if (a == b || !rule.applies(a, b)) continue;
+        for (int64_t k = 2; k <= f[a]; ++k) {
+          if (f[a] % k != 0) continue;
+          if (b >= 2 && shape[b - 2] % (f[b] * k) != 0) continue;
+          // A group is the k positions that differ in the low part of factor a's coordinate
+          // (position step stride[a]); it crosses nodes when its members' nodes differ.
+          bool inter = false;
+          if (!local)
+            for (int64_t p = 0; p < layout.size() && !inter; ++p)
+              if ((p / stride[a]) % f[a] % k == 0)
+                for (int64_t j = 1; j < k && !inter; ++j)
+                  inter = node_of[static_cast<size_t>(p + j * stride[a])] !=
+                          node_of[static_cast<size_t>(p)];
+          const CostModel::Link within = model.intra_link(to_string(rule.primitive));
+          const double alpha = local ? 0 : inter ? model.inter_alpha_s : within.alpha_s;
+          const double beta = local   ? model.local_beta_s_per_byte
+                              : inter ? model.inter_beta_s_per_byte
+                                      : within.beta_s_per_byte;
+          CommStep step;
+          step.primitive = rule.primitive;
+          step.from_factor = a;
+          step.to_factor = b;
+          step.k = k;
+          step.cost_s = rule.cost(k, bytes, alpha, beta) + 1e-12;  // fewer steps among equals
+          std::vector<int64_t> key = f;
+          key[a] /= k;
+          key[b] *= k;
+          auto it = states.find(key);
+          if (it != states.end() && (it->second.done || it->second.cost <= cost + step.cost_s))
+            continue;
+          step.before = layout;
+          step.after = move_factor(layout, a, b, k);
+          relax(key, std::move(step));
+        }
+      }
+  }
+}
+
+// The steps that reached the goal, from `start`, each with the device groups it runs on.
+CommPath trace_path(SearchStates& states, const std::vector<int64_t>& start, const Layout& from,
+                    const Layout& to) {
+  CommPath path;
+  path.cost_s = states.at(kGoal).cost;
+  for (std::vector<int64_t> k = kGoal; k != start;) {
+    SearchState& s = states.at(k);
+    if (!(k == kGoal && s.step.k == 0)) {
+      CommStep step = s.step;
+      if (step.primitive != Primitive::kSendRecv)
+        move_factor(step.before, step.from_factor, step.to_factor, step.k, &step.groups);
+      path.steps.push_back(std::move(step));
+    }
+    k = s.parent;
+  }
+  std::reverse(path.steps.begin(), path.steps.end());
+  if (!fully_replicated(from) && !fully_replicated(to))
+    for (size_t i = 0; i + 1 < path.steps.size(); ++i)
+      if (fully_replicated(path.steps[i].after)) path.via_full_replication = true;
+  return path;
+}
+
+}  // namespace
+
 Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const Layout& from,
                                    const Layout& to) {
-  // States are factor tuples (R, V, D...), each with the device order its cheapest path reaches;
-  // the target's order, when different, is reached by one send/recv step. Keeping one order per
-  // tuple bounds the search by the number of tuples (a few hundred for 64 devices and 4-D).
-  struct Node {
-    double cost;
-    std::vector<int64_t> key;
-    bool operator>(const Node& o) const { return cost > o.cost; }
-  };
-  struct State {
-    double cost;
-    Layout layout;
-    std::vector<int64_t> parent;
-    CommStep step;  // the step that reached it
-    bool done = false;
-  };
-  std::map<std::vector<int64_t>, State> states;
-  std::priority_queue<Node, std::vector<Node>, std::greater<Node>> queue;
+  SearchStates states;
+  std::priority_queue<SearchNode, std::vector<SearchNode>, std::greater<SearchNode>> queue;
   const std::vector<int64_t> start = from.factors();
-  states[start] = State{0.0, from, {}, {}, false};
+  states[start] = SearchState{0.0, from, {}, {}, false};
   queue.push({0.0, start});
-  // The goal is its own state (the target factors with the target order), keyed apart.
-  const std::vector<int64_t> goal{-1};
   while (!queue.empty()) {
-    Node node = queue.top();
+    SearchNode node = queue.top();
     queue.pop();
-    State& cur = states.at(node.key);
+    SearchState& cur = states.at(node.key);
     if (cur.done || node.cost > cur.cost) continue;
     cur.done = true;
-    if (node.key == goal) break;
+    if (node.key == kGoal) break;
     const Layout layout = cur.layout;
     const double cost = cur.cost;
     auto relax = [&](const std::vector<int64_t>& key, CommStep step) {
@@ -194,7 +284,7 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
       auto it = states.find(key);
       if (it != states.end() && (it->second.done || it->second.cost <= c)) return;
       Layout after = step.after;
-      states[key] = State{c, std::move(after), node.key, std::move(step), false};
+      states[key] = SearchState{c, std::move(after), node.key, std::move(step), false};
       queue.push({c, key});
     };
     if (layout == to) {
@@ -203,63 +293,13 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
       none.cost_s = 0;
       none.primitive = Primitive::kSendRecv;
       none.k = 0;  // marks "already there"
-      relax(goal, std::move(none));
+      relax(kGoal, std::move(none));
       continue;
     }
-    const std::vector<int64_t> f = layout.factors();
-    const double bytes = piece_bytes(layout, shape, elem_bytes);
-    // Node of the device at each position, and each factor's position stride.
-    std::vector<int64_t> node_of(static_cast<size_t>(layout.size()));
-    for (size_t p = 0; p < node_of.size(); ++p)
-      node_of[p] = layout.devices[p].value() / model_.devices_per_node;
-    std::vector<int64_t> stride(f.size(), 1);
-    for (size_t i = f.size() - 1; i-- > 0;) stride[i] = stride[i + 1] * f[i + 1];
-    for (const PrimitiveRule& rule : primitive_rules()) {
-      if (rule.primitive == Primitive::kPad && !gradient_)
-        continue;  // forward values stay uniform chunks
-      const bool local = rule.primitive == Primitive::kChunk ||
-                         rule.primitive == Primitive::kValueChunk ||
-                         rule.primitive == Primitive::kPad;
-      for (int a = 0; a < static_cast<int>(f.size()); ++a)
-        for (int b = 0; b < static_cast<int>(f.size()); ++b) {
-          if (a == b || !rule.applies(a, b)) continue;
-          for (int64_t k = 2; k <= f[a]; ++k) {
-            if (f[a] % k != 0) continue;
-            if (b >= 2 && shape[b - 2] % (f[b] * k) != 0) continue;
-            // A group is the k positions that differ in the low part of factor a's coordinate
-            // (position step stride[a]); it crosses nodes when its members' nodes differ.
-            bool inter = false;
-            if (!local)
-              for (int64_t p = 0; p < layout.size() && !inter; ++p)
-                if ((p / stride[a]) % f[a] % k == 0)
-                  for (int64_t j = 1; j < k && !inter; ++j)
-                    inter = node_of[static_cast<size_t>(p + j * stride[a])] !=
-                            node_of[static_cast<size_t>(p)];
-            const CostModel::Link within = model_.intra_link(to_string(rule.primitive));
-            const double alpha = local ? 0 : inter ? model_.inter_alpha_s : within.alpha_s;
-            const double beta = local   ? model_.local_beta_s_per_byte
-                                : inter ? model_.inter_beta_s_per_byte
-                                        : within.beta_s_per_byte;
-            CommStep step;
-            step.primitive = rule.primitive;
-            step.from_factor = a;
-            step.to_factor = b;
-            step.k = k;
-            step.cost_s = rule.cost(k, bytes, alpha, beta) + 1e-12;  // fewer steps among equals
-            std::vector<int64_t> key = f;
-            key[a] /= k;
-            key[b] *= k;
-            auto it = states.find(key);
-            if (it != states.end() && (it->second.done || it->second.cost <= cost + step.cost_s))
-              continue;
-            step.before = layout;
-            step.after = move_factor(layout, a, b, k);
-            relax(key, std::move(step));
-          }
-        }
-    }
+    factor_moves(model_, gradient_, shape, elem_bytes, layout, cost, states, relax);
     // Same factors, other order: pieces move by send/recv to where the target wants them.
     if (layout.same_factors(to)) {
+      const double bytes = piece_bytes(layout, shape, elem_bytes);
       CommStep step;
       step.primitive = Primitive::kSendRecv;
       step.before = layout;
@@ -274,30 +314,14 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
         step.groups.push_back({src, dst});
       }
       step.cost_s = worst + 1e-12;
-      relax(goal, std::move(step));
+      relax(kGoal, std::move(step));
     }
   }
-  auto g = states.find(goal);
+  auto g = states.find(kGoal);
   if (g == states.end() || !g->second.done)
     return Error::at("layout",
                      "no communication path from " + from.to_string() + " to " + to.to_string());
-  CommPath path;
-  path.cost_s = g->second.cost;
-  for (std::vector<int64_t> k = goal; k != start;) {
-    State& s = states.at(k);
-    if (!(k == goal && s.step.k == 0)) {
-      CommStep step = s.step;
-      if (step.primitive != Primitive::kSendRecv)
-        move_factor(step.before, step.from_factor, step.to_factor, step.k, &step.groups);
-      path.steps.push_back(std::move(step));
-    }
-    k = s.parent;
-  }
-  std::reverse(path.steps.begin(), path.steps.end());
-  if (!fully_replicated(from) && !fully_replicated(to))
-    for (size_t i = 0; i + 1 < path.steps.size(); ++i)
-      if (fully_replicated(path.steps[i].after)) path.via_full_replication = true;
-  return path;
+  return trace_path(states, start, from, to);
 }
 
 Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const Layout& from,

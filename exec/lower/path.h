@@ -66,7 +66,8 @@ Layout move_factor(const Layout& l, int from, int to, int64_t k,
 
 class PathFinder {
  public:
-  explicit PathFinder(CostModel model = {}) : model_(std::move(model)) {}
+  // Without a model: the built-in default preset's link costs.
+  explicit PathFinder(CostModel model = CostModel::builtin()) : model_(std::move(model)) {}
 
   // The cheapest path from `from` to `to` for a tensor of `shape` with elements of
   // `elem_bytes`. Same device set: collectives and local chunks; disjoint sets: a path within

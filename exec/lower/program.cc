@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/strings.h"
@@ -517,31 +518,48 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
                                         b.stage.to_string() + " it does not run");
   }
   // Run: sends never block; a receive waits for its send; a collective for all its members.
+  // A rank runs until it waits and is woken by what it waits for (its send, or the last member
+  // reaching its collective), so each event is looked at a bounded number of times. Whether the
+  // programs finish, and where each stuck rank waits, does not depend on the order ranks run in.
   EventStreams streams(lowered);
-  std::unordered_set<int64_t> sent;  // step key and receiver
+  std::unordered_set<int64_t> sent;               // step key and receiver
+  std::unordered_map<int64_t, size_t> receiving;  // message -> the rank waiting for it
+  std::map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t> arrived;  // members at it
+  std::vector<char> counted(world, 0);  // the rank's arrival at its current collective counted
   auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (size_t r = 0; r < world; ++r) {
-      while (const Event* e = streams.current(r)) {
-        if (e->kind == Event::Kind::kSend) {
-          sent.insert(message(e->key, e->peer));
-        } else if (e->kind == Event::Kind::kRecv) {
-          if (!sent.count(message(e->key, static_cast<int64_t>(r)))) break;
-        } else {
-          bool all_here = true;
-          for (DeviceId m : *e->members) {
-            const Event* at = streams.current(static_cast<size_t>(m.value()));
-            all_here &= at && at->kind == Event::Kind::kCollective && at->key == e->key;
-          }
-          if (!all_here) break;
-          for (DeviceId m : *e->members)
-            if (static_cast<size_t>(m.value()) != r)
-              streams.advance(static_cast<size_t>(m.value()));
+  std::deque<size_t> runnable;
+  for (size_t r = 0; r < world; ++r) runnable.push_back(r);
+  while (!runnable.empty()) {
+    const size_t r = runnable.front();
+    runnable.pop_front();
+    while (const Event* e = streams.current(r)) {
+      if (e->kind == Event::Kind::kSend) {
+        const int64_t m = message(e->key, e->peer);
+        sent.insert(m);
+        if (auto w = receiving.find(m); w != receiving.end()) {
+          runnable.push_back(w->second);
+          receiving.erase(w);
         }
-        streams.advance(r);
-        progress = true;
+      } else if (e->kind == Event::Kind::kRecv) {
+        const int64_t m = message(e->key, static_cast<int64_t>(r));
+        if (!sent.count(m)) {
+          receiving[m] = r;
+          break;
+        }
+      } else {
+        const auto group = std::make_pair(e->key, e->members);
+        if (!counted[r]) counted[r] = 1, ++arrived[group];
+        if (arrived[group] < e->members->size()) break;
+        arrived.erase(group);
+        for (DeviceId m : *e->members) {
+          const size_t member = static_cast<size_t>(m.value());
+          counted[member] = 0;
+          if (member == r) continue;
+          streams.advance(member);
+          runnable.push_back(member);
+        }
       }
+      streams.advance(r);
     }
   }
   std::vector<std::string> stuck;

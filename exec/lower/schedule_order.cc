@@ -34,22 +34,8 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
         costs.devices.empty()
             ? 0.0
             : costs.devices[static_cast<size_t>(b.stage.value())].recompute_s * 1e3;
-    // A split backward's halves (I: the input gradients, W: the weight matrix products) take
-    // about a forward each; W releases the activations. A recomputing backward first runs the
-    // recomputed forward again (in B, or in I when split).
-    switch (b.kind) {
-      case sched::BlockKind::kF:
-      case sched::BlockKind::kW:
-        b.duration = f_ms;
-        break;
-      case sched::BlockKind::kB:
-        b.duration = 2 * f_ms + again_ms;
-        break;
-      case sched::BlockKind::kI:
-        b.duration = f_ms + again_ms;
-        break;
-    }
-    b.memory = b.kind == sched::BlockKind::kF ? 1.0 : b.kind == sched::BlockKind::kI ? 0.0 : -1.0;
+    b.duration = sched::block_time(b.kind, f_ms, again_ms);
+    b.memory = sched::block_memory(b.kind);
   }
   LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(found.workload().num_devices(),
                                                                std::move(blocks), std::move(deps)));
@@ -60,7 +46,7 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
 // parallel.pp x chunks stages placed as the planner places them (stage s on pipeline rank
 // s mod pp) and the step's micro-batches. Errors name
 // parallel.schedule_csv, the file and, where there is one, the cell.
-Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v) {
+Result<sched::CsvSchedule> csv_schedule(const Config& config, int pp, int m, int v) {
   const std::string& file = config.parallel.schedule_csv;
   auto fail = [&](const std::string& message) {
     return config.error("parallel.schedule_csv", file + ": " + message);
@@ -69,9 +55,9 @@ Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v)
   if (!in) return config.error("parallel.schedule_csv", "cannot read schedule file '" + file + "'");
   std::stringstream text;
   text << in.rdbuf();
-  // At the units the plan simulates in: B = 2 F, and a split backward's I = W = F as zb-h1's.
+  // At the units the plan simulates in (sched::block_time of a forward of 1).
   sched::CsvImportOptions units;
-  units.input = 1;
+  units.input = sched::block_time(sched::BlockKind::kI, 1);
   auto read = sched::read_csv(text.str(), units);
   if (!read.ok()) return fail(read.error().message);
   const sched::Schedule& s = read->schedule;
@@ -108,7 +94,7 @@ Result<sched::Schedule> csv_schedule(const Config& config, int pp, int m, int v)
       }
     }
   if (off_rank) return fail(off_rank->to_string() + ": " + off_rank_what);
-  return s;
+  return read;
 }
 
 }  // namespace
@@ -169,22 +155,8 @@ Result<sched::Placement> search_placement(const Config& config, const StageCosts
     const double again =
         slowest > 0 ? std::round(costs.devices[d].recompute_s / slowest * kSearchGrid) / kSearchGrid
                     : 0.0;
-    // As at_stage_costs: I and W take about a forward each, I runs the recomputed forward
-    // again, and W (not I) releases the activations.
-    switch (b.kind) {
-      case sched::BlockKind::kF:
-        b.span = f, b.memory = share[d];
-        break;
-      case sched::BlockKind::kB:
-        b.span = 2 * f + again, b.memory = -share[d];
-        break;
-      case sched::BlockKind::kI:
-        b.span = f + again, b.memory = 0;
-        break;
-      case sched::BlockKind::kW:
-        b.span = f, b.memory = -share[d];
-        break;
-    }
+    b.span = sched::block_time(b.kind, f, again);
+    b.memory = sched::block_memory(b.kind) * share[d];
   }
   return sched::Placement::create(pp, memory ? 1.0 : static_cast<double>(pp), std::move(blocks));
 }
@@ -212,9 +184,10 @@ Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches
     LOOM_CHECK(searched.ok()) << searched.error().to_string();
     result.searched = std::make_shared<const sched::Schedule>(std::move(searched).value());
   } else if (p.schedule == "csv") {
-    LOOM_ASSIGN_OR_RETURN(sched::Schedule imported, csv_schedule(config, pp, m, v));
-    orders = imported.device_orders();
-    result.imported = std::make_shared<const sched::Schedule>(std::move(imported));
+    LOOM_ASSIGN_OR_RETURN(sched::CsvSchedule imported, csv_schedule(config, pp, m, v));
+    orders = imported.schedule.device_orders();
+    result.csv_actions = imported.actions;
+    result.imported = std::make_shared<const sched::Schedule>(std::move(imported.schedule));
   } else {
     auto kind = sched::parse_schedule_kind(p.schedule);
     if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);

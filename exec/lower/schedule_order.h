@@ -2,11 +2,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/config.h"
 #include "core/result.h"
 #include "exec/lower/program.h"
+#include "scheduler/csv.h"
 #include "scheduler/placement.h"
 #include "scheduler/schedule.h"
 
@@ -42,6 +44,8 @@ struct PipelineOrder {
   // parallel.schedule csv: the file's schedule at read_csv's default costs (a forward of one
   // device's share takes 1, a backward 2; memory in micro-batches of activations).
   std::shared_ptr<const sched::Schedule> imported;  // null unless read from a CSV
+  // parallel.schedule csv: how the file named its backwards (torch's older B + W, or I + W).
+  std::optional<sched::CsvActions> csv_actions;
 };
 
 // The search's input for parallel.schedule search: one micro-batch's V-shaped block graph

@@ -135,48 +135,8 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
       const bool do_send = part != PathPart::kConsumer || !first_transfer;
       const bool do_recv = part != PathPart::kProducer || !first_transfer;
       const int tag = static_cast<int>(tag_base + static_cast<int64_t>(i));
-      at::Tensor received;
-      for (const auto& pair : st.groups) {
-        const int64_t src = pair[0].value(), dst = pair[1].value();
-        if (src != rank_ || !do_send) continue;
-        if (dst == rank_) {
-          received = cur;
-          continue;
-        }
-        waiting_sends_.push_back(comm::P2POp::send(cur, Rank(dst), tag));
-      }
-      if (!defer_sends_) start_waiting_sends();
-      std::vector<comm::P2POp> batch;
-      std::vector<std::pair<comm::Work, comm::P2POp>> taken;  // receives posted ahead (prepost)
-      for (const auto& pair : st.groups) {
-        const int64_t src = pair[0].value(), dst = pair[1].value();
-        if (dst != rank_ || src == rank_ || !do_recv) continue;
-        if (auto it = posted_.find({src, tag}); it != posted_.end()) {
-          received = it->second.buffer;
-          taken.emplace_back(it->second.work, comm::P2POp::recv(received, Rank(src), tag));
-          posted_.erase(it);
-          continue;
-        }
-        received = at::empty(st.after.piece(position(st.after, rank_), TensorId(0), full).shape(),
-                             at::TensorOptions().dtype(dtype).device(device_));
-        batch.push_back(comm::P2POp::recv(received, Rank(src), tag));
-      }
-      if (!batch.empty()) {
-        // The sends waiting so far go with these receives: one batch, one wait.
-        batch.insert(batch.begin(), waiting_sends_.begin(), waiting_sends_.end());
-        waiting_sends_.clear();
-        const int64_t start_us = tracer_ ? (tracer_->sync(), tracer_->now_us()) : 0;
-        Status done = world_->batch_isend_irecv(batch).wait();
-        if (tracer_) trace_ops(batch, start_us);
-        LOOM_TRY(done);
-      }
-      for (auto& [work, recv] : taken) {
-        const comm::P2POp& op = recv;
-        observe::TraceSpan span(tracer_, [&] {
-          return comm_event("recv", op.tensor, op.peer.value(), op.tag, nullptr);
-        });
-        LOOM_TRY(work.wait());
-      }
+      LOOM_ASSIGN_OR_RETURN(at::Tensor received,
+                            send_recv(st, full, cur, do_send, do_recv, tag, dtype));
       if (part == PathPart::kProducer && first_transfer) return at::Tensor();
       // A device whose piece stays where it is (same position in both layouts) keeps it.
       const int64_t before = position(st.before, rank_);
@@ -186,104 +146,146 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
     }
     if (part == PathPart::kProducer && crossed) break;
     if (part == PathPart::kConsumer && !crossed) continue;
-    const int64_t pos = position(st.before, rank_);
-    if (pos < 0) continue;
-    if (st.primitive == Primitive::kAllReduce || st.primitive == Primitive::kAllGather ||
-        st.primitive == Primitive::kReduceScatter || st.primitive == Primitive::kAllToAll)
-      start_waiting_sends();
-    const int64_t k = st.k;
-    const int64_t sub = st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % k;
-    auto dim_of = [](int factor) { return static_cast<int64_t>(factor - 2); };
-    auto members = [&]() -> comm::Comm& {
-      for (const auto& g : st.groups)
-        for (DeviceId d : g)
-          if (d.value() == rank_) return group(g);
-      LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a "
-                        << lower::to_string(st.primitive);
-      return *world_;
-    };
-    switch (st.primitive) {
-      case Primitive::kAllReduce: {
-        at::Tensor out = cur.clone();
-        comm::Comm& g = members();
-        observe::TraceSpan span(tracer_, [&] { return comm_event("all_reduce", out, -1, -1, &g); });
-        LOOM_TRY(g.all_reduce(out));
-        cur = out;
-        break;
-      }
-      case Primitive::kAllGather: {
-        const int64_t dim = dim_of(st.from_factor);
-        if (stacks_flat(cur, dim)) {  // straight into the result, no copy
-          std::vector<int64_t> sizes = cur.sizes().vec();
-          sizes[static_cast<size_t>(dim)] *= k;
-          at::Tensor out = at::empty(sizes, cur.options());
-          comm::Comm& g = members();
-          observe::TraceSpan span(tracer_,
-                                  [&] { return comm_event("all_gather", cur, -1, -1, &g); });
-          LOOM_TRY(g.all_gather_flat(out, cur));
-          cur = out;
-          break;
-        }
-        std::vector<at::Tensor> parts;
-        for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
+    if (position(st.before, rank_) < 0) continue;
+    LOOM_ASSIGN_OR_RETURN(cur, apply(st, std::move(cur)));
+  }
+  return cur;
+}
+
+Result<at::Tensor> PathRunner::send_recv(const CommStep& st, const Shape& full,
+                                         const at::Tensor& cur, bool send, bool recv, int tag,
+                                         at::ScalarType dtype) {
+  at::Tensor received;
+  for (const auto& pair : st.groups) {
+    const int64_t src = pair[0].value(), dst = pair[1].value();
+    if (src != rank_ || !send) continue;
+    if (dst == rank_) {
+      received = cur;
+      continue;
+    }
+    waiting_sends_.push_back(comm::P2POp::send(cur, Rank(dst), tag));
+  }
+  if (!defer_sends_) start_waiting_sends();
+  std::vector<comm::P2POp> batch;
+  std::vector<std::pair<comm::Work, comm::P2POp>> taken;  // receives posted ahead (prepost)
+  for (const auto& pair : st.groups) {
+    const int64_t src = pair[0].value(), dst = pair[1].value();
+    if (dst != rank_ || src == rank_ || !recv) continue;
+    if (auto it = posted_.find({src, tag}); it != posted_.end()) {
+      received = it->second.buffer;
+      taken.emplace_back(it->second.work, comm::P2POp::recv(received, Rank(src), tag));
+      posted_.erase(it);
+      continue;
+    }
+    received = at::empty(st.after.piece(position(st.after, rank_), TensorId(0), full).shape(),
+                         at::TensorOptions().dtype(dtype).device(device_));
+    batch.push_back(comm::P2POp::recv(received, Rank(src), tag));
+  }
+  if (!batch.empty()) {
+    // The sends waiting so far go with these receives: one batch, one wait.
+    batch.insert(batch.begin(), waiting_sends_.begin(), waiting_sends_.end());
+    waiting_sends_.clear();
+    const int64_t start_us = tracer_ ? (tracer_->sync(), tracer_->now_us()) : 0;
+    Status done = world_->batch_isend_irecv(batch).wait();
+    if (tracer_) trace_ops(batch, start_us);
+    LOOM_TRY(done);
+  }
+  for (auto& [work, recv_op] : taken) {
+    const comm::P2POp& op = recv_op;
+    observe::TraceSpan span(
+        tracer_, [&] { return comm_event("recv", op.tensor, op.peer.value(), op.tag, nullptr); });
+    LOOM_TRY(work.wait());
+  }
+  return received;
+}
+
+Result<at::Tensor> PathRunner::apply(const CommStep& st, at::Tensor cur) {
+  const int64_t pos = position(st.before, rank_);
+  if (st.primitive == Primitive::kAllReduce || st.primitive == Primitive::kAllGather ||
+      st.primitive == Primitive::kReduceScatter || st.primitive == Primitive::kAllToAll)
+    start_waiting_sends();
+  const int64_t k = st.k;
+  const int64_t sub = st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % k;
+  auto dim_of = [](int factor) { return static_cast<int64_t>(factor - 2); };
+  auto members = [&]() -> comm::Comm& {
+    for (const auto& g : st.groups)
+      for (DeviceId d : g)
+        if (d.value() == rank_) return group(g);
+    LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a "
+                      << lower::to_string(st.primitive);
+    return *world_;
+  };
+  switch (st.primitive) {
+    case Primitive::kAllReduce: {
+      at::Tensor out = cur.clone();
+      comm::Comm& g = members();
+      observe::TraceSpan span(tracer_, [&] { return comm_event("all_reduce", out, -1, -1, &g); });
+      LOOM_TRY(g.all_reduce(out));
+      return out;
+    }
+    case Primitive::kAllGather: {
+      const int64_t dim = dim_of(st.from_factor);
+      if (stacks_flat(cur, dim)) {  // straight into the result, no copy
+        std::vector<int64_t> sizes = cur.sizes().vec();
+        sizes[static_cast<size_t>(dim)] *= k;
+        at::Tensor out = at::empty(sizes, cur.options());
         comm::Comm& g = members();
         observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
-        LOOM_TRY(g.all_gather(parts, cur));
-        cur = at::cat(parts, dim);
-        break;
+        LOOM_TRY(g.all_gather_flat(out, cur));
+        return out;
       }
-      case Primitive::kReduceScatter: {
-        const int64_t dim = dim_of(st.to_factor);
-        if (stacks_flat(cur, dim)) {  // from the tensor itself, no copy
-          std::vector<int64_t> sizes = cur.sizes().vec();
-          sizes[static_cast<size_t>(dim)] /= k;
-          at::Tensor out = at::empty(sizes, cur.options());
-          comm::Comm& g = members();
-          observe::TraceSpan span(tracer_,
-                                  [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
-          LOOM_TRY(g.reduce_scatter_flat(out, cur));
-          cur = out;
-          break;
-        }
-        std::vector<at::Tensor> in;
-        for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-        at::Tensor out = at::empty_like(in[0]);
+      std::vector<at::Tensor> parts;
+      for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
+      comm::Comm& g = members();
+      observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
+      LOOM_TRY(g.all_gather(parts, cur));
+      return at::cat(parts, dim);
+    }
+    case Primitive::kReduceScatter: {
+      const int64_t dim = dim_of(st.to_factor);
+      if (stacks_flat(cur, dim)) {  // from the tensor itself, no copy
+        std::vector<int64_t> sizes = cur.sizes().vec();
+        sizes[static_cast<size_t>(dim)] /= k;
+        at::Tensor out = at::empty(sizes, cur.options());
         comm::Comm& g = members();
         observe::TraceSpan span(tracer_,
                                 [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
-        LOOM_TRY(g.reduce_scatter(out, in));
-        cur = out;
-        break;
+        LOOM_TRY(g.reduce_scatter_flat(out, cur));
+        return out;
       }
-      case Primitive::kAllToAll: {
-        std::vector<at::Tensor> in, out;
-        for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-        for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
-        comm::Comm& g = members();
-        observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", cur, -1, -1, &g); });
-        LOOM_TRY(g.all_to_all(out, in));
-        cur = at::cat(out, dim_of(st.from_factor));
-        break;
-      }
-      case Primitive::kChunk:
-        cur = cur.chunk(k, dim_of(st.to_factor))[static_cast<size_t>(sub)].contiguous();
-        break;
-      case Primitive::kValueChunk:
-        cur = cur / static_cast<double>(k);
-        break;
-      case Primitive::kPad: {
-        const int64_t dim = dim_of(st.from_factor);
-        std::vector<int64_t> shape = cur.sizes().vec();
-        const int64_t width = shape[static_cast<size_t>(dim)];
-        shape[static_cast<size_t>(dim)] = width * k;
-        at::Tensor out = at::zeros(shape, cur.options());
-        out.narrow(dim, sub * width, width).copy_(cur);
-        cur = out;
-        break;
-      }
-      case Primitive::kSendRecv:
-        break;
+      std::vector<at::Tensor> in;
+      for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
+      at::Tensor out = at::empty_like(in[0]);
+      comm::Comm& g = members();
+      observe::TraceSpan span(tracer_,
+                              [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
+      LOOM_TRY(g.reduce_scatter(out, in));
+      return out;
     }
+    case Primitive::kAllToAll: {
+      std::vector<at::Tensor> in, out;
+      for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
+      for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
+      comm::Comm& g = members();
+      observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", cur, -1, -1, &g); });
+      LOOM_TRY(g.all_to_all(out, in));
+      return at::cat(out, dim_of(st.from_factor));
+    }
+    case Primitive::kChunk:
+      return cur.chunk(k, dim_of(st.to_factor))[static_cast<size_t>(sub)].contiguous();
+    case Primitive::kValueChunk:
+      return cur / static_cast<double>(k);
+    case Primitive::kPad: {
+      const int64_t dim = dim_of(st.from_factor);
+      std::vector<int64_t> shape = cur.sizes().vec();
+      const int64_t width = shape[static_cast<size_t>(dim)];
+      shape[static_cast<size_t>(dim)] = width * k;
+      at::Tensor out = at::zeros(shape, cur.options());
+      out.narrow(dim, sub * width, width).copy_(cur);
+      return out;
+    }
+    case Primitive::kSendRecv:
+      break;
   }
   return cur;
 }

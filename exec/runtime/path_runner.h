@@ -81,6 +81,12 @@ class PathRunner {
   void start_waiting_sends();
   // One event per op of `ops`, from `start_us` to now (a traced step only).
   void trace_ops(const std::vector<comm::P2POp>& ops, int64_t start_us);
+  // A send/recv step: this rank's sends of `cur` (when `send`) and receives (when `recv`, taking
+  // a posted one where there is one); the piece it received, undefined if none.
+  Result<at::Tensor> send_recv(const lower::CommStep& st, const Shape& full, const at::Tensor& cur,
+                               bool send, bool recv, int tag, at::ScalarType dtype);
+  // A collective or local step applied to this rank's piece `cur`.
+  Result<at::Tensor> apply(const lower::CommStep& st, at::Tensor cur);
 
   std::shared_ptr<comm::Comm> world_;
   at::Device device_;

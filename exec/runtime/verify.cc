@@ -282,6 +282,34 @@ std::string VerifyReport::first_failure() const {
   return "";
 }
 
+namespace {
+
+// Per step, the rank whose loss is furthest from the single device's, relative to it.
+std::vector<LossDifference> loss_differences(const SingleDeviceRun& single,
+                                             const std::vector<std::vector<double>>& losses,
+                                             int64_t steps) {
+  std::vector<LossDifference> out;
+  const double loss_bound = loss_tolerance(single.trace);
+  for (int64_t s = 0; s < steps; ++s) {
+    LossDifference l;
+    l.step = s + 1;
+    l.single = single.losses[static_cast<size_t>(s)];
+    l.bound = loss_bound;
+    for (const auto& rank_losses : losses) {
+      const double plan_loss = rank_losses.at(static_cast<size_t>(s));
+      const double rel = relative(std::abs(plan_loss - l.single), std::abs(l.single));
+      if (rel >= l.rel_diff) {
+        l.rel_diff = rel;
+        l.plan = plan_loss;
+      }
+    }
+    out.push_back(l);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& options) {
   if (options.steps < 1)
     return Error::at("--steps", "--steps must be at least 1, got " + std::to_string(options.steps));
@@ -356,22 +384,7 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
       }
   }
 
-  const double loss_bound = loss_tolerance(single.trace);
-  for (int64_t s = 0; s < options.steps; ++s) {
-    LossDifference l;
-    l.step = s + 1;
-    l.single = single.losses[static_cast<size_t>(s)];
-    l.bound = loss_bound;
-    for (const auto& rank_losses : losses) {
-      const double plan_loss = rank_losses.at(static_cast<size_t>(s));
-      const double rel = relative(std::abs(plan_loss - l.single), std::abs(l.single));
-      if (rel >= l.rel_diff) {
-        l.rel_diff = rel;
-        l.plan = plan_loss;
-      }
-    }
-    report.losses.push_back(l);
-  }
+  report.losses = loss_differences(single, losses, options.steps);
   report.tensors = table.rows();
   report.tensors_compared = table.compared();
   // Each sub-op against the one-device values, both in float32 on the host (kOracleTolerance says

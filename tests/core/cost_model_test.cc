@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/config.h"
+#include "core/training_state.h"
 
 namespace loom {
 namespace {
@@ -39,6 +40,37 @@ TEST(CostModel, BuiltInPresets) {
     // The network is never faster than the links within a node.
     EXPECT_GE(m.inter_beta_s_per_byte, m.intra_beta_s_per_byte) << name;
   }
+}
+
+// The file is the one home of the values: an empty model is empty, the built-in one is the
+// file's default preset, and a user's file that leaves a key out keeps that preset's value.
+TEST(CostModel, ValuesLiveOnlyInTheFile) {
+  EXPECT_EQ(CostModel{}.device_flops_per_s, 0);
+  EXPECT_EQ(CostModel{}.devices_per_node, 0);
+  const CostModel& builtin = CostModel::builtin();
+  auto resolved = resolve_cost_model(Config{});
+  ASSERT_TRUE(resolved.ok());
+  EXPECT_EQ(builtin.name, resolved->name);
+  EXPECT_EQ(builtin.device_flops_per_s, resolved->device_flops_per_s);
+  EXPECT_EQ(builtin.inter_beta_s_per_byte, resolved->inter_beta_s_per_byte);
+  EXPECT_EQ(builtin.devices_per_node, resolved->devices_per_node);
+  auto partial = CostModel::parse("intra_alpha_s: 1e-6\n", "c.yaml");
+  ASSERT_TRUE(partial.ok());
+  EXPECT_EQ(partial->device_memory_bytes, builtin.device_memory_bytes);
+  EXPECT_EQ(partial->local_beta_s_per_byte, builtin.local_beta_s_per_byte);
+}
+
+// Weights, gradients and optimizer state are float32 whatever the run's precision; SGD keeps
+// one buffer with or without momentum, AdamW two moments.
+TEST(TrainingState, BytesPerParameter) {
+  OptimizerConfig adamw;
+  adamw.type = "adamw";
+  EXPECT_EQ(training_state_bytes(adamw).total(), 16);
+  OptimizerConfig sgd;
+  sgd.type = "sgd";
+  EXPECT_EQ(training_state_bytes(sgd).total(), 12);
+  sgd.momentum = 0.9;
+  EXPECT_EQ(training_state_bytes(sgd).total(), 12);
 }
 
 TEST(CostModel, ResolvedFromTheConfig) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tests/exec/comm/spawn.h"
 #include "tests/support/reference_run.h"
@@ -104,6 +105,30 @@ TEST(GlooRanks, InterleavedFromLoomScheduleCsv) {
     EXPECT_FALSE(r.ok()) << r.describe();
     EXPECT_NE(r.output.find("parallel.schedule_csv"), std::string::npos) << r.output;
   }
+}
+// A compute CSV in torch.distributed.pipelining's names from before it called the input
+// gradient I (a looped zero-bubble schedule: each split backward a B followed, later, by its W)
+// trains on two processes equal to one device; `loom schedule --from-csv` says how it read it.
+TEST(GlooRanks, LoopedZeroBubbleFromTorchsOlderCsv) {
+  const fs::path dir = fresh_dir("torch_older_csv");
+  const fs::path csv = dir / "zb_older_names.csv";
+  std::ofstream(csv)
+      << "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2W0,2F2,0B0,2W1,2F3,0B1,0W0,2B2,0W1,2B3,2W2,0B2,2W3,"
+         "0B3,0W2,0W3\n"
+         ",1F0,1F1,3F0,3B0,3F1,3B1,3W0,1F2,1B0,3W1,1F3,1B1,1W0,3F2,3B2,1W1,3F3,3B3,3W2,1B2,3W3,"
+         "1B3,1W2,1W3\n";
+  const fs::path said = dir / "schedule.txt";
+  const std::string cmd = std::string(LOOM_BINARY_DIR) + "/bin/loom schedule --from-csv " +
+                          csv.string() + " > " + said.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::stringstream text;
+  text << std::ifstream(said).rdbuf();
+  EXPECT_NE(text.str().find("actions        B + W (torch's names before"), std::string::npos)
+      << text.str();
+  expect_gloo_equal("torch_older_csv_run",
+                    {"parallel.pp=2", "parallel.chunks=2", "parallel.schedule=csv",
+                     "parallel.schedule_csv=" + csv.string()},
+                    2, 4);
 }
 TEST(GlooRanks, Dp2Tp2) { expect_gloo_equal("dp2tp2", {"parallel.dp=2", "parallel.tp=2"}, 4); }
 TEST(GlooRanks, Tp2Pp2) { expect_gloo_equal("tp2pp2", {"parallel.tp=2", "parallel.pp=2"}, 4); }

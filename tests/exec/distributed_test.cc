@@ -2,9 +2,11 @@
 // backend, 10 steps; losses and every parameter piece against the single-device run.
 // Tolerances: tests/support/tolerance.h, per optimizer (SGD is linear in the gradient and held to
 // 1e-5 of each parameter's travel; AdamW's sign-like update gets its own floor).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "plan/plan.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
 #include "tests/exec/local_ranks.h"
@@ -136,6 +138,40 @@ TEST(Schedules, CsvInterleavedPp2Chunks2) {
   expect_csv_schedule(sched::ScheduleKind::kInterleaved, 2, 2);
 }
 TEST(Schedules, CsvZbH1Pp2) { expect_csv_schedule(sched::ScheduleKind::kZbH1, 2, 1); }
+
+// A looped zero-bubble schedule as torch.distributed.pipelining's compute CSVs from before it
+// named the input gradient I write it (stages 0 and 2 on rank 0, 1 and 3 on rank 1; each split
+// backward a B followed, some blocks later, by its W), and the same file in torch's current
+// names. Both read as I + W blocks and train equal to one device.
+constexpr const char* kLoopedZbOlderNames =
+    "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2W0,2F2,0B0,2W1,2F3,0B1,0W0,2B2,0W1,2B3,2W2,0B2,2W3,0B3,0W2,"
+    "0W3\n"
+    ",1F0,1F1,3F0,3B0,3F1,3B1,3W0,1F2,1B0,3W1,1F3,1B1,1W0,3F2,3B2,1W1,3F3,3B3,3W2,1B2,3W3,1B3,1W2,"
+    "1W3\n";
+
+void expect_torch_csv(const std::string& name, const std::string& text, sched::CsvActions read_as) {
+  const std::filesystem::path file = std::filesystem::path(testing::TempDir()) / name;
+  std::ofstream(file) << text;
+  const std::vector<std::string> keys = {"parallel.pp=2", "parallel.chunks=2",
+                                         "parallel.schedule=csv",
+                                         "parallel.schedule_csv=" + file.string()};
+  std::vector<std::string> planned = keys;
+  planned.push_back("model.args.layers=8");
+  auto plan = plan::make_plan(config(planned));
+  ASSERT_TRUE(plan.ok()) << plan.error().to_string();
+  EXPECT_EQ(plan->schedule.read_as, read_as);
+  expect_equal_to_single_device(keys, 2, {"model.args.layers=8"});
+}
+TEST(Schedules, CsvTorchOlderNamesLoopedZbPp2Chunks2) {
+  expect_torch_csv("loom_torch_older_names.csv", kLoopedZbOlderNames,
+                   sched::CsvActions::kBackwardWeight);
+}
+TEST(Schedules, CsvTorchCurrentNamesLoopedZbPp2Chunks2) {
+  std::string current = kLoopedZbOlderNames;
+  // Every B of this file has its W: each is an input gradient.
+  std::replace(current.begin(), current.end(), 'B', 'I');
+  expect_torch_csv("loom_torch_current_names.csv", current, sched::CsvActions::kInputWeight);
+}
 
 TEST(LocalRanks, Dp2Tp2Pp2SpAdamW) {
   expect_equal_to_single_device(

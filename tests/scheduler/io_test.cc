@@ -1,6 +1,7 @@
 // CSV round trips, rendering, and placement files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -152,6 +153,45 @@ TEST(Csv, SplitAndFullBackwardsMixPerMicroBatch) {
   // One micro-batch's backward at one stage is one or the other.
   EXPECT_EQ(refused("0F0,0B0,0I0,0W0\n"),
             "row 1, column 3: block 0I0 and 0B0 (at row 1, column 2) both run the backward of "
+            "stage 0, micro-batch 0; a backward is either B or I + W");
+}
+
+TEST(Csv, SaysWhichNamesTheFileUses) {
+  auto full = read_csv(*to_csv(*one_f_one_b(PipelineSpec::of(2, 4))));
+  ASSERT_TRUE(full.ok()) << full.error().message;
+  EXPECT_EQ(full->actions, CsvActions::kFullBackward);
+  auto split = read_csv(*to_csv(*zb_h1(PipelineSpec::of(2, 4))));
+  ASSERT_TRUE(split.ok()) << split.error().message;
+  EXPECT_EQ(split->actions, CsvActions::kInputWeight);
+}
+
+// torch.distributed.pipelining's files from before it named the input gradient I write it B: a
+// B followed by a W of the same stage and micro-batch is I + W there, a lone B a full backward.
+TEST(Csv, ReadsTorchsOlderBackwardWeightNames) {
+  const PipelineSpec spec = PipelineSpec::of(2, 4);
+  auto zb = zb_h1(spec);
+  std::string older = *to_csv(*zb);
+  std::replace(older.begin(), older.end(), 'I', 'B');
+  CsvImportOptions opt;
+  opt.fwd = spec.fwd, opt.bwd = spec.bwd, opt.wgrad = spec.wgrad;
+  auto r = read_csv(older, opt);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->actions, CsvActions::kBackwardWeight);
+  EXPECT_EQ(r->schedule, *zb);
+  // Micro-batch 0 with a full backward, micro-batch 1 split: the same schedule as the current
+  // names write it.
+  auto mixed = read_csv("0F0,0F1,,0B0,,0B1,0W1\n,1F0,1B0,1F1,1B1,1W1,\n");
+  ASSERT_TRUE(mixed.ok()) << mixed.error().message;
+  EXPECT_EQ(mixed->actions, CsvActions::kBackwardWeight);
+  EXPECT_EQ(mixed->schedule, *from_csv("0F0,0F1,,0B0,,0I1,0W1\n,1F0,1B0,1F1,1I1,1W1,\n"));
+  // An error names the blocks as loom reads them and says how the file was read.
+  EXPECT_EQ(refused("0F0,0W0,0B0\n"),
+            "row 1, column 2: block 0W0 waits for 0I0, which its row runs later (row 1, column "
+            "3): it can never start (the file writes torch's older action names: a B followed "
+            "by a W of the same stage and micro-batch is read as I + W)");
+  // A file that writes I uses the current names: B and W of one micro-batch stay a mistake.
+  EXPECT_EQ(refused("0F0,0B0,0W0,0F1,0I1,0W1\n"),
+            "row 1, column 3: block 0W0 and 0B0 (at row 1, column 2) both run the backward of "
             "stage 0, micro-batch 0; a backward is either B or I + W");
 }
 
