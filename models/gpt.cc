@@ -5,6 +5,7 @@
 
 #include "core/strings.h"
 #include "graph/builder.h"
+#include "models/model.h"
 
 namespace loom::models {
 namespace {
@@ -56,14 +57,7 @@ std::vector<std::string> gpt_presets() {
 }
 
 Result<GptSpec> gpt_spec(const Config& config) {
-  auto it = presets().find(config.model.preset);
-  if (it == presets().end()) {
-    std::string msg = "unknown GPT preset '" + config.model.preset + "'";
-    std::string close = closest_match(config.model.preset, gpt_presets());
-    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
-    return config.error("model.preset", msg + "; presets: " + join(gpt_presets(), ", "));
-  }
-  GptSpec s = it->second;
+  LOOM_ASSIGN_OR_RETURN(GptSpec s, find_preset(config, presets(), "GPT"));
   ModelArgs args(config);
   LOOM_TRY(args.check_known({"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied",
                              "init_std", "ln_eps", "vocab_groups", "activation"}));

@@ -138,14 +138,8 @@ std::vector<std::string> llama_presets() {
 }
 
 Result<LlamaSpec> llama_spec(const Config& config) {
-  auto it = presets().find(config.model.preset);
-  if (it == presets().end()) {
-    std::string msg = "unknown Llama preset '" + config.model.preset + "'";
-    std::string close = closest_match(config.model.preset, llama_presets());
-    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
-    return config.error("model.preset", msg + "; presets: " + join(llama_presets(), ", "));
-  }
-  LOOM_ASSIGN_OR_RETURN(LlamaSpec s, apply_args(config, it->second));
+  LOOM_ASSIGN_OR_RETURN(LlamaSpec preset_spec, find_preset(config, presets(), "Llama"));
+  LOOM_ASSIGN_OR_RETURN(LlamaSpec s, apply_args(config, preset_spec));
   LOOM_TRY(validate(config, s));
   return s;
 }
@@ -175,19 +169,7 @@ Status check_llama_parallel(const Config& config) {
                         "parallel.tp (" +
                             std::to_string(tp) + ") exceeds " + key("kv_heads") + " (" +
                             std::to_string(spec.kv_heads) + ")");
-  LOOM_TRY(check_sequence_split(config, spec.seq,
-                                config.model.args.count("seq")
-                                    ? "model.args.seq"
-                                    : "model.preset (" + config.model.preset + ") seq"));
-  LOOM_TRY(check_all_to_all_heads(config, key("kv_heads"), spec.kv_heads));
-  const int64_t stages = config.parallel.pp * config.parallel.chunks;
-  if (stages > spec.layers)
-    return config.error("parallel.pp",
-                        "parallel.pp (" + std::to_string(config.parallel.pp) +
-                            ") x parallel.chunks (" + std::to_string(config.parallel.chunks) +
-                            ") = " + std::to_string(stages) + " stages, but the model has " +
-                            std::to_string(spec.layers) + " layers");
-  return Status::success();
+  return check_decoder_parallel(config, spec.layers, spec.seq, "kv_heads", spec.kv_heads);
 }
 
 Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,

@@ -25,19 +25,7 @@ Status check_gpt_parallel(const Config& config) {
       return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                              key(name) + " (" + std::to_string(value) +
                                              ") to be divisible by " + std::to_string(tp));
-  LOOM_TRY(check_sequence_split(config, spec.seq,
-                                config.model.args.count("seq")
-                                    ? "model.args.seq"
-                                    : "model.preset (" + config.model.preset + ") seq"));
-  LOOM_TRY(check_all_to_all_heads(config, key("heads"), spec.heads));
-  const int64_t stages = config.parallel.pp * config.parallel.chunks;
-  if (stages > spec.layers)
-    return config.error("parallel.pp",
-                        "parallel.pp (" + std::to_string(config.parallel.pp) +
-                            ") x parallel.chunks (" + std::to_string(config.parallel.chunks) +
-                            ") = " + std::to_string(stages) + " stages, but the model has " +
-                            std::to_string(spec.layers) + " layers");
-  return Status::success();
+  return check_decoder_parallel(config, spec.layers, spec.seq, "heads", spec.heads);
 }
 
 int64_t replicas_batch(const Config& config) { return config.batch.micro * config.parallel.dp; }
@@ -161,6 +149,15 @@ Status check_context_parallel(const Config& config, const ModelType& type) {
   return Status::success();
 }
 
+Status check_parallel(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
+  LOOM_TRY(check_context_parallel(config, *type));
+  return type->check_parallel ? type->check_parallel(config) : Status::success();
+}
+
+namespace {
+
+// parallel.cp_kind all-to-all gives each of the cp x tp ranks of a stage whole heads.
 Status check_all_to_all_heads(const Config& config, const std::string& key, int64_t heads) {
   const auto& p = config.parallel;
   if (p.cp == 1 || p.cp_kind != "all-to-all" || heads % (p.cp * p.tp) == 0)
@@ -173,25 +170,40 @@ Status check_all_to_all_heads(const Config& config, const std::string& key, int6
                           std::to_string(p.cp * p.tp));
 }
 
-Status check_parallel(const Config& config) {
-  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
-  LOOM_TRY(check_context_parallel(config, *type));
-  return type->check_parallel ? type->check_parallel(config) : Status::success();
+}  // namespace
+
+Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
+                              const std::string& heads_key, int64_t heads) {
+  const auto& p = config.parallel;
+  auto key = [&](const std::string& name) {
+    return config.model.args.count(name) ? "model.args." + name
+                                         : "model.preset (" + config.model.preset + ") " + name;
+  };
+  if (p.cp > 1 && seq % p.cp != 0)
+    return config.error("parallel.cp", "context parallelism cuts the sequence into " +
+                                           std::to_string(p.cp) + " chunks, but " + key("seq") +
+                                           " (" + std::to_string(seq) + ") is not divisible by " +
+                                           std::to_string(p.cp));
+  if (p.cp > 1 && p.policy != "hybrid")
+    return config.error(
+        "parallel.cp",
+        "context parallelism runs under parallel.policy hybrid, not '" + p.policy + "'");
+  LOOM_TRY(check_all_to_all_heads(config, key(heads_key), heads));
+  const int64_t stages = p.pp * p.chunks;
+  if (stages > layers)
+    return config.error("parallel.pp",
+                        "parallel.pp (" + std::to_string(p.pp) + ") x parallel.chunks (" +
+                            std::to_string(p.chunks) + ") = " + std::to_string(stages) +
+                            " stages, but the model has " + std::to_string(layers) + " layers");
+  return Status::success();
 }
 
-Status check_sequence_split(const Config& config, int64_t seq, const std::string& seq_key) {
-  const int64_t chunks = config.parallel.cp;
-  if (chunks > 1 && seq % chunks != 0)
-    return config.error("parallel.cp", "context parallelism cuts the sequence into " +
-                                           std::to_string(chunks) + " chunks, but " + seq_key +
-                                           " (" + std::to_string(seq) + ") is not divisible by " +
-                                           std::to_string(chunks));
-  if (config.parallel.cp > 1 && config.parallel.policy != "hybrid")
-    return config.error("parallel.cp",
-                        "context parallelism runs under parallel.policy hybrid, "
-                        "not '" +
-                            config.parallel.policy + "'");
-  return Status::success();
+Error unknown_preset(const Config& config, const std::string& family,
+                     const std::vector<std::string>& names) {
+  std::string msg = "unknown " + family + " preset '" + config.model.preset + "'";
+  const std::string close = closest_match(config.model.preset, names);
+  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  return config.error("model.preset", msg + "; presets: " + join(names, ", "));
 }
 
 Result<SampleItems> items_per_sample(const Config& config) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,14 +58,28 @@ std::vector<std::string> model_types();
 // The zoo's entry for config.model.type: its graph, its parallel check, its items.
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
 Status check_parallel(const Config& config);
-// parallel.cp_kind all-to-all gives each of the cp x tp ranks of a stage whole heads: `heads`
-// (named by `key`) must be divisible by cp x tp.
-Status check_all_to_all_heads(const Config& config, const std::string& key, int64_t heads);
 // parallel.cp above 1 only for a type that declares context_parallel, naming the type.
 Status check_context_parallel(const Config& config, const ModelType& type);
-// parallel.cp against a sequence of `seq` positions (`seq_key` names where it came from): cp
-// chunks of equal length, under the hybrid policy.
-Status check_sequence_split(const Config& config, int64_t seq, const std::string& seq_key);
+// What a decoder (GPT, Llama) needs of parallel.cp and parallel.pp: the sequence `seq` in cp
+// equal chunks under the hybrid policy, `heads` (named `heads_key`: the heads all-to-all splits)
+// whole on each of cp x tp ranks under cp_kind all-to-all, and no more stages than `layers`.
+// Errors name the keys, the preset's where model.args does not set them.
+Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
+                              const std::string& heads_key, int64_t heads);
+
+// "unknown <family> preset 'x' (did you mean 'y'?); presets: ...", naming model.preset.
+Error unknown_preset(const Config& config, const std::string& family,
+                     const std::vector<std::string>& names);
+// The preset model.preset names in `presets`, or that error.
+template <class Spec>
+Result<Spec> find_preset(const Config& config, const std::map<std::string, Spec>& presets,
+                         const std::string& family) {
+  auto it = presets.find(config.model.preset);
+  if (it != presets.end()) return it->second;
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : presets) names.push_back(name);
+  return unknown_preset(config, family, names);
+}
 Result<SampleItems> items_per_sample(const Config& config);
 // Builds the model, checks the parallel config against it and runs the configured policy for
 // `world_size` ranks (the planning chain without lowering: policy tests and plan_scale).

@@ -49,6 +49,9 @@ const std::vector<Layout>& layouts() {
       {"Dp2Zero1", {"parallel.dp=2", "parallel.zero=1"}, 2},
       {"Dp2Zero3", {"parallel.dp=2", "parallel.zero=3"}, 2},
       {"Tp2Pp2", {"parallel.tp=2", "parallel.pp=2"}, 4},
+      // Context parallelism: ring attention's key/value chunks and their gradients cross ranks
+      // point to point in the run's precision.
+      {"Cp2", {"parallel.cp=2"}, 2},
   };
   return all;
 }

@@ -57,8 +57,16 @@ TEST(LlamaGraph, TensorParallelBeyondTheKvHeadsSharesThem) {
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_EQ(count_ops(*g, "gqa_attention"), 0);
   EXPECT_EQ(count_ops(*g, "shared_kv_attention"), 2);
-  for (const auto& op : g->ops())
-    if (op.name() == "h0.attn.k") EXPECT_EQ(op.attrs().get_or<std::string>("tp", "?"), "");
+  int replicated = 0;  // the k and v projections of both layers carry no tp hint
+  for (const auto& op : g->ops()) {
+    const bool kv = op.name().find(".attn.k") != std::string::npos ||
+                    op.name().find(".attn.v") != std::string::npos;
+    if (kv && op.type() == "linear") {
+      EXPECT_EQ(op.attrs().get_or<std::string>("tp", "?"), "") << op.name();
+      ++replicated;
+    }
+  }
+  EXPECT_EQ(replicated, 4);
   EXPECT_TRUE(check_parallel(config_with({"parallel.tp=4"})).ok());
 }
 
