@@ -124,7 +124,7 @@ std::string cell_name(const ::testing::TestParamInfo<Cell>& info) {
 INSTANTIATE_TEST_SUITE_P(All, PrecisionMatrix,
                          ::testing::Combine(::testing::Values("fp32", "bf16"),
                                             ::testing::Values("local", "gloo", "mpi"),
-                                            ::testing::Range<size_t>(0, 7)),
+                                            ::testing::Range<size_t>(0, layouts().size())),
                          cell_name);
 
 }  // namespace
