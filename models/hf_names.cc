@@ -1,6 +1,7 @@
 #include "models/hf_names.h"
 
-#include <regex>
+#include <cctype>
+#include <optional>
 
 namespace loom::models {
 namespace {
@@ -14,9 +15,21 @@ HfSource conv1d(std::string tensor, const Shape& loom, int64_t columns, int64_t 
   return HfSource{std::move(tensor), {loom[1], columns}, false, {0, col}, true};
 }
 
+// A layer parameter "h<digits>.<rest>" as its layer index text and the rest.
+struct LayerName {
+  std::string index;
+  std::string rest;
+};
+
+std::optional<LayerName> layer_name(const std::string& name) {
+  if (name.size() < 4 || name[0] != 'h') return std::nullopt;
+  size_t i = 1;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i == 1 || i + 1 >= name.size() || name[i] != '.') return std::nullopt;
+  return LayerName{name.substr(1, i - 1), name.substr(i + 1)};
+}
+
 Result<HfSource> gpt_source(const std::string& name, const Shape& shape) {
-  static const std::regex layer(R"(h(\d+)\.(.+))");
-  std::smatch m;
   if (name == "wte") return same("transformer.wte.weight", shape);
   if (name == "wpe") {
     HfSource s = same("transformer.wpe.weight", shape);
@@ -26,9 +39,9 @@ Result<HfSource> gpt_source(const std::string& name, const Shape& shape) {
   if (name == "lnf.w") return same("transformer.ln_f.weight", shape);
   if (name == "lnf.b") return same("transformer.ln_f.bias", shape);
   if (name == "lm_head.w") return same("lm_head.weight", shape);
-  if (std::regex_match(name, m, layer)) {
-    const std::string p = "transformer.h." + m[1].str() + ".";
-    const std::string rest = m[2].str();
+  if (const auto layer = layer_name(name)) {
+    const std::string p = "transformer.h." + layer->index + ".";
+    const std::string& rest = layer->rest;
     if (rest == "ln1.w") return same(p + "ln_1.weight", shape);
     if (rest == "ln1.b") return same(p + "ln_1.bias", shape);
     if (rest == "ln2.w") return same(p + "ln_2.weight", shape);
@@ -54,13 +67,11 @@ Result<HfSource> gpt_source(const std::string& name, const Shape& shape) {
 }
 
 Result<HfSource> llama_source(const std::string& name, const Shape& shape) {
-  static const std::regex layer(R"(h(\d+)\.(.+))");
-  std::smatch m;
   if (name == "embed.w") return same("model.embed_tokens.weight", shape);
   if (name == "norm.w") return same("model.norm.weight", shape);
   if (name == "lm_head.w") return same("lm_head.weight", shape);
-  if (std::regex_match(name, m, layer)) {
-    const std::string p = "model.layers." + m[1].str() + ".";
+  if (const auto layer = layer_name(name)) {
+    const std::string p = "model.layers." + layer->index + ".";
     static const std::vector<std::pair<std::string, std::string>> names = {
         {"attn_norm.w", "input_layernorm.weight"},
         {"attn.q.w", "self_attn.q_proj.weight"},
@@ -73,7 +84,7 @@ Result<HfSource> llama_source(const std::string& name, const Shape& shape) {
         {"mlp.down.w", "mlp.down_proj.weight"},
     };
     for (const auto& [loom, hf] : names)
-      if (m[2].str() == loom) return same(p + hf, shape);
+      if (layer->rest == loom) return same(p + hf, shape);
   }
   return Error::at(name, "llama parameter '" + name + "' has no Hugging Face name");
 }
