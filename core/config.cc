@@ -72,6 +72,7 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "pp", c.parallel.pp, positive());
   v("parallel", "cp", c.parallel.cp, positive());
   v("parallel", "cp_kind", c.parallel.cp_kind, one_of({"p2p", "all-to-all"}));
+  v("parallel", "ep", c.parallel.ep, positive());
   v("parallel", "sp", c.parallel.sp, Check<bool>());
   v("parallel", "schedule", c.parallel.schedule,
     one_of({"gpipe", "1f1b", "interleaved", "chimera", "looped-bfs", "zb-h1", "search", "search-zb",
@@ -370,8 +371,11 @@ Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrid
     std::string key(trim(text.substr(0, eq)));
     std::string value(trim(text.substr(eq + 1)));
     auto parts = split(key, '.');
-    bool is_arg =
-        parts.size() == 3 && parts[0] == "model" && parts[1] == "args" && !parts[2].empty();
+    // model.args.NAME, or model.args.GROUP.NAME for a nested mapping (model.args.moe.experts).
+    bool is_arg = (parts.size() == 3 || parts.size() == 4) && parts[0] == "model" &&
+                  parts[1] == "args" &&
+                  std::none_of(parts.begin() + 2, parts.end(),
+                               [](const std::string& x) { return x.empty(); });
     if (!is_arg && std::find(known.begin(), known.end(), key) == known.end()) {
       std::string msg = "command line override '" + text + "': unknown key '" + key + "'";
       std::string close = closest_match(key, known);
@@ -390,7 +394,14 @@ Status apply_overrides(YAML::Node& root, const std::vector<std::string>& overrid
       YAML::Node sec = root[parts[0]];
       if (!sec["args"] || !sec["args"].IsMap()) sec["args"] = YAML::Node(YAML::NodeType::Map);
       YAML::Node args = sec["args"];
-      args[parts[2]] = parsed;
+      if (parts.size() == 4) {
+        if (!args[parts[2]] || !args[parts[2]].IsMap())
+          args[parts[2]] = YAML::Node(YAML::NodeType::Map);
+        YAML::Node group = args[parts[2]];
+        group[parts[3]] = parsed;
+      } else {
+        args[parts[2]] = parsed;
+      }
     } else {
       YAML::Node sec = root[parts[0]];
       sec[parts[1]] = parsed;
@@ -483,20 +494,30 @@ Result<YAML::Node> parse_document(const std::string& yaml, const std::string& so
   return root;
 }
 
-// model.args as text, each value's origin recorded.
+// model.args as text, each value's origin recorded. A nested mapping (moe: {experts: 8}) is
+// read as keys "moe.experts"; deeper nesting and lists are refused.
 Status read_model_args(const YAML::Node& root,
                        const std::map<std::string, std::string>& override_where, Config& config) {
   YAML::Node args = root["model"] ? root["model"]["args"] : YAML::Node();
   if (!args || !args.IsMap()) return Status::success();
-  for (const auto& kv : args) {
-    std::string name = kv.first.as<std::string>();
+  auto read = [&](const std::string& name, const YAML::Node& key, const YAML::Node& value,
+                  bool nested) -> Status {
     std::string full = "model.args." + name;
     auto o = override_where.find(full);
     config.where_[full] =
-        o != override_where.end() ? o->second : entry_line(config.source, kv.first, kv.second);
-    if (!kv.second.IsScalar())
-      return config.error(full, "expected a single value, got " + describe(kv.second));
-    config.model.args[name] = kv.second.Scalar();
+        o != override_where.end() ? o->second : entry_line(config.source, key, value);
+    if (value.IsMap() && !nested) return Status::success();
+    if (!value.IsScalar())
+      return config.error(full, "expected a single value, got " + describe(value));
+    config.model.args[name] = value.Scalar();
+    return Status::success();
+  };
+  for (const auto& kv : args) {
+    const std::string name = kv.first.as<std::string>();
+    LOOM_TRY(read(name, kv.first, kv.second, false));
+    if (!kv.second.IsMap()) continue;
+    for (const auto& inner : kv.second)
+      LOOM_TRY(read(name + "." + inner.first.as<std::string>(), inner.first, inner.second, true));
   }
   return Status::success();
 }
@@ -518,6 +539,11 @@ Status check_relations(const Config& config) {
                                             ") must be divisible by batch.micro (" +
                                             std::to_string(b.micro) + ") x parallel.dp (" +
                                             std::to_string(p.dp) + ")");
+  if (p.dp % p.ep != 0)
+    return config.error("parallel.ep", "expert parallelism " + std::to_string(p.ep) +
+                                           " is carved out of the data-parallel ranks and must "
+                                           "divide parallel.dp (" +
+                                           std::to_string(p.dp) + ")");
   // Sequence parallelism splits over the tensor-parallel ranks what tp leaves replicated.
   if (p.sp && p.tp == 1)
     return config.error("parallel.sp",
@@ -547,6 +573,7 @@ Status check_relations(const Config& config) {
 
 std::string ParallelConfig::degrees() const {
   std::string out = "parallel.dp (" + std::to_string(dp) + ")";
+  if (ep > 1) out += " (parallel.ep " + std::to_string(ep) + " within)";
   if (cp > 1) out += " x parallel.cp (" + std::to_string(cp) + ")";
   return out + " x parallel.tp (" + std::to_string(tp) + ") x parallel.pp (" + std::to_string(pp) +
          ")";

@@ -44,6 +44,11 @@ struct ParallelConfig {
   // Parameters are replicated over the cp ranks like data-parallel replicas.
   int64_t cp = 1;
   std::string cp_kind = "p2p";
+  // Expert parallelism: a mixture-of-experts layer's experts split over ep ranks carved out of
+  // the data-parallel ranks (ep divides dp; ep groups are consecutive dp ranks, as in
+  // Megatron-Core). Tokens reach their experts and return by all-to-all; expert parameters are
+  // data-parallel over the dp / ep groups.
+  int64_t ep = 1;
   bool sp = false;  // sequence parallelism over the tp ranks; needs tp > 1
   std::string schedule = "1f1b";
   // schedule csv: the torch.distributed.pipelining CSV whose order every rank runs (a path

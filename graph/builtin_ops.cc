@@ -3,6 +3,7 @@
 #include "graph/op_registry.h"
 #include "graph/ops_context.h"
 #include "graph/ops_evoformer.h"
+#include "graph/ops_moe.h"
 #include "graph/ops_vision.h"
 
 namespace loom::graph {
@@ -101,6 +102,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
   add_context_ops(r);
   add_evoformer_ops(r);
+  add_moe_ops(r);
   add_vision_ops(r);
   return r;
 }

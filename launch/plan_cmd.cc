@@ -12,6 +12,7 @@
 #include "core/config.h"
 #include "core/durable_file.h"
 #include "exec/lower/plan_file.h"
+#include "graph/ops_moe.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/config_file.h"
@@ -26,6 +27,35 @@ int fail(const std::string& message) {
   return kExitBadInput;
 }
 
+// What a mixture of experts routes per micro-batch: the experts, the slots per expert, the
+// tokens a balanced router sends each expert, and how many experts a rank holds. Empty for a
+// dense model.
+std::string experts_line(const Config& config, const plan::Plan& plan) {
+  int64_t layers = 0, top_k = 0, experts = 0, slots = 0, samples = 0, seq = 0;
+  bool capacity = false;
+  for (const graph::Op& op : plan.model.ops()) {
+    if (op.type() == graph::kMoeRoute) {
+      top_k = op.attrs().get<int64_t>("top_k");
+      capacity = op.attrs().get_or<int64_t>("c", 0) > 0;
+      const Shape& scores = plan.model.tensor(op.inputs[0].tensor).shape;  // [b, s, e]
+      samples = scores[0];
+      seq = scores[1];
+      experts = scores[2];
+      ++layers;
+    }
+    if (op.type() == graph::kMoeDispatch) slots = op.attrs().get<int64_t>("c");
+  }
+  if (layers == 0) return "";
+  std::ostringstream os;
+  const int64_t ep = config.parallel.ep;
+  os << "experts: " << layers << " layers of " << experts << " routed experts, top " << top_k
+     << ", " << slots << " slots per expert and sample ("
+     << (capacity ? "capacity: later tokens dropped" : "dropless") << "); a balanced router sends "
+     << samples * seq * top_k / experts << " tokens to each expert per micro-batch; ep " << ep
+     << ": " << experts / ep << " experts per rank, tokens moved by all_to_all\n";
+  return os.str();
+}
+
 // summary.txt: a header line and one line per rank.
 std::string summary_table(const Config& config, const plan::Plan& plan) {
   const auto& par = config.parallel;
@@ -33,6 +63,7 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
   std::ostringstream table;
   table << "plan: " << config.model.type << " " << config.model.preset << " on "
         << plan.world_size() << " ranks (dp " << par.dp
+        << (par.ep > 1 ? " (ep " + std::to_string(par.ep) + " within)" : std::string())
         << (par.cp > 1 ? " x cp " + std::to_string(par.cp) + " " + par.cp_kind : std::string())
         << " x tp " << par.tp << " x pp " << par.pp << "), " << config.micro_batches()
         << " micro-batches per step, schedule " << par.schedule;
@@ -43,6 +74,7 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
     table << "schedule file: " << par.schedule_csv << ", actions "
           << sched::describe(*plan.schedule.read_as) << "\n";
   table << "cost model: " << plan.cost.name << "\n";
+  table << experts_line(config, plan);
   table << "rank  parameters  est. peak memory (params+grads+optimizer+working set: the largest of "
            "activations, "
            "grad buckets, optimizer temporaries)  est. step (compute + comm, bubble)  sent per "

@@ -24,11 +24,20 @@ GptSpec preset(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, int
   return s;
 }
 
+GptSpec tiny_moe() {
+  GptSpec s = preset(2, 64, 4, 256, 32);
+  s.moe.experts = 4;
+  s.moe.top_k = 2;
+  s.moe.ffn_hidden = 128;
+  return s;
+}
+
 // Vocabularies of the published models are padded to a multiple of 128 (50257 -> 50304), as
 // Megatron and nanoGPT do, so the embedding splits evenly under tensor parallelism.
 const std::map<std::string, GptSpec>& presets() {
   static const std::map<std::string, GptSpec> kPresets = {
       {"tiny", preset(2, 64, 4, 256, 32)},
+      {"tiny-moe", tiny_moe()},
       {"gpt2-124m", preset(12, 768, 12, 50304, 1024)},
       {"gpt3-350m", preset(24, 1024, 16, 50304, 2048)},
       {"gpt3-1.3b", preset(24, 2048, 16, 50304, 2048)},
@@ -43,9 +52,11 @@ const std::map<std::string, GptSpec>& presets() {
 }  // namespace
 
 int64_t GptSpec::parameter_count() const {
-  int64_t per_layer =
-      4 * hidden * hidden + 4 * hidden + 2 * hidden * ffn_hidden + ffn_hidden + hidden + 4 * hidden;
-  int64_t n = vocab * hidden + seq * hidden + layers * per_layer + 2 * hidden;
+  const int64_t attention = 4 * hidden * hidden + 4 * hidden + 4 * hidden;
+  const int64_t mlp = 2 * hidden * ffn_hidden + ffn_hidden + hidden;
+  int64_t n = vocab * hidden + seq * hidden + 2 * hidden;
+  for (int64_t l = 0; l < layers; ++l)
+    n += attention + (moe.is_moe_layer(l) ? moe.layer_parameters(hidden, 2) : mlp);
   if (!tied) n += vocab * hidden;
   return n;
 }
@@ -59,8 +70,11 @@ std::vector<std::string> gpt_presets() {
 Result<GptSpec> gpt_spec(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(GptSpec s, find_preset(config, presets(), "GPT"));
   ModelArgs args(config);
-  LOOM_TRY(args.check_known({"layers", "hidden", "heads", "vocab", "seq", "ffn_hidden", "tied",
-                             "init_std", "ln_eps", "vocab_groups", "activation"}));
+  std::vector<std::string> known = {"layers", "hidden",       "heads",     "vocab",
+                                    "seq",    "ffn_hidden",   "tied",      "init_std",
+                                    "ln_eps", "vocab_groups", "activation"};
+  for (const std::string& name : moe_arg_names()) known.push_back(name);
+  LOOM_TRY(args.check_known(known));
   bool ffn_given = config.model.args.count("ffn_hidden") > 0;
   LOOM_ASSIGN_OR_RETURN(s.layers, args.get_int("layers", s.layers));
   LOOM_ASSIGN_OR_RETURN(s.hidden, args.get_int("hidden", s.hidden));
@@ -76,6 +90,7 @@ Result<GptSpec> gpt_spec(const Config& config) {
   while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
   LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
   (void)ffn_given;
+  LOOM_ASSIGN_OR_RETURN(s.moe, moe_spec(config, s.moe, s.ffn_hidden));
 
   auto key = [&](const std::string& name) {
     return config.model.args.count(name) ? "model.args." + name : std::string("model.preset");
@@ -138,6 +153,7 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
     return b.op1("layer_norm", name, {in, g, beta}, ln);
   };
 
+  TensorId aux;  // the layers' load-balancing losses so far
   for (int64_t l = 0; l < s.layers; ++l) {
     b.set_layer(l);
     std::string p = "h" + std::to_string(l) + ".";
@@ -149,12 +165,25 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
     TensorId o = linear(p + "attn.proj", a, s.hidden, s.hidden, resid_std, "row");
     x = b.op1("add", p + "attn.residual", {x, o});
     h = layer_norm(p + "ln2", x);
-    TensorId f = linear(p + "mlp.fc1", h, s.ffn_hidden, s.hidden, std, "column");
-    Attrs act{{"tp", std::string("column")}};
-    if (s.activation == "gelu_tanh") act.set("approximate", std::string("tanh"));
-    f = b.op1("gelu", p + "mlp.gelu", {f}, act);
-    f = linear(p + "mlp.fc2", f, s.hidden, s.ffn_hidden, resid_std, "row");
-    x = b.op1("add", p + "mlp.residual", {x, f});
+    auto mlp = [&](const std::string& name, int64_t width) {
+      TensorId f = linear(name + ".fc1", h, width, s.hidden, std, "column");
+      Attrs act{{"tp", std::string("column")}};
+      if (s.activation == "gelu_tanh") act.set("approximate", std::string("tanh"));
+      f = b.op1("gelu", name + ".gelu", {f}, act);
+      return linear(name + ".fc2", f, s.hidden, width, resid_std, "row");
+    };
+    if (s.moe.is_moe_layer(l)) {
+      MoeOutput moe = add_moe_mlp(b, s.moe, p + "moe.", h, batch, s.seq, s.hidden, s.activation,
+                                  std, resid_std);
+      TensorId f = moe.out;
+      if (s.moe.shared_experts > 0)
+        f = b.op1("add", p + "moe.add_shared",
+                  {f, mlp(p + "moe.shared", s.moe.shared_experts * s.moe.ffn_hidden)});
+      x = b.op1("add", p + "mlp.residual", {x, f});
+      aux = accumulate_aux(b, aux, moe.aux, p + "moe.aux_sum");
+    } else {
+      x = b.op1("add", p + "mlp.residual", {x, mlp(p + "mlp", s.ffn_hidden)});
+    }
   }
 
   b.set_layer(graph::kPostLayers);
@@ -168,7 +197,7 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
   TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});
   TensorId target_logit = b.op1("pick", "loss.target", {logits, targets}, groups);
   TensorId loss = b.op1("nll", "loss", {lse, target_logit}, Attrs{{"normalizer", batch * s.seq}});
-  b.set_loss(loss);
+  b.set_loss(add_aux_loss(b, loss, aux));
   return b.finish();
 }
 

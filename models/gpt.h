@@ -10,6 +10,7 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "models/moe.h"
 
 namespace loom::models {
 
@@ -28,12 +29,16 @@ struct GptSpec {
   // The loss's log-sum-exp runs in this many vocabulary groups; tensor parallelism over the
   // vocabulary needs tp to divide it.
   int64_t vocab_groups = 16;
+  // Mixture of experts in place of the MLP of some layers (model.args.moe); experts have no
+  // biases.
+  MoeSpec moe;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t parameter_count() const;
 };
 
-// Preset names: tiny, gpt2-124m, gpt3-350m, gpt3-1.3b, gpt3-2.7b, gpt3-6.7b, gpt3-13b, gpt3-175b.
+// Preset names: tiny, tiny-moe (4 experts, top 2), gpt2-124m, gpt3-350m, gpt3-1.3b, gpt3-2.7b,
+// gpt3-6.7b, gpt3-13b, gpt3-175b.
 std::vector<std::string> gpt_presets();
 // The preset named by model.preset with model.args applied; errors name the key and its line.
 Result<GptSpec> gpt_spec(const Config& config);

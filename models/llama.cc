@@ -35,6 +35,24 @@ LlamaSpec llama31(LlamaSpec s) {
   return s;
 }
 
+LlamaSpec with_moe(LlamaSpec s, int64_t experts, int64_t top_k, int64_t ffn_hidden) {
+  s.moe.experts = experts;
+  s.moe.top_k = top_k;
+  s.moe.ffn_hidden = ffn_hidden;
+  return s;
+}
+
+// DeepSeek-V3's published shape: 61 layers, the first 3 dense (width 18432), then 256 routed
+// experts of width 2048 with one shared expert, top 8 by sigmoid score.
+LlamaSpec deepseek_v3() {
+  LlamaSpec s = with_moe(preset(61, 7168, 128, 128, 18432, 129280, 4096, 10000.0), 256, 8, 2048);
+  s.moe.first_dense = 3;
+  s.moe.shared_experts = 1;
+  s.moe.score = "sigmoid";
+  s.moe.aux_loss_coef = 0.0001;
+  return s;
+}
+
 // The published shapes (Meta's model cards and Hugging Face config.json files).
 const std::map<std::string, LlamaSpec>& presets() {
   static const std::map<std::string, LlamaSpec> kPresets = {
@@ -44,16 +62,34 @@ const std::map<std::string, LlamaSpec>& presets() {
       {"llama3.1-8b", llama31(preset(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0))},
       {"llama3.1-70b", llama31(preset(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0))},
       {"llama3.1-405b", llama31(preset(126, 16384, 128, 8, 53248, 128256, 8192, 500000.0))},
+      {"tiny-moe", with_moe(preset(2, 64, 4, 2, 160, 256, 32, 10000.0), 4, 2, 96)},
+      {"mixtral-8x7b",
+       with_moe(preset(32, 4096, 32, 8, 14336, 32000, 4096, 1000000.0), 8, 2, 14336)},
+      {"deepseek-v3", deepseek_v3()},
   };
   return kPresets;
 }
 
 Result<LlamaSpec> apply_args(const Config& config, LlamaSpec s) {
   ModelArgs args(config);
-  LOOM_TRY(args.check_known({"layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn_hidden",
-                             "tied", "init_std", "norm_eps", "rope_theta", "rope_factor",
-                             "rope_low_freq_factor", "rope_high_freq_factor",
-                             "rope_original_max_positions", "vocab_groups"}));
+  std::vector<std::string> known = {"layers",
+                                    "hidden",
+                                    "heads",
+                                    "kv_heads",
+                                    "vocab",
+                                    "seq",
+                                    "ffn_hidden",
+                                    "tied",
+                                    "init_std",
+                                    "norm_eps",
+                                    "rope_theta",
+                                    "rope_factor",
+                                    "rope_low_freq_factor",
+                                    "rope_high_freq_factor",
+                                    "rope_original_max_positions",
+                                    "vocab_groups"};
+  for (const std::string& name : moe_arg_names()) known.push_back(name);
+  LOOM_TRY(args.check_known(known));
   LOOM_ASSIGN_OR_RETURN(s.layers, args.get_int("layers", s.layers));
   LOOM_ASSIGN_OR_RETURN(s.hidden, args.get_int("hidden", s.hidden));
   LOOM_ASSIGN_OR_RETURN(s.heads, args.get_int("heads", s.heads));
@@ -75,6 +111,7 @@ Result<LlamaSpec> apply_args(const Config& config, LlamaSpec s) {
   int64_t groups = 64;  // the largest power of two up to 64 that divides the vocabulary
   while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
   LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
+  LOOM_ASSIGN_OR_RETURN(s.moe, moe_spec(config, s.moe, s.ffn_hidden));
   return s;
 }
 
@@ -125,8 +162,10 @@ Status validate(const Config& config, const LlamaSpec& s) {
 int64_t LlamaSpec::parameter_count() const {
   const int64_t d = head_dim();
   const int64_t attention = hidden * heads * d * 2 + hidden * kv_heads * d * 2;
-  const int64_t per_layer = attention + 3 * hidden * ffn_hidden + 2 * hidden;
-  int64_t n = vocab * hidden + layers * per_layer + hidden;
+  int64_t n = vocab * hidden + hidden;
+  for (int64_t l = 0; l < layers; ++l)
+    n += attention + 2 * hidden +
+         (moe.is_moe_layer(l) ? moe.layer_parameters(hidden, 3) : 3 * hidden * ffn_hidden);
   if (!tied) n += vocab * hidden;
   return n;
 }
@@ -159,6 +198,10 @@ Status check_llama_parallel(const Config& config) {
       {"heads", spec.heads}, {"ffn_hidden", spec.ffn_hidden}, {"vocab_groups", spec.vocab_groups}};
   for (const auto& [name, value] : dims)
     if (value % tp != 0) return refuse(name, value, "to be divisible by " + std::to_string(tp));
+  if (spec.moe.enabled() && spec.moe.ffn_hidden % tp != 0)
+    return refuse("moe.ffn_hidden", spec.moe.ffn_hidden,
+                  "to be divisible by " + std::to_string(tp));
+  LOOM_TRY(check_expert_parallel(config, spec.moe));
   if (spec.kv_heads % tp != 0 && tp % spec.kv_heads != 0)
     return refuse("kv_heads", spec.kv_heads,
                   "to divide it or be divisible by it (kv heads are split, or repeated on the "
@@ -209,6 +252,7 @@ Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
     return b.op1("rms_norm", name, {in, w}, norm);
   };
 
+  TensorId aux;  // the layers' load-balancing losses so far
   for (int64_t l = 0; l < s.layers; ++l) {
     b.set_layer(l);
     const std::string p = "h" + std::to_string(l) + ".";
@@ -228,11 +272,25 @@ Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
     TensorId o = linear(p + "attn.o", a, s.hidden, s.heads * d, "row");
     x = b.op1("add", p + "attn.residual", {x, o});
     h = rms_norm(p + "mlp_norm", x);
-    TensorId gate = linear(p + "mlp.gate", h, s.ffn_hidden, s.hidden, "column");
-    TensorId up = linear(p + "mlp.up", h, s.ffn_hidden, s.hidden, "column");
-    TensorId f = b.op1("swiglu", p + "mlp.act", {gate, up}, column);
-    f = linear(p + "mlp.down", f, s.hidden, s.ffn_hidden, "row");
-    x = b.op1("add", p + "mlp.residual", {x, f});
+    auto swiglu_mlp = [&](const std::string& name, int64_t width) {
+      TensorId gate = linear(name + ".gate", h, width, s.hidden, "column");
+      TensorId up = linear(name + ".up", h, width, s.hidden, "column");
+      TensorId f = b.op1("swiglu", name + ".act", {gate, up}, column);
+      return linear(name + ".down", f, s.hidden, width, "row");
+    };
+    if (s.moe.is_moe_layer(l)) {
+      MoeOutput moe =
+          add_moe_mlp(b, s.moe, p + "moe.", h, batch, s.seq, s.hidden, "swiglu", std, std);
+      TensorId f = moe.out;
+      if (s.moe.shared_experts > 0) {
+        TensorId shared = swiglu_mlp(p + "moe.shared", s.moe.shared_experts * s.moe.ffn_hidden);
+        f = b.op1("add", p + "moe.add_shared", {f, shared});
+      }
+      x = b.op1("add", p + "mlp.residual", {x, f});
+      aux = accumulate_aux(b, aux, moe.aux, p + "moe.aux_sum");
+    } else {
+      x = b.op1("add", p + "mlp.residual", {x, swiglu_mlp(p + "mlp", s.ffn_hidden)});
+    }
   }
 
   b.set_layer(graph::kPostLayers);
@@ -245,7 +303,7 @@ Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
   TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});
   TensorId target_logit = b.op1("pick", "loss.target", {logits, targets}, groups);
   TensorId loss = b.op1("nll", "loss", {lse, target_logit}, Attrs{{"normalizer", batch * s.seq}});
-  b.set_loss(loss);
+  b.set_loss(add_aux_loss(b, loss, aux));
   return b.finish();
 }
 

@@ -10,6 +10,7 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "models/moe.h"
 
 namespace loom::models {
 
@@ -31,12 +32,16 @@ struct LlamaSpec {
   double rope_high_freq_factor = 4;
   int64_t rope_original_max_positions = 8192;
   int64_t vocab_groups = 16;  // as GptSpec::vocab_groups
+  // Mixture of experts in place of the SwiGLU MLP of some layers (model.args.moe).
+  MoeSpec moe;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t parameter_count() const;
 };
 
-// Preset names: tiny, llama3-8b, llama3-70b, llama3.1-8b, llama3.1-70b, llama3.1-405b.
+// Preset names: tiny, llama3-8b, llama3-70b, llama3.1-8b, llama3.1-70b, llama3.1-405b; with
+// experts: tiny-moe, mixtral-8x7b, deepseek-v3 (DeepSeek-V3's experts, 256 routed, top 8, one
+// shared, sigmoid scores, on Llama attention in place of its latent attention: for plans).
 std::vector<std::string> llama_presets();
 // The preset named by model.preset with model.args applied; errors name the key and its line.
 Result<LlamaSpec> llama_spec(const Config& config);

@@ -25,6 +25,12 @@ Status check_gpt_parallel(const Config& config) {
       return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                              key(name) + " (" + std::to_string(value) +
                                              ") to be divisible by " + std::to_string(tp));
+  if (spec.moe.enabled() && spec.moe.ffn_hidden % tp != 0)
+    return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
+                                           key("moe.ffn_hidden") + " (" +
+                                           std::to_string(spec.moe.ffn_hidden) +
+                                           ") to be divisible by " + std::to_string(tp));
+  LOOM_TRY(check_expert_parallel(config, spec.moe));
   return check_decoder_parallel(config, spec.layers, spec.seq, "heads", spec.heads);
 }
 
@@ -152,6 +158,10 @@ Status check_context_parallel(const Config& config, const ModelType& type) {
 Status check_parallel(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
   LOOM_TRY(check_context_parallel(config, *type));
+  if (config.parallel.ep > 1 && type->name != "gpt" && type->name != "llama")
+    return config.error(
+        "parallel.ep", "expert parallelism splits a mixture of experts; model.type '" + type->name +
+                           "' has none (parallel.ep must be 1)");
   return type->check_parallel ? type->check_parallel(config) : Status::success();
 }
 

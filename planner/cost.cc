@@ -1,5 +1,7 @@
 #include "planner/cost.h"
 
+#include <algorithm>
+
 #include "graph/transform.h"
 
 namespace loom::planner {
@@ -16,6 +18,15 @@ double op_flops(const graph::Op& op) {
     double f = 2.0;
     for (const auto& [label, n] : *sizes) f *= static_cast<double>(n);
     return f;
+  }
+  // The experts' linears compute the slots tokens fill (exec/runtime/kernels_moe.cc), about
+  // `rows` of the c per expert and sample.
+  if (t == "expert_linear") {
+    double f = 2.0;
+    for (const auto& [label, n] : *sizes) f *= static_cast<double>(n);
+    return f * std::min(1.0, static_cast<double>(op.attrs().get_or<int64_t>(
+                                 "rows", static_cast<int64_t>(size("c")))) /
+                                 size("c"));
   }
   if (t == "window_attention")
     return 4.0 * size("b") * size("s") * size("t") * size("t") * size("h") * size("d");

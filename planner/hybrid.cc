@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "graph/ops_context.h"
+#include "graph/ops_moe.h"
 #include "graph/transform.h"
 #include "planner/chimera.h"
 #include "planner/context_parallel.h"
@@ -20,11 +21,34 @@ using graph::Op;
 // For every op, the label that carries dimension `dim` of the graph inputs (0: the batch, 1: a
 // language model's sequence): inputs hold it there, and each op passes it from its inputs to the
 // outputs that have the same label.
+std::vector<std::string> carried_from(const Graph& g, std::vector<int64_t> carried);
+
 std::vector<std::string> carried_labels(const Graph& g, int64_t dim) {
   std::vector<int64_t> carried(g.tensors().size(), -1);
   for (const auto& t : g.tensors())
     if (t.role == graph::TensorRole::kInput && static_cast<int64_t>(t.shape.size()) > dim)
       carried[t.id.value()] = dim;
+  return carried_from(g, std::move(carried));
+}
+
+// For every op, the label that carries the expert dimension of a mixture of experts: the
+// experts' buffers hold it at dimension 1 (graph/ops_moe.h) and each op passes it on as above;
+// the combine, whose output has none, ends it.
+std::vector<std::string> expert_labels(const Graph& g) {
+  std::vector<int64_t> carried(g.tensors().size(), -1);
+  for (const auto& op : g.ops())
+    if (op.type() == graph::kMoeDispatch) carried[op.outputs[0].tensor.value()] = 1;
+  std::vector<std::string> out = carried_from(g, std::move(carried));
+  // Dispatch and combine run where their tokens are (split over the batch): the tokens travel to
+  // and from the experts by all-to-all.
+  for (size_t i = 0; i < out.size(); ++i)
+    if (g.ops()[i].type() == graph::kMoeDispatch || g.ops()[i].type() == graph::kMoeCombine)
+      out[i].clear();
+  return out;
+}
+
+// The labels of carried_labels from `carried` (per tensor: the carried dimension, or -1).
+std::vector<std::string> carried_from(const Graph& g, std::vector<int64_t> carried) {
   std::vector<std::string> out;
   for (const auto& op : g.ops()) {
     std::string label;
@@ -75,6 +99,40 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
   return out;
 }
 
+// Data and expert parallelism: `op` as its parts over the dp ranks, part d on dp rank d. An op
+// on the experts' buffers (its expert label non-empty) splits the batch over the dp / ep groups
+// and the experts over the ep ranks of each group (dp rank = group x ep + expert part); any
+// other op splits its batch label over the dp ranks, or is replicated.
+Result<std::vector<Op>> dp_ep_parts(const Op& op, const std::string& batch,
+                                    const std::string& expert, const graph::Rewriter& rw,
+                                    const Config& c) {
+  const int64_t dp = c.parallel.dp, ep = c.parallel.ep;
+  auto split = [&](const Op& o, const std::string& label, int64_t n) {
+    if (n == 1) return Result<std::vector<Op>>(std::vector<Op>{o});
+    return label.empty() ? rw.replicate(o, n) : rw.partition(o, label, n);
+  };
+  if (expert.empty() || ep == 1) {
+    auto parts = split(op, batch, dp);
+    if (!parts.ok())
+      return c.error("parallel.dp",
+                     "data parallelism " + std::to_string(dp) + ": " + parts.error().message);
+    return parts;
+  }
+  auto groups = split(op, batch, dp / ep);
+  if (!groups.ok())
+    return c.error("parallel.dp",
+                   "data parallelism " + std::to_string(dp) + ": " + groups.error().message);
+  std::vector<Op> out;
+  for (const Op& group : *groups) {
+    auto parts = split(group, expert, ep);
+    if (!parts.ok())
+      return c.error("parallel.ep",
+                     "expert parallelism " + std::to_string(ep) + ": " + parts.error().message);
+    for (Op& part : *parts) out.push_back(std::move(part));
+  }
+  return out;
+}
+
 bool has_label(const Op& op, const std::string& label) {
   const auto& ls = op.annotation().labels();
   return std::find(ls.begin(), ls.end(), label) != ls.end();
@@ -93,7 +151,8 @@ std::string tp_label(const Op& op, bool sp) {
   if (t == "lse_merge" || t == "lse_merge_last") return "h";
   if (t == "window_attention") return "h";                // heads (Swin)
   if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
-  if (t == "linear") return hint == "column" ? "n" : hint == "row" ? "k" : "";
+  if (t == "linear" || t == graph::kExpertLinear)
+    return hint == "column" ? "n" : hint == "row" ? "k" : "";
   if (t == "bias_add" && hint == "column") return "n";
   // Any op after a column-parallel layer that keeps its feature dimension "h" splittable (gelu,
   // or a user's element-wise op) runs on the features each rank holds.
@@ -137,6 +196,8 @@ Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
   const int64_t stages = p.pp * p.chunks;
   LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
   const std::vector<std::string> batch = carried_labels(g, 0);
+  const std::vector<std::string> experts =
+      p.ep > 1 ? expert_labels(g) : std::vector<std::string>(g.ops().size());
   const std::vector<std::string> sequence =
       p.cp > 1 ? carried_labels(g, 1) : std::vector<std::string>(g.ops().size());
 
@@ -150,14 +211,7 @@ Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
     const int64_t s = stage_plan.stage_of_layer(op.layer());
     const int64_t pp_rank = s % p.pp;  // looping placement when a device holds several stages
 
-    std::vector<Op> dp_parts{op};
-    if (p.dp > 1) {
-      auto split = batch[i].empty() ? rw.replicate(op, p.dp) : rw.partition(op, batch[i], p.dp);
-      if (!split.ok())
-        return c.error("parallel.dp",
-                       "data parallelism " + std::to_string(p.dp) + ": " + split.error().message);
-      dp_parts = std::move(split).value();
-    }
+    LOOM_ASSIGN_OR_RETURN(std::vector<Op> dp_parts, dp_ep_parts(op, batch[i], experts[i], rw, c));
     for (int64_t d = 0; d < static_cast<int64_t>(dp_parts.size()); ++d) {
       LOOM_ASSIGN_OR_RETURN(auto cp_split,
                             cp_parts(dp_parts[static_cast<size_t>(d)], sequence[i], rw, c));

@@ -20,6 +20,7 @@
 #include "exec/runtime/oracle.h"
 #include "exec/runtime/path_runner.h"
 #include "exec/runtime/step_trace.h"
+#include "graph/ops_moe.h"
 
 namespace loom::runtime {
 namespace {
@@ -232,6 +233,12 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
       for (const auto& out : last.outputs)
         step.out_dtypes.push_back(s.dtype[static_cast<size_t>(out.tensor.value())]);
       step.makes_loss = s.graph.tensor(last.outputs[0].tensor).role == graph::TensorRole::kLoss;
+      if (last.type() == graph::kMoeAuxLoss) {
+        int64_t holders = 0;
+        for (const graph::Op& other : ops)
+          holders += other.type() == graph::kMoeAuxLoss && other.outputs[0] == last.outputs[0];
+        step.metric_weight = 1.0 / static_cast<double>(holders);
+      }
       s.forward_steps[g].push_back(std::move(step));
     }
   }
@@ -404,6 +411,11 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
       m.loss = outs[0];
       m.loss_tensor = made->outputs[0].tensor;
     }
+    // Forward blocks only: a recomputed region runs its ops again in the backward.
+    if (step.metric_weight > 0 && s.forwarding) {
+      const at::Tensor v = outs[0].detach().to(at::kDouble) * step.metric_weight;
+      s.aux_total = s.aux_total.defined() ? s.aux_total + v : v;
+    }
     // A gathered parameter has one reader (lower/param_shards.h): it lives on only where
     // autograd keeps it.
     args.clear();
@@ -569,7 +581,9 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
     at::Tensor norms = at::stack(at::_foreach_norm(grads)).to(at::kDouble);
     norm = (norms.square() * at::tensor(weights, at::kDouble).to(options.device())).sum();
   }
-  return at::stack({loss, norm});
+  const at::Tensor aux =
+      s.aux_total.defined() ? s.aux_total.to(options.device()).reshape({}) : at::zeros({}, options);
+  return at::stack({loss, norm, aux});
 }
 
 }  // namespace
@@ -579,6 +593,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   Impl& s = *impl_;
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   s.micro.assign(inputs.size(), Impl::Micro{});
+  s.aux_total = at::Tensor();
   for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
   if (s.buckets) s.buckets->begin_step();
@@ -627,7 +642,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
     // A GPU backend's failure surfaces after the work it broke: the step is not done then.
     check(s.world->status());
     const double* v = sums.data_ptr<double>();
-    return StepSums{v[0], v[1]};
+    return StepSums{v[0], v[1], v[2]};
   } catch (const CommFailure& e) {
     return Error::at("comm", e.what());
   } catch (const c10::Error& e) {

@@ -27,6 +27,7 @@ namespace loom::runtime {
 struct StepSums {
   double loss = 0;               // the loss summed over the micro-batches
   double grad_norm_squared = 0;  // of the scaled gradients, each element counted once
+  double aux_loss = 0;           // the auxiliary losses (moe_aux_loss) summed likewise
 };
 
 // How the executor runs: the parameters' seed, the device and precision, the gradient bucket

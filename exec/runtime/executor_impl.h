@@ -64,6 +64,8 @@ struct Executor::Impl {
   Prefetch prefetch;
   Executor::GatherCounts gather_counts;
   bool forwarding = false;
+  // The step's auxiliary losses (ForwardStep::metric_weight), summed in forward blocks.
+  at::Tensor aux_total;
 
   // Where an op reads one input from, resolved once when the executor is made.
   struct Source {
@@ -94,6 +96,9 @@ struct Executor::Impl {
     int64_t gathered = -1;
     Source bias{Source::Kind::kParameter, -1};
     bool makes_loss = false;
+    // An auxiliary loss reported on its own (moe_aux_loss): 1 / the ranks that hold its piece,
+    // so the step's sum counts it once; 0 for every other op.
+    double metric_weight = 0;
     // The planned dtype of each output: a kernel computing in float32 (layer norm, softmax)
     // hands on the graph's dtype.
     std::vector<at::ScalarType> out_dtypes;

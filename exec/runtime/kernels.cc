@@ -13,6 +13,7 @@
 
 #include "exec/runtime/attention_tiles.h"
 #include "exec/runtime/kernels_evoformer.h"
+#include "exec/runtime/kernels_moe.h"
 #include "exec/runtime/kernels_vision.h"
 #include "graph/precision.h"
 
@@ -357,6 +358,7 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
   }
   add_evoformer_kernels(r);
   add_vision_kernels(r);
+  add_moe_kernels(r);
   return r;
 }
 

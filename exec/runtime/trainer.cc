@@ -31,6 +31,7 @@
 #include "exec/runtime/memory.h"
 #include "exec/runtime/optimizer.h"
 #include "exec/runtime/step_trace.h"
+#include "graph/ops_moe.h"
 #include "models/model.h"
 #include "plan/auto_plan.h"
 #include "plan/plan.h"
@@ -280,6 +281,9 @@ Result<StepStats> Trainer::step() {
   StepStats st;
   st.step = s.step;
   st.loss = sums.loss * scale;
+  st.moe_aux_loss = sums.aux_loss * scale;
+  st.has_moe_aux = std::any_of(s.graph.ops().begin(), s.graph.ops().end(),
+                               [](const graph::Op& op) { return op.type() == graph::kMoeAuxLoss; });
   st.lr = lr;
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -28,7 +28,10 @@ namespace loom::runtime {
 
 struct StepStats {
   int64_t step = 0;  // 1-based index of the step just taken
-  double loss = 0;   // mean token loss over the global batch
+  double loss = 0;   // mean token loss over the global batch (auxiliary losses included)
+  // A mixture of experts' load-balancing loss (its share of `loss`), averaged like it.
+  double moe_aux_loss = 0;
+  bool has_moe_aux = false;  // whether the model has one
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double step_time_s = 0;

@@ -28,8 +28,11 @@
 
 namespace loom::runtime {
 
+// One device running the plan's micro-batches: micro x dp samples each, so a loss that is not
+// a sum over samples (a mixture of experts' load-balancing loss) sees the same tokens.
 Config single_device_config(const Config& config) {
   Config c = config;
+  c.batch.micro = config.batch.micro * config.parallel.dp;
   c.parallel = ParallelConfig{};
   return c;
 }
@@ -52,8 +55,9 @@ double relative(double err, double scale) {
 std::string describe(const Config& c, int64_t world_size) {
   const ParallelConfig& p = c.parallel;
   std::ostringstream os;
-  os << "dp " << p.dp << (p.cp > 1 ? " x cp " + std::to_string(p.cp) : std::string()) << " x tp "
-     << p.tp << " x pp " << p.pp << " (" << world_size << " ranks; " << p.policy;
+  os << "dp " << p.dp << (p.ep > 1 ? " (ep " + std::to_string(p.ep) + ")" : std::string())
+     << (p.cp > 1 ? " x cp " + std::to_string(p.cp) : std::string()) << " x tp " << p.tp << " x pp "
+     << p.pp << " (" << world_size << " ranks; " << p.policy;
   if (p.sp) os << ", sp";
   if (p.pp > 1) os << ", schedule " << p.schedule << ", chunks " << p.chunks;
   if (p.zero > 0) os << ", zero " << p.zero;

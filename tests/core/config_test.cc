@@ -320,3 +320,43 @@ TEST(ModelArgs, TypedAccessNamesTheLine) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// model.args.moe is a nested mapping, read as "moe.<key>" with each key's line; overrides reach
+// its keys; the resolved YAML reads back the same.
+TEST(Config, NestedMoeArgs) {
+  const std::string text = R"(model:
+  type: llama
+  args:
+    moe:
+      experts: 8
+      top_k: 2
+parallel: {dp: 4, ep: 2}
+batch: {global: 8, micro: 2}
+)";
+  Config c = must_parse(text, {"model.args.moe.top_k=1", "model.args.moe.score=sigmoid"});
+  EXPECT_EQ(c.model.args.at("moe.experts"), "8");
+  EXPECT_EQ(c.model.args.at("moe.top_k"), "1");
+  EXPECT_EQ(c.model.args.at("moe.score"), "sigmoid");
+  EXPECT_EQ(c.where("model.args.moe.experts"), "t.yaml:5");
+  EXPECT_EQ(c.where("model.args.moe.top_k"), "command line (model.args.moe.top_k=1)");
+  EXPECT_EQ(c.parallel.ep, 2);
+  Config back = must_parse(to_yaml(c));
+  EXPECT_EQ(back.model.args, c.model.args);
+  // Lists and deeper nesting are refused, naming the key.
+  const std::string deep = error_of("model:\n  args:\n    moe:\n      experts: [1, 2]\n");
+  EXPECT_NE(deep.find("model.args.moe.experts"), std::string::npos) << deep;
+}
+
+// parallel.ep is carved out of the data-parallel ranks: it must divide parallel.dp.
+TEST(Config, ExpertParallelismDividesDataParallelism) {
+  const std::string e = error_of("parallel: {dp: 4, ep: 3}\nbatch: {global: 8, micro: 2}\n");
+  EXPECT_NE(e.find("parallel.ep"), std::string::npos) << e;
+  EXPECT_NE(e.find("divide parallel.dp (4)"), std::string::npos) << e;
+  EXPECT_NE(error_of("parallel: {ep: 0}\n").find("parallel.ep"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

@@ -195,3 +195,37 @@ TEST(ModelPlan, LoomPlanAndTheBenchPrintTheSameFigures) {
 }
 
 }  // namespace
+
+namespace {
+
+// Mixtures of experts at scale: Mixtral 8x7B on 64 ranks (ep 8 within dp 8, tp 2, pp 4) and
+// DeepSeek-V3's experts on 1024 (ep 64, pp 16) fit an 80 GB device, and the dump shows the
+// experts and the all-to-all bytes that move tokens to them.
+TEST(ModelPlan, Mixtral8x7bOn64RanksWithExpertParallelism) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_mixtral_plan";
+  fs::remove_all(dir);
+  Outcome r = run("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/mixtral-8x7b.yaml --out " +
+                  dir.string() + " --no-plan-json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("on 64 ranks (dp 8 (ep 8 within) x tp 2 x pp 4)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("experts: 32 layers of 8 routed experts, top 2"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("all_to_all"), std::string::npos) << r.output;
+  expect_rank_rows(dir, 64);
+}
+
+TEST(ModelPlan, DeepseekV3ExpertsOn1024Ranks) {
+  const fs::path dir = fs::path(testing::TempDir()) / "loom_deepseek_plan";
+  fs::remove_all(dir);
+  Outcome r = run("plan " + std::string(LOOM_SOURCE_DIR) + "/configs/deepseek-v3.yaml --out " +
+                  dir.string() + " --no-plan-json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("experts: 58 layers of 256 routed experts, top 8"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("4 experts per rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all_to_all"), std::string::npos) << r.output;
+  expect_rank_rows(dir, 1024);
+}
+
+}  // namespace

@@ -125,6 +125,12 @@ TEST(VerifyCli, LlamaCp2Tp2) {
   expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/llama-tiny.yaml",
                   "parallel.cp=2 parallel.tp=2", "dp 1 x cp 2 x tp 2 x pp 1");
 }
+// A mixture of experts: 4 experts over 2 ranks (ep 2 within dp 2), each expert's MLP split over
+// tensor parallelism 2; the shipped config, AdamW.
+TEST(VerifyCli, MoeTinyEp2Tp2) {
+  expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/moe-tiny.yaml", "",
+                  "dp 2 (ep 2) x tp 2 x pp 1");
+}
 // The shipped Llama preset with AdamW, kv heads repeated over 4 tensor-parallel ranks.
 TEST(VerifyCli, LlamaTinyPresetTp4AdamW) {
   expect_verified(std::string(LOOM_SOURCE_DIR) + "/configs/llama-tiny.yaml", "parallel.tp=4",

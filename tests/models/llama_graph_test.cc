@@ -118,3 +118,60 @@ TEST(LlamaGraph, PaperScalePresetsPlanWithoutTensors) {
 
 }  // namespace
 }  // namespace loom::models
+
+namespace loom::models {
+namespace {
+
+// A mixture of experts: every layer of tiny-moe routes to 4 experts whose weights carry the
+// expert dimension; the graph's parameters are the spec's count; Mixtral 8x7B has its published
+// 46.7 B parameters.
+TEST(LlamaMoeGraph, ExpertsReplaceTheMlp) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  Config c = config_with({"model.preset=tiny-moe", "model.args.moe.shared_experts=1"});
+  auto g = build_model(c, r);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_TRUE(graph::verify(*g, r).ok());
+  EXPECT_EQ(count_ops(*g, "moe_dispatch"), 2);
+  EXPECT_EQ(count_ops(*g, "moe_aux_loss"), 2);
+  EXPECT_EQ(count_ops(*g, "expert_linear"), 6);
+  EXPECT_EQ(g->tensor(*g->find_tensor("h0.moe.experts.gate.w")).shape, (Shape{4, 96, 64}));
+  EXPECT_EQ(g->tensor(*g->find_tensor("h0.moe.router.w")).shape, (Shape{4, 64}));
+  EXPECT_EQ(g->tensor(*g->find_tensor("h0.moe.shared.up.w")).shape, (Shape{96, 64}));
+  EXPECT_FALSE(g->find_tensor("h0.mlp.gate.w").has_value());
+  EXPECT_EQ(graph_parameters(*g), llama_spec(c)->parameter_count());
+  // The loss adds the layers' load-balancing losses.
+  EXPECT_EQ(g->tensor(g->loss()).name, "loss.total");
+  const auto mixtral = llama_spec(config_with({"model.preset=mixtral-8x7b"}));
+  ASSERT_TRUE(mixtral.ok());
+  EXPECT_NEAR(mixtral->parameter_count() / 1e9, 46.70, 0.01);
+}
+
+TEST(LlamaMoeGraph, BadExpertArgumentsNameTheKey) {
+  auto error_of = [](const std::vector<std::string>& overrides) {
+    Config c = config_with(overrides);
+    auto spec = llama_spec(c);
+    if (!spec.ok()) return spec.error().message;
+    Status s = check_parallel(c);
+    return s.ok() ? std::string() : s.error().message;
+  };
+  EXPECT_NE(
+      error_of({"model.preset=tiny-moe", "model.args.moe.top_k=5"}).find("model.args.moe.top_k"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of({"model.preset=tiny-moe", "model.args.moe.score=relu"}).find("model.args.moe.score"),
+      std::string::npos);
+  EXPECT_NE(error_of({"model.preset=tiny-moe", "model.args.moe.expert=4"}).find("moe.experts"),
+            std::string::npos);  // did you mean
+  // ep must divide the experts, and needs experts at all.
+  EXPECT_NE(error_of({"model.preset=tiny-moe", "parallel.dp=8", "parallel.ep=8", "batch.micro=1"})
+                .find("parallel.ep"),
+            std::string::npos);
+  EXPECT_NE(error_of({"parallel.dp=2", "parallel.ep=2", "batch.micro=1"})
+                .find("needs a mixture of experts"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"model.preset=tiny-moe", "parallel.dp=4", "parallel.ep=4", "batch.micro=1"}),
+            "");
+}
+
+}  // namespace
+}  // namespace loom::models
