@@ -8,10 +8,10 @@ void add_moe_ops(OpRegistry& registry) {
   std::vector<OpSchema> schemas;
   // Gates and load statistics stay float32 under bf16: the loss sums them, and a bf16 gate
   // would move which tokens a capacity drops.
-  for (auto [type, annotation] : {std::pair{kMoeRoute, kMoeRouteAnnotation},
-                                  std::pair{kMoeLoadStats, kMoeLoadStatsAnnotation},
-                                  std::pair{kMoeAuxLoss, kMoeAuxLossAnnotation},
-                                  std::pair{kAddLoss, kAddLossAnnotation}}) {
+  for (auto [type, annotation] :
+       {std::pair{kMoeRoute, kMoeRouteAnnotation},
+        std::pair{kMoeLoadStats, kMoeLoadStatsAnnotation},
+        std::pair{kMoeAuxLoss, kMoeAuxLossAnnotation}, std::pair{kAddLoss, kAddLossAnnotation}}) {
     OpSchema s = OpSchema::simple(type, annotation);
     s.fp32_outputs = true;
     schemas.push_back(std::move(s));

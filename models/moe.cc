@@ -15,8 +15,8 @@ bool MoeSpec::is_moe_layer(int64_t layer) const {
 
 int64_t MoeSpec::capacity(int64_t seq) const {
   if (capacity_factor <= 0) return seq;
-  const double slots = std::ceil(capacity_factor * static_cast<double>(seq * top_k) /
-                                 static_cast<double>(experts));
+  const double slots =
+      std::ceil(capacity_factor * static_cast<double>(seq * top_k) / static_cast<double>(experts));
   return std::min<int64_t>(seq, std::max<int64_t>(1, static_cast<int64_t>(slots)));
 }
 
@@ -25,9 +25,9 @@ int64_t MoeSpec::layer_parameters(int64_t hidden, int64_t projections) const {
 }
 
 std::vector<std::string> moe_arg_names() {
-  return {"moe.experts",        "moe.top_k",          "moe.every",
-          "moe.first_dense",    "moe.ffn_hidden",     "moe.shared_experts",
-          "moe.aux_loss_coef",  "moe.capacity_factor", "moe.score"};
+  return {"moe.experts",       "moe.top_k",           "moe.every",
+          "moe.first_dense",   "moe.ffn_hidden",      "moe.shared_experts",
+          "moe.aux_loss_coef", "moe.capacity_factor", "moe.score"};
 }
 
 Result<MoeSpec> moe_spec(const Config& config, MoeSpec m, int64_t dense_ffn) {
@@ -64,16 +64,15 @@ Result<MoeSpec> moe_spec(const Config& config, MoeSpec m, int64_t dense_ffn) {
     if (value < 1)
       return config.error(key(name), std::string("moe.") + name + " must be positive, got " +
                                          std::to_string(value));
-  for (auto [name, value] : {std::pair{"first_dense", m.first_dense},
-                             std::pair{"shared_experts", m.shared_experts}})
+  for (auto [name, value] :
+       {std::pair{"first_dense", m.first_dense}, std::pair{"shared_experts", m.shared_experts}})
     if (value < 0)
-      return config.error(key(name), std::string("moe.") + name + " must be >= 0, got " +
-                                         std::to_string(value));
+      return config.error(
+          key(name), std::string("moe.") + name + " must be >= 0, got " + std::to_string(value));
   if (!(m.aux_loss_coef >= 0))
     return config.error(key("aux_loss_coef"), "moe.aux_loss_coef must be >= 0");
   if (!(m.capacity_factor >= 0))
-    return config.error(key("capacity_factor"),
-                        "moe.capacity_factor must be >= 0 (0: dropless)");
+    return config.error(key("capacity_factor"), "moe.capacity_factor must be >= 0 (0: dropless)");
   if (m.score != "softmax" && m.score != "sigmoid")
     return config.error(key("score"),
                         "moe.score must be softmax or sigmoid, got '" + m.score + "'");
@@ -87,9 +86,10 @@ Status check_expert_parallel(const Config& config, const MoeSpec& moe) {
     return config.error("parallel.ep", "expert parallelism " + std::to_string(ep) +
                                            " needs a mixture of experts (model.args.moe.experts)");
   if (config.parallel.policy != "hybrid")
-    return config.error("parallel.ep", "expert parallelism is part of the hybrid policy; "
-                                       "parallel.policy is '" +
-                                           config.parallel.policy + "'");
+    return config.error("parallel.ep",
+                        "expert parallelism is part of the hybrid policy; "
+                        "parallel.policy is '" +
+                            config.parallel.policy + "'");
   if (moe.experts % ep != 0)
     return config.error("parallel.ep", "expert parallelism " + std::to_string(ep) +
                                            " must divide the experts (" +
@@ -108,7 +108,8 @@ MoeOutput add_moe_mlp(graph::GraphBuilder& b, const MoeSpec& m, const std::strin
   Attrs route{{"top_k", m.top_k}, {"score", m.score}};
   if (m.capacity_factor > 0) route.set("c", capacity);
   TensorId weights = b.op1(graph::kMoeRoute, p + "route", {logits}, route);
-  TensorId buffer = b.op1(graph::kMoeDispatch, p + "dispatch", {h, weights}, Attrs{{"c", capacity}});
+  TensorId buffer =
+      b.op1(graph::kMoeDispatch, p + "dispatch", {h, weights}, Attrs{{"c", capacity}});
   // The slots a balanced router fills per expert and sample: what the estimator counts.
   const int64_t rows = std::min(capacity, (seq * m.top_k + e - 1) / e);
   auto expert_linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f,

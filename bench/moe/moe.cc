@@ -115,11 +115,11 @@ int main(int argc, char** argv) {
   if (readlink("/proc/self/exe", path, sizeof path - 1) <= 0) return 1;
   std::vector<double> ep, one, share;
   for (int round = 0; round < rounds; ++round) {
-    auto ep_runs = loom::comm::testing::spawn_workers(
-        path, 2,
-        {"--worker", std::to_string(steps), "parallel.dp=2", "parallel.ep=2", "comm.backend=gloo",
-         "batch.micro=4"},
-        600);
+    auto ep_runs =
+        loom::comm::testing::spawn_workers(path, 2,
+                                           {"--worker", std::to_string(steps), "parallel.dp=2",
+                                            "parallel.ep=2", "comm.backend=gloo", "batch.micro=4"},
+                                           600);
     ep.push_back(field(ep_runs, "median_step_s"));
     share.push_back(field(ep_runs, "a2a_s") / field(ep_runs, "traced_s"));
     loom::comm::testing::Launch solo;

@@ -260,6 +260,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
   impl->device = device;
   impl->rank = world->world_rank().value();
   for (const auto& t : planned.tensors()) impl->dtype.push_back(scalar_type(t.dtype));
+  impl->ragged_dim.assign(planned.tensors().size(), -1);
+  for (const graph::Op& op : planned.ops())
+    if (op.type() == graph::kMoeDispatch || op.type() == graph::kExpertLinear)
+      impl->ragged_dim[static_cast<size_t>(op.outputs[0].tensor.value())] = 2;
   if (static_cast<int64_t>(lowered.programs.size()) != world->size())
     return Error::at("comm", "the plan is for " + std::to_string(lowered.programs.size()) +
                                  " ranks but the world has " + std::to_string(world->size()));

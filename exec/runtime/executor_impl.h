@@ -42,6 +42,9 @@ struct Executor::Impl {
   // per step; their gradients flow back to the masters in float32).
   std::vector<at::Tensor> compute_params;
   std::vector<at::ScalarType> dtype;  // by tensor id: the planned graph's dtype
+  // By tensor id: the dimension whose trailing all-zero rows an all-to-all leaves out (the slots
+  // of a mixture of experts' buffers, graph/ops_moe.h), or -1.
+  std::vector<int64_t> ragged_dim;
   std::vector<graph::SubTensor> pieces;
   std::vector<int64_t> replicas;
   std::map<std::pair<int64_t, std::string>, size_t> param_index;  // (tensor, ranges) -> index
@@ -146,7 +149,8 @@ struct Executor::Impl {
   at::Tensor run_path(const lower::CommPath& path, TensorId t, at::Tensor x, PathPart part,
                       int64_t tag_base) {
     auto r = runner->run(path, graph.tensor(t).shape, std::move(x), part, tag_base,
-                         dtype[static_cast<size_t>(t.value())]);
+                         dtype[static_cast<size_t>(t.value())],
+                         ragged_dim[static_cast<size_t>(t.value())]);
     if (!r.ok()) throw CommFailure(r.error().message);
     return *r;
   }

@@ -73,16 +73,31 @@ Tensors moe_dispatch(const Ctx& ctx, const Tensors& in) {
   return {out.index_put({r.sample, r.expert, r.slot}, x.index({r.sample, r.token}))};
 }
 
-// [b, e, c, k] x [e, k, n] per expert, on the slots up to the last filled one of any expert:
-// the rest are 0 in and 0 out (no bias), in the forward and in the backward.
+// [b, e, c, k] x [e, n, k] per expert, on the filled slots only (grouped: each expert's rows of
+// every sample in one matrix product). A slot is filled up to the last non-zero one of its
+// (sample, expert): the rest are 0 in and 0 out (no bias), in the forward and in the backward,
+// so a dropless buffer costs the routed tokens' work, not the slots'.
 Tensors expert_linear(const Ctx&, const Tensors& in) {
   const at::Tensor& x = in[0];
-  const at::Tensor w = in[1].transpose(1, 2).unsqueeze(0);
-  const int64_t slots = x.size(2);
-  const at::Tensor filled = (x != 0).any(-1).any(1).any(0).nonzero();
-  const int64_t used = filled.numel() == 0 ? 0 : filled.max().item<int64_t>() + 1;
-  if (used == slots) return {at::matmul(x, w)};
-  return {at::constant_pad_nd(at::matmul(x.narrow(2, 0, used), w), {0, 0, 0, slots - used})};
+  const at::Tensor& w = in[1];
+  const int64_t b = x.size(0), e = x.size(1), c = x.size(2), k = x.size(3), n = w.size(1);
+  const auto longs = x.options().dtype(at::kLong);
+  const at::Tensor counts = ((x != 0).any(-1).to(at::kLong) * at::arange(1, c + 1, longs)).amax(-1);
+  const at::Tensor filled = at::arange(c, longs).view({1, 1, c}) < counts.unsqueeze(-1);
+  const at::Tensor keep = filled.transpose(0, 1).reshape({-1});  // expert-major [e * b * c]
+  const at::Tensor where = keep.nonzero().squeeze(1);
+  const at::Tensor per_expert = filled.sum(std::vector<int64_t>{0, 2}).cpu();  // one host read
+  const at::Tensor rows = x.transpose(0, 1).reshape({e * b * c, k}).index_select(0, where);
+  std::vector<at::Tensor> out_rows;
+  int64_t at_row = 0;
+  for (int64_t j = 0; j < e; ++j) {
+    const int64_t m = per_expert[j].item<int64_t>();
+    if (m > 0) out_rows.push_back(at::matmul(rows.narrow(0, at_row, m), w[j].t()));
+    at_row += m;
+  }
+  at::Tensor out = at::zeros({e * b * c, n}, x.options());
+  if (!out_rows.empty()) out = out.index_copy(0, where, at::cat(out_rows));
+  return {out.view({e, b, c, n}).transpose(0, 1).contiguous()};
 }
 
 Tensors moe_combine(const Ctx& ctx, const Tensors& in) {
@@ -118,9 +133,12 @@ Tensors add_loss(const Ctx&, const Tensors& in) {
 
 void add_moe_kernels(KernelRegistry& r) {
   const std::pair<const char*, Kernel> kernels[] = {
-      {"moe_route", moe_route},           {"moe_dispatch", moe_dispatch},
-      {"expert_linear", expert_linear},   {"moe_combine", moe_combine},
-      {"moe_load_stats", moe_load_stats}, {"moe_aux_loss", moe_aux_loss},
+      {"moe_route", moe_route},
+      {"moe_dispatch", moe_dispatch},
+      {"expert_linear", expert_linear},
+      {"moe_combine", moe_combine},
+      {"moe_load_stats", moe_load_stats},
+      {"moe_aux_loss", moe_aux_loss},
       {"add_loss", add_loss},
   };
   for (const auto& [type, kernel] : kernels) {

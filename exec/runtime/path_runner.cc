@@ -123,8 +123,10 @@ comm::Comm& PathRunner::group(const std::vector<DeviceId>& members) {
 }
 
 Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& full, at::Tensor x,
-                                   PathPart part, int64_t tag_base, at::ScalarType dtype) {
+                                   PathPart part, int64_t tag_base, at::ScalarType dtype,
+                                   int64_t ragged_dim) {
   at::NoGradGuard no_grad;
+  ragged_dim_ = ragged_dim;
   at::Tensor cur = x.defined() ? x.contiguous() : x;
   bool crossed = false;  // past the first send/recv step
   for (size_t i = 0; i < path.steps.size(); ++i) {
@@ -265,8 +267,11 @@ Result<at::Tensor> PathRunner::apply(const CommStep& st, at::Tensor cur) {
     case Primitive::kAllToAll: {
       std::vector<at::Tensor> in, out;
       for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-      for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
       comm::Comm& g = members();
+      if (ragged_dim_ >= 0 && ragged_dim_ != dim_of(st.to_factor) &&
+          ragged_dim_ != dim_of(st.from_factor))
+        return ragged_all_to_all(g, in, dim_of(st.from_factor));
+      for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
       observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", cur, -1, -1, &g); });
       LOOM_TRY(g.all_to_all(out, in));
       return at::cat(out, dim_of(st.from_factor));
@@ -288,6 +293,47 @@ Result<at::Tensor> PathRunner::apply(const CommStep& st, at::Tensor cur) {
       break;
   }
   return cur;
+}
+
+Result<at::Tensor> PathRunner::ragged_all_to_all(comm::Comm& g, const std::vector<at::Tensor>& in,
+                                                 int64_t cat_dim) {
+  const int64_t d = ragged_dim_, k = static_cast<int64_t>(in.size()), rows = in[0].size(d);
+  // Each piece's rows up to its last non-zero one, found on the device in one pass.
+  const at::Tensor nonzero = at::stack(in).ne(0).movedim(d + 1, 1).reshape({k, rows, -1}).any(2);
+  const at::Tensor counts =
+      (nonzero.to(at::kLong) * at::arange(1, rows + 1, nonzero.options().dtype(at::kLong))).amax(1);
+  std::vector<at::Tensor> send_counts, recv_counts;
+  for (int64_t j = 0; j < k; ++j) {
+    send_counts.push_back(counts.narrow(0, j, 1).contiguous());
+    recv_counts.push_back(at::empty_like(send_counts.back()));
+  }
+  {
+    observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", counts, -1, -1, &g); });
+    LOOM_TRY(g.all_to_all(recv_counts, send_counts));
+  }
+  // The sizes must reach the host to make the receive buffers: one read per exchange.
+  const at::Tensor sent = counts.cpu(), received = at::cat(recv_counts).cpu();
+  std::vector<at::Tensor> payload, arrived;
+  for (int64_t j = 0; j < k; ++j) {
+    payload.push_back(
+        in[static_cast<size_t>(j)].narrow(d, 0, sent[j].item<int64_t>()).contiguous());
+    std::vector<int64_t> shape = in[0].sizes().vec();
+    shape[static_cast<size_t>(d)] = received[j].item<int64_t>();
+    arrived.push_back(at::empty(shape, in[0].options()));
+  }
+  {
+    observe::TraceSpan span(
+        tracer_, [&] { return comm_event("all_to_all", at::cat(payload, d), -1, -1, &g); });
+    LOOM_TRY(g.all_to_all(arrived, payload));
+  }
+  std::vector<at::Tensor> out;
+  for (int64_t j = 0; j < k; ++j) {
+    at::Tensor full = at::zeros_like(in[0]);
+    full.narrow(d, 0, arrived[static_cast<size_t>(j)].size(d))
+        .copy_(arrived[static_cast<size_t>(j)]);
+    out.push_back(std::move(full));
+  }
+  return at::cat(out, cat_dim);
 }
 
 bool PathRunner::is_one_all_gather(const lower::CommPath& path) const {

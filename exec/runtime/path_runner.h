@@ -40,9 +40,13 @@ class PathRunner {
   // Runs the steps of `path` that involve this rank, from its piece `x` of a tensor of shape
   // `full` (undefined when it holds none at the start). Returns its piece at the end (undefined
   // when it holds none). Messages use tags from `tag_base` up (one per step); what it receives
-  // has dtype `dtype` (the tensor's, graph/precision.h).
+  // has dtype `dtype` (the tensor's, graph/precision.h). With `ragged_dim` >= 0 an all-to-all
+  // sends of each piece only the rows along that dimension up to its last non-zero one, after
+  // exchanging those counts (a mixture of experts' slots: most are empty), and the receiver
+  // fills the rest with zeros: the same result in fewer bytes.
   Result<at::Tensor> run(const lower::CommPath& path, const Shape& full, at::Tensor x,
-                         PathPart part, int64_t tag_base, at::ScalarType dtype = at::kFloat);
+                         PathPart part, int64_t tag_base, at::ScalarType dtype = at::kFloat,
+                         int64_t ragged_dim = -1);
 
   // Posts now the receives this rank's `part` of `path` starts with (its first send/recv step),
   // so their data arrives while this rank computes; the run() of the same path, part and
@@ -87,10 +91,16 @@ class PathRunner {
                                bool send, bool recv, int tag, at::ScalarType dtype);
   // A collective or local step applied to this rank's piece `cur`.
   Result<at::Tensor> apply(const lower::CommStep& st, at::Tensor cur);
+  // All-to-all of `in` (piece j to rank j of `g`) sending only each piece's rows along
+  // ragged_dim_ up to its last non-zero one; the pieces received, zero-filled, concatenated
+  // along `cat_dim`.
+  Result<at::Tensor> ragged_all_to_all(comm::Comm& g, const std::vector<at::Tensor>& in,
+                                       int64_t cat_dim);
 
   std::shared_ptr<comm::Comm> world_;
   at::Device device_;
   int64_t rank_;
+  int64_t ragged_dim_ = -1;                 // of the run() in progress
   bool defer_sends_;                        // nccl: sends start with the next receives
   std::vector<comm::P2POp> waiting_sends_;  // not started: they go with the next receives
   std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups_;

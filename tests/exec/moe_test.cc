@@ -24,8 +24,8 @@ std::vector<at::Tensor> run_op(const std::string& type, const std::vector<at::Te
   graph::GraphBuilder b(ops, "op");
   std::vector<TensorId> ids;
   for (size_t i = 0; i < inputs.size(); ++i)
-    ids.push_back(b.parameter("in" + std::to_string(i), inputs[i].sizes().vec(),
-                              graph::ParamInit::zeros()));
+    ids.push_back(
+        b.parameter("in" + std::to_string(i), inputs[i].sizes().vec(), graph::ParamInit::zeros()));
   b.op(type, "op", ids, std::move(attrs));
   // A graph needs a scalar loss: one of its own.
   TensorId la = b.parameter("la", {1, 1}, graph::ParamInit::zeros());
@@ -50,17 +50,17 @@ TEST(MoeKernels, AuxLossEqualsItsClosedForm) {
   EXPECT_TRUE(at::allclose(stats[0], at::tensor({3.0f, 1.0f})));
   EXPECT_TRUE(at::allclose(stats[1], at::tensor({float(3 * p + q), float(3 * (1 - p) + 1 - q)})));
   const double coef = 0.01;
-  auto aux = run_op(graph::kMoeAuxLoss, {stats[0], stats[1]},
-                    {{"coef", coef}, {"experts", int64_t{2}}, {"top_k", int64_t{1}},
-                     {"tokens", int64_t{4}}});
+  auto aux = run_op(
+      graph::kMoeAuxLoss, {stats[0], stats[1]},
+      {{"coef", coef}, {"experts", int64_t{2}}, {"top_k", int64_t{1}}, {"tokens", int64_t{4}}});
   // Switch: coef x E x sum_x f_x P_x, f = counts / T, P = score sums / T.
   const double f0 = 3.0 / 4, f1 = 1.0 / 4, p0 = (3 * p + q) / 4, p1 = (3 * (1 - p) + 1 - q) / 4;
   const double expected = coef * 2 * (f0 * p0 + f1 * p1);
   EXPECT_NEAR(aux[0].item<double>(), expected, 1e-6 * expected);  // float32 sums of 4 terms
   // A balanced router (f = P = 1/2) gives coef exactly: the loss's minimum.
-  auto balanced = run_op(graph::kMoeAuxLoss, {at::tensor({2.0f, 2.0f}), at::tensor({2.0f, 2.0f})},
-                         {{"coef", coef}, {"experts", int64_t{2}}, {"top_k", int64_t{1}},
-                          {"tokens", int64_t{4}}});
+  auto balanced = run_op(
+      graph::kMoeAuxLoss, {at::tensor({2.0f, 2.0f}), at::tensor({2.0f, 2.0f})},
+      {{"coef", coef}, {"experts", int64_t{2}}, {"top_k", int64_t{1}}, {"tokens", int64_t{4}}});
   EXPECT_NEAR(balanced[0].item<double>(), coef, 1e-9);
 }
 
@@ -144,11 +144,11 @@ constexpr int kSteps = 4;
 constexpr int64_t kMicroBatchSamples = 4;  // batch.micro x parallel.dp, fixed so aux losses agree
 
 Config config(const std::string& type, int64_t dp, const std::vector<std::string>& more) {
-  const std::string yaml = "run: {seed: 7, steps: 4}\nmodel: {type: " + type +
-                           ", preset: tiny-moe}\nbatch: {global: 8, micro: " +
-                           std::to_string(kMicroBatchSamples / dp) +
-                           "}\noptimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: "
-                           "0.01, clip_grad_norm: 1.0}\ncomm: {timeout_s: 60}\n";
+  const std::string yaml =
+      "run: {seed: 7, steps: 4}\nmodel: {type: " + type +
+      ", preset: tiny-moe}\nbatch: {global: 8, micro: " + std::to_string(kMicroBatchSamples / dp) +
+      "}\noptimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: "
+      "0.01, clip_grad_norm: 1.0}\ncomm: {timeout_s: 60}\n";
   std::vector<std::string> overrides = {"parallel.dp=" + std::to_string(dp)};
   overrides.insert(overrides.end(), more.begin(), more.end());
   auto c = parse_config(yaml, type + "-moe.yaml", overrides);
@@ -173,7 +173,9 @@ TEST(GptMoeLocalRanks, Ep4) { expect_equal("gpt", 4, {"parallel.ep=4"}, 4); }
 TEST(GptMoeLocalRanks, Dp4Ep2) { expect_equal("gpt", 4, {"parallel.ep=2"}, 4); }
 TEST(GptMoeLocalRanks, Ep2Tp2) { expect_equal("gpt", 2, {"parallel.ep=2", "parallel.tp=2"}, 4); }
 TEST(GptMoeLocalRanks, Ep2Pp2) { expect_equal("gpt", 2, {"parallel.ep=2", "parallel.pp=2"}, 4); }
-TEST(GptMoeLocalRanks, Ep2Zero3) { expect_equal("gpt", 2, {"parallel.ep=2", "parallel.zero=3"}, 2); }
+TEST(GptMoeLocalRanks, Ep2Zero3) {
+  expect_equal("gpt", 2, {"parallel.ep=2", "parallel.zero=3"}, 2);
+}
 
 TEST(LlamaMoeLocalRanks, Ep2) { expect_equal("llama", 2, {"parallel.ep=2"}, 2); }
 TEST(LlamaMoeLocalRanks, Ep4) { expect_equal("llama", 4, {"parallel.ep=4"}, 4); }

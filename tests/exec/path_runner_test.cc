@@ -105,3 +105,51 @@ TEST(PathRunner, RandomLayoutsAcrossGroupsWithPostedReceives) { across_groups(tr
 
 }  // namespace
 }  // namespace loom::runtime
+
+namespace loom::runtime {
+namespace {
+
+// A mixture of experts' buffer [batch 4, experts 4, slots 6, hidden 3] moving from a batch split
+// to an expert split over 4 ranks (the dispatch all-to-all), with a different number of filled
+// slots per (sample, expert) and some all empty: the ragged all-to-all, which sends only each
+// piece's slots up to its last non-zero one, delivers exactly the pieces of the plain one.
+TEST(PathRunner, RaggedAllToAllDeliversThePlainOnesPieces) {
+  const Shape shape{4, 4, 6, 3};
+  const lower::Layout from = lower::Layout::split(4, 0, devices(0, 4));
+  const lower::Layout to = lower::Layout::split(4, 1, devices(0, 4));
+  lower::PathFinder finder;
+  auto path = finder.find(shape, 4, from, to, false);
+  ASSERT_TRUE(path.ok()) << path.error().message;
+  ASSERT_EQ(path->steps.size(), 1u);
+  ASSERT_EQ(path->steps[0].primitive, lower::Primitive::kAllToAll);
+  at::Tensor full = at::randn(shape, at::TensorOptions().dtype(at::kFloat)) + 10;
+  for (int64_t b = 0; b < 4; ++b)
+    for (int64_t e = 0; e < 4; ++e) {
+      const int64_t filled = (b * 3 + e * 5) % 7;  // 0 to 6 slots, rank 0's to rank 0: some 0
+      full[b][e].narrow(0, std::min<int64_t>(filled, 6), 6 - std::min<int64_t>(filled, 6)).zero_();
+    }
+  comm::LocalWorld world(4, 30);
+  std::mutex mu;
+  std::vector<std::string> problems;
+  auto statuses = world.run([&](comm::Comm& c) -> Status {
+    at::set_num_threads(1);
+    PathRunner runner(c.shared_from_this());
+    LOOM_TRY(runner.add_groups({&*path}));
+    const int64_t rank = c.world_rank().value();
+    at::Tensor x = cut_piece(full, from.piece(position(from, rank), TensorId(0), shape));
+    LOOM_ASSIGN_OR_RETURN(at::Tensor plain, runner.run(*path, shape, x, PathPart::kAll, 0));
+    LOOM_ASSIGN_OR_RETURN(at::Tensor ragged,
+                          runner.run(*path, shape, x, PathPart::kAll, 10, at::kFloat, 2));
+    LOOM_TRY(runner.flush());
+    const at::Tensor want = cut_piece(full, to.piece(position(to, rank), TensorId(0), shape));
+    std::lock_guard<std::mutex> lock(mu);
+    if (!at::equal(plain, want)) problems.push_back("plain, rank " + std::to_string(rank));
+    if (!at::equal(ragged, want)) problems.push_back("ragged, rank " + std::to_string(rank));
+    return Status::success();
+  });
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(statuses[r].ok()) << statuses[r].error().message;
+  EXPECT_TRUE(problems.empty()) << problems.size() << " wrong pieces, first: " << problems[0];
+}
+
+}  // namespace
+}  // namespace loom::runtime
