@@ -88,13 +88,16 @@ Tensors expert_linear(const Ctx&, const Tensors& in) {
   const at::Tensor where = keep.nonzero().squeeze(1);
   const at::Tensor per_expert = filled.sum(std::vector<int64_t>{0, 2}).cpu();  // one host read
   const at::Tensor rows = x.transpose(0, 1).reshape({e * b * c, k}).index_select(0, where);
+  // Split once (one gradient each in the backward, not a full-size one per expert).
+  std::vector<int64_t> sizes;
+  for (int64_t j = 0; j < e; ++j) sizes.push_back(per_expert[j].item<int64_t>());
+  const std::vector<at::Tensor> weights = w.unbind(0);
+  const std::vector<at::Tensor> blocks = rows.split_with_sizes(sizes);
   std::vector<at::Tensor> out_rows;
-  int64_t at_row = 0;
-  for (int64_t j = 0; j < e; ++j) {
-    const int64_t m = per_expert[j].item<int64_t>();
-    if (m > 0) out_rows.push_back(at::matmul(rows.narrow(0, at_row, m), w[j].t()));
-    at_row += m;
-  }
+  for (int64_t j = 0; j < e; ++j)
+    if (sizes[static_cast<size_t>(j)] > 0)
+      out_rows.push_back(
+          at::matmul(blocks[static_cast<size_t>(j)], weights[static_cast<size_t>(j)].t()));
   at::Tensor out = at::zeros({e * b * c, n}, x.options());
   if (!out_rows.empty()) out = out.index_copy(0, where, at::cat(out_rows));
   return {out.view({e, b, c, n}).transpose(0, 1).contiguous()};
