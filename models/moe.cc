@@ -108,10 +108,10 @@ MoeOutput add_moe_mlp(graph::GraphBuilder& b, const MoeSpec& m, const std::strin
   Attrs route{{"top_k", m.top_k}, {"score", m.score}};
   if (m.capacity_factor > 0) route.set("c", capacity);
   TensorId weights = b.op1(graph::kMoeRoute, p + "route", {logits}, route);
-  TensorId buffer =
-      b.op1(graph::kMoeDispatch, p + "dispatch", {h, weights}, Attrs{{"c", capacity}});
   // The slots a balanced router fills per expert and sample: what the estimator counts.
   const int64_t rows = std::min(capacity, (seq * m.top_k + e - 1) / e);
+  TensorId buffer = b.op1(graph::kMoeDispatch, p + "dispatch", {h, weights},
+                          Attrs{{"c", capacity}, {"rows", rows}});
   auto expert_linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f,
                            double w_std, const char* tp) {
     TensorId w =

@@ -15,6 +15,7 @@
 #include "exec/lower/param_shards.h"
 #include "exec/lower/path.h"
 #include "exec/lower/recompute.h"
+#include "graph/ops_moe.h"
 #include "graph/precision.h"
 #include "planner/cost.h"
 #include "scheduler/block.h"
@@ -434,15 +435,32 @@ namespace {
 
 // A rank's communication per step: each adapter's forward and gradient paths per micro-batch
 // (the steps this rank takes part in), and the gradient all-reduces once per step.
+// By tensor id: the share of a mixture of experts' slots buffer a balanced router fills (the
+// expert ops' `rows` of its c slots), what a ragged all-to-all sends of it
+// (exec/runtime/path_runner.h); 1 for every other tensor.
+std::vector<double> slot_fill(const graph::Graph& planned) {
+  std::vector<double> fill(planned.tensors().size(), 1.0);
+  for (const auto& op : planned.ops()) {
+    if ((op.type() != graph::kMoeDispatch && op.type() != graph::kExpertLinear) ||
+        !op.attrs().has("rows"))
+      continue;
+    const auto out = static_cast<size_t>(op.outputs[0].tensor.value());
+    const double slots = static_cast<double>(planned.tensor(op.outputs[0].tensor).shape[2]);
+    fill[out] = std::min(1.0, static_cast<double>(op.attrs().get<int64_t>("rows")) / slots);
+  }
+  return fill;
+}
+
 void add_communication(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost, double m, size_t r,
-                       RankEstimate& re) {
+                       const std::vector<double>& fill, RankEstimate& re) {
   const int64_t rank = static_cast<int64_t>(r);
   for (const auto& a : lowered.adapters) {
-    re.comm_s += m * (path_seconds(a.forward, rank) + path_seconds(a.backward, rank));
+    const double f = fill[static_cast<size_t>(a.tensor.value())];
+    re.comm_s += m * (path_seconds(a.forward, rank, f) + path_seconds(a.backward, rank, f));
     const auto& t = planned.tensor(a.tensor);
-    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
-    add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent, f);
+    add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), rank, m, re.sent, f);
     if (!a.regather) continue;  // a linear's weight is gathered again for its backward
     re.comm_s += m * path_seconds(a.forward, rank);
     add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
@@ -529,6 +547,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   Estimate e;
   e.bubble_ratio = pipeline.bubble_ratio;
   e.ranks.resize(n);
+  const std::vector<double> fill = slot_fill(planned);
   for (size_t r = 0; r < n; ++r) {
     RankEstimate& re = e.ranks[r];
     const size_t stage = stage_of(r);
@@ -541,7 +560,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
         re.bubble = 1 - pipeline.busy_s[stage] / pipeline.makespan_s;
     }
     re.compute_s = std::max(re.compute_s, node_s[static_cast<int64_t>(r) / cost.devices_per_node]);
-    add_communication(config, planned, lowered, cost, m, r, re);
+    add_communication(config, planned, lowered, cost, m, r, fill, re);
     re.step_s = re.compute_s + re.comm_s;
 
     const double in_flight = pipelined && stage < pipeline.peak_micro_batches.size()
@@ -553,19 +572,19 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   return e;
 }
 
-double path_seconds(const lower::CommPath& path, int64_t rank) {
+double path_seconds(const lower::CommPath& path, int64_t rank, double all_to_all_fill) {
   double t = 0;
   for (const lower::CommStep& st : path.steps) {
     bool in = false;
     for (const auto& layout : {&st.before, &st.after})
       for (DeviceId d : layout->devices) in = in || d.value() == rank;
-    if (in) t += st.cost_s;
+    if (in) t += st.cost_s * (st.primitive == lower::Primitive::kAllToAll ? all_to_all_fill : 1.0);
   }
   return t;
 }
 
 void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
-                    double times, std::map<std::string, double>& out) {
+                    double times, std::map<std::string, double>& out, double all_to_all_fill) {
   for (const lower::CommStep& st : path.steps) {
     int64_t pos = -1;
     for (size_t p = 0; p < st.before.devices.size(); ++p)
@@ -583,8 +602,10 @@ void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t ele
         bytes = (k - 1) * piece;
         break;
       case lower::Primitive::kReduceScatter:
-      case lower::Primitive::kAllToAll:
         bytes = (k - 1) / k * piece;
+        break;
+      case lower::Primitive::kAllToAll:
+        bytes = (k - 1) / k * piece * all_to_all_fill;
         break;
       case lower::Primitive::kSendRecv:
         for (const auto& pair : st.groups)

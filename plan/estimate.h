@@ -90,7 +90,8 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const PipelineTimes& pipeline);
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
-double path_seconds(const lower::CommPath& path, int64_t rank);
+// `all_to_all_fill`: the share of an all-to-all's pieces that crosses (a ragged one's).
+double path_seconds(const lower::CommPath& path, int64_t rank, double all_to_all_fill = 1.0);
 // A ring all-reduce of `bytes` over `devices`: 2 (k - 1) messages of bytes / k, on the network
 // when the group spans nodes.
 // How long a node's ranks take to compute `work_s` (each rank's seconds at device_flops_per_s)
@@ -101,9 +102,10 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
                           double bytes);
 
 // Adds to `out`, per primitive, the bytes `rank` sends in the steps of `path` it takes part in,
-// `times` over (once per micro-batch, say).
+// `times` over (once per micro-batch, say); all-to-all pieces count `all_to_all_fill` of their
+// bytes.
 void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
-                    double times, std::map<std::string, double>& out);
+                    double times, std::map<std::string, double>& out, double all_to_all_fill = 1.0);
 
 std::string human_bytes(double bytes);  // "1.5 GiB"
 std::string human_seconds(double s);    // "2.31 ms"
