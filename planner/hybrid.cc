@@ -149,7 +149,7 @@ std::string tp_label(const Op& op, bool sp) {
   if (t == "shared_kv_attention") return "h";  // query heads; kv heads whole
   if (t == "ring_attention_step") return "g";  // context-parallel attention
   if (t == "lse_merge" || t == "lse_merge_last") return "h";
-  if (t == "window_attention") return "h";                // heads (Swin)
+  if (t == "window_attention") return "h";  // heads (Swin)
   // The experts' row-parallel outputs are partial sums: combine reduce-scatters them over the
   // hidden features instead of all-reducing the whole slots buffer.
   if (t == graph::kMoeCombine) return "m";

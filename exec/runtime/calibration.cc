@@ -93,29 +93,6 @@ double copy_seconds_per_byte(const RunDevice& d, int64_t bytes, double budget_s,
   return median(t) / static_cast<double>(src.numel() * 4);
 }
 
-// The memory one rank may use: the GPU's total, or the machine's MemTotal shared by the ranks on
-// it (LOCAL_WORLD_SIZE).
-double device_memory_bytes(const RunDevice& d, int64_t ranks_per_machine) {
-#if LOOM_TORCH_CUDA
-  if (d.cuda()) {
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
-      return static_cast<double>(total_bytes);
-  }
-#else
-  (void)d;
-#endif
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("MemTotal:", 0) == 0) {
-      std::istringstream fields(line.substr(9));
-      double kib = 0;
-      fields >> kib;
-      return kib * 1024 / static_cast<double>(ranks_per_machine);
-    }
-  return 0;
-}
-
 // One primitive at one size, called as a step calls it: right after compute (`before`), with no
 // barrier, so that the time includes waiting for the slowest rank. Repeats are chosen by rank 0
 // from the warm-up so that every rank runs the same number of calls; the median is returned.
@@ -264,6 +241,29 @@ Result<RankMeasurements> measure(const CalibrationRequest& req) {
 }
 
 }  // namespace
+
+// The memory one rank may use: the GPU's total, or the machine's MemTotal shared by the ranks on
+// it (LOCAL_WORLD_SIZE).
+double device_memory_bytes(const RunDevice& d, int64_t ranks_per_machine) {
+#if LOOM_TORCH_CUDA
+  if (d.cuda()) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+      return static_cast<double>(total_bytes);
+  }
+#else
+  (void)d;
+#endif
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("MemTotal:", 0) == 0) {
+      std::istringstream fields(line.substr(9));
+      double kib = 0;
+      fields >> kib;
+      return kib * 1024 / static_cast<double>(ranks_per_machine);
+    }
+  return 0;
+}
 
 std::string default_calibration_device() { return cuda_device_count() > 0 ? "cuda" : "cpu"; }
 

@@ -51,4 +51,8 @@ void reset_peak_device_bytes(const RunDevice& d);
 // GPU block ends when its kernels do); nothing on the CPU.
 void synchronize_device(const RunDevice& d);
 
+// The memory one rank may use: the GPU's total, or the machine's MemTotal shared by the
+// `ranks_per_machine` ranks on it (defined in calibration.cc).
+double device_memory_bytes(const RunDevice& d, int64_t ranks_per_machine);
+
 }  // namespace loom::runtime

@@ -193,6 +193,46 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
   return create(config, std::move(plan), std::move(world), std::move(extensions));
 }
 
+namespace {
+
+// A plan whose estimated peak exceeds the memory a rank has (the GPU's, or the machine's shared
+// by its ranks) is refused before anything is allocated, naming what sized it. Every process
+// decides alike, before the rendezvous.
+Status check_fits(const Config& config, const plan::Estimate& estimate, const RunDevice& device,
+                  const comm::EnvLookup& env) {
+  if (estimate.ranks.empty()) return Status::success();  // a plan.json brings no estimate
+  auto count = [&](const char* name) -> int64_t {
+    const auto v = env(name);
+    if (!v) return 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(v->c_str(), &end, 10);
+    return end && *end == '\0' && n > 0 ? n : 0;
+  };
+  const int64_t local =
+      std::max<int64_t>(1, count("LOCAL_WORLD_SIZE") ? count("LOCAL_WORLD_SIZE")
+                                                     : count("OMPI_COMM_WORLD_LOCAL_SIZE"));
+  const double memory = device_memory_bytes(device, local);
+  const double peak = estimate.max_peak_bytes();
+  if (!(memory > 0) || peak <= memory) return Status::success();
+  std::string sizes, first_key = "model.preset";
+  for (const auto& [name, value] : config.model.args) {
+    if (sizes.empty()) first_key = "model.args." + name;
+    sizes += (sizes.empty() ? "" : ", ") + name + "=" + value;
+  }
+  return config.error(
+      first_key, "the plan's estimated peak memory per rank, " + plan::human_bytes(peak) +
+                     ", exceeds what a rank has here, " + plan::human_bytes(memory) + " (" +
+                     (device.cuda() ? std::string("the GPU's")
+                                    : "the machine's, over " + std::to_string(local) + " ranks") +
+                     "): model " + config.model.type + " " + config.model.preset +
+                     (sizes.empty() ? std::string() : " with " + sizes) + " on " +
+                     config.parallel.degrees() +
+                     "; make the model smaller or split it over more ranks (loom plan shows the "
+                     "estimate per rank)");
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Plan plan,
                                                  std::shared_ptr<comm::Comm> world,
                                                  std::shared_ptr<const Extensions> extensions) {
@@ -217,6 +257,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
   const comm::EnvLookup env = comm::process_env();
   LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, comm::local_rank(env)));
   const int64_t world_size = plan.world_size();
+  LOOM_TRY(check_fits(config, plan.estimate, impl->device, env));
   if (!world && world_size == 1) {
     // One process alone: a plan of one rank over a one-rank Comm.
     world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));

@@ -149,6 +149,14 @@ TEST_F(Cli, MissingTokenFile) {
                   "data.path: cannot read token file");
 }
 
+// A model too large for the machine is refused from the plan's estimate before anything is
+// allocated, naming the key that sized it (not a LibTorch allocation failure and its trace).
+TEST_F(Cli, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
+  const std::string c = write("c.yaml", base_config());
+  expect_rejected("train " + c + " model.args.hidden=1048576", "model.args.hidden: the plan's");
+  expect_rejected("train " + c + " model.args.vocab=2000000000", "exceeds what a rank has here");
+}
+
 // run.device=cuda where no GPU is usable (none visible, or a CPU-only build): one line naming
 // the key, exit 2, nothing written. Unknown devices and precisions are refused the same way.
 TEST_F(Cli, CudaWithoutAUsableGpu) {

@@ -197,3 +197,35 @@ TEST(LlamaMoeLocalRanks, CapacityEp2Tp2) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// The load-balancing loss is reported on its own (moe_aux_loss) and is the same under ep2 x tp2
+// as on one device: each layer's loss counted once whatever ranks hold it.
+TEST(MoeMetrics, AuxLossIsReportedOnceUnderEveryPlan) {
+  auto aux_of = [](const Config& c, int world_size) {
+    comm::LocalWorld world(world_size, 60);
+    std::vector<double> aux(static_cast<size_t>(world_size), -1);
+    auto statuses = world.run([&](comm::Comm& comm) -> Status {
+      at::set_num_threads(1);
+      LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+      LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
+      if (!st.has_moe_aux) return Error::at("test", "no moe_aux_loss reported");
+      aux[static_cast<size_t>(comm.world_rank().value())] = st.moe_aux_loss;
+      return Status::success();
+    });
+    for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.error().message;
+    return aux;
+  };
+  const std::vector<double> one = aux_of(config("llama", 1, {}), 1);
+  const std::vector<double> plan =
+      aux_of(config("llama", 2, {"parallel.ep=2", "parallel.tp=2"}), 4);
+  // Two layers of coef 0.01 x E sum f P, which is 1 for a balanced router: about 0.02.
+  EXPECT_GT(one[0], 0.01);
+  EXPECT_LT(one[0], 0.1);
+  for (double a : plan) EXPECT_NEAR(a, one[0], 1e-6 * one[0]);  // float32 sums of 64 tokens
+}
+
+}  // namespace
+}  // namespace loom
