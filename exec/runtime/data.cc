@@ -1,6 +1,7 @@
 #include "exec/runtime/data.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -55,6 +56,11 @@ Result<std::unique_ptr<TokenSource>> make_token_source(const Config& config, int
     return std::unique_ptr<TokenSource>(
         std::make_unique<SyntheticSource>(static_cast<uint64_t>(config.run.seed), vocab));
   const std::string& path = config.data.path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return config.error("data.path", "'" + path +
+                                         "' is a directory; data.path is one token file (the ids "
+                                         "of the whole corpus, data.token_bytes each)");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return config.error("data.path", "cannot read token file '" + path + "'");
   const std::streamsize bytes = in.tellg();
@@ -78,6 +84,16 @@ Result<std::unique_ptr<TokenSource>> make_token_source(const Config& config, int
     std::copy(narrow.begin(), narrow.end(), tokens.begin());
   }
   if (!in) return config.error("data.path", "failed to read token file '" + path + "'");
+  // Every id is checked now, before step 1 (and before any checkpoint is written), not when the
+  // step that reads it comes.
+  const auto outside = std::find_if(tokens.begin(), tokens.end(), [vocab](uint32_t id) {
+    return static_cast<int64_t>(id) >= vocab;
+  });
+  if (outside != tokens.end())
+    return config.error("data.path",
+                        "token file '" + path + "': token " + std::to_string(*outside) +
+                            " at position " + std::to_string(outside - tokens.begin()) +
+                            " is outside the model's vocabulary (" + std::to_string(vocab) + ")");
   return std::unique_ptr<TokenSource>(
       std::make_unique<TokenFileSource>(path, std::move(tokens), vocab));
 }
