@@ -194,10 +194,11 @@ Status check_llama_parallel(const Config& config) {
     return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                            key(name) + " (" + std::to_string(value) + ") " + need);
   };
-  const std::pair<std::string, int64_t> dims[] = {
-      {"heads", spec.heads}, {"ffn_hidden", spec.ffn_hidden}, {"vocab_groups", spec.vocab_groups}};
+  const std::pair<std::string, int64_t> dims[] = {{"heads", spec.heads},
+                                                  {"ffn_hidden", spec.ffn_hidden}};
   for (const auto& [name, value] : dims)
     if (value % tp != 0) return refuse(name, value, "to be divisible by " + std::to_string(tp));
+  LOOM_TRY(check_vocab_split(config, spec.vocab, spec.vocab_groups));
   if (spec.moe.enabled() && spec.moe.ffn_hidden % tp != 0)
     return refuse("moe.ffn_hidden", spec.moe.ffn_hidden,
                   "to be divisible by " + std::to_string(tp));

@@ -18,13 +18,14 @@ Status check_gpt_parallel(const Config& config) {
     return config.model.args.count(name) ? "model.args." + name
                                          : "model.preset (" + config.model.preset + ") " + name;
   };
-  const std::pair<std::string, int64_t> dims[] = {
-      {"heads", spec.heads}, {"ffn_hidden", spec.ffn_hidden}, {"vocab_groups", spec.vocab_groups}};
+  const std::pair<std::string, int64_t> dims[] = {{"heads", spec.heads},
+                                                  {"ffn_hidden", spec.ffn_hidden}};
   for (const auto& [name, value] : dims)
     if (value % tp != 0)
       return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                              key(name) + " (" + std::to_string(value) +
                                              ") to be divisible by " + std::to_string(tp));
+  LOOM_TRY(check_vocab_split(config, spec.vocab, spec.vocab_groups));
   if (spec.moe.enabled() && spec.moe.ffn_hidden % tp != 0)
     return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                            key("moe.ffn_hidden") + " (" +
@@ -144,6 +145,25 @@ Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& 
   auto ring = planner::context_parallel_attention(g, config.parallel.cp);
   if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
   return ring;
+}
+
+Status check_vocab_split(const Config& config, int64_t vocab, int64_t vocab_groups) {
+  const int64_t tp = config.parallel.tp;
+  if (vocab_groups % tp == 0) return Status::success();
+  const std::string t = "tensor parallelism " + std::to_string(tp);
+  if (config.model.args.count("vocab_groups"))
+    return config.error("parallel.tp", t + " needs model.args.vocab_groups (" +
+                                           std::to_string(vocab_groups) + ") to be divisible by " +
+                                           std::to_string(tp));
+  const int64_t padded = (vocab + 63) / 64 * 64;
+  const std::string where = config.model.args.count("vocab")
+                                ? "model.args.vocab"
+                                : "model.preset (" + config.model.preset + ") vocab";
+  return config.error("parallel.tp", t + " splits the vocabulary over the tp ranks, but " + where +
+                                         " (" + std::to_string(vocab) + ") is not divisible by " +
+                                         std::to_string(tp) +
+                                         "; pad it (model.args.vocab=" + std::to_string(padded) +
+                                         ", a multiple of 64, as Megatron does)");
 }
 
 Status check_context_parallel(const Config& config, const ModelType& type) {

@@ -67,6 +67,11 @@ Status check_context_parallel(const Config& config, const ModelType& type);
 Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
                               const std::string& heads_key, int64_t heads);
 
+// Tensor parallelism splits a language model's vocabulary in its loss's `vocab_groups` groups:
+// tp must divide them. Where vocab_groups is the default (the largest power of two up to 64
+// dividing the vocabulary), says to pad the vocabulary and to what.
+Status check_vocab_split(const Config& config, int64_t vocab, int64_t vocab_groups);
+
 // "unknown <family> preset 'x' (did you mean 'y'?); presets: ...", naming model.preset.
 Error unknown_preset(const Config& config, const std::string& family,
                      const std::vector<std::string>& names);

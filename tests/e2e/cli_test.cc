@@ -355,6 +355,9 @@ TEST_F(Cli, ParallelConfigRejections) {
                   "model.args.ffn_hidden (130) to be divisible by 4");
   expect_rejected(plan + "parallel.tp=2 model.args.vocab_groups=1",
                   "tensor parallelism 2 needs model.args.vocab_groups (1) to be divisible by 2");
+  // A vocabulary tp cannot split: pad it, and to what.
+  expect_rejected(plan + "parallel.tp=2 model.args.vocab=255",
+                  "model.args.vocab (255) is not divisible by 2; pad it (model.args.vocab=256");
   // The same checks guard loom train before anything is written.
   expect_rejected("train " + config + " parallel.tp=3", "heads (4) to be divisible by 3");
 }
