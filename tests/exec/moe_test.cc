@@ -188,6 +188,17 @@ TEST(LlamaMoeLocalRanks, Ep2Pp2OneFOneB) {
 TEST(LlamaMoeLocalRanks, Ep2Zero3FullRecompute) {
   expect_equal("llama", 2, {"parallel.ep=2", "parallel.zero=3", "parallel.recompute=full"}, 2);
 }
+// The split backward (the experts' weight gradients come in the I block, the linears' wait for
+// W) and a looped schedule over 4 layers.
+TEST(LlamaMoeLocalRanks, Ep2Pp2ZeroBubble) {
+  expect_equal("llama", 2, {"parallel.ep=2", "parallel.pp=2", "parallel.schedule=zb-h1"}, 4);
+}
+TEST(GptMoeLocalRanks, Ep2Pp2Interleaved) {
+  expect_equal(
+      "gpt", 2,
+      {"parallel.ep=2", "parallel.pp=2", "parallel.chunks=2", "parallel.schedule=interleaved"}, 4,
+      {"model.args.layers=4"});
+}
 // With a capacity (2 slots per expert and sample of 32 tokens, top 2 of 4: most tokens are
 // dropped), every plan drops the same tokens: the losses could not agree otherwise.
 TEST(LlamaMoeLocalRanks, CapacityEp2Tp2) {
