@@ -684,6 +684,14 @@ Status check_plan_current(const PlanFile& plan, const std::string& source, const
       what += (what.empty() ? "" : "; ") + k + " was " + va + " in the plan, is " + vb + " now";
   }
   if (listed > 4) what += "; and " + std::to_string(listed - 4) + " more keys";
+  // The precision is not a planning key, but it sets every activation's dtype in the graph.
+  for (const char* k : {"run.precision"}) {
+    auto a = then.find(k), b = now.find(k);
+    if (a == then.end() || b == now.end() || a->second == b->second) continue;
+    what += (what.empty() ? "" : "; ") + std::string(k) + " was " + a->second +
+            " in the plan, is " + b->second + " now";
+    ++listed;
+  }
   if (plan.code_fingerprint != fingerprint)
     what += std::string(what.empty() ? "" : "; ") + "made by another loom build ('" +
             plan.code_fingerprint + "'; this is '" + fingerprint + "')";

@@ -266,6 +266,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Pla
     comm::configure_worker_threads();
     LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm, env, impl->device.cuda()));
   }
+  if (world->size() != world_size && config.comm.backend == "mpi" && world->size() == 1 &&
+      !env("OMPI_COMM_WORLD_SIZE") && !env("PMI_SIZE") && env("WORLD_SIZE"))
+    return config.error("comm.backend",
+                        "comm.backend mpi takes its " + std::to_string(world_size) +
+                            " ranks from mpirun (or srun), but this process was started by "
+                            "loomrun or torchrun (WORLD_SIZE " +
+                            env("WORLD_SIZE").value_or("?") + "); start it with mpirun -np " +
+                            std::to_string(world_size) +
+                            ", or use comm.backend gloo (nccl on GPUs) under loomrun");
   if (world->size() != world_size)
     return config.error("parallel.dp", config.parallel.degrees() + " = " +
                                            std::to_string(world_size) + " ranks, but " +

@@ -22,14 +22,17 @@ struct Outcome {
   std::string output;
 };
 
-Outcome run(const std::string& args) {
-  std::string cmd = std::string(LOOM_BINARY_DIR) + "/bin/loom " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
+Outcome run_command(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   int status = pclose(pipe);
   return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+Outcome run(const std::string& args) {
+  return run_command(std::string(LOOM_BINARY_DIR) + "/bin/loom " + args);
 }
 
 class Cli : public testing::Test {
@@ -147,6 +150,23 @@ TEST_F(Cli, MissingTokenFile) {
   expect_rejected("train " + write("c.yaml", base_config() + "data:\n  type: tokens\n  path: " +
                                                  (dir_ / "nope.bin").string() + "\n"),
                   "data.path: cannot read token file");
+}
+
+// comm.backend mpi under loomrun (which starts one-rank MPI worlds) says to use mpirun, not that
+// too few processes were started; a plan made for another run.precision says so.
+TEST_F(Cli, MpiUnderLoomrunAndAPlanOfAnotherPrecisionSayWhat) {
+  const std::string c = write("c.yaml", base_config());
+  Outcome r = run_command(std::string(LOOM_BINARY_DIR) + "/bin/loomrun --nproc-per-node 2 " +
+                          LOOM_BINARY_DIR + "/bin/loom train " + c +
+                          " parallel.dp=2 comm.backend=mpi comm.timeout_s=30");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("comm.backend mpi takes its 2 ranks from mpirun"), std::string::npos)
+      << r.output;
+  const std::string plan_dir = (dir_ / "plan").string();
+  ASSERT_EQ(run("plan " + c + " --out " + plan_dir).code, 0);
+  fs::remove_all(dir_ / "run");
+  expect_rejected("train " + c + " run.precision=bf16 --plan " + plan_dir + "/plan.json",
+                  "run.precision was fp32 in the plan, is bf16 now");
 }
 
 // A model too large for the machine is refused from the plan's estimate before anything is
