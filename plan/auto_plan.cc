@@ -12,6 +12,8 @@
 
 #include "core/training_state.h"
 #include "exec/lower/program.h"
+#include "models/gpt.h"
+#include "models/llama.h"
 
 namespace loom::plan {
 namespace {
@@ -19,9 +21,13 @@ namespace {
 // What a candidate is before its memory ladder: how the model is split and ordered.
 struct Shape {
   std::string policy;  // hybrid, or the model's own (window, dap) of degree tp
-  int64_t dp = 1, tp = 1, pp = 1, chunks = 1, micro = 1;
+  // world = dp x cp x tp x pp; ep is carved out of dp (it divides dp).
+  int64_t dp = 1, cp = 1, ep = 1, tp = 1, pp = 1, chunks = 1, micro = 1;
   std::string schedule = "1f1b";
   bool sp = false;
+
+  // The ranks a parameter outside the experts is replicated over: ZeRO shards over them.
+  int64_t replicas() const { return dp * cp; }
 };
 
 // A rung of the memory ladder: recomputation and ZeRO level.
@@ -35,7 +41,7 @@ struct Rung {
 const char* const kRecompute[] = {"none", "selective", "full"};
 
 bool zero_applies(const Shape& s, int64_t zero) {
-  if (zero > 0 && s.dp == 1) return false;
+  if (zero > 0 && s.replicas() == 1) return false;
   // A split backward's weight gradients would need zero 3's gathers in the W blocks.
   if (zero == 3 && (s.schedule == "zb-h1" || s.schedule == "search-zb")) return false;
   return true;
@@ -44,6 +50,9 @@ bool zero_applies(const Shape& s, int64_t zero) {
 std::vector<std::string> overrides_of(const Shape& s, const Rung& r, int64_t global) {
   return {"parallel.policy=" + s.policy,
           "parallel.dp=" + std::to_string(s.dp),
+          "parallel.cp=" + std::to_string(s.cp),
+          "parallel.cp_kind=p2p",
+          "parallel.ep=" + std::to_string(s.ep),
           "parallel.tp=" + std::to_string(s.tp),
           "parallel.pp=" + std::to_string(s.pp),
           "parallel.sp=" + std::string(s.sp ? "true" : "false"),
@@ -58,6 +67,8 @@ std::vector<std::string> overrides_of(const Shape& s, const Rung& r, int64_t glo
 std::string label_of(const Shape& s, const Rung& r) {
   std::ostringstream os;
   os << "dp" << s.dp << " ";
+  if (s.ep > 1) os << "ep" << s.ep << " ";
+  if (s.cp > 1) os << "cp" << s.cp << " ";
   if (s.policy == "hybrid")
     os << "tp" << s.tp << (s.sp ? "+sp" : "");
   else
@@ -71,6 +82,30 @@ std::string label_of(const Shape& s, const Rung& r) {
   return os.str();
 }
 
+// What the model offers to split besides the batch, the layers and tensor-parallel dimensions.
+struct ModelSplits {
+  int64_t seq = 0;      // the sequence context parallelism may cut; 0: none (not a decoder)
+  int64_t experts = 0;  // the routed experts expert parallelism may split; 0: a dense model
+};
+
+// A sequence this long (tokens) has context parallelism searched from the start. Below it a
+// sample's activations are small next to the weights, so data, tensor and pipeline splits and
+// recomputation bring a plan under the limit for less than a ring that sends key/value chunks in
+// every attention layer, and cp would multiply the shapes only to add losers. The threshold is
+// the planner's choice (where long-context training usually starts), not a measured crossover;
+// shorter sequences still get cp when nothing fits without it (CpSearch::kFallback).
+constexpr int64_t kLongSequence = 8192;
+// Fewest tokens per context-parallel chunk in that search: a ring step's attention work grows
+// with the chunk squared and its message only with the chunk, so short chunks leave the sends
+// exposed; it also bounds cp by seq / 1024 (8 for 8192 tokens).
+constexpr int64_t kMinCpChunk = 1024;
+
+// Which context-parallel degrees a pass of skeletons takes.
+enum class CpSearch {
+  kLong,      // cp 1, and for a sequence of kLongSequence or more each cut of kMinCpChunk or more
+  kFallback,  // the other cuts of the sequence (cp > 1): nothing kLong took fitted the memory
+};
+
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d)
@@ -78,18 +113,51 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
+// The context-parallel degrees (dividing `ranks`, the ranks tp leaves) a pass takes.
+std::vector<int64_t> cp_degrees(const ModelSplits& model, CpSearch search, int64_t ranks) {
+  std::vector<int64_t> out;
+  if (search == CpSearch::kLong) out.push_back(1);
+  if (model.seq == 0) return out;
+  for (int64_t cp : divisors(ranks)) {
+    if (cp == 1 || model.seq % cp != 0) continue;
+    const bool long_cut = model.seq >= kLongSequence && model.seq / cp >= kMinCpChunk;
+    if (long_cut == (search == CpSearch::kLong)) out.push_back(cp);
+  }
+  return out;
+}
+
+// The expert-parallel degrees of `dp` data-parallel ranks: the divisors of dp that divide the
+// experts.
+std::vector<int64_t> ep_degrees(const ModelSplits& model, int64_t dp) {
+  std::vector<int64_t> out = {1};
+  if (model.experts == 0) return out;
+  for (int64_t ep : divisors(dp))
+    if (ep > 1 && model.experts % ep == 0) out.push_back(ep);
+  return out;
+}
+
+// The most ranks a data-parallel proxy has: tensor parallelism within a node times the 32 stages
+// large worlds are searched with. cp and ep (whose proxies keep an ep group, see ladder) are
+// searched on proxies within it, so a proxy never costs more to plan than one without them.
+int64_t max_proxy_ranks(const CostModel& cost) {
+  return std::max<int64_t>(cost.devices_per_node, 1) * 32;
+}
+
 // The skeletons of `world` ranks: policy, degrees and micro-batch size, each with the plain
 // order (1F1B under pipelining) and sequence parallelism with tp. make_plan refuses what the
 // model rules out (degrees that do not divide it, too few layers for the stages).
 std::vector<Shape> skeletons(const Config& config, const Registries& registries,
-                             const CostModel& cost, int64_t world, bool whole) {
+                             const CostModel& cost, const ModelSplits& model, CpSearch cp_search,
+                             int64_t world, bool whole) {
   std::vector<std::string> policies = {"hybrid"};
   const std::vector<std::string> known = registries.policies.names();
   auto has = [&](const std::string& p) {
     return std::find(known.begin(), known.end(), p) != known.end();
   };
-  if (config.model.type == "swin" && has("window")) policies.push_back("window");
-  if (config.model.type == "evoformer" && has("dap")) policies.push_back("dap");
+  if (cp_search == CpSearch::kLong) {  // context parallelism runs under the hybrid policy only
+    if (config.model.type == "swin" && has("window")) policies.push_back("window");
+    if (config.model.type == "evoformer" && has("dap")) policies.push_back("dap");
+  }
   const int64_t global = config.batch.global;
   // Large worlds: micro-batches of 1 and 2 (what memory allows at scale) and at most 32 stages.
   const int64_t max_micro = whole ? 16 : 2, max_pp = whole ? 128 : 32;
@@ -98,23 +166,33 @@ std::vector<Shape> skeletons(const Config& config, const Registries& registries,
     for (int64_t tp : divisors(world)) {
       if (tp > std::max<int64_t>(cost.devices_per_node, 1)) continue;  // tp within a node
       if (policy != "hybrid" && tp == 1) continue;
-      for (int64_t pp : divisors(world / tp)) {
-        if (pp > max_pp) continue;
-        const int64_t dp = world / (tp * pp);
-        if (global % dp != 0) continue;
-        for (int64_t micro : divisors(global / dp)) {
-          if (micro > max_micro) break;
-          if (global / (dp * micro) > lower::kMaxMicroBatches) continue;
-          Shape s;
-          s.policy = policy;
-          s.dp = dp;
-          s.tp = tp;
-          s.pp = pp;
-          s.micro = micro;
-          s.sp = policy == "hybrid" && tp > 1;
-          out.push_back(s);
+      const std::vector<int64_t> cps =
+          policy == "hybrid" ? cp_degrees(model, cp_search, world / tp) : std::vector<int64_t>{1};
+      for (int64_t cp : cps)
+        for (int64_t pp : divisors(world / (tp * cp))) {
+          if (pp > max_pp) continue;
+          const int64_t dp = world / (tp * cp * pp);
+          if (global % dp != 0) continue;
+          const std::vector<int64_t> eps =
+              policy == "hybrid" ? ep_degrees(model, dp) : std::vector<int64_t>{1};
+          for (int64_t ep : eps) {
+            if (!whole && ep * cp * tp * pp > max_proxy_ranks(cost)) continue;
+            for (int64_t micro : divisors(global / dp)) {
+              if (micro > max_micro) break;
+              if (global / (dp * micro) > lower::kMaxMicroBatches) continue;
+              Shape s;
+              s.policy = policy;
+              s.dp = dp;
+              s.cp = cp;
+              s.ep = ep;
+              s.tp = tp;
+              s.pp = pp;
+              s.micro = micro;
+              s.sp = policy == "hybrid" && tp > 1;
+              out.push_back(s);
+            }
+          }
         }
-      }
     }
   return out;
 }
@@ -162,6 +240,27 @@ Result<Config> with_overrides(const std::string& yaml, const std::vector<std::st
   return parse_config(yaml, "parallel.policy auto", overrides);
 }
 
+// What config's model offers cp and ep: the sequence of a type that declares context
+// parallelism (GPT, Llama), the routed experts of GPT's and Llama's mixtures. A model built by
+// Registries::model is searched without either.
+Result<ModelSplits> model_splits(const Config& config, const Registries& registries) {
+  ModelSplits out;
+  if (registries.model) return out;
+  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+  if (type->context_parallel && type->items) {
+    LOOM_ASSIGN_OR_RETURN(const models::SampleItems items, type->items(config));
+    out.seq = items.per_sample;
+  }
+  if (type->name == "gpt") {
+    LOOM_ASSIGN_OR_RETURN(const models::GptSpec spec, models::gpt_spec(config));
+    out.experts = spec.moe.experts;
+  } else if (type->name == "llama") {
+    LOOM_ASSIGN_OR_RETURN(const models::LlamaSpec spec, models::llama_spec(config));
+    out.experts = spec.moe.experts;
+  }
+  return out;
+}
+
 // The search's state: the user's config, what is searched with.
 struct Search {
   const Config& config;
@@ -173,33 +272,54 @@ struct Search {
   bool whole = true;               // plan each candidate whole; else on a data-parallel proxy
   double bytes_per_parameter = 0;  // weights, gradients and optimizer state (training_state_bytes)
   double parameters = 0;           // of the single-device model
+  ModelSplits model;               // the sequence and experts cp and ep may split
 };
 
 enum class Outcome { kFits, kOverMemory, kInvalid };
 
-// A plan's figures under ZeRO level `zero` over `dp` replicas, from its figures at zero 0 (or,
-// on a data-parallel proxy, from one replica's): ZeRO 1 keeps 1/dp of the optimizer state, ZeRO 3
-// 1/dp of weights, gradients and state; on a proxy the replicas' gradient all-reduce (ZeRO 1
-// moves the same bytes as a reduce-scatter and an all-gather; ZeRO 3 gathers every parameter in
-// each micro-batch's forward and again for its backward, and reduce-scatters its gradient: 1.5
-// all-reduces per micro-batch).
+// The data-parallel ranks a shape's proxy keeps: one replica, or under expert parallelism one ep
+// group (ep is carved out of dp and cannot be expressed with dp 1; a proxy of ep replicas routes
+// tokens to every expert as the whole plan does).
+int64_t proxy_dp(const Shape& shape) { return shape.ep; }
+
+// The first `n` ranks of a shape's replica axes (dp x cp, tensor-parallel position 0 of the
+// first stage): a group the cost model can price an all-reduce over (planner/mesh.h's order).
+std::vector<DeviceId> replica_group(const Shape& shape, int64_t n) {
+  std::vector<DeviceId> group;
+  for (int64_t j = 0; j < n; ++j) group.push_back(DeviceId(j * shape.tp));
+  return group;
+}
+
+// A plan's figures under ZeRO level `zero`, from its figures at zero 0 (or, on a data-parallel
+// proxy, from the proxy's). ZeRO shards over the ranks a parameter is replicated on, dp x cp as
+// the lowering does: ZeRO 1 keeps 1/(dp cp) of the optimizer state, ZeRO 3 1/(dp cp) of
+// weights, gradients and state. On a proxy the whole plan's gradient all-reduce over dp x cp
+// replaces the proxy's own over its proxy_dp x cp (ZeRO 1 moves the same bytes as a
+// reduce-scatter and an all-gather; ZeRO 3 gathers every parameter in each micro-batch's forward
+// and again for its backward, and reduce-scatters its gradient: 1.5 all-reduces per
+// micro-batch). Expert parameters are replicated over dp / ep x cp only: a proxy counts all
+// gradients as if over dp x cp (the top candidates are planned whole before they are ranked),
+// and shares ZeRO's memory over dp / ep x cp, which never promises an expert rank memory it
+// lacks.
 AutoCandidate at_zero(const Search& s, const Shape& shape, const Estimate& e, int64_t zero,
                       bool proxy) {
-  const double dp = static_cast<double>(shape.dp);
-  std::vector<DeviceId> group;  // one replica group: the ranks of one tensor-parallel position
-  for (int64_t j = 0; j < shape.dp; ++j) group.push_back(DeviceId(j * shape.tp));
+  const double shards =
+      static_cast<double>(proxy && shape.ep > 1 ? shape.replicas() / shape.ep : shape.replicas());
+  const std::vector<DeviceId> all = replica_group(shape, shape.replicas());
+  const std::vector<DeviceId> proxied = replica_group(shape, proxy_dp(shape) * shape.cp);
   const double m = static_cast<double>(s.config.batch.global / (shape.dp * shape.micro));
   AutoCandidate c;
   c.bubble = e.bubble_ratio;
   for (const RankEstimate& r : e.ranks) {
     double comm = r.comm_s;
     if (proxy) {
-      const double sync = all_reduce_seconds(s.cost, group, r.grad_bytes);
-      comm += zero == 3 ? 1.5 * m * sync : sync;
+      const double sync = all_reduce_seconds(s.cost, all, r.grad_bytes);
+      comm +=
+          (zero == 3 ? 1.5 * m * sync : sync) - all_reduce_seconds(s.cost, proxied, r.grad_bytes);
     }
     double peak = r.peak_bytes;
-    if (zero == 1) peak -= r.optimizer_bytes * (1 - 1 / dp);
-    if (zero == 3) peak -= (r.param_bytes + r.grad_bytes + r.optimizer_bytes) * (1 - 1 / dp);
+    if (zero == 1) peak -= r.optimizer_bytes * (1 - 1 / shards);
+    if (zero == 3) peak -= (r.param_bytes + r.grad_bytes + r.optimizer_bytes) * (1 - 1 / shards);
     c.peak_bytes = std::max(c.peak_bytes, peak);
     if (r.compute_s + comm > c.step_s) {
       c.step_s = r.compute_s + comm;
@@ -216,18 +336,18 @@ AutoCandidate at_zero(const Search& s, const Shape& shape, const Estimate& e, in
 // is planned too, and counts only if its own estimate fits.
 Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t& planned) {
   const int64_t global = s.config.batch.global;
-  // Weights, gradients and state over tp x pp, and over dp too at best (ZeRO 3): a floor no rung
+  // Weights, gradients and state over every rank at best (ZeRO 3 over dp x cp): a floor no rung
   // goes under.
-  const double floor =
-      s.parameters * s.bytes_per_parameter / static_cast<double>(shape.tp * shape.pp * shape.dp);
+  const double floor = s.parameters * s.bytes_per_parameter /
+                       static_cast<double>(shape.tp * shape.pp * shape.replicas());
   if (floor > s.limit) return Outcome::kOverMemory;
   Shape planned_shape = shape;
   int64_t ranks = s.world;
   int64_t planned_global = global;
-  if (!s.whole) {  // one replica, the same micro-batches
-    planned_shape.dp = 1;
-    planned_global = global / shape.dp;
-    ranks = shape.tp * shape.pp;
+  if (!s.whole) {  // one replica (one ep group), the same micro-batches per replica
+    planned_shape.dp = proxy_dp(shape);
+    planned_global = global / shape.dp * planned_shape.dp;
+    ranks = planned_shape.dp * shape.cp * shape.tp * shape.pp;
   }
   std::map<std::string, Result<Plan>> base;  // recompute level -> its plan at ZeRO 0
   auto plan_of = [&](const std::string& recompute) -> const Result<Plan>& {
@@ -310,6 +430,8 @@ void search_shapes(const Search& s, const std::vector<Shape>& shapes, int64_t th
   });
   for (size_t k = 0; k < shapes.size(); ++k) {
     ++result.considered;
+    result.with_cp += shapes[k].cp > 1;
+    result.with_ep += shapes[k].ep > 1;
     if (outcome[k] == Outcome::kFits) fits.push_back(found[k]);
     result.over_memory += outcome[k] == Outcome::kOverMemory;
     result.invalid += outcome[k] == Outcome::kInvalid;
@@ -335,6 +457,18 @@ std::vector<Shape> expansions(const std::vector<Shape>& skeletons,
     ++expanded;
   }
   return out;
+}
+
+// One pass of the search: its skeletons first, then every schedule (and tp without sp) of the
+// best of them.
+void search_pass(const Search& s, CpSearch cp_search, const AutoOptions& options, int64_t threads,
+                 std::atomic<int64_t>& planned, AutoPlan& result,
+                 std::vector<AutoCandidate>& fits) {
+  const std::vector<Shape> first =
+      skeletons(s.config, s.registries, s.cost, s.model, cp_search, s.world, s.whole);
+  search_shapes(s, first, threads, planned, result, fits);
+  search_shapes(s, expansions(first, fits, options.expand, s.config.batch.global), threads, planned,
+                result, fits);
 }
 
 // The best `top` proxies planned whole and ranked on their own estimates (those over the limit
@@ -387,8 +521,12 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
            cost,
            world_size,
            result.memory_limit_bytes,
-           world_size <= options.exact_ranks};
+           world_size <= options.exact_ranks,
+           0,
+           0,
+           {}};
   s.bytes_per_parameter = training_state_bytes(config.optimizer).total();
+  LOOM_ASSIGN_OR_RETURN(s.model, model_splits(config, registries));
   {
     LOOM_ASSIGN_OR_RETURN(const graph::Graph model, build_model(config, registries, 1));
     for (const auto& t : model.tensors())
@@ -399,12 +537,10 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
                               ? options.threads
                               : std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::atomic<int64_t> planned{0};
-  // The skeletons first; then every schedule (and tp without sp) of the best of them.
   std::vector<AutoCandidate> fits;
-  const std::vector<Shape> first = skeletons(config, registries, cost, world_size, s.whole);
-  search_shapes(s, first, threads, planned, result, fits);
-  search_shapes(s, expansions(first, fits, options.expand, config.batch.global), threads, planned,
-                result, fits);
+  search_pass(s, CpSearch::kLong, options, threads, planned, result, fits);
+  // Nothing fits without cutting the sequence (or into long chunks): the other cuts.
+  if (fits.empty()) search_pass(s, CpSearch::kFallback, options, threads, planned, result, fits);
   // Proxies rank the candidates; the best are planned whole and ranked on their own estimates.
   WholeRanking whole;
   if (!s.whole) {
@@ -442,12 +578,17 @@ Result<AutoCandidate> plan_within_memory(const Config& config, const Registries&
            world_size,
            config.parallel.memory_limit_gb > 0 ? config.parallel.memory_limit_gb * 1e9
                                                : cost.device_memory_bytes,
-           true};
+           true,
+           0,
+           0,
+           {}};
   Shape shape;
   shape.policy = config.parallel.policy;
   shape.tp = config.parallel.tp;
   shape.pp = config.parallel.pp;
-  shape.dp = world_size / (shape.tp * shape.pp);
+  shape.cp = config.parallel.cp;
+  shape.ep = config.parallel.ep;
+  shape.dp = world_size / (shape.tp * shape.pp * shape.cp);
   shape.chunks = config.parallel.chunks;
   shape.micro = config.batch.micro;
   shape.schedule = config.parallel.schedule;
@@ -480,6 +621,9 @@ std::string describe(const AutoPlan& r) {
                 human_bytes(r.memory_limit_bytes).c_str(), static_cast<long long>(r.invalid),
                 r.seconds);
   os << line;
+  if (r.with_cp > 0 || r.with_ep > 0)
+    os << "  of the shapes, " << r.with_cp << " with context parallelism (cp > 1), " << r.with_ep
+       << " with expert parallelism (ep > 1)\n";
   os << "  #  plan                                                est. step   peak/rank   bubble  "
         "comm/step\n";
   for (size_t i = 0; i < r.top.size(); ++i) {
