@@ -127,7 +127,10 @@ Status record_step(const Config& config, RunOutput& out, const runtime::StepStat
                          {"step_time_s", st.step_time_s},
                          {"tokens_per_s", st.tokens_per_s},
                          {"peak_mem_bytes", st.peak_mem_bytes}};
-  if (st.has_moe_aux) line["moe_aux_loss"] = st.moe_aux_loss;
+  if (st.has_moe_aux) {
+    line["moe_aux_loss"] = st.moe_aux_loss;
+    line["moe_max_load"] = st.moe_max_load;
+  }
   LOOM_TRY(out.metrics->append(line.dump()));
   if (out.tensorboard)
     if (Status s = out.tensorboard->write_scalars(st.step, scalars_of(line), unix_seconds());

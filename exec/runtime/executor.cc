@@ -261,6 +261,8 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
   impl->rank = world->world_rank().value();
   for (const auto& t : planned.tensors()) impl->dtype.push_back(scalar_type(t.dtype));
   impl->ragged_dim.assign(planned.tensors().size(), -1);
+  impl->has_experts = std::any_of(planned.ops().begin(), planned.ops().end(),
+                                  [](const auto& op) { return op.type() == graph::kMoeAuxLoss; });
   for (const graph::Op& op : planned.ops())
     if (op.type() == graph::kMoeDispatch || op.type() == graph::kExpertLinear)
       impl->ragged_dim[static_cast<size_t>(op.outputs[0].tensor.value())] = 2;
@@ -419,6 +421,10 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
     if (step.metric_weight > 0 && s.forwarding) {
       const at::Tensor v = outs[0].detach().to(at::kDouble) * step.metric_weight;
       s.aux_total = s.aux_total.defined() ? s.aux_total + v : v;
+      // Its first input counts the tokens each expert was chosen by (whole, on every holder).
+      const at::Tensor counts = args[0].detach().to(at::kDouble);
+      const at::Tensor load = (counts.max() / counts.mean().clamp_min(1e-30)).reshape({});
+      s.max_load = s.max_load.defined() ? at::maximum(s.max_load, load) : load;
     }
     // A gathered parameter has one reader (lower/param_shards.h): it lives on only where
     // autograd keeps it.
@@ -598,6 +604,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   s.micro.assign(inputs.size(), Impl::Micro{});
   s.aux_total = at::Tensor();
+  s.max_load = at::Tensor();
   for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
   if (s.buckets) s.buckets->begin_step();
@@ -646,7 +653,16 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
     // A GPU backend's failure surfaces after the work it broke: the step is not done then.
     check(s.world->status());
     const double* v = sums.data_ptr<double>();
-    return StepSums{v[0], v[1], v[2]};
+    StepSums out{v[0], v[1], v[2], 0};
+    if (s.has_experts) {  // every rank knows from the plan's graph, so every rank calls it
+      const at::Device device = s.params.empty() ? at::Device(at::kCPU) : s.params[0].device();
+      at::Tensor load = s.max_load.defined()
+                            ? s.max_load.reshape({1}).to(device)
+                            : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+      if (s.world->size() > 1) check(s.world->all_reduce(load, comm::ReduceOp::kMax));
+      out.max_expert_load = load.cpu().item<double>();
+    }
+    return out;
   } catch (const CommFailure& e) {
     return Error::at("comm", e.what());
   } catch (const c10::Error& e) {

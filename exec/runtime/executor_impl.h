@@ -69,6 +69,9 @@ struct Executor::Impl {
   bool forwarding = false;
   // The step's auxiliary losses (ForwardStep::metric_weight), summed in forward blocks.
   at::Tensor aux_total;
+  // The most tokens an expert was chosen by over the mean, of any layer and micro-batch here.
+  at::Tensor max_load;
+  bool has_experts = false;  // the plan has a load-balancing loss (all ranks agree)
 
   // Where an op reads one input from, resolved once when the executor is made.
   struct Source {

@@ -332,6 +332,7 @@ Result<StepStats> Trainer::step() {
   st.step = s.step;
   st.loss = sums.loss * scale;
   st.moe_aux_loss = sums.aux_loss * scale;
+  st.moe_max_load = sums.max_expert_load;
   st.has_moe_aux = std::any_of(s.graph.ops().begin(), s.graph.ops().end(),
                                [](const graph::Op& op) { return op.type() == graph::kMoeAuxLoss; });
   st.lr = lr;

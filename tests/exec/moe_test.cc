@@ -224,6 +224,10 @@ TEST(MoeMetrics, AuxLossIsReportedOnceUnderEveryPlan) {
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
       if (!st.has_moe_aux) return Error::at("test", "no moe_aux_loss reported");
       aux[static_cast<size_t>(comm.world_rank().value())] = st.moe_aux_loss;
+      // The busiest expert took more than its share, and at most all k x T choices of the
+      // 4 x 32 tokens of a micro-batch (E / k = 2 times the mean).
+      if (!(st.moe_max_load >= 1.0 && st.moe_max_load <= 2.0))
+        return Error::at("test", "moe_max_load " + std::to_string(st.moe_max_load));
       return Status::success();
     });
     for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.error().message;
