@@ -169,6 +169,35 @@ TEST_F(Cli, MpiUnderLoomrunAndAPlanOfAnotherPrecisionSayWhat) {
                   "run.precision was fp32 in the plan, is bf16 now");
 }
 
+// A mixture of experts over gloo processes (4 ranks: ep 2 within dp 2, tp 2; the ragged
+// all-to-all between processes) trains to one process's losses on the same micro-batches. fp32:
+// the plans differ only in summation order (~1e-6 of the loss); a token routed or returned wrong
+// moves it by 1e-3 or more.
+TEST_F(Cli, MixtureOfExpertsOverGlooEqualsOneProcess) {
+  const std::string c = std::string(LOOM_SOURCE_DIR) + "/configs/moe-tiny.yaml";
+  const std::string common = " run.steps=3 optimizer.type=sgd optimizer.lr=0.1 comm.timeout_s=60";
+  Outcome ep = run_command(std::string(LOOM_BINARY_DIR) + "/bin/loomrun --nproc-per-node 4 " +
+                           LOOM_BINARY_DIR + "/bin/loom train " + c + common +
+                           " run.output_dir=" + (dir_ / "ep").string());
+  ASSERT_EQ(ep.code, 0) << ep.output;
+  Outcome one = run("train " + c + common + " parallel.dp=1 parallel.ep=1 parallel.tp=1 " +
+                    "batch.micro=4 run.output_dir=" + (dir_ / "one").string());
+  ASSERT_EQ(one.code, 0) << one.output;
+  auto losses = [](const fs::path& metrics) {
+    std::ifstream in(metrics);
+    std::vector<double> out;
+    for (std::string line; std::getline(in, line);)
+      out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  const std::vector<double> a = losses(dir_ / "ep" / "metrics.jsonl"),
+                            b = losses(dir_ / "one" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << "step " << i + 1;
+  EXPECT_NE(a.front(), a.back());  // it trains
+}
+
 // A model too large for the machine is refused from the plan's estimate before anything is
 // allocated, naming the key that sized it (not a LibTorch allocation failure and its trace).
 TEST_F(Cli, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
