@@ -261,8 +261,6 @@ Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
   impl->rank = world->world_rank().value();
   for (const auto& t : planned.tensors()) impl->dtype.push_back(scalar_type(t.dtype));
   impl->ragged_dim.assign(planned.tensors().size(), -1);
-  impl->has_experts = std::any_of(planned.ops().begin(), planned.ops().end(),
-                                  [](const auto& op) { return op.type() == graph::kMoeAuxLoss; });
   for (const graph::Op& op : planned.ops())
     if (op.type() == graph::kMoeDispatch || op.type() == graph::kExpertLinear)
       impl->ragged_dim[static_cast<size_t>(op.outputs[0].tensor.value())] = 2;
@@ -424,7 +422,9 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
       // Its first input counts the tokens each expert was chosen by (whole, on every holder).
       const at::Tensor counts = args[0].detach().to(at::kDouble);
       const at::Tensor load = (counts.max() / counts.mean().clamp_min(1e-30)).reshape({});
-      s.max_load = s.max_load.defined() ? at::maximum(s.max_load, load) : load;
+      const at::Tensor weighted = load * step.metric_weight;
+      s.load_sum = s.load_sum.defined() ? s.load_sum + weighted : weighted;
+      s.load_count += step.metric_weight;
     }
     // A gathered parameter has one reader (lower/param_shards.h): it lives on only where
     // autograd keeps it.
@@ -591,9 +591,12 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
     at::Tensor norms = at::stack(at::_foreach_norm(grads)).to(at::kDouble);
     norm = (norms.square() * at::tensor(weights, at::kDouble).to(options.device())).sum();
   }
-  const at::Tensor aux =
-      s.aux_total.defined() ? s.aux_total.to(options.device()).reshape({}) : at::zeros({}, options);
-  return at::stack({loss, norm, aux});
+  auto scalar = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(options.device()).reshape({}) : at::zeros({}, options);
+  };
+  // The experts' load rides the same all-reduce: its weighted sum and the weights summed.
+  return at::stack(
+      {loss, norm, scalar(s.aux_total), scalar(s.load_sum), at::full({}, s.load_count, options)});
 }
 
 }  // namespace
@@ -604,7 +607,8 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   s.micro.assign(inputs.size(), Impl::Micro{});
   s.aux_total = at::Tensor();
-  s.max_load = at::Tensor();
+  s.load_sum = at::Tensor();
+  s.load_count = 0;
   for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
   for (auto& p : s.params) p.mutable_grad() = at::Tensor();
   if (s.buckets) s.buckets->begin_step();
@@ -653,16 +657,7 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
     // A GPU backend's failure surfaces after the work it broke: the step is not done then.
     check(s.world->status());
     const double* v = sums.data_ptr<double>();
-    StepSums out{v[0], v[1], v[2], 0};
-    if (s.has_experts) {  // every rank knows from the plan's graph, so every rank calls it
-      const at::Device device = s.params.empty() ? at::Device(at::kCPU) : s.params[0].device();
-      at::Tensor load = s.max_load.defined()
-                            ? s.max_load.reshape({1}).to(device)
-                            : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
-      if (s.world->size() > 1) check(s.world->all_reduce(load, comm::ReduceOp::kMax));
-      out.max_expert_load = load.cpu().item<double>();
-    }
-    return out;
+    return StepSums{v[0], v[1], v[2], v[4] > 0 ? v[3] / v[4] : 0.0};
   } catch (const CommFailure& e) {
     return Error::at("comm", e.what());
   } catch (const c10::Error& e) {

@@ -28,8 +28,8 @@ struct StepSums {
   double loss = 0;               // the loss summed over the micro-batches
   double grad_norm_squared = 0;  // of the scaled gradients, each element counted once
   double aux_loss = 0;           // the auxiliary losses (moe_aux_loss) summed likewise
-  // A mixture of experts' busiest expert: its tokens over the mean, the largest of any layer
-  // and micro-batch (1: balanced); 0 without experts.
+  // A mixture of experts' busiest expert: its tokens over the mean (1: balanced), averaged over
+  // layers and micro-batches; 0 without experts.
   double max_expert_load = 0;
 };
 

@@ -69,9 +69,11 @@ struct Executor::Impl {
   bool forwarding = false;
   // The step's auxiliary losses (ForwardStep::metric_weight), summed in forward blocks.
   at::Tensor aux_total;
-  // The most tokens an expert was chosen by over the mean, of any layer and micro-batch here.
-  at::Tensor max_load;
-  bool has_experts = false;  // the plan has a load-balancing loss (all ranks agree)
+  // Per layer and micro-batch, the most tokens an expert was chosen by over the mean: summed
+  // with the metric weights (load_sum) and the weights summed (load_count), so the step's one
+  // all-reduce gives their mean.
+  at::Tensor load_sum;
+  double load_count = 0;
 
   // Where an op reads one input from, resolved once when the executor is made.
   struct Source {

@@ -66,9 +66,9 @@ Routes routes_of(const at::Tensor& weights) {
 Tensors moe_dispatch(const Ctx& ctx, const Tensors& in) {
   const at::Tensor& x = in[0];  // [b, s, m]
   const int64_t capacity = ctx.op.attrs().get<int64_t>("c");
+  // moe_route keeps at most `capacity` tokens per expert and sample, so every slot is in range
+  // (LibTorch's index check stands behind it); no host read here.
   const Routes r = routes_of(in[1]);
-  LOOM_CHECK(r.slot.numel() == 0 || r.slot.max().item<int64_t>() < capacity)
-      << ctx.op.name() << ": an expert receives more tokens than its " << capacity << " slots";
   at::Tensor out = at::zeros({x.size(0), in[1].size(2), capacity, x.size(2)}, x.options());
   return {out.index_put({r.sample, r.expert, r.slot}, x.index({r.sample, r.token}))};
 }

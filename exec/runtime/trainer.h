@@ -32,7 +32,8 @@ struct StepStats {
   // A mixture of experts' load-balancing loss (its share of `loss`), averaged like it.
   double moe_aux_loss = 0;
   bool has_moe_aux = false;  // whether the model has one
-  // The busiest expert's tokens over the mean (1: balanced), of any layer and micro-batch.
+  // The busiest expert's tokens over the mean (1: balanced), averaged over layers and
+  // micro-batches.
   double moe_max_load = 0;
   double lr = 0;
   double grad_norm = 0;  // before clipping
