@@ -31,7 +31,7 @@ struct CostModel {
   // a node's busy ranks then split its rate, and one alone runs at device_flops_per_s.
   double node_flops_per_s = 0;
   // A primitive's own alpha and beta within a node, where it differs from the link's (loom
-  // calibrate fits each through exec/lower's cost formula); 0: intra_alpha_s,
+  // calibrate fits each through lower's cost formula); 0: intra_alpha_s,
   // intra_beta_s_per_byte.
   double intra_send_recv_alpha_s = 0;
   double intra_send_recv_beta_s_per_byte = 0;
@@ -53,7 +53,7 @@ struct CostModel {
     double alpha_s = 0;
     double beta_s_per_byte = 0;
   };
-  // The alpha and beta of `primitive` (exec/lower's name: "all_gather", "send_recv", ...) within
+  // The alpha and beta of `primitive` (lower's name: "all_gather", "send_recv", ...) within
   // a node: its own where given, else the link's.
   Link intra_link(const std::string& primitive) const;
   // Gives `primitive` its own alpha and beta; false when it has no keys of its own.

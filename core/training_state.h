@@ -10,7 +10,7 @@ namespace loom {
 
 // Bytes per parameter element. Weights are kept in float32 (a bf16 run's master copy), so are
 // their gradients and the optimizer's state: AdamW's two moments, SGD's one buffer, which
-// exec/runtime/optimizer.cc allocates with or without momentum.
+// runtime/optimizer.cc allocates with or without momentum.
 struct TrainingStateBytes {
   double weight = 4;
   double grad = 4;

@@ -1,4 +1,4 @@
-// loom's built-in op types and their annotations. The kernels live in exec/runtime.
+// loom's built-in op types and their annotations. The kernels live in runtime.
 #include "core/strings.h"
 #include "graph/op_registry.h"
 #include "graph/ops_context.h"

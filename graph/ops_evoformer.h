@@ -1,6 +1,6 @@
 // The op types of the AlphaFold2 Evoformer (models/evoformer.h): axial attention along rows or
 // columns of a 2-D representation, the outer product mean and the triangle multiplications.
-// Their kernels live in exec/runtime/kernels_evoformer.cc.
+// Their kernels live in runtime/kernels_evoformer.cc.
 #pragma once
 
 #include "graph/op_registry.h"

@@ -23,8 +23,8 @@
 #include "launch/config_file.h"
 #include "plan/plan.h"
 #ifdef LOOM_HAVE_RUNTIME
-#include "exec/comm/make_comm.h"
-#include "exec/runtime/machine.h"
+#include "comm/make_comm.h"
+#include "runtime/machine.h"
 #endif
 
 namespace loom::cli {

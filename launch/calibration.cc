@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "core/check.h"
-#include "exec/lower/path.h"
+#include "lower/path.h"
 
 namespace loom::calibrate {
 namespace {
@@ -246,7 +246,7 @@ std::string to_yaml(const Calibration& c) {
     << fmt("%.3f", c.intra.rms_relative_residual) << "\n";
   y << "intra_beta_s_per_byte: " << num(m.intra_beta_s_per_byte) << "  # "
     << num(1e-9 / m.intra_beta_s_per_byte) << " GB/s\n";
-  y << "# Per primitive, fitted through exec/lower's cost formula of each (rms relative "
+  y << "# Per primitive, fitted through lower's cost formula of each (rms relative "
        "residual, sizes);\n# a primitive whose fit is not positive takes the values above.\n";
   for (const auto& [name, f] : c.per_primitive) {
     const CostModel::Link own = m.intra_link(name);

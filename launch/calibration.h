@@ -1,5 +1,5 @@
-// From what `loom calibrate`'s ranks measured (exec/runtime/calibration.h) to a cost model: the
-// matrix-product rate weighted by FLOPs, alpha-beta fits per primitive through exec/lower's own
+// From what `loom calibrate`'s ranks measured (runtime/calibration.h) to a cost model: the
+// matrix-product rate weighted by FLOPs, alpha-beta fits per primitive through lower's own
 // cost formulas (primitive_rules), the YAML file `cost.file` / `loom plan --cost-model` read,
 // and the table printed. LibTorch-free.
 #pragma once
@@ -11,8 +11,8 @@
 #include "core/config.h"
 #include "core/cost_model.h"
 #include "core/result.h"
-#include "exec/runtime/calibration.h"
 #include "graph/graph.h"
+#include "runtime/calibration.h"
 
 namespace loom::calibrate {
 
@@ -35,7 +35,7 @@ struct AlphaBetaFit {
 // ones). Needs two points that are not multiples of each other.
 Result<AlphaBetaFit> fit_alpha_beta(const std::vector<FitPoint>& points);
 
-// The coefficients of a sample in exec/lower's cost of its primitive (send_recv: alpha + bytes *
+// The coefficients of a sample in lower's cost of its primitive (send_recv: alpha + bytes *
 // beta), so that a fitted alpha and beta give back the measured time through the same formula.
 FitPoint fit_point(const runtime::CommSample& sample);
 

@@ -4,7 +4,7 @@
 
 #include "launch/command.h"
 #ifdef LOOM_HAVE_RUNTIME
-#include "exec/runtime/machine.h"
+#include "runtime/machine.h"
 #endif
 
 namespace loom::cli {

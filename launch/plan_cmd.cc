@@ -11,11 +11,11 @@
 
 #include "core/config.h"
 #include "core/durable_file.h"
-#include "exec/lower/plan_file.h"
 #include "graph/ops_moe.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/config_file.h"
+#include "lower/plan_file.h"
 #include "plan/auto_plan.h"
 #include "plan/plan.h"
 

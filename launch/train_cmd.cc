@@ -25,11 +25,11 @@
 #include "observe/event_file.h"
 
 #if LOOM_HAVE_RUNTIME
-#include "exec/lower/plan_file.h"
-#include "exec/runtime/metrics_file.h"
-#include "exec/runtime/run_lock.h"
-#include "exec/runtime/trainer.h"
+#include "lower/plan_file.h"
 #include "models/model.h"
+#include "runtime/metrics_file.h"
+#include "runtime/run_lock.h"
+#include "runtime/trainer.h"
 #endif
 
 namespace loom::cli {

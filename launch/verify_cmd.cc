@@ -1,7 +1,7 @@
 // loom verify CONFIG [key=value ...] [--steps N] [--ranks local|launched] [--json FILE]: the
 // config's plan (ranks as threads in this process, or one rank per process under loomrun,
 // torchrun or mpirun) against the single-device run of the same config, for a few steps
-// (exec/runtime/verify.h). Prints the losses, the tensors furthest from one device and the
+// (runtime/verify.h). Prints the losses, the tensors furthest from one device and the
 // per-op oracle's verdict, each figure next to its bound. Exit 0 when everything is within the
 // tolerance policy, 1 otherwise (naming the first op, step or tensor), 2 for a user mistake.
 #include <CLI/CLI.hpp>
@@ -18,8 +18,8 @@
 #include "launch/config_file.h"
 
 #if LOOM_HAVE_RUNTIME
-#include "exec/comm/make_comm.h"
-#include "exec/runtime/verify.h"
+#include "comm/make_comm.h"
+#include "runtime/verify.h"
 #endif
 
 namespace loom::cli {

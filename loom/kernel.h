@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "exec/runtime/kernels.h"
 #include "loom/loom.h"
+#include "runtime/kernels.h"
 
 namespace loom {
 

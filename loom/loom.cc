@@ -4,11 +4,11 @@
 #include <fstream>
 
 #include "core/durable_file.h"
-#include "exec/runtime/extensions.h"
-#include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
 #include "models/hf_config.h"
 #include "plan/plan.h"
+#include "runtime/extensions.h"
+#include "runtime/trainer.h"
 
 namespace loom {
 namespace {

@@ -23,10 +23,10 @@
 
 #include "core/config.h"
 #include "core/result.h"
-#include "exec/lower/plan_file.h"
 #include "graph/builder.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "lower/plan_file.h"
 #include "planner/policy.h"
 
 namespace loom {

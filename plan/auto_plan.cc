@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/training_state.h"
-#include "exec/lower/program.h"
+#include "lower/program.h"
 #include "models/gpt.h"
 #include "models/llama.h"
 

@@ -10,13 +10,13 @@
 
 #include "core/check.h"
 #include "core/training_state.h"
-#include "exec/lower/fusion.h"
-#include "exec/lower/grad_bucketing.h"
-#include "exec/lower/param_shards.h"
-#include "exec/lower/path.h"
-#include "exec/lower/recompute.h"
 #include "graph/ops_moe.h"
 #include "graph/precision.h"
+#include "lower/fusion.h"
+#include "lower/grad_bucketing.h"
+#include "lower/param_shards.h"
+#include "lower/path.h"
+#include "lower/recompute.h"
 #include "planner/cost.h"
 #include "scheduler/block.h"
 
@@ -39,7 +39,7 @@ double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu
   const double heads = static_cast<double>(q[2] / d);
   const double queries = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]);
   const DType dtype = g.tensor(op.inputs[0].tensor).dtype;
-  // A ring attention step (exec/runtime/attention_tiles.h) keeps float32 copies of its operands
+  // A ring attention step (runtime/attention_tiles.h) keeps float32 copies of its operands
   // in the heads' layout, its output and each query's log-sum-exp; its probabilities exist a
   // tile at a time.
   if (type == "ring_attention_step")
@@ -62,11 +62,11 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
   const CostModel::Link within = cost.intra_link("all_reduce");
   const double alpha = inter ? cost.inter_alpha_s : within.alpha_s;
   const double beta = inter ? cost.inter_beta_s_per_byte : within.beta_s_per_byte;
-  // exec/lower's formula, the one loom calibrate fits.
+  // lower's formula, the one loom calibrate fits.
   for (const lower::PrimitiveRule& rule : lower::primitive_rules())
     if (rule.primitive == lower::Primitive::kAllReduce)
       return rule.cost(static_cast<int64_t>(devices.size()), bytes, alpha, beta);
-  LOOM_CHECK(false) << "exec/lower has no all-reduce rule";
+  LOOM_CHECK(false) << "lower has no all-reduce rule";
   return 0;
 }
 
@@ -74,11 +74,11 @@ namespace {
 
 // Under parallel.zero 1, what a rank's shared pieces come to: the elements it owns (and keeps
 // optimizer state for) of those it holds, and its segments of the reduced gradients, from the
-// same bucketing as the runtime's (exec/lower/grad_bucketing.h).
+// same bucketing as the runtime's (lower/grad_bucketing.h).
 struct ZeroShare {
   double shared = 0, owned = 0, segments = 0;
 };
-// A rank's gradient groups as the runtime forms them (exec/lower/grad_bucketing.h): each group's
+// A rank's gradient groups as the runtime forms them (lower/grad_bucketing.h): each group's
 // ranks and the element counts of its pieces, in the executor's order.
 struct GradGroups {
   std::vector<std::vector<DeviceId>> devices;
@@ -134,7 +134,7 @@ ZeroShare zero_share(const Config& config, const lower::Lowered& lowered, size_t
 
 // Whether collectives run as gloo's: a reduce-scatter is an all-to-all into a buffer of the
 // input's size, then a local sum; an all-gather an all-to-all from a buffer of the output's size
-// (exec/comm/gloo_comm.cc). Either holds a copy as large as its larger side.
+// (comm/gloo_comm.cc). Either holds a copy as large as its larger side.
 bool gloo_reduce_scatter(const Config& config) {
   return config.comm.backend == "gloo" || config.comm.backend == "local" ||
          (config.comm.backend == "auto" && config.run.device == "cpu");
@@ -194,7 +194,7 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
 }
 
 // parallel.zero 3: what gathered parameter pieces cost rank `r` at their largest, walking its
-// segments in item order (exec/runtime/param_gather.cc). In a forward, next to the activations:
+// segments in item order (runtime/param_gather.cc). In a forward, next to the activations:
 // a piece in use while the next one is gathered (gloo's all-to-all sends from a buffer of the
 // gathered size). In a backward, when the activations of the layers before are what is left: a
 // piece's gradient being reduce-scattered (gloo: an all-to-all's buffers besides it) while the
@@ -241,7 +241,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // head) in its input buffer before accumulating: the two incoming gradients and their sum.
   std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
   std::vector<std::set<std::string>> seen(n);
-  // A linear fused with its bias_add never materialises its own output (exec/lower/fusion.h).
+  // A linear fused with its bias_add never materialises its own output (lower/fusion.h).
   const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
@@ -437,7 +437,7 @@ namespace {
 // (the steps this rank takes part in), and the gradient all-reduces once per step.
 // By tensor id: the share of a mixture of experts' slots buffer a balanced router fills (the
 // expert ops' `rows` of its c slots), what a ragged all-to-all sends of it
-// (exec/runtime/path_runner.h); 1 for every other tensor.
+// (runtime/path_runner.h); 1 for every other tensor.
 std::vector<double> slot_fill(const graph::Graph& planned) {
   std::vector<double> fill(planned.tensors().size(), 1.0);
   for (const auto& op : planned.ops()) {
@@ -524,7 +524,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const bool pipelined = !pipeline.busy_s.empty();
 
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;
-  // one without (each micro-batch's backward follows its forward: exec/lower/program.h).
+  // one without (each micro-batch's backward follows its forward: lower/program.h).
   const double flat_units = 1.0;
 
   // Each rank's compute at the device's rate: forward and backward (sched::block_time) of every

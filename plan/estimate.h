@@ -11,9 +11,9 @@
 
 #include "core/config.h"
 #include "core/cost_model.h"
-#include "exec/lower/path.h"
-#include "exec/lower/program.h"
 #include "graph/graph.h"
+#include "lower/path.h"
+#include "lower/program.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
 
@@ -61,7 +61,7 @@ struct Estimate {
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
                                     const CostModel& cost);
 
-// What parallel.recompute changes on each rank, per micro-batch (exec/lower/recompute.h): the
+// What parallel.recompute changes on each rank, per micro-batch (lower/recompute.h): the
 // activation bytes its regions do not keep (made and read only inside a region, and what an
 // attention core keeps for its backward), the largest of one region's (made again while that
 // region's backward runs), and the forward seconds run again in the backward. `on_gpu`: the run's

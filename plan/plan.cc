@@ -7,10 +7,10 @@
 #include <optional>
 #include <set>
 
-#include "exec/lower/recompute.h"
-#include "exec/lower/schedule_order.h"
 #include "graph/precision.h"
 #include "graph/verify.h"
+#include "lower/recompute.h"
+#include "lower/schedule_order.h"
 #include "planner/context_parallel.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
@@ -230,7 +230,7 @@ namespace {
 
 // parallel.zero 3 gathers a linear's weight again in its backward and reduce-scatters its
 // gradient there: a weight gradient deferred to a W block would need both again, which the W
-// blocks' promise (no communication, exec/lower/program.h) rules out.
+// blocks' promise (no communication, lower/program.h) rules out.
 // Context parallelism's ring steps recomputed in full inside layers whose weight gradients wait
 // for W blocks (llama tiny, cp 2 x pp 2, zb-h1) left a last-stage parameter without its gradient
 // when its bucket was flushed: refused until that combination is made to work.

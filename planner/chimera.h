@@ -3,7 +3,7 @@
 // holds two stages and the two pipelines fill each other's bubbles. Each pipeline is a full
 // replica of the model: its own activations and loss, the same parameters (their gradients are
 // synchronised over the replicas like data-parallel ones). Even micro-batches go down, odd ones
-// up; the up pipeline's stage s is numbered p + s (exec/lower/schedule_order.cc maps Chimera's
+// up; the up pipeline's stage s is numbered p + s (lower/schedule_order.cc maps Chimera's
 // blocks onto these stages).
 #pragma once
 

@@ -19,7 +19,7 @@ double op_flops(const graph::Op& op) {
     for (const auto& [label, n] : *sizes) f *= static_cast<double>(n);
     return f;
   }
-  // The experts' linears compute the slots tokens fill (exec/runtime/kernels_moe.cc), about
+  // The experts' linears compute the slots tokens fill (runtime/kernels_moe.cc), about
   // `rows` of the c per expert and sample.
   if (t == "expert_linear") {
     double f = 2.0;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/durable_file.h"
-#include "exec/runtime/trainer.h"
+#include "runtime/trainer.h"
 
 namespace {
 

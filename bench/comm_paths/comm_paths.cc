@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "exec/lower/path.h"
+#include "lower/path.h"
 
 namespace {
 

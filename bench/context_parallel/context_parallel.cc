@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "exec/comm/make_comm.h"
-#include "exec/runtime/trainer.h"
+#include "comm/make_comm.h"
 #include "plan/plan.h"
-#include "tests/exec/comm/spawn.h"
+#include "runtime/trainer.h"
+#include "tests/comm/spawn.h"
 
 namespace {
 

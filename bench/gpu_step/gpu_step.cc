@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "core/config.h"
-#include "exec/runtime/device.h"
-#include "exec/runtime/executor.h"
-#include "exec/runtime/trainer.h"
 #include "models/gpt.h"
+#include "runtime/device.h"
+#include "runtime/executor.h"
+#include "runtime/trainer.h"
 
 #if LOOM_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

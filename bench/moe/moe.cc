@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "exec/comm/make_comm.h"
-#include "exec/runtime/trainer.h"
-#include "tests/exec/comm/spawn.h"
+#include "comm/make_comm.h"
+#include "runtime/trainer.h"
+#include "tests/comm/spawn.h"
 
 namespace {
 

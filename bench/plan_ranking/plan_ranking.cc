@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "plan/auto_plan.h"
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 
 namespace {
 

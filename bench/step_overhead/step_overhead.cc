@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "exec/runtime/data.h"
-#include "exec/runtime/executor.h"
-#include "exec/runtime/trainer.h"
 #include "models/gpt.h"
+#include "runtime/data.h"
+#include "runtime/executor.h"
+#include "runtime/trainer.h"
 #include "tests/reference/gpt_reference.h"
 
 namespace {

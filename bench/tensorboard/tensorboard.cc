@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "exec/runtime/trainer.h"
 #include "observe/event_file.h"
+#include "runtime/trainer.h"
 
 namespace {
 

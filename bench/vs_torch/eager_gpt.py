@@ -9,11 +9,11 @@ The baseline of bench/vs_torch: the same model, initial weights, data and optimi
              F.scaled_dot_product_attention as loom's kernel does in float32, output projection,
              exact-erf GELU MLP of ffn_hidden), final LN,
              LM head without bias (untied unless --tied), mean token cross-entropy.
-  weights    exec/runtime/init.cc: every parameter drawn from its own generator seeded with
+  weights    runtime/init.cc: every parameter drawn from its own generator seeded with
              FNV-1a(name) ^ (seed * 0x9E3779B97F4A7C15); normal(0, 0.02), the residual
              projections (attn.proj, mlp.fc2) 0.02 / sqrt(2 * layers), biases 0, LN gains 1.
              The same generator and the same ATen op, so the weights equal loom's bitwise.
-  data       exec/runtime/data.cc `synthetic`: sample i is (start + stride * t) % vocab with
+  data       runtime/data.cc `synthetic`: sample i is (start + stride * t) % vocab with
              start, stride from std::mt19937_64(seed * 0x9E3779B97F4A7C15 + i) (reproduced below).
              Sample i of step k is global index k * global_batch + i; under DDP rank r takes
              rows [r * global / dp, (r + 1) * global / dp) of the step's batch.
@@ -46,7 +46,7 @@ MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 
 
-# ---- exec/runtime/init.cc ---------------------------------------------------------------------
+# ---- runtime/init.cc ---------------------------------------------------------------------
 
 def tensor_seed(run_seed, name):
     h = 1469598103934665603  # FNV-1a
@@ -63,7 +63,7 @@ def init_normal_(tensor, run_seed, name, std):
         tensor.copy_(torch.normal(0.0, std, tuple(tensor.shape), generator=gen))
 
 
-# ---- exec/runtime/data.cc: the first two outputs of std::mt19937_64(seed) -----------------------
+# ---- runtime/data.cc: the first two outputs of std::mt19937_64(seed) -----------------------
 
 _MT_N, _MT_M = 312, 156
 _MT_A = 0xB5026F5AA96619E9

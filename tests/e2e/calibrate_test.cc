@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/cost_model.h"
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 
 namespace {
 

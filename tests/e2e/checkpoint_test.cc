@@ -17,9 +17,9 @@
 #include <random>
 
 #include "checkpoint/reader.h"
-#include "exec/runtime/executor.h"
-#include "exec/runtime/trainer.h"
-#include "tests/exec/comm/spawn.h"
+#include "runtime/executor.h"
+#include "runtime/trainer.h"
+#include "tests/comm/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {

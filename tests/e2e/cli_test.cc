@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 
 namespace {
 
@@ -606,7 +606,7 @@ TEST_F(Cli, PlanAndTrainReadParallelScheduleCsv) {
 
   const std::string zb = (dir_ / "zb.csv").string();
   ASSERT_EQ(run("schedule --kind zb-h1 --stages 2 --micro-batches 4 --csv " + zb).code, 0);
-  // The split backward plans (and trains: tests/exec/distributed_test.cc) as I and W blocks.
+  // The split backward plans (and trains: tests/runtime/distributed_test.cc) as I and W blocks.
   const std::string zb_keys =
       " parallel.pp=2 batch.micro=2 parallel.schedule=csv parallel.schedule_csv=";
   Outcome zb_plan = run("plan " + config + zb_keys + zb + " --out " + (dir_ / "zb").string());

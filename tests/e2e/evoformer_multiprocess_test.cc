@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {
@@ -51,7 +51,8 @@ TEST(EvoformerGlooRanks, Dap2) {
   auto results = comm::testing::spawn_workers(kWorker, 2, args, 120);
   for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
 
-  // The pair norm's shift only follows rounding noise; see tests/exec/evoformer_reference_test.cc.
+  // The pair norm's shift only follows rounding noise; see
+  // tests/runtime/evoformer_reference_test.cc.
   EXPECT_GT(testing_support::expect_worker_results_equal(ref, dir, 2, {"msa_row.pair_ln.b"}), 200);
 }
 

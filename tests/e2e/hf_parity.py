@@ -104,7 +104,7 @@ def make_llama(torch, transformers, folder, scaling=False):
 
 def samples(tokens, first, count):
     """loom's tokens data: sample i is the window tokens[i seq : i seq + seq + 1]; its inputs
-    are the first seq tokens and its targets the last seq (exec/runtime/data.cc)."""
+    are the first seq tokens and its targets the last seq (runtime/data.cc)."""
     windows = (len(tokens) - 1) // SEQ
     inputs, targets = [], []
     for i in range(first, first + count):

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {

@@ -14,7 +14,7 @@
 #include "core/config.h"
 #include "plan/plan.h"
 #include "scheduler/render.h"
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 #include "tests/observe/event_reader.h"
 
 namespace loom {

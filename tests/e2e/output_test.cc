@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 
 namespace loom {
 namespace {

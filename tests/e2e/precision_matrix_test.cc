@@ -1,7 +1,7 @@
 // Every precision on every CPU backend and every layout: {fp32, bf16} x {local, gloo, mpi} x
 // {dp2, tp2, pp2, tp2 with sp, dp2 zero 1, dp2 zero 3, tp2 x pp2}. Each trains GPT tiny and equals
 // the single-device run of the same precision, losses and every parameter piece, within that
-// precision's terms of the tolerance policy (exec/runtime/tolerance.h: bf16's bound is the one a
+// precision's terms of the tolerance policy (runtime/tolerance.h: bf16's bound is the one a
 // plan's bf16 partial sums justify, fp32's the reordering of float32 sums). Collectives and
 // point-to-point messages carry bf16 tensors here: tp's all-reduces of activations, sp's
 // all-gathers and reduce-scatters, pp's activations and gradients, zero 3's parameter gathers.
@@ -14,8 +14,8 @@
 #include <map>
 #include <tuple>
 
-#include "tests/exec/comm/spawn.h"
-#include "tests/exec/local_ranks.h"
+#include "tests/comm/spawn.h"
+#include "tests/runtime/local_ranks.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tests/exec/comm/spawn.h"
+#include "tests/comm/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {

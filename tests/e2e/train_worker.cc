@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "exec/lower/plan_file.h"
-#include "exec/runtime/executor.h"
-#include "exec/runtime/trainer.h"
+#include "lower/plan_file.h"
+#include "runtime/executor.h"
+#include "runtime/trainer.h"
 
 int main(int argc, char** argv) {
   std::string out_dir, plan_path;

@@ -1,4 +1,4 @@
-// `loom verify` on the plans the suite already proves equal to one device (tests/exec): each
+// `loom verify` on the plans the suite already proves equal to one device (tests/runtime): each
 // exits 0 with every figure within the tolerance policy; a bad --steps or a bad config exits 2
 // naming the argument or key; --json writes the same report.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // launch/calibration.h: the alpha-beta fit recovers what made its points, the coefficients are
-// exec/lower's own cost formulas, a plan's linears are found, and the written file reads back as
+// lower's own cost formulas, a plan's linears are found, and the written file reads back as
 // the cost model it describes.
 #include "launch/calibration.h"
 
@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "core/config.h"
-#include "exec/lower/path.h"
+#include "lower/path.h"
 #include "plan/plan.h"
 
 namespace loom::calibrate {

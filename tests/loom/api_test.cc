@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "exec/runtime/trainer.h"
 #include "loom/kernel.h"
 #include "loom/loom.h"
 #include "models/model.h"
+#include "runtime/trainer.h"
 
 namespace loom {
 namespace {

@@ -3,8 +3,8 @@
 // row-wise and the column-wise layouts by itself.
 #include <gtest/gtest.h>
 
-#include "exec/lower/program.h"
 #include "graph/verify.h"
+#include "lower/program.h"
 #include "models/evoformer.h"
 #include "models/model.h"
 

@@ -1,6 +1,6 @@
 // make_plan without LibTorch: a GPT tiny plan over dp2 x tp2 x pp2, its estimate on the cost
 // model, its errors, and plan.json for the runtime (LOOM_PLAN_OUT=DIR writes DIR/plan.json and
-// DIR/config.yaml; tests/exec/plan_file_run_test.cc runs them).
+// DIR/config.yaml; tests/runtime/plan_file_run_test.cc runs them).
 #include "plan/plan.h"
 
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <map>
 #include <set>
 
-#include "exec/lower/fusion.h"
+#include "lower/fusion.h"
 #include "models/model.h"
 #include "plan/estimate.h"
 #include "scheduler/csv.h"

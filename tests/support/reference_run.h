@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "exec/runtime/executor.h"
-#include "exec/runtime/oracle.h"
-#include "exec/runtime/single_device_run.h"
-#include "exec/runtime/trainer.h"
+#include "runtime/executor.h"
+#include "runtime/oracle.h"
+#include "runtime/single_device_run.h"
+#include "runtime/trainer.h"
 #include "tests/support/tolerance.h"
 
 namespace loom::testing_support {
@@ -30,7 +30,7 @@ struct Reference {
 
 using runtime::parameters_of;
 
-// The single-device run of `config` (exec/runtime/verify.h, as `loom verify` makes it).
+// The single-device run of `config` (runtime/verify.h, as `loom verify` makes it).
 inline Reference train_single_device(const Config& config, int steps) {
   Reference r;
   auto run = runtime::run_single_device(config, steps);

@@ -1,4 +1,4 @@
-// The numerical policy of loom's tests lives in exec/runtime/tolerance.h, where `loom verify`
+// The numerical policy of loom's tests lives in runtime/tolerance.h, where `loom verify`
 // applies it too; the tests use it under their own namespace, plus a failure message per piece.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "exec/runtime/tolerance.h"
+#include "runtime/tolerance.h"
 
 namespace loom::testing_support {
 

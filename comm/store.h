@@ -1,0 +1,42 @@
+// The rendezvous store of a process world: a c10d TCPStore hosted by rank 0. The gloo and nccl
+// backends rendezvous through it, and every process backend keeps its arrival board in it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/arrivals.h"
+#include "core/result.h"
+
+namespace loom::comm {
+
+class RendezvousStore {
+ public:
+  // Rank 0 hosts the store at host:port (port 0: a free port, see port()), the others connect;
+  // then every rank waits until all world_size ranks joined. Bounded by timeout_s; the error
+  // names the ranks that did not join.
+  static Result<std::shared_ptr<RendezvousStore>> connect(const std::string& host, int port,
+                                                          int rank, int world_size,
+                                                          double timeout_s);
+
+  const c10::intrusive_ptr<c10d::Store>& c10d_store() const { return store_; }
+  int port() const { return port_; }
+  // An arrival board kept in this store.
+  std::shared_ptr<Arrivals> arrivals();
+
+  Status set(const std::string& key, const std::string& value);
+  // Waits for `key` up to the store's timeout.
+  Result<std::string> get(const std::string& key);
+  // Whether `key` is set; never waits.
+  Result<bool> has(const std::string& key);
+
+ private:
+  RendezvousStore(c10::intrusive_ptr<c10d::Store> store, int port, std::string where)
+      : store_(std::move(store)), port_(port), where_(std::move(where)) {}
+  c10::intrusive_ptr<c10d::Store> store_;
+  int port_;
+  std::string where_;  // "the rendezvous store at host:port (hosted by rank 0)"
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,706 @@
+#include "lower/plan_file.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string_view>
+
+#include "core/check.h"
+#include "core/plan.pb.h"
+
+#ifndef LOOM_VERSION_STRING
+#define LOOM_VERSION_STRING "unknown"
+#endif
+
+namespace loom::lower {
+namespace {
+
+namespace pb = loom::planpb;
+constexpr const char* kFormat = "loom-plan";
+// Bounds that no plan loom makes comes near: a damaged file cannot make the runtime index past
+// its tables (micro-batches: the message tags' limit, kMaxMicroBatches of program.h).
+constexpr int64_t kMaxStages = 1 << 20;
+
+// FNV-1a, 64 bits: stable across builds and platforms (std::hash is not).
+uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+pb::Block::Kind to_proto(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::kForward:
+      return pb::Block::FORWARD;
+    case BlockKind::kBackward:
+      return pb::Block::BACKWARD;
+    case BlockKind::kInputGrad:
+      return pb::Block::INPUT_GRAD;
+    case BlockKind::kWeightGrad:
+      return pb::Block::WEIGHT_GRAD;
+  }
+  return pb::Block::FORWARD;
+}
+
+// The reader has checked the kind is one of the enum's values.
+BlockKind from_proto(pb::Block::Kind kind) {
+  switch (kind) {
+    case pb::Block::BACKWARD:
+      return BlockKind::kBackward;
+    case pb::Block::INPUT_GRAD:
+      return BlockKind::kInputGrad;
+    case pb::Block::WEIGHT_GRAD:
+      return BlockKind::kWeightGrad;
+    default:
+      return BlockKind::kForward;
+  }
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The seal is plan.json's first member, so it is found and removed without parsing: what it
+// covers is exactly the printer's bytes with the seal absent.
+constexpr std::string_view kSealOpen = "{\"seal\":\"";
+constexpr size_t kSealDigits = 16;
+constexpr size_t kSealedPrefix = kSealOpen.size() + kSealDigits + 2;  // {"seal":"<16 hex>",
+
+struct Unsealed {
+  std::string json;  // the text with the seal member removed
+  std::string seal;  // empty when the text has none
+};
+
+Unsealed unseal(const std::string& text) {
+  if (text.size() > kSealedPrefix && text.compare(0, kSealOpen.size(), kSealOpen) == 0 &&
+      text.compare(kSealOpen.size() + kSealDigits, 2, "\",") == 0)
+    return {"{" + text.substr(kSealedPrefix), text.substr(kSealOpen.size(), kSealDigits)};
+  return {text, ""};
+}
+
+// Trailing whitespace is not covered: an editor that adds a final newline changes no plan.
+std::string seal_of(const std::string& unsealed) {
+  size_t end = unsealed.find_last_not_of(" \t\r\n");
+  return hex(fnv1a(unsealed.substr(0, end == std::string::npos ? 0 : end + 1)));
+}
+
+// "section.key: value" for every leaf of to_yaml's output (block style, two-space indent).
+std::map<std::string, std::string> flatten_yaml(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  std::vector<std::pair<size_t, std::string>> path;  // (indent, key)
+  std::istringstream in(yaml);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos) continue;
+    while (!path.empty() && path.back().first >= indent) path.pop_back();
+    std::string prefix;
+    for (const auto& [i, k] : path) prefix += (prefix.empty() ? "" : ".") + k;
+    const std::string body = line.substr(indent);
+    const size_t colon = body.find(':');
+    if (body.rfind("- ", 0) == 0 || colon == std::string::npos) {
+      out[prefix] += (out[prefix].empty() ? "" : ", ") + body;  // list items join their key
+      continue;
+    }
+    const std::string key = body.substr(0, colon);
+    const std::string value = colon + 1 < body.size() ? body.substr(colon + 2) : "";
+    const std::string full = prefix.empty() ? key : prefix + "." + key;
+    if (value.empty())
+      path.emplace_back(indent, key);
+    else
+      out[full] = value;
+  }
+  return out;
+}
+
+// The config keys a plan is made from (the cost model chooses the communication paths).
+bool shapes_plan(const std::string& key) {
+  for (const char* section : {"model.", "parallel.", "batch.", "cost."})
+    if (key.rfind(section, 0) == 0) return true;
+  return false;
+}
+
+std::string planned_keys(const std::string& yaml) {
+  std::string text;
+  for (const auto& [k, v] : flatten_yaml(yaml))
+    if (shapes_plan(k)) text += k + "=" + v + "\n";
+  return text;
+}
+
+// ---- to proto ----------------------------------------------------------------------------
+
+void put_sub(const graph::SubTensor& s, pb::SubTensor* out) {
+  out->set_tensor(s.tensor.value());
+  for (const auto& r : s.ranges) {
+    auto* pr = out->add_ranges();
+    pr->set_start(r.start);
+    pr->set_end(r.end);
+  }
+  out->set_value_chunk(s.value_chunk);
+  out->set_value_chunks(s.value_chunks);
+}
+
+void put_layout(const Layout& l, pb::Layout* out) {
+  out->set_r(l.r);
+  out->set_v(l.v);
+  for (int64_t d : l.d) out->add_d(d);
+  for (DeviceId d : l.devices) out->add_devices(d.value());
+}
+
+void put_path(const CommPath& p, pb::CommPath* out) {
+  for (const CommStep& st : p.steps) {
+    auto* ps = out->add_steps();
+    ps->set_primitive(static_cast<pb::Primitive>(st.primitive));
+    put_layout(st.before, ps->mutable_before());
+    put_layout(st.after, ps->mutable_after());
+    ps->set_from_factor(st.from_factor);
+    ps->set_to_factor(st.to_factor);
+    ps->set_k(st.k);
+    for (const auto& g : st.groups) {
+      auto* pg = ps->add_groups();
+      for (DeviceId d : g) pg->add_devices(d.value());
+    }
+    ps->set_cost_s(st.cost_s);
+  }
+  out->set_cost_s(p.cost_s);
+  out->set_via_full_replication(p.via_full_replication);
+}
+
+void put_graph(const graph::Graph& g, pb::Graph* out) {
+  out->set_name(g.name());
+  for (const auto& t : g.tensors()) {
+    auto* pt = out->add_tensors();
+    pt->set_id(t.id.value());
+    pt->set_name(t.name);
+    for (int64_t s : t.shape) pt->add_shape(s);
+    pt->set_dtype(std::string(loom::to_string(t.dtype)));
+    pt->set_role(static_cast<pb::Role>(t.role));
+    pt->set_init(static_cast<pb::InitKind>(t.init.kind));
+    pt->set_init_std(t.init.std);
+  }
+  std::map<const graph::OpDef*, int64_t> defs;
+  for (const auto& op : g.ops()) {
+    auto [it, fresh] = defs.emplace(op.def.get(), static_cast<int64_t>(defs.size()));
+    if (fresh) {
+      auto* pd = out->add_defs();
+      pd->set_type(op.def->type);
+      pd->set_name(op.def->name);
+      for (const auto& [name, value] : op.def->attrs.values()) {
+        auto* pa = pd->add_attrs();
+        pa->set_name(name);
+        if (auto* i = std::get_if<int64_t>(&value))
+          pa->set_int_value(*i);
+        else if (auto* r = std::get_if<double>(&value))
+          pa->set_real_value(*r);
+        else if (auto* b = std::get_if<bool>(&value))
+          pa->set_bool_value(*b);
+        else if (auto* s = std::get_if<std::string>(&value))
+          pa->set_string_value(*s);
+        else
+          for (int64_t v : std::get<std::vector<int64_t>>(value))
+            pa->mutable_ints_value()->add_values(v);
+      }
+      pd->set_annotation(op.def->annotation.to_string());
+      pd->set_layer(op.def->layer);
+      pd->set_attention_core(op.def->attention_core);
+    }
+    auto* po = out->add_ops();
+    po->set_id(op.id.value());
+    po->set_def(it->second);
+    for (const auto& s : op.inputs) put_sub(s, po->add_inputs());
+    for (const auto& s : op.outputs) put_sub(s, po->add_outputs());
+    for (const auto& p : op.parts) {
+      auto* pp = po->add_parts();
+      pp->set_index(p.index);
+      pp->set_count(p.count);
+    }
+    po->set_device(op.device.value());
+    po->set_stage(op.stage.value());
+  }
+  out->set_loss(g.loss().value());
+}
+
+void put_lowered(const Lowered& l, pb::Lowered* out) {
+  for (const Adapter& a : l.adapters) {
+    auto* pa = out->add_adapters();
+    pa->set_id(a.id);
+    pa->set_tensor(a.tensor.value());
+    pa->set_consumer(a.consumer);
+    for (const auto& c : a.consumers) pa->add_consumers(c);
+    pa->set_producer_stage(a.producer_stage.value());
+    pa->set_consumer_stage(a.consumer_stage.value());
+    put_layout(a.from, pa->mutable_from());
+    put_layout(a.to, pa->mutable_to());
+    put_path(a.forward, pa->mutable_forward());
+    put_path(a.backward, pa->mutable_backward());
+    pa->set_disjoint(a.disjoint);
+    pa->set_parameter(a.parameter);
+    pa->set_regather(a.regather);
+  }
+  for (const GradSync& s : l.grad_syncs) {
+    auto* ps = out->add_grad_syncs();
+    ps->set_tensor(s.tensor.value());
+    put_sub(s.piece, ps->mutable_piece());
+    for (DeviceId d : s.devices) ps->add_devices(d.value());
+  }
+  for (const Program& p : l.programs) {
+    auto* pp = out->add_programs();
+    pp->set_rank(p.rank.value());
+    for (const Segment& seg : p.segments) {
+      auto* ps = pp->add_segments();
+      ps->set_stage(seg.stage.value());
+      for (const SegmentItem& item : seg.items) {
+        auto* pi = ps->add_items();
+        pi->set_kind(item.kind == SegmentItem::Kind::kOp ? pb::SegmentItem::OP
+                                                         : pb::SegmentItem::ADAPTER);
+        pi->set_index(item.index);
+        pi->set_producer_side(item.producer_side);
+      }
+      for (const RecomputeRegion& region : seg.recompute) {
+        auto* pr = ps->add_recompute();
+        pr->set_begin(region.begin);
+        pr->set_end(region.end);
+      }
+    }
+    for (const ProgramBlock& b : p.blocks) {
+      auto* pb_block = pp->add_blocks();
+      pb_block->set_kind(to_proto(b.kind));
+      pb_block->set_stage(b.stage.value());
+      pb_block->set_micro_batch(b.micro_batch.value());
+    }
+    for (int64_t id : p.grad_syncs) pp->add_grad_syncs(id);
+    pp->set_loss_seed(p.loss_seed);
+  }
+}
+
+// ---- from proto: every index is checked, so a damaged file is an error, not a crash ---------
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  Error bad(const std::string& field, const std::string& what) const {
+    return Error::at(source_, source_ + ": malformed plan: " + field + ": " + what);
+  }
+
+  Status in_range(int64_t value, int64_t size, const std::string& field) const {
+    if (value < 0 || value >= size)
+      return bad(field,
+                 std::to_string(value) + " is out of range [0, " + std::to_string(size) + ")");
+    return Status::success();
+  }
+
+  Result<graph::SubTensor> sub(const pb::SubTensor& p, int64_t tensors,
+                               const std::string& field) const {
+    LOOM_TRY(in_range(p.tensor(), tensors, field + ".tensor"));
+    graph::SubTensor s;
+    s.tensor = TensorId(p.tensor());
+    for (const auto& r : p.ranges()) s.ranges.push_back({r.start(), r.end()});
+    s.value_chunk = p.value_chunk();
+    s.value_chunks = p.value_chunks();
+    if (s.value_chunks < 1 || s.value_chunk >= s.value_chunks || s.value_chunk < 0)
+      return bad(field, "value chunk " + std::to_string(s.value_chunk) + " of " +
+                            std::to_string(s.value_chunks));
+    return s;
+  }
+
+  Result<Layout> layout(const pb::Layout& p, int64_t world, const std::string& field) const {
+    Layout l;
+    l.r = p.r();
+    l.v = p.v();
+    l.d.assign(p.d().begin(), p.d().end());
+    for (int64_t d : p.devices()) {
+      LOOM_TRY(in_range(d, world, field + ".devices"));
+      l.devices.emplace_back(d);
+    }
+    if (Status s = l.validate(); !s.ok()) return bad(field, s.error().message);
+    return l;
+  }
+
+  Result<CommPath> path(const pb::CommPath& p, int64_t world, const std::string& field) const {
+    CommPath out;
+    for (int i = 0; i < p.steps_size(); ++i) {
+      const auto& ps = p.steps(i);
+      const std::string f = field + ".steps[" + std::to_string(i) + "]";
+      CommStep st;
+      if (ps.primitive() < 0 || ps.primitive() > pb::SEND_RECV)
+        return bad(f + ".primitive", "unknown");
+      st.primitive = static_cast<Primitive>(ps.primitive());
+      LOOM_ASSIGN_OR_RETURN(st.before, layout(ps.before(), world, f + ".before"));
+      LOOM_ASSIGN_OR_RETURN(st.after, layout(ps.after(), world, f + ".after"));
+      st.from_factor = ps.from_factor();
+      st.to_factor = ps.to_factor();
+      st.k = ps.k();
+      for (const auto& g : ps.groups()) {
+        std::vector<DeviceId> group;
+        for (int64_t d : g.devices()) {
+          LOOM_TRY(in_range(d, world, f + ".groups"));
+          group.emplace_back(d);
+        }
+        st.groups.push_back(std::move(group));
+      }
+      st.cost_s = ps.cost_s();
+      out.steps.push_back(std::move(st));
+    }
+    out.cost_s = p.cost_s();
+    out.via_full_replication = p.via_full_replication();
+    return out;
+  }
+
+  Result<graph::Graph> graph(const pb::Graph& p, int64_t world) const {
+    graph::Graph g(p.name());
+    const int64_t n = p.tensors_size();
+    std::set<std::string> names;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& pt = p.tensors(static_cast<int>(i));
+      const std::string f = "graph.tensors[" + std::to_string(i) + "]";
+      if (pt.id() != i)
+        return bad(f + ".id", "is " + std::to_string(pt.id()) + ", expected " + std::to_string(i));
+      if (!names.insert(pt.name()).second) return bad(f + ".name", "'" + pt.name() + "' repeats");
+      graph::FullTensor t;
+      t.name = pt.name();
+      t.shape.assign(pt.shape().begin(), pt.shape().end());
+      auto dtype = parse_dtype(pt.dtype());
+      if (!dtype) return bad(f + ".dtype", "unknown dtype '" + pt.dtype() + "'");
+      t.dtype = *dtype;
+      if (pt.role() > pb::LOSS || pt.init() > pb::INIT_ONES || pt.role() < 0 || pt.init() < 0)
+        return bad(f, "unknown role or init");
+      t.role = static_cast<graph::TensorRole>(pt.role());
+      t.init.kind = static_cast<graph::ParamInit::Kind>(pt.init());
+      t.init.std = pt.init_std();
+      g.add_tensor(std::move(t));
+    }
+    std::vector<std::shared_ptr<const graph::OpDef>> defs;
+    for (int i = 0; i < p.defs_size(); ++i) {
+      const auto& pd = p.defs(i);
+      auto def = std::make_shared<graph::OpDef>();
+      def->type = pd.type();
+      def->name = pd.name();
+      for (const auto& pa : pd.attrs()) {
+        switch (pa.value_case()) {
+          case pb::Attr::kIntValue:
+            def->attrs.set(pa.name(), pa.int_value());
+            break;
+          case pb::Attr::kRealValue:
+            def->attrs.set(pa.name(), pa.real_value());
+            break;
+          case pb::Attr::kBoolValue:
+            def->attrs.set(pa.name(), pa.bool_value());
+            break;
+          case pb::Attr::kStringValue:
+            def->attrs.set(pa.name(), pa.string_value());
+            break;
+          case pb::Attr::kIntsValue:
+            def->attrs.set(pa.name(), std::vector<int64_t>(pa.ints_value().values().begin(),
+                                                           pa.ints_value().values().end()));
+            break;
+          default:
+            return bad("graph.defs[" + std::to_string(i) + "].attrs." + pa.name(), "has no value");
+        }
+      }
+      auto annotation = graph::Annotation::parse(pd.annotation());
+      if (!annotation.ok())
+        return bad("graph.defs[" + std::to_string(i) + "].annotation", annotation.error().message);
+      def->annotation = *annotation;
+      def->layer = pd.layer();
+      def->attention_core = pd.attention_core();
+      defs.push_back(std::move(def));
+    }
+    for (int i = 0; i < p.ops_size(); ++i) {
+      const auto& po = p.ops(i);
+      const std::string f = "graph.ops[" + std::to_string(i) + "]";
+      LOOM_TRY(in_range(po.def(), static_cast<int64_t>(defs.size()), f + ".def"));
+      LOOM_TRY(in_range(po.device(), world, f + ".device"));
+      graph::Op op;
+      op.def = defs[static_cast<size_t>(po.def())];
+      for (const auto& s : po.inputs()) {
+        LOOM_ASSIGN_OR_RETURN(auto sub_tensor, sub(s, n, f + ".inputs"));
+        op.inputs.push_back(std::move(sub_tensor));
+      }
+      for (const auto& s : po.outputs()) {
+        LOOM_ASSIGN_OR_RETURN(auto sub_tensor, sub(s, n, f + ".outputs"));
+        op.outputs.push_back(std::move(sub_tensor));
+      }
+      for (const auto& pp : po.parts()) op.parts.push_back({pp.index(), pp.count()});
+      LOOM_TRY(in_range(po.stage(), kMaxStages, f + ".stage"));
+      op.device = DeviceId(po.device());
+      op.stage = StageId(po.stage());
+      g.add_op(std::move(op));
+    }
+    LOOM_TRY(in_range(p.loss(), n, "graph.loss"));
+    g.set_loss(TensorId(p.loss()));
+    return g;
+  }
+
+  // `stages`: one more than the graph's largest stage; `micro_batches`: per step.
+  Result<Lowered> lowered(const pb::Lowered& p, int64_t world, int64_t tensors, int64_t ops,
+                          int64_t stages, int64_t micro_batches) const {
+    Lowered l;
+    const int64_t adapters = p.adapters_size();
+    for (int64_t i = 0; i < adapters; ++i) {
+      const auto& pa = p.adapters(static_cast<int>(i));
+      const std::string f = "lowered.adapters[" + std::to_string(i) + "]";
+      if (pa.id() != i)
+        return bad(f + ".id", "is " + std::to_string(pa.id()) + ", expected " + std::to_string(i));
+      LOOM_TRY(in_range(pa.tensor(), tensors, f + ".tensor"));
+      Adapter a;
+      a.id = pa.id();
+      a.tensor = TensorId(pa.tensor());
+      a.consumer = pa.consumer();
+      a.consumers.assign(pa.consumers().begin(), pa.consumers().end());
+      LOOM_TRY(in_range(pa.producer_stage(), stages, f + ".producer_stage"));
+      LOOM_TRY(in_range(pa.consumer_stage(), stages, f + ".consumer_stage"));
+      a.producer_stage = StageId(pa.producer_stage());
+      a.consumer_stage = StageId(pa.consumer_stage());
+      LOOM_ASSIGN_OR_RETURN(a.from, layout(pa.from(), world, f + ".from"));
+      LOOM_ASSIGN_OR_RETURN(a.to, layout(pa.to(), world, f + ".to"));
+      LOOM_ASSIGN_OR_RETURN(a.forward, path(pa.forward(), world, f + ".forward"));
+      LOOM_ASSIGN_OR_RETURN(a.backward, path(pa.backward(), world, f + ".backward"));
+      a.disjoint = pa.disjoint();
+      a.parameter = pa.parameter();
+      a.regather = pa.regather();
+      if (a.regather && !a.parameter)
+        return bad(f + ".regather", "is set on an activation's adapter");
+      l.adapters.push_back(std::move(a));
+    }
+    for (int i = 0; i < p.grad_syncs_size(); ++i) {
+      const auto& ps = p.grad_syncs(i);
+      const std::string f = "lowered.grad_syncs[" + std::to_string(i) + "]";
+      LOOM_TRY(in_range(ps.tensor(), tensors, f + ".tensor"));
+      GradSync s;
+      s.tensor = TensorId(ps.tensor());
+      LOOM_ASSIGN_OR_RETURN(s.piece, sub(ps.piece(), tensors, f + ".piece"));
+      for (int64_t d : ps.devices()) {
+        LOOM_TRY(in_range(d, world, f + ".devices"));
+        s.devices.emplace_back(d);
+      }
+      l.grad_syncs.push_back(std::move(s));
+    }
+    if (p.programs_size() != world)
+      return bad("lowered.programs", std::to_string(p.programs_size()) +
+                                         " programs for world size " + std::to_string(world));
+    for (int r = 0; r < p.programs_size(); ++r) {
+      const auto& pp = p.programs(r);
+      const std::string f = "lowered.programs[" + std::to_string(r) + "]";
+      if (pp.rank() != r) return bad(f + ".rank", "is " + std::to_string(pp.rank()));
+      Program prog;
+      prog.rank = Rank(pp.rank());
+      std::set<int64_t> segment_stages;
+      for (const auto& ps : pp.segments()) {
+        Segment seg;
+        LOOM_TRY(in_range(ps.stage(), stages, f + ".segments.stage"));
+        if (!segment_stages.insert(ps.stage()).second)
+          return bad(f + ".segments.stage",
+                     "stage " + std::to_string(ps.stage()) + " appears twice");
+        seg.stage = StageId(ps.stage());
+        for (const auto& pi : ps.items()) {
+          const bool is_op = pi.kind() == pb::SegmentItem::OP;
+          LOOM_TRY(in_range(pi.index(), is_op ? ops : adapters, f + ".segments.items.index"));
+          seg.items.push_back({is_op ? SegmentItem::Kind::kOp : SegmentItem::Kind::kAdapter,
+                               pi.index(), pi.producer_side()});
+        }
+        int64_t covered = 0;  // regions are in order and disjoint
+        for (const auto& pr : ps.recompute()) {
+          if (pr.begin() < covered || pr.end() <= pr.begin() ||
+              pr.end() > static_cast<int64_t>(seg.items.size()))
+            return bad(f + ".segments.recompute",
+                       "region [" + std::to_string(pr.begin()) + ", " + std::to_string(pr.end()) +
+                           ") is not a non-empty range of the segment's " +
+                           std::to_string(seg.items.size()) + " items after the previous region");
+          covered = pr.end();
+          seg.recompute.push_back({pr.begin(), pr.end()});
+        }
+        prog.segments.push_back(std::move(seg));
+      }
+      for (const auto& pb_block : pp.blocks()) {
+        LOOM_TRY(in_range(pb_block.micro_batch(), micro_batches, f + ".blocks.micro_batch"));
+        if (!pb::Block::Kind_IsValid(pb_block.kind()))
+          return bad(f + ".blocks.kind", "unknown block kind " + std::to_string(pb_block.kind()));
+        if (!segment_stages.count(pb_block.stage()))
+          return bad(f + ".blocks.stage", "stage " + std::to_string(pb_block.stage()) +
+                                              " has no segment on rank " + std::to_string(r));
+        prog.blocks.push_back({from_proto(pb_block.kind()), StageId(pb_block.stage()),
+                               MicroBatch(pb_block.micro_batch())});
+      }
+      for (int64_t id : pp.grad_syncs()) {
+        LOOM_TRY(in_range(id, static_cast<int64_t>(l.grad_syncs.size()), f + ".grad_syncs"));
+        prog.grad_syncs.push_back(id);
+      }
+      prog.loss_seed = pp.loss_seed();
+      l.programs.push_back(std::move(prog));
+    }
+    return l;
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+std::string code_fingerprint(const std::vector<std::string>& op_types,
+                             const std::vector<std::string>& policy_names) {
+  std::string text = std::string("loom ") + LOOM_VERSION_STRING + "; plan format " +
+                     std::to_string(kPlanFormatVersion) + "; ops";
+  for (const auto& t : op_types) text += " " + t;
+  text += "; policies";
+  for (const auto& p : policy_names) text += " " + p;
+  return text;
+}
+
+std::string model_digest(const graph::Graph& model) {
+  uint64_t h = fnv1a(model.name());
+  for (const auto& t : model.tensors())
+    h = fnv1a(t.name + loom::to_string(t.shape) + std::string(loom::to_string(t.dtype)) +
+                  graph::to_string(t.role) + t.init.to_string() + ";",
+              h);
+  for (const auto& op : model.ops())
+    h = fnv1a(op.type() + " " + op.name() + " " + op.attrs().to_string() + " " +
+                  op.annotation().to_string() + " " + std::to_string(op.layer()) + ";",
+              h);
+  return hex(h);
+}
+
+std::string plan_hash(const Config& config, const std::string& digest,
+                      const std::string& fingerprint) {
+  return hex(fnv1a(planned_keys(to_yaml(config)) + "\nmodel " + digest + "\ncode " + fingerprint));
+}
+
+Result<std::string> plan_to_json(const PlanFile& plan) {
+  pb::Plan p;
+  p.set_format(kFormat);
+  p.set_format_version(kPlanFormatVersion);
+  p.set_hash(plan.hash);
+  p.set_code_fingerprint(plan.code_fingerprint);
+  p.set_config_yaml(plan.config_yaml);
+  p.set_world_size(plan.world_size);
+  p.set_micro_batches(plan.micro_batches);
+  put_graph(plan.graph, p.mutable_graph());
+  put_lowered(plan.lowered, p.mutable_lowered());
+  p.set_schedule_csv(plan.schedule_csv);
+  p.set_model_digest(plan.model_digest);
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = false;  // a 1024-rank plan is 40% smaller without indentation
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(p, &out, options);
+  if (!status.ok()) return Error::at("plan.json", "cannot print the plan: " + status.ToString());
+  return seal_plan_json(out);
+}
+
+std::string seal_plan_json(const std::string& json) {
+  const std::string unsealed = unseal(json).json;
+  LOOM_CHECK(!unsealed.empty() && unsealed[0] == '{') << "plan JSON is not an object";
+  return std::string(kSealOpen) + seal_of(unsealed) + "\"," + unsealed.substr(1);
+}
+
+Result<PlanFile> plan_from_json(const std::string& json, const std::string& source) {
+  Reader reader(source);
+  pb::Plan p;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const Unsealed text = unseal(json);
+  auto status = google::protobuf::util::JsonStringToMessage(text.json, &p, options);
+  if (!status.ok()) {
+    std::string why(status.message());
+    for (char& c : why)
+      if (c == '\n') c = ' ';
+    return Error::at(source, source + ": not a loom plan (" + why + ")");
+  }
+  if (p.format() != kFormat)
+    return reader.bad("format", "is '" + p.format() + "', expected '" + kFormat + "'");
+  if (p.format_version() != kPlanFormatVersion)
+    return Error::at(source, source + ": plan format version " +
+                                 std::to_string(p.format_version()) + ", this loom reads version " +
+                                 std::to_string(kPlanFormatVersion) +
+                                 "; make the plan again with this loom's `loom plan`");
+  // Checked before any field is used: an edited plan would otherwise run as the original plan
+  // (most fields are not read back against the config) or fail deep in the runtime.
+  if (text.seal.empty())
+    return Error::at(source, source +
+                                 ": plan has no seal (written by an older loom or rewritten by "
+                                 "another tool); make it again with `loom plan`");
+  if (const std::string actual = seal_of(text.json); actual != text.seal)
+    return Error::at(source, source + ": plan was edited after `loom plan` wrote it (its seal " +
+                                 text.seal + " does not match its content, " + actual +
+                                 "); a plan is not edited by hand: make it again with `loom plan`");
+  if (p.world_size() < 1) return reader.bad("world_size", std::to_string(p.world_size()));
+  PlanFile plan;
+  plan.source = source;
+  plan.hash = p.hash();
+  plan.code_fingerprint = p.code_fingerprint();
+  plan.config_yaml = p.config_yaml();
+  plan.model_digest = p.model_digest();
+  plan.world_size = p.world_size();
+  plan.micro_batches = p.micro_batches();
+  plan.schedule_csv = p.schedule_csv();
+  LOOM_ASSIGN_OR_RETURN(plan.graph, reader.graph(p.graph(), plan.world_size));
+  if (p.micro_batches() < 1 || p.micro_batches() > kMaxMicroBatches)
+    return reader.bad("micro_batches", std::to_string(p.micro_batches()));
+  int64_t stages = 0;
+  for (const auto& op : plan.graph.ops()) stages = std::max(stages, op.stage.value() + 1);
+  LOOM_ASSIGN_OR_RETURN(
+      plan.lowered,
+      reader.lowered(p.lowered(), plan.world_size,
+                     static_cast<int64_t>(plan.graph.tensors().size()),
+                     static_cast<int64_t>(plan.graph.ops().size()), stages, plan.micro_batches));
+  return plan;
+}
+
+Result<PlanFile> load_plan_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error::at(path, "cannot read plan file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return plan_from_json(text.str(), path);
+}
+
+Status check_plan_current(const PlanFile& plan, const std::string& source, const Config& config,
+                          const std::string& digest, const std::string& fingerprint) {
+  const std::string expected = plan_hash(config, digest, fingerprint);
+  if (plan.hash == expected) return Status::success();
+  std::string what;
+  const auto then = flatten_yaml(plan.config_yaml), now = flatten_yaml(to_yaml(config));
+  int listed = 0;
+  std::set<std::string> keys;
+  for (const auto& [k, v] : then) keys.insert(k);
+  for (const auto& [k, v] : now) keys.insert(k);
+  for (const auto& k : keys) {
+    if (!shapes_plan(k)) continue;
+    auto a = then.find(k), b = now.find(k);
+    const std::string va = a == then.end() ? "(unset)" : a->second,
+                      vb = b == now.end() ? "(unset)" : b->second;
+    if (va == vb) continue;
+    if (listed++ < 4)
+      what += (what.empty() ? "" : "; ") + k + " was " + va + " in the plan, is " + vb + " now";
+  }
+  if (listed > 4) what += "; and " + std::to_string(listed - 4) + " more keys";
+  // The precision is not a planning key, but it sets every activation's dtype in the graph.
+  for (const char* k : {"run.precision"}) {
+    auto a = then.find(k), b = now.find(k);
+    if (a == then.end() || b == now.end() || a->second == b->second) continue;
+    what += (what.empty() ? "" : "; ") + std::string(k) + " was " + a->second +
+            " in the plan, is " + b->second + " now";
+    ++listed;
+  }
+  if (plan.code_fingerprint != fingerprint)
+    what += std::string(what.empty() ? "" : "; ") + "made by another loom build ('" +
+            plan.code_fingerprint + "'; this is '" + fingerprint + "')";
+  if (plan.model_digest != digest && listed == 0)
+    what += std::string(what.empty() ? "" : "; ") +
+            "the model graph differs (model code or model.* changed)";
+  if (what.empty())
+    what = "its hash " + plan.hash + " does not match " + expected + " (the file was edited)";
+  return Error::at(source, source + ": stale plan: " + what + "; make it again with `loom plan`");
+}
+
+}  // namespace loom::lower

@@ -1,0 +1,641 @@
+#include "lower/program.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/strings.h"
+#include "lower/param_shards.h"
+
+namespace loom::lower {
+
+Layout grad_layout(const Layout& l) {
+  Layout g = l;
+  g.r = l.v;
+  g.v = l.r;
+  // Coordinates (r, v, d) become (v, r, d): keep each device's piece by reordering positions.
+  for (int64_t p = 0; p < l.size(); ++p) {
+    std::vector<int64_t> c = l.coords(p);
+    std::swap(c[0], c[1]);
+    g.devices[static_cast<size_t>(g.position_of(c))] = l.devices[static_cast<size_t>(p)];
+  }
+  return g;
+}
+
+namespace {
+
+using graph::SubTensor;
+
+std::set<DeviceId> device_set(const Layout& l) { return {l.devices.begin(), l.devices.end()}; }
+
+bool same_piece(const SubTensor& a, const SubTensor& b) {
+  return a.ranges == b.ranges && a.value_chunk == b.value_chunk && a.value_chunks == b.value_chunks;
+}
+
+// Producers of every activation: (device, piece) and the producing stage.
+struct Produced {
+  std::vector<std::pair<DeviceId, SubTensor>> pieces;
+  StageId stage;
+};
+using ProducedMap = std::map<int64_t, Produced>;
+
+// Pass 0: the inputs lower() can work with.
+Status check_placement(const graph::Graph& g, int64_t world_size, int64_t micro_batches) {
+  if (micro_batches < 1 || micro_batches > kMaxMicroBatches)
+    return Error::at("batch.global",
+                     "a step of " + std::to_string(micro_batches) +
+                         " micro-batches per data-parallel replica; loom runs 1 to " +
+                         std::to_string(kMaxMicroBatches) +
+                         " (batch.global / (batch.micro x parallel.dp))");
+  for (const auto& op : g.ops())
+    if (op.device.value() < 0 || op.device.value() >= world_size)
+      return Error::at(op.name(), "op '" + op.name() + "' is placed on device " +
+                                      op.device.to_string() + " outside the world of " +
+                                      std::to_string(world_size));
+
+  return Status::success();
+}
+
+// Pass 1: which device holds which piece of every tensor an op writes.
+ProducedMap producers_of(const graph::Graph& g) {
+  ProducedMap produced;
+  for (const auto& op : g.ops())
+    for (const auto& o : op.outputs) {
+      auto& p = produced[o.tensor.value()];
+      p.stage = op.stage;
+      bool seen = false;
+      for (auto& [d, s] : p.pieces) seen |= d == op.device && same_piece(s, o);
+      if (!seen) p.pieces.push_back({op.device, o});
+    }
+  return produced;
+}
+
+// Pass 2: an adapter wherever a consumer's layout of an activation differs from its producers'
+// (shared by the consumers of one stage that read the same layout), with its forward and
+// gradient paths from the path search. Returns, per op, the adapters it reads through.
+Result<std::vector<std::vector<int64_t>>> insert_adapters(const graph::Graph& g,
+                                                          const ProducedMap& produced,
+                                                          PathFinder& paths, Lowered& out) {
+  const auto& ops = g.ops();
+  std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;
+  std::vector<std::vector<int64_t>> op_adapters(ops.size());
+  {
+    std::map<std::pair<int64_t, std::string>, std::vector<std::pair<DeviceId, SubTensor>>> wants;
+    std::map<std::pair<int64_t, std::string>, StageId> consumer_stage;
+    std::vector<std::pair<int64_t, std::string>> keys;
+    std::map<int64_t, std::vector<int64_t>> adapters_of_tensor;
+    for (const auto& op : ops)
+      for (const auto& in : op.inputs) {
+        const graph::TensorRole role = g.tensor(in.tensor).role;
+        if (role != graph::TensorRole::kActivation && role != graph::TensorRole::kLoss) continue;
+        auto key = std::make_pair(in.tensor.value(), op.def->name);
+        if (!wants.count(key)) keys.push_back(key);
+        auto& w = wants[key];
+        bool seen = false;
+        for (auto& [d, s] : w) seen |= d == op.device && same_piece(s, in);
+        if (!seen) w.push_back({op.device, in});
+        consumer_stage[key] = op.stage;
+      }
+    for (const auto& key : keys) {
+      const graph::FullTensor& t = g.tensor(TensorId(key.first));
+      auto fail = [&](const Error& e) {
+        return Error::at(t.name,
+                         "tensor '" + t.name + "' read by '" + key.second + "': " + e.message);
+      };
+      auto it = produced.find(key.first);
+      if (it == produced.end()) return Error::at(t.name, "no op writes tensor '" + t.name + "'");
+      auto from = layout_of(it->second.pieces, t.shape);
+      if (!from.ok()) return fail(from.error());
+      auto to = layout_of(wants[key], t.shape);
+      if (!to.ok()) return fail(to.error());
+      const StageId ps = it->second.stage, cs = consumer_stage[key];
+      // Each consumer device already holding exactly its piece needs nothing.
+      bool local = device_set(*from) == device_set(*to);
+      if (local)
+        for (const auto& [d, want] : wants[key]) {
+          bool has = false;
+          for (const auto& [pd, piece] : it->second.pieces)
+            has |= pd == d && same_piece(piece, want);
+          local &= has;
+        }
+      if (local) continue;
+      // Another consumer already reads this layout of the tensor in this stage: share it.
+      bool shared = false;
+      for (int64_t id : adapters_of_tensor[key.first]) {
+        Adapter& other = out.adapters[static_cast<size_t>(id)];
+        if (other.consumer_stage == cs && other.to == *to) {
+          other.consumers.push_back(key.second);
+          adapter_of[key] = other.id;
+          shared = true;
+          break;
+        }
+      }
+      if (shared) continue;
+      Adapter a;
+      a.id = static_cast<int64_t>(out.adapters.size());
+      a.consumers = {key.second};
+      a.tensor = TensorId(key.first);
+      a.consumer = key.second;
+      a.producer_stage = ps;
+      a.consumer_stage = cs;
+      a.from = *from;
+      a.to = *to;
+      const int64_t elem = size_bytes(t.dtype);
+      auto fwd = paths.find(t.shape, elem, a.from, a.to);
+      if (!fwd.ok()) return fail(fwd.error());
+      auto bwd =
+          paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from), /*gradient=*/true);
+      if (!bwd.ok()) return fail(bwd.error());
+      a.forward = *fwd;
+      a.backward = *bwd;
+      adapter_of[key] = a.id;
+      adapters_of_tensor[key.first].push_back(a.id);
+      out.adapters.push_back(std::move(a));
+    }
+    for (size_t i = 0; i < ops.size(); ++i)
+      for (const auto& in : ops[i].inputs) {
+        auto it = adapter_of.find({in.tensor.value(), ops[i].def->name});
+        if (it != adapter_of.end() && std::find(op_adapters[i].begin(), op_adapters[i].end(),
+                                                it->second) == op_adapters[i].end())
+          op_adapters[i].push_back(it->second);
+      }
+  }
+
+  return op_adapters;
+}
+
+// Pass 3: each rank's program: its ops in segments per stage with the adapters they read
+// through (and the adapter steps it takes part in without consuming), each micro-batch's
+// forward and backward in turn, as gradient accumulation runs them: one micro-batch's
+// activations at a time (pass 6 replaces the order with a pipeline schedule's).
+void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t>>& op_adapters,
+                    int64_t world_size, int64_t micro_batches, Lowered& out) {
+  const auto& ops = g.ops();
+  out.programs.resize(static_cast<size_t>(world_size));
+  std::vector<std::map<int64_t, Segment>> segments(static_cast<size_t>(world_size));
+  std::vector<std::set<int64_t>> placed(
+      static_cast<size_t>(world_size));  // adapters placed (consumer side)
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    Segment& seg = segments[op.device.value()][op.stage.value()];
+    seg.stage = op.stage;
+    // A bias_add's parameter gather goes before the linear it follows, so the two stay next to
+    // each other and run as one (lower/fusion.h).
+    const bool after_linear = op.type() == "bias_add" && !seg.items.empty() &&
+                              seg.items.back().kind == SegmentItem::Kind::kOp &&
+                              ops[static_cast<size_t>(seg.items.back().index)].type() == "linear";
+    for (int64_t a : op_adapters[i])
+      if (placed[op.device.value()].insert(a).second) {
+        const SegmentItem item{SegmentItem::Kind::kAdapter, a, false};
+        if (after_linear && out.adapters[static_cast<size_t>(a)].parameter)
+          seg.items.insert(seg.items.end() - 1, item);
+        else
+          seg.items.push_back(item);
+      }
+    seg.items.push_back({SegmentItem::Kind::kOp, static_cast<int64_t>(i), false});
+  }
+  // Devices of an adapter that do not consume through it still take part in its steps: the
+  // producers of a cross-group adapter (at the end of their stage), and any member of an
+  // intra-group collective that holds no consumer (placed before its stage's first op).
+  for (Adapter& a : out.adapters) {
+    const std::set<DeviceId> producers = device_set(a.from);
+    a.disjoint = std::none_of(a.to.devices.begin(), a.to.devices.end(),
+                              [&](DeviceId d) { return producers.count(d) > 0; });
+    if (a.disjoint) {
+      for (DeviceId d : a.from.devices) {
+        Segment& seg = segments[d.value()][a.producer_stage.value()];
+        seg.stage = a.producer_stage;
+        seg.items.push_back({SegmentItem::Kind::kAdapter, a.id, true});
+      }
+    }
+    for (DeviceId d : a.to.devices)
+      if (!placed[d.value()].count(a.id)) {
+        placed[d.value()].insert(a.id);
+        Segment& seg = segments[d.value()][a.consumer_stage.value()];
+        seg.stage = a.consumer_stage;
+        seg.items.insert(seg.items.begin(), {SegmentItem::Kind::kAdapter, a.id, false});
+      }
+  }
+
+  for (int64_t r = 0; r < world_size; ++r) {
+    Program& prog = out.programs[static_cast<size_t>(r)];
+    prog.rank = Rank(r);
+    for (auto& [s, seg] : segments[static_cast<size_t>(r)]) prog.segments.push_back(seg);
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      for (const Segment& seg : prog.segments)
+        prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
+      for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
+        prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
+    }
+  }
+}
+
+// Pass 4: gradient synchronisation of parameter pieces held by several devices (but those
+// stored split, whose gradient path reduce-scatters them).
+void add_grad_syncs(const graph::Graph& g, const std::set<int64_t>& sharded, Lowered& out) {
+  const auto& ops = g.ops();
+  std::map<int64_t, std::vector<std::pair<SubTensor, std::set<DeviceId>>>> holders;
+  for (const auto& op : ops)
+    for (const auto& in : op.inputs) {
+      if (g.tensor(in.tensor).role != graph::TensorRole::kParameter) continue;
+      if (sharded.count(in.tensor.value())) continue;
+      auto& list = holders[in.tensor.value()];
+      auto it = std::find_if(list.begin(), list.end(),
+                             [&](const auto& e) { return same_piece(e.first, in); });
+      if (it == list.end())
+        list.push_back({in, {op.device}});
+      else
+        it->second.insert(op.device);
+    }
+  for (auto& [tensor, list] : holders)
+    for (auto& [piece, devices] : list) {
+      if (devices.size() < 2) continue;
+      GradSync sync{TensorId(tensor), piece, {devices.begin(), devices.end()}};
+      const int64_t id = static_cast<int64_t>(out.grad_syncs.size());
+      for (DeviceId d : sync.devices) out.programs[d.value()].grad_syncs.push_back(id);
+      out.grad_syncs.push_back(std::move(sync));
+    }
+}
+
+// Pass 5: the loss: each piece counts once, so replicas seed 1 / replicas. Pipelines that are
+// whole replicas of the model (Chimera's) each have their own loss over their own micro-batches.
+Status seed_losses(const graph::Graph& g, const ProducedMap& produced, Lowered& out) {
+  if (!produced.count(g.loss().value())) return Error::at(g.name(), "no op writes the loss");
+  for (const auto& t : g.tensors()) {
+    if (t.role != graph::TensorRole::kLoss) continue;
+    auto loss = produced.find(t.id.value());
+    if (loss == produced.end()) return Error::at(t.name, "no op writes the loss '" + t.name + "'");
+    for (const auto& [d, piece] : loss->second.pieces) {
+      int64_t replicas = 0;
+      for (const auto& [d2, p2] : loss->second.pieces) replicas += same_piece(piece, p2);
+      double& seed = out.programs[d.value()].loss_seed;
+      const double mine = 1.0 / static_cast<double>(replicas);
+      LOOM_CHECK(seed == 0 || seed == mine)
+          << "rank " << d.value() << " holds losses seeded " << seed << " and " << mine;
+      seed = mine;
+    }
+  }
+
+  return Status::success();
+}
+
+}  // namespace
+
+Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths, const std::vector<std::vector<ProgramBlock>>* order) {
+  if (!order) return lower(g, world_size, micro_batches, paths, BlockOrderFn{});
+  return lower(
+      g, world_size, micro_batches, paths,
+      [order](const Lowered&) -> Result<std::vector<std::vector<ProgramBlock>>> { return *order; });
+}
+
+Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_batches,
+                      PathFinder& paths, const BlockOrderFn& order, const LowerOptions& options) {
+  LOOM_TRY(check_placement(g, world_size, micro_batches));
+  Lowered out;
+  const ProducedMap produced = producers_of(g);
+  LOOM_ASSIGN_OR_RETURN(auto op_adapters, insert_adapters(g, produced, paths, out));
+  std::set<int64_t> sharded;
+  if (options.shard_parameters) {
+    LOOM_ASSIGN_OR_RETURN(sharded, shard_parameters(g, paths, out, op_adapters));
+  }
+  build_programs(g, op_adapters, world_size, micro_batches, out);
+  add_grad_syncs(g, sharded, out);
+  LOOM_TRY(seed_losses(g, produced, out));
+  if (order) {  // pass 6: the schedule's block order
+    LOOM_ASSIGN_OR_RETURN(auto blocks, order(out));
+    if (!blocks.empty()) {
+      LOOM_CHECK(blocks.size() == out.programs.size())
+          << "an order for " << blocks.size() << " ranks, " << out.programs.size() << " lowered";
+      for (size_t r = 0; r < blocks.size(); ++r) out.programs[r].blocks = std::move(blocks[r]);
+    }
+  }
+  if (options.check_deadlock) LOOM_TRY(check_deadlock_free(g, out));
+  return out;
+}
+
+namespace {
+
+// One communication event of a rank, in program order. Keys are integers (adapter, direction,
+// micro-batch, step) so that checking a thousand ranks stays cheap; text is made on failure.
+// 24 bytes: a 1024-rank plan's check holds tens of millions of them.
+struct Event {
+  enum class Kind : uint8_t { kSend, kRecv, kCollective };
+  int64_t key;                           // identical on every party of the same exchange
+  const std::vector<DeviceId>* members;  // collective: its members
+  int32_t peer;                          // send: the receiver; recv: the sender
+  Kind kind;
+  Primitive primitive;
+};
+
+std::string describe(const Event& e, const Lowered& lowered, const graph::Graph& g) {
+  if (e.key < 0) {
+    const GradSync& s = lowered.grad_syncs[static_cast<size_t>(-e.key - 1)];
+    return "all_reduce of the gradients of '" + g.tensor(s.tensor).name + "'";
+  }
+  const auto [adapter, forward, mb, step] = message_tag_parts(e.key);
+  const Adapter& a = lowered.adapters[static_cast<size_t>(adapter)];
+  std::string what = e.kind == Event::Kind::kSend   ? "send to rank " + std::to_string(e.peer)
+                     : e.kind == Event::Kind::kRecv ? "recv from rank " + std::to_string(e.peer)
+                                                    : to_string(e.primitive);
+  return what + " (step " + std::to_string(step) + " of the " + (forward ? "forward" : "gradient") +
+         " path of '" + g.tensor(a.tensor).name + "' for " + a.consumer + ", micro-batch " +
+         std::to_string(mb) + ")";
+}
+
+// Steps of `path` this rank runs, on the given side of a cross-group adapter.
+// For each step of a path, the index of the group each rank belongs to (-1: none).
+using GroupIndex = std::vector<std::vector<int32_t>>;
+GroupIndex index_groups(const CommPath& path, int64_t world) {
+  GroupIndex out;
+  for (const CommStep& st : path.steps) {
+    std::vector<int32_t> of(static_cast<size_t>(world), -1);
+    if (st.primitive != Primitive::kSendRecv)
+      for (size_t g = 0; g < st.groups.size(); ++g)
+        if (st.groups[g].size() > 1)
+          for (DeviceId d : st.groups[g])
+            of[static_cast<size_t>(d.value())] = static_cast<int32_t>(g);
+    out.push_back(std::move(of));
+  }
+  return out;
+}
+
+void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter, bool forward,
+                 int64_t mb, int64_t rank, int side, const std::vector<bool>& first_group,
+                 std::vector<Event>& events) {
+  // side: 0 = whole path, 1 = the first group's part, 2 = the second group's part.
+  bool after_send = false;
+  for (size_t i = 0; i < path.steps.size(); ++i) {
+    const CommStep& st = path.steps[i];
+    const int64_t key = message_tag(adapter, forward, mb, i);
+    if (st.primitive == Primitive::kSendRecv) {
+      for (const auto& pair : st.groups) {
+        if (pair[0].value() == rank && side != 2)
+          events.push_back({key, nullptr, static_cast<int32_t>(pair[1].value()), Event::Kind::kSend,
+                            st.primitive});
+        if (pair[1].value() == rank && side != 1)
+          events.push_back({key, nullptr, static_cast<int32_t>(pair[0].value()), Event::Kind::kRecv,
+                            st.primitive});
+      }
+      if (side != 0 && !st.groups.empty() &&
+          first_group[static_cast<size_t>(st.groups[0][0].value())])
+        after_send = true;
+      continue;
+    }
+    const bool first_part = side != 0 && !after_send;
+    if (side == 1 && !first_part) continue;
+    if (side == 2 && first_part) continue;
+    const int32_t g = groups[i][static_cast<size_t>(rank)];
+    if (g >= 0)
+      events.push_back(
+          {key, &st.groups[static_cast<size_t>(g)], -1, Event::Kind::kCollective, st.primitive});
+  }
+}
+
+}  // namespace
+
+char block_letter(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::kForward:
+      return 'F';
+    case BlockKind::kBackward:
+      return 'B';
+    case BlockKind::kInputGrad:
+      return 'I';
+    case BlockKind::kWeightGrad:
+      return 'W';
+  }
+  return '?';
+}
+
+namespace {
+
+// Each rank's communication events in program order, made one block at a time as the check
+// reaches them: a 1024-rank plan has tens of millions, and only the current ones are needed.
+class EventStreams {
+ public:
+  explicit EventStreams(const Lowered& lowered) : lowered_(lowered) {
+    const size_t world = lowered.programs.size();
+    sides_.resize(lowered.adapters.size());
+    for (size_t i = 0; i < lowered.adapters.size(); ++i) {
+      const Adapter& a = lowered.adapters[i];
+      Sides& s = sides_[i];
+      s.producer.assign(world, false);
+      s.consumer.assign(world, false);
+      for (DeviceId d : a.from.devices) s.producer[static_cast<size_t>(d.value())] = true;
+      for (DeviceId d : a.to.devices) s.consumer[static_cast<size_t>(d.value())] = true;
+      s.forward = index_groups(a.forward, static_cast<int64_t>(world));
+      s.backward = index_groups(a.backward, static_cast<int64_t>(world));
+    }
+    ranks_.resize(world);
+  }
+
+  // The rank's next event, or nullptr when its program has no more.
+  const Event* current(size_t r) {
+    Stream& st = ranks_[r];
+    while (st.at == st.events.size()) {
+      const Program& prog = lowered_.programs[r];
+      if (st.block > prog.blocks.size()) return nullptr;
+      st.events.clear();
+      st.at = 0;
+      if (st.block < prog.blocks.size())
+        block_events(r, prog.blocks[st.block], st.events);
+      else
+        for (int64_t s : prog.grad_syncs)
+          st.events.push_back({-s - 1, &lowered_.grad_syncs[static_cast<size_t>(s)].devices, -1,
+                               Event::Kind::kCollective, Primitive::kAllReduce});
+      ++st.block;
+    }
+    return &st.events[st.at];
+  }
+  void advance(size_t r) { ++ranks_[r].at; }
+
+ private:
+  // Per adapter: each side's membership and each step's groups by rank.
+  struct Sides {
+    std::vector<bool> producer, consumer;
+    GroupIndex forward, backward;
+  };
+  struct Stream {
+    std::vector<Event> events;  // of the block before `block`
+    size_t at = 0;
+    size_t block = 0;  // blocks.size(): the gradient syncs; past it: the end
+  };
+
+  void block_events(size_t r, const ProgramBlock& b, std::vector<Event>& events) const {
+    if (b.kind == BlockKind::kWeightGrad) return;  // local matrix products only
+    const Program& prog = lowered_.programs[r];
+    const Segment& seg = *std::find_if(prog.segments.begin(), prog.segments.end(),
+                                       [&](const Segment& s) { return s.stage == b.stage; });
+    const int64_t rank = static_cast<int64_t>(r);
+    auto visit = [&](const SegmentItem& it, bool fwd) {
+      if (it.kind != SegmentItem::Kind::kAdapter) return;
+      const Adapter& a = lowered_.adapters[static_cast<size_t>(it.index)];
+      const Sides& s = sides_[static_cast<size_t>(it.index)];
+      // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
+      int side = 0;
+      if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
+      // A regathered parameter's backward gathers it again first.
+      if (!fwd && a.regather)
+        path_events(a.forward, s.forward, a.id, true, b.micro_batch.value(), rank, side, s.producer,
+                    events);
+      path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
+                  b.micro_batch.value(), rank, side, fwd ? s.producer : s.consumer, events);
+    };
+    if (b.kind == BlockKind::kForward) {
+      for (const SegmentItem& it : seg.items) visit(it, true);
+      return;
+    }
+    // A recomputed region's backward runs its forward (its collectives) again first.
+    for (int64_t i = static_cast<int64_t>(seg.items.size()) - 1; i >= 0; --i) {
+      for (const RecomputeRegion& region : seg.recompute)
+        if (region.end - 1 == i)
+          for (int64_t j = region.begin; j < region.end; ++j)
+            visit(seg.items[static_cast<size_t>(j)], true);
+      visit(seg.items[static_cast<size_t>(i)], false);
+    }
+  }
+
+  const Lowered& lowered_;
+  std::vector<Sides> sides_;
+  std::vector<Stream> ranks_;
+};
+
+}  // namespace
+
+Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
+  const size_t world = lowered.programs.size();
+  for (size_t r = 0; r < world; ++r) {
+    const Program& prog = lowered.programs[r];
+    for (const ProgramBlock& b : prog.blocks)
+      if (std::none_of(prog.segments.begin(), prog.segments.end(),
+                       [&](const Segment& s) { return s.stage == b.stage; }))
+        return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
+                                        b.stage.to_string() + " it does not run");
+  }
+  // Run: sends never block; a receive waits for its send; a collective for all its members.
+  // A rank runs until it waits and is woken by what it waits for (its send, or the last member
+  // reaching its collective), so each event is looked at a bounded number of times. Whether the
+  // programs finish, and where each stuck rank waits, does not depend on the order ranks run in.
+  EventStreams streams(lowered);
+  std::unordered_set<int64_t> sent;               // step key and receiver
+  std::unordered_map<int64_t, size_t> receiving;  // message -> the rank waiting for it
+  std::map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t> arrived;  // members at it
+  std::vector<char> counted(world, 0);  // the rank's arrival at its current collective counted
+  auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
+  std::deque<size_t> runnable;
+  for (size_t r = 0; r < world; ++r) runnable.push_back(r);
+  while (!runnable.empty()) {
+    const size_t r = runnable.front();
+    runnable.pop_front();
+    while (const Event* e = streams.current(r)) {
+      if (e->kind == Event::Kind::kSend) {
+        const int64_t m = message(e->key, e->peer);
+        sent.insert(m);
+        if (auto w = receiving.find(m); w != receiving.end()) {
+          runnable.push_back(w->second);
+          receiving.erase(w);
+        }
+      } else if (e->kind == Event::Kind::kRecv) {
+        const int64_t m = message(e->key, static_cast<int64_t>(r));
+        if (!sent.count(m)) {
+          receiving[m] = r;
+          break;
+        }
+      } else {
+        const auto group = std::make_pair(e->key, e->members);
+        if (!counted[r]) counted[r] = 1, ++arrived[group];
+        if (arrived[group] < e->members->size()) break;
+        arrived.erase(group);
+        for (DeviceId m : *e->members) {
+          const size_t member = static_cast<size_t>(m.value());
+          counted[member] = 0;
+          if (member == r) continue;
+          streams.advance(member);
+          runnable.push_back(member);
+        }
+      }
+      streams.advance(r);
+    }
+  }
+  std::vector<std::string> stuck;
+  for (size_t r = 0; r < world; ++r)
+    if (const Event* e = streams.current(r))
+      stuck.push_back("rank " + std::to_string(r) + " waits at " + describe(*e, lowered, g));
+  if (!stuck.empty())
+    return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
+  return Status::success();
+}
+
+namespace {
+
+// The steps of `path` this rank takes part in: "all_reduce with [0,1]; send to 2; recv from 3".
+std::string my_steps(const CommPath& path, Rank rank) {
+  std::vector<std::string> parts;
+  for (const CommStep& st : path.steps) {
+    if (st.primitive == Primitive::kSendRecv) {
+      for (const auto& pair : st.groups) {
+        if (pair[0] == pair[1]) continue;
+        if (pair[0].value() == rank.value()) parts.push_back("send to " + pair[1].to_string());
+        if (pair[1].value() == rank.value()) parts.push_back("recv from " + pair[0].to_string());
+      }
+      continue;
+    }
+    for (const auto& group : st.groups) {
+      if (std::find(group.begin(), group.end(), DeviceId(rank.value())) == group.end()) continue;
+      std::vector<std::string> members;
+      for (DeviceId d : group) members.push_back(d.to_string());
+      parts.push_back(to_string(st.primitive) +
+                      (group.size() > 1 ? " with [" + join(members, ",") + "]" : ""));
+    }
+  }
+  return parts.empty() ? "(nothing on this rank)" : join(parts, "; ");
+}
+
+}  // namespace
+
+std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
+  const Program& prog = lowered.programs[rank.value()];
+  std::ostringstream os;
+  os << "rank " << rank << ": " << prog.segments.size() << " stage segment(s), "
+     << prog.blocks.size() << " blocks, loss seed " << prog.loss_seed << "\n";
+  for (const Segment& seg : prog.segments) {
+    os << "  stage " << seg.stage << ":\n";
+    for (size_t i = 0; i < seg.items.size(); ++i) {
+      const SegmentItem& it = seg.items[i];
+      for (const RecomputeRegion& r : seg.recompute)
+        if (r.begin == static_cast<int64_t>(i))
+          os << "    recompute in backward: the next " << r.end - r.begin << " item(s)\n";
+      if (it.kind == SegmentItem::Kind::kOp) {
+        const auto& op = g.ops()[static_cast<size_t>(it.index)];
+        os << "    run  " << op.name() << " (" << op.type() << ")\n";
+      } else {
+        const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
+        os << "    comm " << g.tensor(a.tensor).name << " for " << join(a.consumers, ", ")
+           << (it.producer_side ? " [send side]" : "")
+           << (a.parameter ? " [stored " + a.from.to_string() + "]" : "") << ": "
+           << my_steps(a.forward, rank)
+           << " | backward: " << (a.regather ? "again " + my_steps(a.forward, rank) + "; " : "")
+           << my_steps(a.backward, rank) << "\n";
+      }
+    }
+  }
+  os << "  order:";
+  for (const ProgramBlock& b : prog.blocks)
+    os << " " << block_letter(b.kind) << b.stage << "." << b.micro_batch;
+  os << "\n";
+  for (int64_t s : prog.grad_syncs) {
+    const GradSync& gs = lowered.grad_syncs[static_cast<size_t>(s)];
+    std::vector<std::string> devs;
+    for (DeviceId d : gs.devices) devs.push_back(d.to_string());
+    os << "  grad all_reduce " << g.tensor(gs.tensor).name << gs.piece.ranges_string() << " over ["
+       << join(devs, ",") << "]\n";
+  }
+  return os.str();
+}
+
+}  // namespace loom::lower

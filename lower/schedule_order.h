@@ -1,0 +1,77 @@
+// The order of pipeline blocks each rank runs, from parallel.schedule and the scheduler.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "lower/program.h"
+#include "scheduler/csv.h"
+#include "scheduler/placement.h"
+#include "scheduler/schedule.h"
+
+namespace loom::lower {
+
+// What one micro-batch costs a pipeline device, on the plan's cost model (plan/plan.cc takes
+// the figures from plan/estimate.h).
+struct StageCost {
+  double forward_s = 0;  // its slowest rank's forward of one micro-batch; a backward takes 2x
+  // The rank with the least room for activations: one micro-batch's activations, held from its
+  // forward to its backward, and what that rank holds whatever the schedule runs (parameters,
+  // gradients, optimizer state, a backward's working memory), in bytes.
+  double activation_bytes = 0;
+  double held_bytes = 0;
+  double recompute_s = 0;  // the forward its backward runs again (parallel.recompute)
+};
+
+// Per pipeline device (pp index) what its blocks cost; `device_memory_bytes` is the cost
+// model's memory of one device (0: not given).
+struct StageCosts {
+  std::vector<StageCost> devices;
+  double device_memory_bytes = 0;
+};
+
+// Each rank's blocks and, for parallel.schedule search, the schedule that was found.
+struct PipelineOrder {
+  // Per rank, its (kind, stage, micro-batch) blocks; empty without pipeline parallelism.
+  std::vector<std::vector<ProgramBlock>> ranks;
+  // parallel.schedule search: the schedule found, its blocks at the stage costs' durations in
+  // milliseconds (a forward of device d takes devices[d].forward_s) and memory in micro-batches
+  // of activations (+1 on F, -1 on B).
+  std::shared_ptr<const sched::Schedule> searched;  // null unless searched
+  // parallel.schedule csv: the file's schedule at read_csv's default costs (a forward of one
+  // device's share takes 1, a backward 2; memory in micro-batches of activations).
+  std::shared_ptr<const sched::Schedule> imported;  // null unless read from a CSV
+  // parallel.schedule csv: how the file named its backwards (torch's older B + W, or I + W).
+  std::optional<sched::CsvActions> csv_actions;
+};
+
+// The search's input for parallel.schedule search: one micro-batch's V-shaped block graph
+// (stage d on device d; for search-zb ZB-H1's, each backward split into I and W) with spans from
+// `costs` in units of the slowest forward (rounded to 1/kSearchGrid of it: the search branches over
+// integer time slots, and finer ones multiply its work), memory deltas as shares of each device's
+// room for activations and a memory limit of 1. Without costs (or device memory) every F adds one
+// micro-batch and the limit is pp micro-batches in flight. Errors name parallel.schedule when a
+// device cannot hold one micro-batch's activations.
+constexpr int kSearchGrid = 4;
+// Branch-and-bound nodes per candidate period when a plan searches its schedule: every plan
+// (loom plan, loom train) makes one, so the search stops proving optimality past this; the
+// completion's list-scheduled and baseline candidates still compete (scheduler/repetend.h).
+constexpr int64_t kSearchNodeLimit = 100'000;
+Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs);
+
+// The program's kind of a schedule's block: F, B, I and W map one to one.
+BlockKind program_kind(sched::BlockKind kind);
+
+// Each rank's blocks for parallel.schedule with `micro_batches` micro-batches; rank r runs the
+// blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism. Chimera's
+// up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1's split backward runs as I and W
+// blocks. csv runs the rows of parallel.schedule_csv (errors name the key, the file and the
+// cell). Only the search reads `costs` (empty: uniform stages, pp micro-batches in flight);
+// predefined schedules follow their own rules.
+Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
+                                     const StageCosts& costs = {});
+
+}  // namespace loom::lower

@@ -1,0 +1,336 @@
+#include "runtime/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <signal.h>
+
+#include <cstring>
+
+#include "checkpoint/crc32.h"
+#include "checkpoint/flat_range.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/safetensors.h"
+#include "comm/comm.h"
+#include "core/durable_file.h"
+#include "runtime/debug_env.h"
+#include "runtime/optimizer.h"
+
+namespace loom::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// LOOM_DEBUG_CKPT_CRASH_AT: counts the points of checkpoint writing in this process.
+void crash_point() {
+  static int64_t count = 0;
+  static const int64_t at = debug_env_int("LOOM_DEBUG_CKPT_CRASH_AT", -1);
+  if (++count == at) raise(SIGKILL);
+}
+
+const WriteHook& crash_hook() {
+  static const WriteHook hook = [](const char*) { crash_point(); };
+  return hook;
+}
+
+std::string rank_name(int64_t rank, const char* ext) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "rank_%05lld.%s", static_cast<long long>(rank), ext);
+  return buf;
+}
+
+SliceRanges ranges_of(const graph::SubTensor& piece) {
+  SliceRanges r;
+  for (const auto& range : piece.ranges) r.emplace_back(range.start, range.end);
+  return r;
+}
+
+int64_t region_numel(const SliceRanges& ranges) {
+  int64_t n = 1;
+  for (const auto& [b, e] : ranges) n *= e - b;
+  return n;
+}
+
+std::string ranges_string(const SliceRanges& ranges) {
+  std::string s = "[";
+  for (size_t d = 0; d < ranges.size(); ++d)
+    s += (d ? "," : "") + std::to_string(ranges[d].first) + ":" + std::to_string(ranges[d].second);
+  return s + "]";
+}
+
+// The global regions `value` (what is stored for `piece`) covers, each with its offset in
+// `value`'s elements: the piece, or for optimizer state of part of it (parallel.zero 1: the
+// elements `optimizer->owned()` names) the boxes of that run of elements.
+std::vector<std::pair<SliceRanges, int64_t>> stored_regions(const CheckpointTarget& t,
+                                                            const graph::SubTensor& piece,
+                                                            const at::Tensor& value, size_t i) {
+  const SliceRanges whole = ranges_of(piece);
+  if (value.numel() == numel(piece.shape())) return {{whole, 0}};
+  LOOM_CHECK(t.optimizer != nullptr) << "a stored tensor smaller than its piece";
+  const auto [begin, end] = t.optimizer->owned()[i];
+  std::vector<std::pair<SliceRanges, int64_t>> out;
+  for (const FlatBox& box : flat_range_boxes(piece.shape(), begin, end)) {
+    SliceRanges global = box.ranges;
+    for (size_t d = 0; d < global.size(); ++d) {
+      global[d].first += whole[d].first;
+      global[d].second += whole[d].first;
+    }
+    out.emplace_back(std::move(global), box.offset - begin);
+  }
+  return out;
+}
+
+std::string_view bytes_of(const at::Tensor& t) {
+  return {static_cast<const char*>(t.data_ptr()),
+          static_cast<size_t>(t.numel() * t.element_size())};
+}
+
+Status barrier(const CheckpointTarget& t, const char* what) {
+  if (!t.world) return Status::success();
+  Status s = t.world->barrier();
+  if (!s.ok())
+    return Error::at("comm", std::string("checkpoint ") + what + ": " + s.error().message);
+  return s;
+}
+
+std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> stored_kinds(
+    const CheckpointTarget& t) {
+  std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> kinds = {
+      {kSliceParam, &t.params}};
+  if (t.optimizer) {
+    kinds.emplace_back(kSliceExpAvg, &t.optimizer->exp_avg());
+    if (!t.optimizer->exp_avg_sq().empty())
+      kinds.emplace_back(kSliceExpAvgSq, &t.optimizer->exp_avg_sq());
+  }
+  return kinds;
+}
+
+std::string plan_string(const Config& c) {
+  return "dp" + std::to_string(c.parallel.dp) +
+         (c.parallel.cp > 1 ? " x cp" + std::to_string(c.parallel.cp) : std::string()) + " x tp" +
+         std::to_string(c.parallel.tp) + " x pp" + std::to_string(c.parallel.pp);
+}
+
+// Removes all but the newest `keep` complete checkpoints, and incomplete ones older than the
+// newest: a checkpoint's manifest goes first, so it is never seen complete and half-deleted.
+Status prune(const fs::path& root, int64_t keep, int64_t newest) {
+  auto complete = complete_checkpoints(root);
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
+    crash_point();
+    fs::remove(complete[i].second / kManifestName, ec);
+    LOOM_TRY(sync_directory(complete[i].second));
+    fs::remove_all(complete[i].second, ec);
+  }
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    // Unfinished checkpoints older than the newest complete one: a writer died in them.
+    const auto step = parse_checkpoint_dir_name(it->path().filename().string());
+    std::error_code exists_ec;
+    if (!step || fs::exists(it->path() / kManifestName, exists_ec)) continue;
+    if (*step < newest) fs::remove_all(it->path(), ec);
+  }
+  return sync_directory(root);
+}
+
+}  // namespace
+
+fs::path checkpoint_root(const Config& config) {
+  if (!config.checkpoint.dir.empty()) return config.checkpoint.dir;
+  return fs::path(config.run.output_dir) / "checkpoints";
+}
+
+Result<fs::path> resume_path(const Config& config) {
+  const std::string& r = config.checkpoint.resume;
+  if (r == "none") return fs::path();
+  if (r == "latest") return latest_checkpoint(checkpoint_root(config));
+  std::error_code ec;
+  if (fs::is_regular_file(r, ec)) return fs::path(r);  // a merged checkpoint
+  if (!fs::is_directory(r, ec))
+    return config.error(
+        "checkpoint.resume",
+        "checkpoint.resume: '" + r +
+            "' is not a checkpoint (use none, latest, a step_N directory, a checkpoint "
+            "root, or a merged .safetensors file)");
+  // The root of a run's checkpoints resumes from its newest.
+  if (!fs::exists(fs::path(r) / kManifestName, ec)) {
+    fs::path latest = latest_checkpoint(r);
+    if (!latest.empty()) return latest;
+  }
+  return fs::path(r);
+}
+
+Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t step,
+                       const fs::path& root) {
+  const fs::path dir = root / checkpoint_dir_name(step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return Error::at("checkpoint.dir",
+                     "checkpoint.dir: cannot create '" + dir.string() + "': " + ec.message());
+  if (t.rank == 0) {
+    // Saving again at a step that has a checkpoint: it stops counting before any shard changes.
+    if (fs::exists(dir / kManifestName)) {
+      crash_point();
+      fs::remove(dir / kManifestName, ec);
+      LOOM_TRY(sync_directory(dir));
+    }
+    LOOM_TRY(sync_directory(root));
+  }
+  LOOM_TRY(barrier(t, "start"));
+
+  // This rank's shard and its part of the manifest.
+  CheckpointManifest part;
+  const std::string shard_name = rank_name(t.rank, "safetensors");
+  SafeTensorsWriter writer;
+  for (const auto& [kind, tensors] : stored_kinds(t)) {
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      // Optimizer state of elements other ranks own (parallel.zero 1): its owners write it.
+      if (!(*tensors)[i].defined()) continue;
+      const graph::SubTensor& piece = t.pieces[i];
+      const graph::FullTensor& full = t.graph->tensor(piece.tensor);
+      at::Tensor value = (*tensors)[i].detach().to(at::kCPU, at::kFloat).contiguous();
+      for (const auto& [ranges, offset] : stored_regions(t, piece, (*tensors)[i], i)) {
+        at::Tensor region = value.view({-1}).narrow(0, offset, region_numel(ranges));
+        CheckpointSlice s{full.name,          kind,       "F32",
+                          full.shape,         ranges,     piece.value_chunk,
+                          piece.value_chunks, shard_name, ""};
+        s.key = std::string(kind) + "/" + full.name + "/" + ranges_string(ranges);
+        writer.add(s.key, "F32", s.shape(), bytes_of(region));
+        part.slices.push_back(std::move(s));
+      }
+    }
+  }
+  // The generator state, so a run that draws random numbers after initialisation resumes them.
+  at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  const std::string rng_name = "cpu_generator/rank_" + std::to_string(t.rank);
+  writer.add(std::string(kSliceRng) + "/" + rng_name, "U8", {rng.numel()}, bytes_of(rng));
+  part.slices.push_back({rng_name,
+                         kSliceRng,
+                         "U8",
+                         {rng.numel()},
+                         {{0, rng.numel()}},
+                         0,
+                         1,
+                         shard_name,
+                         std::string(kSliceRng) + "/" + rng_name});
+  const std::string shard = writer.finish();
+  part.files.push_back({shard_name, shard.size(), crc32(shard)});
+  LOOM_TRY(write_file_durably(dir / shard_name, shard, crash_hook()));
+  LOOM_TRY(write_file_durably(dir / rank_name(t.rank, "json"), to_json(part), crash_hook()));
+  LOOM_TRY(barrier(t, "shards written"));
+  if (t.rank != 0) return Status::success();
+
+  // Every shard is durable: the manifest makes the checkpoint count.
+  CheckpointManifest m;
+  m.step = step;
+  m.samples_seen = step * config.batch.global;
+  m.world_size = t.world_size;
+  m.plan = plan_string(config);
+  m.seed = config.run.seed;
+  m.optimizer_steps = t.optimizer ? t.optimizer->steps_taken() : 0;
+  m.optimizer = config.optimizer.type;
+  m.config_yaml = to_yaml(config);
+  for (int64_t r = 0; r < t.world_size; ++r) {
+    const fs::path p = dir / rank_name(r, "json");
+    LOOM_ASSIGN_OR_RETURN(std::string text, read_whole_file(p));
+    LOOM_ASSIGN_OR_RETURN(CheckpointManifest rp, parse_manifest(text, p.string()));
+    m.files.insert(m.files.end(), rp.files.begin(), rp.files.end());
+    m.slices.insert(m.slices.end(), rp.slices.begin(), rp.slices.end());
+  }
+  LOOM_TRY(write_file_durably(dir / kManifestName, to_json(m), crash_hook()));
+  return prune(root, config.checkpoint.keep, step);
+}
+
+Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
+                                const fs::path& dir) {
+  LOOM_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
+  const CheckpointManifest& m = reader.manifest();
+  const std::string where = "checkpoint '" + dir.string() + "'";
+  // The model and the checkpoint must hold the same parameters with the same shapes.
+  std::vector<std::string> stored = reader.tensors(kSliceParam);
+  for (const auto& full : t.graph->tensors()) {
+    if (full.role != graph::TensorRole::kParameter) continue;
+    auto d = reader.describe(full.name, kSliceParam);
+    if (!d.ok())
+      return Error::at(
+          full.name, where + " has no parameter '" + full.name + "' of the model (another model?)");
+    if (d->first != full.shape)
+      return Error::at(full.name, where + ": parameter '" + full.name + "' has shape " +
+                                      to_string(d->first) + " but the model's is " +
+                                      to_string(full.shape));
+  }
+  for (const auto& name : stored)
+    if (!t.graph->find_tensor(name))
+      return Error::at(name, where + " holds parameter '" + name +
+                                 "', which the model does not have (another model?)");
+  // The trainer reads sample step * batch.global next: another batch size would skip or repeat
+  // data.
+  if (m.samples_seen != m.step * config.batch.global)
+    return config.error(
+        "batch.global",
+        where + " was saved after " + std::to_string(m.samples_seen) + " samples at step " +
+            std::to_string(m.step) + "; batch.global " + std::to_string(config.batch.global) +
+            " would resume at another data position (use the batch.global it was saved with)");
+  const bool with_optimizer = t.optimizer != nullptr;
+  if (with_optimizer && m.optimizer != t.optimizer->type())
+    return config.error("optimizer.type", where + " was saved with optimizer " + m.optimizer +
+                                              ", but optimizer.type is " + t.optimizer->type());
+
+  // Read everything before changing anything.
+  std::vector<std::vector<at::Tensor>> loaded;
+  auto kinds = stored_kinds(t);
+  for (const auto& [kind, tensors] : kinds) {
+    std::vector<at::Tensor> values;
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      if (!(*tensors)[i].defined()) {  // state of a piece another rank owns
+        values.emplace_back();
+        continue;
+      }
+      const graph::SubTensor& piece = t.pieces[i];
+      const graph::FullTensor& full = t.graph->tensor(piece.tensor);
+      if (piece.is_partial())
+        return Error::at(full.name, "cannot load parameter '" + full.name +
+                                        "': this plan holds it as value chunk " +
+                                        std::to_string(piece.value_chunk) + " of " +
+                                        std::to_string(piece.value_chunks));
+      at::Tensor v = at::empty((*tensors)[i].sizes(), at::kFloat);
+      for (const auto& [ranges, offset] : stored_regions(t, piece, (*tensors)[i], i)) {
+        LOOM_ASSIGN_OR_RETURN(std::string bytes, reader.read(full.name, kind, ranges));
+        LOOM_CHECK(static_cast<size_t>(region_numel(ranges) * 4) == bytes.size())
+            << "region size of " << full.name;
+        std::memcpy(static_cast<char*>(v.data_ptr()) + offset * 4, bytes.data(), bytes.size());
+      }
+      values.push_back(v);
+    }
+    loaded.push_back(std::move(values));
+  }
+  // The generator of this rank when the world is the same, else rank 0's.
+  const int64_t rng_rank = m.world_size == t.world_size ? t.rank : 0;
+  const std::string rng_name = "cpu_generator/rank_" + std::to_string(rng_rank);
+  at::Tensor rng;
+  if (auto d = reader.describe(rng_name, kSliceRng); d.ok() && d->first.size() == 1) {
+    LOOM_ASSIGN_OR_RETURN(std::string bytes, reader.read(rng_name, kSliceRng, {{0, d->first[0]}}));
+    rng = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(rng.data_ptr(), bytes.data(), bytes.size());
+    try {  // validated on a scratch generator, so a bad state changes nothing
+      at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+      scratch.set_state(rng);
+    } catch (const std::exception&) {
+      return Error::at(rng_name, where + ": generator state '" + rng_name + "' is not valid");
+    }
+  }
+
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < kinds.size(); ++k)
+    for (size_t i = 0; i < t.pieces.size(); ++i)
+      if (loaded[k][i].defined()) (*kinds[k].second)[i].detach().copy_(loaded[k][i]);
+  if (t.optimizer) t.optimizer->set_steps_taken(m.optimizer_steps);
+  if (rng.defined()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(rng);
+  }
+  return m.step;
+}
+
+}  // namespace loom::runtime

@@ -1,0 +1,67 @@
+#include "runtime/deferred_linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace loom::runtime {
+namespace {
+
+// The weight travels as a detached tensor in saved_data: were it an input, autograd would give
+// it an edge and a gradient accumulation in the I block.
+struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                                                c10::optional<at::Tensor> bias, at::Tensor weight,
+                                                int64_t stash, int64_t param) {
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["stash"] = stash;
+    ctx->saved_data["param"] = param;
+    // An optional, not an undefined tensor: autograd takes every tensor argument for a variable
+    // and fails on an undefined one.
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->save_for_backward({x});
+    return {at::linear(x, weight, bias)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const at::Tensor& g = grads[0];
+    at::Tensor gx, gb;
+    if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1))
+      gb = g.reshape({-1, g.size(-1)}).sum(0);
+    auto* stash = reinterpret_cast<WeightGradStash*>(ctx->saved_data["stash"].toInt());
+    stash->add({ctx->saved_data["param"].toInt(), x, g});
+    return {gx, gb, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor deferred_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           WeightGradStash& stash, int64_t param) {
+  const c10::optional<at::Tensor> b =
+      bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+  return DeferredLinearFn::apply(x, b, weight.detach(), reinterpret_cast<int64_t>(&stash),
+                                 param)[0];
+}
+
+std::map<int64_t, at::Tensor> WeightGradStash::take_weight_grads() {
+  std::map<int64_t, at::Tensor> out;
+  for (const Entry& e : entries_) {
+    // gᵀ·x over every leading dimension: [out, rows] x [rows, in], in the compute dtype as
+    // autograd computes it, then summed in float32.
+    const at::Tensor g = e.grad_output.reshape({-1, e.grad_output.size(-1)});
+    const at::Tensor x = e.input.reshape({-1, e.input.size(-1)});
+    at::Tensor gw = g.t().mm(x).to(at::kFloat);
+    auto it = out.find(e.param);
+    if (it == out.end())
+      out.emplace(e.param, std::move(gw));
+    else
+      it->second.add_(gw);
+  }
+  entries_.clear();
+  return out;
+}
+
+}  // namespace loom::runtime

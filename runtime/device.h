@@ -1,0 +1,58 @@
+// The run's device and precision (run.device, run.precision): where the executor makes every
+// tensor and in which dtype matrix work and activations run. Parameters, their gradients and the
+// optimizer state stay float32 (master weights); the graph says each tensor's dtype
+// (graph/precision.h), this says where it lives.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "core/shape.h"
+
+namespace loom::runtime {
+
+struct RunDevice {
+  at::Device device = at::Device(at::kCPU);
+  at::ScalarType compute = at::kFloat;  // activations and matrix work
+
+  bool cuda() const { return device.is_cuda(); }
+  at::TensorOptions options(at::ScalarType dtype) const {
+    return at::TensorOptions().device(device).dtype(dtype);
+  }
+  std::string to_string() const;  // "cuda:0 bf16", "cpu fp32"
+};
+
+// LibTorch's dtype of a graph dtype (u16 widens to i32: ATen's unsigned 16-bit type has few
+// kernels).
+at::ScalarType scalar_type(DType dtype);
+
+// The device of this process for run.device and run.precision: cuda takes GPU
+// `local_rank` modulo the visible GPUs, makes it LibTorch's current device and turns TF32 off (so
+// fp32 on a GPU compares with the CPU). Fails naming run.device when this build's LibTorch has
+// no CUDA or the machine no usable GPU.
+Result<RunDevice> select_device(const Config& config, int64_t local_rank);
+
+// How many GPUs this process can use (0 without CUDA).
+int64_t cuda_device_count();
+
+// Bytes of live tensors on the device: the CUDA caching allocator's figures on a GPU, the
+// counting CPU allocator's (runtime/memory.h) on the CPU.
+int64_t peak_device_bytes(const RunDevice& d);  // since the last reset
+void reset_peak_device_bytes(const RunDevice& d);
+
+// Waits until the device has finished the work queued on it (a traced step's timestamps, so a
+// GPU block ends when its kernels do); nothing on the CPU.
+void synchronize_device(const RunDevice& d);
+
+// The memory one rank may use: the GPU's total, or the machine's MemTotal shared by the
+// `ranks_per_machine` ranks on it (defined in calibration.cc).
+double device_memory_bytes(const RunDevice& d, int64_t ranks_per_machine);
+
+}  // namespace loom::runtime

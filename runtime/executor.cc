@@ -1,0 +1,702 @@
+#include "runtime/executor.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+#include "graph/ops_moe.h"
+#include "lower/fusion.h"
+#include "lower/param_shards.h"
+#include "runtime/deferred_linear.h"
+#include "runtime/executor_impl.h"
+#include "runtime/grad_buckets.h"
+#include "runtime/init.h"
+#include "runtime/oracle.h"
+#include "runtime/path_runner.h"
+#include "runtime/step_trace.h"
+
+namespace loom::runtime {
+namespace {
+
+using lower::Adapter;
+using lower::CommPath;
+using lower::CommStep;
+using lower::Primitive;
+
+using Part = PathPart;
+
+}  // namespace
+
+namespace {
+
+// An adapter within a stage: forward path as the function, gradient path as its backward.
+struct AdapterFn : public torch::autograd::Function<AdapterFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                                                int64_t impl, int64_t adapter, int64_t mb) {
+    ctx->saved_data["impl"] = impl;
+    ctx->saved_data["adapter"] = adapter;
+    ctx->saved_data["mb"] = mb;
+    auto* self = reinterpret_cast<Executor::Impl*>(impl);
+    const Adapter& a = self->lowered.adapters[static_cast<size_t>(adapter)];
+    return {self->run_path(a.forward, a.tensor, x, Part::kAll, self->tag(a, 0, mb))};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* self = reinterpret_cast<Executor::Impl*>(ctx->saved_data["impl"].toInt());
+    const Adapter& a =
+        self->lowered.adapters[static_cast<size_t>(ctx->saved_data["adapter"].toInt())];
+    at::Tensor g = self->run_path(a.backward, a.tensor, grads[0], Part::kAll,
+                                  self->tag(a, 1, ctx->saved_data["mb"].toInt()));
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Executor::~Executor() = default;
+
+namespace {
+
+using Source = Executor::Impl::Source;
+using ForwardStep = Executor::Impl::ForwardStep;
+
+// Materialises this rank's parameter pieces (one per (tensor, slice), shared by the ops that
+// read it) and returns each op input's parameter slot (-1: not a parameter), per op.
+std::vector<std::vector<int64_t>> add_parameters(Executor::Impl& s, uint64_t seed,
+                                                 bool seeded_init) {
+  std::map<std::pair<int64_t, std::string>, int64_t> holders;
+  for (const auto& sync : s.lowered.grad_syncs)
+    holders[{sync.tensor.value(), sync.piece.ranges_string()}] =
+        static_cast<int64_t>(sync.devices.size());
+  // parallel.zero 3: a parameter read through a parameter adapter is stored as its shard.
+  const auto stored = lower::parameter_adapters(s.lowered);
+  std::vector<std::vector<int64_t>> slots(s.graph.ops().size());
+  for (size_t i = 0; i < s.graph.ops().size(); ++i) {
+    const graph::Op& op = s.graph.ops()[i];
+    if (op.device.value() != s.rank) continue;
+    for (const auto& read : op.inputs) {
+      const graph::FullTensor& t = s.graph.tensor(read.tensor);
+      slots[i].push_back(-1);
+      if (t.role != graph::TensorRole::kParameter) continue;
+      graph::SubTensor in = read;
+      const auto shard = stored.find({t.id.value(), op.def->name});
+      if (shard != stored.end()) in = lower::stored_piece(*shard->second, op.device, t.shape);
+      auto key = std::make_pair(t.id.value(), in.ranges_string());
+      if (auto it = s.param_index.find(key); it != s.param_index.end()) {
+        slots[i].back() = static_cast<int64_t>(it->second);
+        if (shard != stored.end()) s.shard_slot[shard->second->id] = slots[i].back();
+        continue;
+      }
+      slots[i].back() = static_cast<int64_t>(s.params.size());
+      if (shard != stored.end()) s.shard_slot[shard->second->id] = slots[i].back();
+      at::Tensor p = seeded_init
+                         ? init_parameter_piece(t, in, seed).to(s.device.device)
+                         : at::zeros(in.shape(),
+                                     at::TensorOptions().dtype(at::kFloat).device(s.device.device));
+      p.set_requires_grad(true);
+      s.param_index[key] = s.params.size();
+      s.params.push_back(p);
+      s.pieces.push_back(in);
+      auto h = holders.find(key);
+      s.replicas.push_back(h == holders.end() ? 1 : h->second);
+    }
+  }
+  return slots;
+}
+
+// The buckets of the parameter pieces this rank shares with others (grad_buckets.h). A piece's
+// gradient is final after as many accumulations as there are backward (or input-gradient)
+// blocks of the stages that read it on this rank through autograd, plus the weight-gradient
+// blocks of the stages whose linears defer its gradient to them.
+void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>& param_slots,
+                      std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> groups,
+                      int64_t bucket_bytes, bool zero1) {
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  if (prog.grad_syncs.empty()) return;
+  std::map<int64_t, int64_t> backward_blocks, weight_blocks;  // stage -> its blocks
+  for (const auto& block : prog.blocks) {
+    if (lower::runs_backward_pass(block.kind)) ++backward_blocks[block.stage.value()];
+    if (block.kind == lower::BlockKind::kWeightGrad) ++weight_blocks[block.stage.value()];
+  }
+  std::set<std::pair<size_t, int64_t>> deferred_reads;  // (op, input) reads left to W
+  for (const auto& steps : s.forward_steps)
+    for (const ForwardStep& step : steps)
+      if (step.deferred) deferred_reads.insert({step.op, 1});
+  std::vector<std::set<int64_t>> stages(s.params.size());     // stages reading it via autograd
+  std::vector<std::set<int64_t>> deferring(s.params.size());  // stages deferring it to W
+  for (size_t i = 0; i < param_slots.size(); ++i)
+    for (size_t k = 0; k < param_slots[i].size(); ++k) {
+      const int64_t slot = param_slots[i][k];
+      if (slot < 0) continue;
+      auto& to = deferred_reads.count({i, static_cast<int64_t>(k)}) ? deferring : stages;
+      to[static_cast<size_t>(slot)].insert(s.graph.ops()[i].stage.value());
+    }
+  // In the order of the plan's gradient syncs (about the order the forward uses them), the same
+  // on every rank: members of a group lay out their buckets alike.
+  std::vector<std::pair<int64_t, GradBuckets::Param>> shared;
+  for (int64_t id : prog.grad_syncs) {
+    const auto& sync = s.lowered.grad_syncs[static_cast<size_t>(id)];
+    const size_t index = s.param_index.at({sync.tensor.value(), sync.piece.ranges_string()});
+    GradBuckets::Param p{s.params[index], sync.devices, 0};
+    for (int64_t stage : stages[index]) p.accumulations += backward_blocks[stage];
+    for (int64_t stage : deferring[index]) p.accumulations += weight_blocks[stage];
+    shared.emplace_back(id, std::move(p));
+  }
+  std::sort(shared.begin(), shared.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<GradBuckets::Param> params;
+  for (auto& [id, p] : shared) params.push_back(std::move(p));
+  s.buckets =
+      std::make_unique<GradBuckets>(std::move(params), std::move(groups), bucket_bytes, zero1);
+}
+
+// Resolves, once, where every input of every op of this rank's forward blocks comes from, and
+// which linear + bias_add pairs run fused.
+Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
+                          const std::vector<std::vector<int64_t>>& param_slots) {
+  const auto& ops = s.graph.ops();
+  std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;  // (tensor, consumer) -> id
+  for (const Adapter& a : s.lowered.adapters)
+    for (const std::string& consumer : a.consumers) adapter_of[{a.tensor.value(), consumer}] = a.id;
+  const std::vector<bool> fused = lower::fused_into_next(s.graph, s.lowered);
+
+  auto source = [&](const graph::Op& op, size_t op_index, size_t k) -> Source {
+    const graph::FullTensor& t = s.graph.tensor(op.inputs[k].tensor);
+    if (t.role == graph::TensorRole::kInput) return {Source::Kind::kInput, t.id.value()};
+    // An activation moved by an adapter, or a parameter gathered from its shards (zero 3).
+    if (auto a = adapter_of.find({t.id.value(), op.def->name}); a != adapter_of.end())
+      return {Source::Kind::kAdapter, a->second};
+    if (t.role == graph::TensorRole::kParameter)
+      return {Source::Kind::kParameter, param_slots[op_index][k]};
+    const int64_t made_in = s.stage_of(t.id.value());
+    return {made_in == op.stage.value() ? Source::Kind::kSameStage : Source::Kind::kStageLeaf,
+            t.id.value()};
+  };
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  std::set<int64_t> split_stages;  // stages with weight-gradient blocks
+  for (const lower::ProgramBlock& b : prog.blocks)
+    if (b.kind == lower::BlockKind::kWeightGrad) split_stages.insert(b.stage.value());
+  s.forward_steps.resize(prog.segments.size());
+  for (size_t g = 0; g < prog.segments.size(); ++g) {
+    const lower::Segment& seg = prog.segments[g];
+    s.segment_of_stage[seg.stage.value()] = g;
+    int64_t last_gather = -1, last_regather = -1;  // the segment's previous parameter adapters
+    for (size_t i = 0; i < seg.items.size(); ++i) {
+      const lower::SegmentItem& item = seg.items[i];
+      ForwardStep step;
+      step.item = static_cast<int64_t>(i);
+      if (item.kind == lower::SegmentItem::Kind::kAdapter) {
+        const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
+        if (a.parameter) {
+          if (last_gather >= 0) s.next_gather[last_gather] = a.id;
+          last_gather = a.id;
+        }
+        if (a.regather) {
+          if (last_regather >= 0) s.previous_regather[a.id] = last_regather;
+          last_regather = a.id;
+        }
+        step.adapter = &item;
+        s.forward_steps[g].push_back(std::move(step));
+        continue;
+      }
+      step.op = static_cast<size_t>(item.index);
+      const graph::Op& op = ops[step.op];
+      step.kernel = kernels.find(op.type());
+      if (!step.kernel)
+        return Error::at(op.name(), "no kernel registered for op type '" + op.type() + "' (op " +
+                                        op.name() + ")");
+      for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
+      step.deferred = split_stages.count(seg.stage.value()) && op.type() == "linear" &&
+                      step.sources.size() == 2 && step.sources[1].kind == Source::Kind::kParameter;
+      if (op.type() == "linear" && step.sources.size() == 2 &&
+          step.sources[1].kind == Source::Kind::kAdapter &&
+          s.lowered.adapters[static_cast<size_t>(step.sources[1].index)].regather) {
+        step.gathered = step.sources[1].index;
+        step.sources[1] = {Source::Kind::kParameter, s.shard_slot.at(step.gathered)};
+      }
+      if (fused[step.op]) {  // lower/fusion.h: the next item is its bias_add
+        step.fused_bias = seg.items[i + 1].index;
+        step.bias = source(ops[static_cast<size_t>(step.fused_bias)],
+                           static_cast<size_t>(step.fused_bias), 1);
+        ++i;
+      }
+      const graph::Op& last =
+          ops[static_cast<size_t>(step.fused_bias >= 0 ? step.fused_bias : item.index)];
+      for (const auto& out : last.outputs)
+        step.out_dtypes.push_back(s.dtype[static_cast<size_t>(out.tensor.value())]);
+      step.makes_loss = s.graph.tensor(last.outputs[0].tensor).role == graph::TensorRole::kLoss;
+      if (last.type() == graph::kMoeAuxLoss) {
+        int64_t holders = 0;
+        for (const graph::Op& other : ops)
+          holders += other.type() == graph::kMoeAuxLoss && other.outputs[0] == last.outputs[0];
+        step.metric_weight = 1.0 / static_cast<double>(holders);
+      }
+      s.forward_steps[g].push_back(std::move(step));
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Executor>> Executor::create(const graph::Graph& planned,
+                                                   const lower::Lowered& lowered,
+                                                   std::shared_ptr<comm::Comm> world,
+                                                   const KernelRegistry& kernels,
+                                                   const ExecutorOptions& options) {
+  const RunDevice& device = options.device;
+  auto impl = std::make_unique<Impl>();
+  impl->graph = planned;
+  impl->lowered = lowered;
+  impl->world = world;
+  impl->device = device;
+  impl->rank = world->world_rank().value();
+  for (const auto& t : planned.tensors()) impl->dtype.push_back(scalar_type(t.dtype));
+  impl->ragged_dim.assign(planned.tensors().size(), -1);
+  for (const graph::Op& op : planned.ops())
+    if (op.type() == graph::kMoeDispatch || op.type() == graph::kExpertLinear)
+      impl->ragged_dim[static_cast<size_t>(op.outputs[0].tensor.value())] = 2;
+  if (static_cast<int64_t>(lowered.programs.size()) != world->size())
+    return Error::at("comm", "the plan is for " + std::to_string(lowered.programs.size()) +
+                                 " ranks but the world has " + std::to_string(world->size()));
+  // Every group any step or gradient sync uses, created in the same order on every rank.
+  impl->runner = std::make_unique<PathRunner>(world, device.device);
+  std::vector<const CommPath*> paths;
+  for (const Adapter& a : impl->lowered.adapters) {
+    paths.push_back(&a.forward);
+    paths.push_back(&a.backward);
+  }
+  LOOM_TRY(impl->runner->add_groups(paths));
+  // Gradient buckets reduce on communicators of their own: their all-reduces start inside
+  // backward, and must not take turns with the adapters' collectives on a shared one.
+  std::map<std::vector<int64_t>, std::shared_ptr<comm::Comm>> grad_groups;
+  for (const auto& sync : impl->lowered.grad_syncs) {
+    std::vector<int64_t> key;
+    std::vector<Rank> ranks;
+    for (DeviceId d : sync.devices) {
+      key.push_back(d.value());
+      ranks.push_back(Rank(d.value()));
+    }
+    if (ranks.size() < 2 || grad_groups.count(key)) continue;
+    LOOM_ASSIGN_OR_RETURN(grad_groups[key], world->new_group(ranks, "grad"));
+  }
+  impl->producer_stage.assign(planned.tensors().size(), -1);
+  for (const graph::Op& op : planned.ops()) {
+    if (op.device.value() != impl->rank) continue;
+    for (const auto& o : op.outputs)
+      impl->producer_stage[static_cast<size_t>(o.tensor.value())] = op.stage.value();
+    for (const auto& in : op.inputs) impl->consumed[op.stage.value()].insert(in.tensor.value());
+  }
+  const auto param_slots = add_parameters(*impl, options.seed, options.seeded_init);
+  LOOM_TRY(plan_forward_steps(*impl, kernels, param_slots));
+  plan_regions(*impl);
+  add_grad_buckets(*impl, param_slots, std::move(grad_groups), options.bucket_bytes, options.zero1);
+  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+namespace {
+
+// The inputs on the device: host tensors are copied from pinned memory without the host waiting
+// (the copies run on the current stream before the kernels that read them).
+Inputs to_device(const Inputs& inputs, const RunDevice& d) {
+  Inputs out(inputs.size());
+  for (size_t m = 0; m < inputs.size(); ++m)
+    for (const auto& [id, t] : inputs[m])
+      out[m][id] = t.device() == d.device ? t : t.pin_memory().to(d.device, /*non_blocking=*/true);
+  return out;
+}
+
+}  // namespace
+
+at::Tensor read(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src,
+                const graph::SubTensor& in, int64_t mb, const Inputs& inputs) {
+  switch (src.kind) {
+    case Source::Kind::kInput:
+      return cut_piece(inputs[static_cast<size_t>(mb)].at(src.index), in).contiguous();
+    case Source::Kind::kParameter:
+      if (!m.params.empty()) return m.params.at(src.index);
+      return s.compute_params[static_cast<size_t>(src.index)];
+    case Source::Kind::kAdapter:
+      return m.adapted.at(src.index);
+    case Source::Kind::kSameStage:
+      return s.value(m, src.index);
+    case Source::Kind::kStageLeaf: {
+      auto& leaf = m.leaves[src.index];
+      if (!leaf.defined()) leaf = s.value(m, src.index).detach().requires_grad_(true);
+      return leaf;
+    }
+  }
+  return at::Tensor();
+}
+
+namespace {
+
+void drop_gathered(Executor::Impl& s, Executor::Impl::Micro& m, const Source& src) {
+  if (src.kind == Source::Kind::kAdapter &&
+      s.lowered.adapters[static_cast<size_t>(src.index)].parameter)
+    m.adapted.erase(src.index);
+}
+
+// Runs an adapter item of a forward block.
+void run_adapter(Executor::Impl& s, Executor::Impl::Micro& m, const lower::SegmentItem& item,
+                 int64_t mb) {
+  const Adapter& a = s.lowered.adapters[static_cast<size_t>(item.index)];
+  if (a.parameter) {
+    run_parameter_adapter(s, m, item, mb);
+    return;
+  }
+  const at::Tensor& held = m.env[static_cast<size_t>(a.tensor.value())];
+  if (item.producer_side) {
+    at::Tensor x = s.value(m, a.tensor.value());
+    s.run_path(a.forward, a.tensor, x.detach(), Part::kProducer, s.tag(a, 0, mb));
+    m.sent[a.id] = x;
+  } else if (a.disjoint) {
+    at::Tensor z = s.run_path(a.forward, a.tensor, at::Tensor(), Part::kConsumer, s.tag(a, 0, mb));
+    m.adapted[a.id] = z.detach().requires_grad_(true);
+  } else if (a.cross_stage()) {
+    at::Tensor x = held.defined() ? held.detach() : at::Tensor();
+    at::Tensor z = s.run_path(a.forward, a.tensor, x, Part::kAll, s.tag(a, 0, mb));
+    m.adapted[a.id] = z.detach().requires_grad_(true);
+  } else {
+    m.adapted[a.id] =
+        AdapterFn::apply(s.value(m, a.tensor.value()), reinterpret_cast<int64_t>(&s), a.id, mb)[0];
+  }
+}
+
+}  // namespace
+
+void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size_t begin,
+               size_t end, int64_t mb, const Inputs& inputs) {
+  const auto& ops = s.graph.ops();
+  std::vector<at::Tensor> args;
+  for (size_t i = begin; i < end; ++i) {
+    const ForwardStep& step = s.forward_steps[segment][i];
+    if (step.adapter) {
+      run_adapter(s, m, *step.adapter, mb);
+      continue;
+    }
+    const graph::Op& op = ops[step.op];
+    args.clear();
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      args.push_back(read(s, m, step.sources[k], op.inputs[k], mb, inputs));
+    std::vector<at::Tensor> outs;
+    const graph::Op* made = step.fused_bias >= 0 ? &ops[static_cast<size_t>(step.fused_bias)] : &op;
+    if (step.fused_bias >= 0 || step.deferred || step.gathered >= 0) {
+      const at::Tensor bias =
+          step.fused_bias >= 0 ? read(s, m, step.bias, made->inputs[1], mb, inputs) : at::Tensor();
+      outs.push_back(
+          step.gathered >= 0 ? gathered_linear(s, m, args[0], args[1], bias, step.gathered, mb)
+          : step.deferred
+              // The micro-batch's own stash, also when `m` is a recomputed
+              // region's scratch (its backward stashes after the scratch is gone).
+              ? deferred_linear(args[0], args[1], bias,
+                                s.micro[static_cast<size_t>(mb)].deferred[op.stage.value()],
+                                step.sources[1].index)
+              : at::linear(args[0], args[1], bias));
+    } else {
+      outs = (*step.kernel)(KernelContext{s.graph, op}, args);
+      LOOM_CHECK(outs.size() == op.outputs.size())
+          << "kernel of " << op.type() << " returned " << outs.size() << " outputs";
+    }
+    for (size_t o = 0; o < outs.size(); ++o)
+      if (outs[o].scalar_type() != step.out_dtypes[o] && at::isFloatingType(outs[o].scalar_type()))
+        outs[o] = outs[o].to(step.out_dtypes[o]);
+    for (size_t o = 0; o < outs.size(); ++o)
+      m.env[static_cast<size_t>(made->outputs[o].tensor.value())] = outs[o];
+    if (step.makes_loss) {
+      m.loss = outs[0];
+      m.loss_tensor = made->outputs[0].tensor;
+    }
+    // Forward blocks only: a recomputed region runs its ops again in the backward.
+    if (step.metric_weight > 0 && s.forwarding) {
+      const at::Tensor v = outs[0].detach().to(at::kDouble) * step.metric_weight;
+      s.aux_total = s.aux_total.defined() ? s.aux_total + v : v;
+      // Its first input counts the tokens each expert was chosen by (whole, on every holder).
+      const at::Tensor counts = args[0].detach().to(at::kDouble);
+      const at::Tensor load = (counts.max() / counts.mean().clamp_min(1e-30)).reshape({});
+      const at::Tensor weighted = load * step.metric_weight;
+      s.load_sum = s.load_sum.defined() ? s.load_sum + weighted : weighted;
+      s.load_count += step.metric_weight;
+    }
+    // A gathered parameter has one reader (lower/param_shards.h): it lives on only where
+    // autograd keeps it.
+    args.clear();
+    for (const Source& src : step.sources) drop_gathered(s, m, src);
+    if (step.fused_bias >= 0) drop_gathered(s, m, step.bias);
+  }
+}
+
+namespace {
+
+// A forward block: the segment's adapters and ops in order for micro-batch `mb`, each
+// recomputed region as one autograd function.
+void run_forward(Executor::Impl& s, size_t segment, int64_t mb, const Inputs& inputs) {
+  Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  const auto& starts = s.region_start[segment];
+  for (size_t i = 0; i < starts.size();) {
+    if (starts[i] < 0) {
+      run_steps(s, m, segment, i, i + 1, mb, inputs);
+      ++i;
+      continue;
+    }
+    run_region(s, m, segment, static_cast<size_t>(starts[i]), mb, inputs);
+    i = s.regions[segment][static_cast<size_t>(starts[i])].end;
+  }
+  // Gathered parameters live on only where autograd keeps them.
+  finish_prefetch(s);
+  for (const ForwardStep& step : s.forward_steps[segment])
+    if (step.adapter && s.lowered.adapters[static_cast<size_t>(step.adapter->index)].parameter)
+      m.adapted.erase(step.adapter->index);
+}
+
+// A backward block: autograd from the stage's roots (the loss, received output gradients,
+// gradients pending from later stages on this rank), then the gradient paths of the adapters
+// that ran outside autograd.
+void run_backward(Executor::Impl& s, const lower::Program& prog, const lower::ProgramBlock& block,
+                  const lower::Segment& seg, int64_t mb, double grad_scale) {
+  Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> roots = m.pending[block.stage.value()];
+  auto add_root = [&](int64_t tensor, const at::Tensor& value, const at::Tensor& grad) {
+    auto it = roots.find(tensor);
+    if (it == roots.end())
+      roots[tensor] = {value, grad};
+    else
+      it->second.second = it->second.second + grad;
+  };
+  if (m.loss.defined() && s.stage_of(m.loss_tensor.value()) == block.stage.value())
+    add_root(m.loss_tensor.value(), m.loss, at::full_like(m.loss, prog.loss_seed * grad_scale));
+  for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it)
+    if (it->kind == lower::SegmentItem::Kind::kAdapter && it->producer_side) {
+      const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
+      at::Tensor g =
+          s.run_path(a.backward, a.tensor, at::Tensor(), Part::kConsumer, s.tag(a, 1, mb));
+      add_root(a.tensor.value(), m.sent.at(a.id), g);
+    }
+  std::vector<at::Tensor> tensors, grads;
+  for (auto& [id, tg] : roots)
+    if (tg.first.requires_grad()) {
+      tensors.push_back(tg.first);
+      grads.push_back(tg.second);
+    }
+  if (!tensors.empty()) torch::autograd::backward(tensors, grads);
+  finish_prefetch(s);  // a weight gathered ahead that this backward did not reach
+  for (auto it = seg.items.rbegin(); it != seg.items.rend(); ++it) {
+    if (it->kind != lower::SegmentItem::Kind::kAdapter || it->producer_side) continue;
+    const Adapter& a = s.lowered.adapters[static_cast<size_t>(it->index)];
+    if (!a.disjoint && !a.cross_stage()) continue;  // ran inside autograd
+    at::Tensor z = m.adapted.at(a.id);
+    at::Tensor g = z.grad().defined() ? z.grad() : at::zeros_like(z);
+    if (a.disjoint) {
+      s.run_path(a.backward, a.tensor, g, Part::kProducer, s.tag(a, 1, mb));
+    } else {
+      at::Tensor gx = s.run_path(a.backward, a.tensor, g, Part::kAll, s.tag(a, 1, mb));
+      const at::Tensor& x = m.env[static_cast<size_t>(a.tensor.value())];
+      if (x.defined() && gx.defined())
+        m.pending[s.stage_of(a.tensor.value())][a.tensor.value()] = {x, gx};
+    }
+  }
+  for (auto& [tensor, leaf] : m.leaves) {
+    const int64_t made_in = s.stage_of(tensor);
+    if (made_in == block.stage.value() || !leaf.grad().defined()) continue;
+    if (!s.consumed[block.stage.value()].count(tensor)) continue;
+    auto& slot = m.pending[made_in][tensor];
+    slot = {s.value(m, tensor), slot.second.defined() ? slot.second + leaf.grad() : leaf.grad()};
+  }
+}
+
+// Adds a gradient computed outside autograd to parameter slot `slot`'s float32 master, counted
+// by the gradient buckets when it is bucketed (its all-reduce may start then).
+void accumulate_grad(Executor::Impl& s, int64_t slot, const at::Tensor& grad) {
+  at::Tensor& p = s.params[static_cast<size_t>(slot)];
+  if (s.buckets && s.buckets->holds(p)) {
+    s.buckets->accumulate(p, grad);
+  } else if (!p.grad().defined()) {
+    p.mutable_grad() = grad;
+  } else {
+    p.mutable_grad().add_(grad);
+  }
+}
+
+// A weight-gradient block: the matrix products the stage's input-gradient block of micro-batch
+// `mb` deferred, each parameter's summed and accumulated once.
+void run_weight_grad(Executor::Impl& s, const lower::ProgramBlock& block, int64_t mb) {
+  Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+  auto it = m.deferred.find(block.stage.value());
+  if (it == m.deferred.end()) return;
+  // Outside autograd, as its accumulations are: gradients are never part of a graph.
+  at::NoGradGuard no_grad;
+  for (const auto& [slot, grad] : it->second.take_weight_grads()) accumulate_grad(s, slot, grad);
+  m.deferred.erase(it);
+}
+
+// Posts the receives `block` starts with (a pipeline stage's activations in a forward, its
+// output gradients in a backward) before the block before it computes, so they arrive meanwhile.
+void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
+  auto seg = s.segment_of_stage.find(block.stage.value());
+  if (seg == s.segment_of_stage.end()) return;
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  const int64_t mb = block.micro_batch.value();
+  if (block.kind == lower::BlockKind::kWeightGrad) return;  // no communication
+  const bool forward = block.kind == lower::BlockKind::kForward;
+  for (const lower::SegmentItem& it : prog.segments[seg->second].items) {
+    if (it.kind != lower::SegmentItem::Kind::kAdapter) continue;
+    const Adapter& a = s.lowered.adapters[static_cast<size_t>(it.index)];
+    const auto t = static_cast<size_t>(a.tensor.value());
+    if (forward && !it.producer_side && a.disjoint)
+      s.runner->prepost(a.forward, s.graph.tensor(a.tensor).shape, Part::kConsumer, s.tag(a, 0, mb),
+                        s.dtype[t]);
+    else if (!forward && it.producer_side)
+      s.runner->prepost(a.backward, s.graph.tensor(a.tensor).shape, Part::kConsumer,
+                        s.tag(a, 1, mb), s.dtype[t]);
+  }
+}
+
+// This rank's share of the step's sums: its loss pieces (weighted by the loss seed, so
+// replicated losses count once) and its gradients' squared norm (each piece divided by how
+// many ranks hold it, so every element counts once).
+at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
+  // On the device the parameters live on, so the step reads the host once, at the end.
+  const auto options = at::TensorOptions()
+                           .dtype(at::kDouble)
+                           .device(s.params.empty() ? at::Device(at::kCPU) : s.params[0].device());
+  at::Tensor loss = at::zeros({}, options);
+  for (const auto& m : s.micro)
+    if (m.loss.defined()) loss += m.loss.detach().to(at::kDouble) * prog.loss_seed;
+  std::vector<at::Tensor> grads;
+  std::vector<double> weights;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const at::Tensor& g = s.params[i].grad();
+    if (!g.defined()) continue;
+    // Under ZeRO-1 each element of a shared piece's summed gradient is on its owner only.
+    if (s.buckets && s.buckets->zero1() && s.replicas[i] > 1) {
+      const auto [begin, end] = s.buckets->owned(s.params[i]);
+      if (begin == end) continue;
+      grads.push_back(g.reshape({-1}).narrow(0, begin, end - begin));
+      weights.push_back(1.0);
+      continue;
+    }
+    grads.push_back(g);
+    weights.push_back(1.0 / static_cast<double>(s.replicas[i]));
+  }
+  at::Tensor norm = at::zeros({}, options);
+  if (!grads.empty()) {
+    at::Tensor norms = at::stack(at::_foreach_norm(grads)).to(at::kDouble);
+    norm = (norms.square() * at::tensor(weights, at::kDouble).to(options.device())).sum();
+  }
+  auto scalar = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(options.device()).reshape({}) : at::zeros({}, options);
+  };
+  // The experts' load rides the same all-reduce: its weighted sum and the weights summed.
+  return at::stack(
+      {loss, norm, scalar(s.aux_total), scalar(s.load_sum), at::full({}, s.load_count, options)});
+}
+
+}  // namespace
+
+Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
+                               double grad_scale) {
+  Impl& s = *impl_;
+  const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
+  s.micro.assign(inputs.size(), Impl::Micro{});
+  s.aux_total = at::Tensor();
+  s.load_sum = at::Tensor();
+  s.load_count = 0;
+  for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
+  for (auto& p : s.params) p.mutable_grad() = at::Tensor();
+  if (s.buckets) s.buckets->begin_step();
+  const Inputs on_device = s.device.cuda() ? to_device(inputs, s.device) : Inputs();
+  const Inputs& in = s.device.cuda() ? on_device : inputs;
+  s.compute_params.clear();
+  for (const at::Tensor& p : s.params)
+    s.compute_params.push_back(s.device.compute == at::kFloat ? p : p.to(s.device.compute));
+  // A micro-batch's tensors are released after its last block on this rank (only its loss
+  // value stays for the step's total), so a rank holds only what its schedule has in flight.
+  std::vector<size_t> last_block(inputs.size(), 0);
+  for (size_t i = 0; i < prog.blocks.size(); ++i)
+    last_block[static_cast<size_t>(prog.blocks[i].micro_batch.value())] = i;
+  try {
+    for (size_t block_index = 0; block_index < prog.blocks.size(); ++block_index) {
+      const lower::ProgramBlock& block = prog.blocks[block_index];
+      observe::TraceSpan span(s.tracer, [&] { return block_event(block); });
+      if (block_index == 0) prepost_receives(s, block);
+      if (block_index + 1 < prog.blocks.size()) prepost_receives(s, prog.blocks[block_index + 1]);
+      const int64_t mb = block.micro_batch.value();
+      s.forwarding = block.kind == lower::BlockKind::kForward;
+      auto seg = s.segment_of_stage.find(block.stage.value());
+      LOOM_CHECK(seg != s.segment_of_stage.end())
+          << "rank " << s.rank << " has no segment for stage " << block.stage;
+      if (block.kind == lower::BlockKind::kForward) {
+        run_forward(s, seg->second, mb, in);
+        continue;
+      }
+      if (block.kind == lower::BlockKind::kWeightGrad)
+        run_weight_grad(s, block, mb);
+      else
+        run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);
+      if (block_index == last_block[static_cast<size_t>(mb)]) {
+        Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+        at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();
+        m = Impl::Micro{};
+        m.loss = loss;
+      }
+    }
+    check(s.runner->flush());
+    if (s.buckets) check(s.buckets->finish());
+    at::Tensor sums = local_sums(s, prog);
+    if (s.world->size() > 1) check(s.world->all_reduce(sums));
+    sums = sums.cpu();  // the step's one host read
+    s.compute_params.clear();
+    // A GPU backend's failure surfaces after the work it broke: the step is not done then.
+    check(s.world->status());
+    const double* v = sums.data_ptr<double>();
+    return StepSums{v[0], v[1], v[2], v[4] > 0 ? v[3] / v[4] : 0.0};
+  } catch (const CommFailure& e) {
+    return Error::at("comm", e.what());
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    return Error::at("comm", what);
+  }
+}
+
+const std::vector<at::Tensor>& Executor::parameters() const { return impl_->params; }
+const std::vector<graph::SubTensor>& Executor::parameter_pieces() const { return impl_->pieces; }
+const std::vector<int64_t>& Executor::parameter_replicas() const { return impl_->replicas; }
+std::vector<std::pair<int64_t, int64_t>> Executor::parameter_owned() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const at::Tensor& p : impl_->params)
+    out.push_back(impl_->buckets ? impl_->buckets->owned(p)
+                                 : std::make_pair(int64_t{0}, p.numel()));
+  return out;
+}
+Status Executor::gather_parameters() {
+  if (!impl_->buckets) return Status::success();
+  try {
+    return impl_->buckets->gather_parameters();
+  } catch (const c10::Error& e) {
+    return Error::at("comm", e.what_without_backtrace());
+  }
+}
+at::Tensor Executor::parameter(const std::string& name) const {
+  for (size_t i = 0; i < impl_->pieces.size(); ++i)
+    if (impl_->graph.tensor(impl_->pieces[i].tensor).name == name) return impl_->params[i];
+  return at::Tensor();
+}
+Executor::GatherCounts Executor::gather_counts() const { return impl_->gather_counts; }
+comm::Comm& Executor::world() { return *impl_->world; }
+const RunDevice& Executor::device() const { return impl_->device; }
+const GradBuckets* Executor::gradient_buckets() const { return impl_->buckets.get(); }
+void Executor::set_tracer(observe::Tracer* tracer) {
+  impl_->tracer = tracer;
+  impl_->runner->set_tracer(tracer);
+  if (impl_->buckets) impl_->buckets->set_tracer(tracer);
+}
+
+}  // namespace loom::runtime

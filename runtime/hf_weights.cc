@@ -1,0 +1,125 @@
+#include "runtime/hf_weights.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "checkpoint/hf_folder.h"
+#include "models/hf_names.h"
+
+namespace loom::runtime {
+namespace {
+
+// The folder's name of `src.tensor`: as the map says, or without the base model's prefix
+// (a folder saved from GPT2Model); the map's name when it has neither, for the error.
+std::string folder_name(const HfFolder& folder, const std::string& model_type,
+                        const std::string& tensor) {
+  if (folder.contains(tensor)) return tensor;
+  const std::string prefix = models::hf_base_prefix(model_type);
+  if (tensor.rfind(prefix, 0) == 0 && folder.contains(tensor.substr(prefix.size())))
+    return tensor.substr(prefix.size());
+  return tensor;
+}
+
+// The folder's config.json says its LM head is untied (tie_word_embeddings: false).
+bool untied_head(const HfFolder& folder) {
+  nlohmann::json j = nlohmann::json::parse(folder.config_text(), nullptr, false);
+  return j.is_object() && j.contains("tie_word_embeddings") &&
+         j["tie_word_embeddings"].is_boolean() && !j["tie_word_embeddings"].get<bool>();
+}
+
+// Every tensor of the folder is read by some parameter, or is a buffer: a folder with more
+// layers than model.args, or an untied head under a tied model, would otherwise load in part.
+Status check_all_read(const HfFolder& folder, const Config& config,
+                      const std::set<std::string>& read, bool tied) {
+  std::vector<std::string> unread;
+  for (const std::string& name : folder.tensor_names()) {
+    if (read.count(name) || models::hf_buffer(config.model.type, name)) continue;
+    // A tied model's file may still carry the head it shares with the embedding.
+    if (tied && name == "lm_head.weight" && !untied_head(folder)) continue;
+    unread.push_back(name);
+  }
+  if (unread.empty()) return Status::success();
+  std::string why = tied && std::count(unread.begin(), unread.end(), "lm_head.weight")
+                        ? "the folder's LM head is untied (tie_word_embeddings: false) but "
+                          "model.args.tied is true"
+                        : "does model.args match its config.json? model.from_hf fills them";
+  return Error::at(unread.front(), "the Hugging Face folder '" + folder.dir().string() + "' has " +
+                                       std::to_string(unread.size()) +
+                                       " tensors loom's model does not read, e.g. '" +
+                                       unread.front() + "' (" + why + ")");
+}
+
+// The folder's tensor `src.tensor` has the shape the map expects for loom's `name`.
+Status check_shape(const HfFolder& folder, const models::HfSource& src, const std::string& name,
+                   const Shape& loom_shape) {
+  auto found = folder.find(src.tensor);
+  if (!found.ok())
+    return Error::at(src.tensor,
+                     found.error().message + " (loom's parameter '" + name + "' reads it)");
+  const Shape& have = found->second.shape;
+  bool ok = have.size() == src.shape.size();
+  for (size_t d = 0; ok && d < have.size(); ++d)
+    ok = src.more_rows && d == 0 ? have[d] >= src.shape[d] : have[d] == src.shape[d];
+  if (ok) return Status::success();
+  return Error::at(src.tensor, "tensor '" + src.tensor + "' in '" + found->first.string() +
+                                   "' has shape " + to_string(have) + ", but loom's parameter '" +
+                                   name + "' " + to_string(loom_shape) + " needs " +
+                                   (src.more_rows ? "at least " : "") + to_string(src.shape) +
+                                   " (does model.args match the folder's config.json?)");
+}
+
+}  // namespace
+
+Status load_hf_weights(const CheckpointTarget& target, const Config& config,
+                       const std::filesystem::path& dir) {
+  LOOM_ASSIGN_OR_RETURN(HfFolder folder, HfFolder::open(dir));
+  if (!models::has_hf_names(config.model.type))
+    return config.error("checkpoint.init_from", "model.type '" + config.model.type +
+                                                    "' has no Hugging Face name map (gpt and "
+                                                    "llama have)");
+  // Every parameter of the model is checked against the folder's headers, not only this rank's:
+  // every rank then refuses a folder with the same message, before any reads a byte.
+  std::set<std::string> read;
+  bool tied = true;
+  for (const graph::FullTensor& t : target.graph->tensors()) {
+    if (t.role != graph::TensorRole::kParameter) continue;
+    LOOM_ASSIGN_OR_RETURN(models::HfSource src,
+                          models::hf_source(config.model.type, t.name, t.shape));
+    src.tensor = folder_name(folder, config.model.type, src.tensor);
+    LOOM_TRY(check_shape(folder, src, t.name, t.shape));
+    read.insert(src.tensor);
+    if (src.tensor == "lm_head.weight") tied = false;
+  }
+  LOOM_TRY(check_all_read(folder, config, read, tied));
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < target.pieces.size(); ++i) {
+    const graph::SubTensor& piece = target.pieces[i];
+    const graph::FullTensor& t = target.graph->tensor(piece.tensor);
+    LOOM_ASSIGN_OR_RETURN(models::HfSource src,
+                          models::hf_source(config.model.type, t.name, t.shape));
+    src.tensor = folder_name(folder, config.model.type, src.tensor);
+    at::Tensor param = target.params[i];
+    // A value-split piece holds a share of a sum: chunk 0 the values, the others zeros (as the
+    // seeded init).
+    if (piece.value_chunk != 0) {
+      param.zero_();
+      continue;
+    }
+    models::Ranges loom;
+    for (const auto& r : piece.ranges) loom.emplace_back(r.start, r.end);
+    const models::Ranges region = src.region(loom);
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> values, folder.read(src.tensor, region));
+    std::vector<int64_t> region_shape;
+    for (const auto& [start, end] : region) region_shape.push_back(end - start);
+    at::Tensor host = at::from_blob(values.data(), region_shape, at::kFloat);
+    if (src.transposed) host = host.t();
+    param.copy_(host.reshape(param.sizes()));
+  }
+  return Status::success();
+}
+
+}  // namespace loom::runtime

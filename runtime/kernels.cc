@@ -1,0 +1,377 @@
+#include "runtime/kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "graph/precision.h"
+#include "runtime/attention_tiles.h"
+#include "runtime/kernels_evoformer.h"
+#include "runtime/kernels_moe.h"
+#include "runtime/kernels_vision.h"
+
+namespace loom::runtime {
+namespace {
+
+using Ctx = KernelContext;
+using Tensors = std::vector<at::Tensor>;
+
+// A piece of the vocabulary [v0, v0 + rows) looks up the tokens it holds and gives zero rows
+// for the others (Megatron's vocab-parallel embedding): the pieces are partial sums.
+// A table lookup whose backward keeps the indices and the table's row count, not the table:
+// under parallel.zero 3 the table is a gathered copy that should go once the forward has read it.
+struct EmbeddingFn : public torch::autograd::Function<EmbeddingFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::Tensor table, at::Tensor indices) {
+    ctx->saved_data["rows"] = table.size(0);
+    ctx->save_for_backward({indices});
+    return {at::embedding(table, indices)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    return {at::embedding_backward(grads[0], indices, ctx->saved_data["rows"].toInt(),
+                                   /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
+                                   /*sparse=*/false),
+            at::Tensor()};
+  }
+};
+
+Tensors embedding(const Ctx& ctx, const Tensors& in) {
+  const at::Tensor& tokens = in[0];
+  const at::Tensor& table = in[1];
+  const int64_t v0 = ctx.op.inputs[1].ranges[0].start;
+  if (v0 == 0 && table.size(0) == ctx.full_size(1, 0)) return EmbeddingFn::apply(table, tokens);
+  at::Tensor local = tokens - v0;
+  at::Tensor outside = (local < 0).logical_or_(local >= table.size(0));
+  at::Tensor rows = EmbeddingFn::apply(table, local.masked_fill(outside, 0))[0];
+  return {rows.masked_fill(outside.unsqueeze(-1), 0.0)};
+}
+
+Tensors add_position(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
+
+Tensors add_tensors(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
+
+// Attribute approximate: "none" (exact, the default) or "tanh".
+Tensors gelu(const Ctx& ctx, const Tensors& in) {
+  return {at::gelu(in[0], ctx.op.attrs().get_or<std::string>("approximate", "none"))};
+}
+
+// In float32 whatever the activations' dtype (the executor hands on the graph's dtype).
+Tensors layer_norm(const Ctx& ctx, const Tensors& in) {
+  double eps = ctx.op.attrs().get_or<double>("eps", 1e-5);
+  return {at::layer_norm(in[0].to(at::kFloat), {in[0].size(-1)}, in[1].to(at::kFloat),
+                         in[2].to(at::kFloat), eps)};
+}
+
+Tensors linear(const Ctx&, const Tensors& in) { return {at::linear(in[0], in[1])}; }
+
+Tensors bias_add(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
+
+// Causal attention of heads-first [b, h, s, d] queries and [b, h, t, d] keys and values,
+// returned as [b, s, h*d]. A piece of s queries (sequence parallel) sees keys up to its own
+// positions: the last s of t.
+at::Tensor causal_attention(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh) {
+  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3), t = kh.size(2);
+  // SDPA where graph::fused_attention says (GPUs; float32 on the CPU), else explicit products.
+  if (graph::fused_attention(qh.scalar_type() == at::kBFloat16, qh.device().is_cuda())) {
+    // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
+    // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left): true
+    // where a query may see a key. One mask per shape, device and thread.
+    thread_local std::map<std::tuple<int64_t, int64_t, std::string>, at::Tensor> visible;
+    auto mask = [&]() -> const at::Tensor& {
+      at::Tensor& m = visible[{s, t, qh.device().str()}];
+      if (!m.defined()) m = at::ones({s, t}, qh.options().dtype(at::kBool)).tril(t - s);
+      return m;
+    };
+    at::Tensor out = s == t ? at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true)
+                            : at::scaled_dot_product_attention(qh, kh, vh, mask(), 0.0, false);
+    return out.transpose(1, 2).reshape({b, s, h * d});
+  }
+  // Scale, scores and causal mask in one batched product: baddbmm adds an additive mask (0 where
+  // a query sees a key, -inf elsewhere) to scale * q k^T, and its backward has nothing to do for
+  // the mask (a masked_fill's backward is another pass over the s x t scores). One mask per
+  // shape, device, dtype and thread.
+  thread_local std::map<std::tuple<int64_t, int64_t, std::string, int>, at::Tensor> biases;
+  at::Tensor& bias = biases[{s, t, qh.device().str(), static_cast<int>(qh.scalar_type())}];
+  if (!bias.defined())
+    bias = at::zeros({s, t}, qh.options())
+               .masked_fill_(at::ones({s, t}, qh.options().dtype(at::kBool)).triu(t - s + 1),
+                             -std::numeric_limits<double>::infinity());
+  const at::Tensor k3 = kh.reshape({b * h, t, d});
+  at::Tensor scores = at::baddbmm(bias, qh.reshape({b * h, s, d}), k3.transpose(1, 2), 1.0,
+                                  1.0 / std::sqrt(static_cast<double>(d)));
+  // Softmax in float32 whatever the activations' dtype.
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vh.scalar_type());
+  at::Tensor out = at::bmm(probs, vh.reshape({b * h, t, d})).view({b, h, s, d});
+  return out.transpose(1, 2).reshape({b, s, h * d});
+}
+
+// [b, len, heads*d] -> [b, heads, len, d].
+at::Tensor heads_first(const at::Tensor& x, int64_t d) {
+  return x.view({x.size(0), x.size(1), x.size(2) / d, d}).transpose(1, 2);
+}
+
+// Causal multi-head attention over [b, s, h*d] pieces; the head count is local (piece / d).
+Tensors attention(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  return {causal_attention(heads_first(in[0], d), heads_first(in[1], d), heads_first(in[2], d))};
+}
+
+// The kv heads the query heads of this piece read, heads first [b, heads, t, d]: query head i of
+// the model reads kv head i / r (r = query heads per kv head); the pieces' head ranges say which
+// of those this rank holds.
+std::pair<at::Tensor, at::Tensor> kv_for_queries(const Ctx& ctx, int64_t d, int64_t r,
+                                                 const at::Tensor& k, const at::Tensor& v) {
+  const int64_t q0 = ctx.op.inputs[0].ranges[2].start / d;
+  const int64_t kv0 = ctx.op.inputs[1].ranges[2].start / d;
+  const int64_t heads = ctx.op.inputs[0].ranges[2].size() / d, kv_heads = k.size(2) / d;
+  at::Tensor kh = heads_first(k, d), vh = heads_first(v, d);
+  const int64_t first = q0 / r - kv0, last = (q0 + heads - 1) / r - kv0;  // local kv heads read
+  LOOM_CHECK(first >= 0 && last < kv_heads)
+      << ctx.op.name() << ": query heads [" << q0 << ", " << q0 + heads << ") read kv heads ["
+      << first + kv0 << ", " << last + kv0 + 1 << ") but the piece holds [" << kv0 << ", "
+      << kv0 + kv_heads << ")";
+  if (heads == kv_heads && r == 1) return {kh, vh};
+  // Local query head j reads local kv head (q0 + j) / r - kv0.
+  const at::Tensor index =
+      at::arange(q0, q0 + heads, k.options().dtype(at::kLong)).div_(r, "floor").sub_(kv0);
+  return {kh.index_select(1, index), vh.index_select(1, index)};
+}
+
+// Grouped-query attention (gqa_attention, shared_kv_attention): each query head of the piece
+// reads the kv head its group owns, r = query heads / kv heads of the whole model.
+Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  const int64_t r = ctx.full_size(0, 2) / ctx.full_size(1, 2);
+  auto [kh, vh] = kv_for_queries(ctx, d, r, in[1], in[2]);
+  return {causal_attention(heads_first(in[0], d), kh, vh)};
+}
+
+// Causal attention of heads-first float32 queries [b, h, s, d] at positions p0.. over keys and
+// values [b, h, t, d] at positions t0..: the output [b, s, h*d] and each query's log-sum-exp of
+// its scores [b, s, h]. Keys all after the queries give 0 and -inf (nothing seen).
+std::pair<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& qh, const at::Tensor& kh,
+                                                     const at::Tensor& vh, int64_t p0, int64_t t0) {
+  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3);
+  if (t0 > p0 + s - 1) {
+    // Still a function of k and v: their gradients (zeros) must flow back through the transfer
+    // that brought them, or the rank that sent them would wait for a gradient that never comes.
+    const at::Tensor none = (kh.sum() + vh.sum()).mul_(0);
+    return {at::zeros({b, s, h * d}, qh.options()).add_(none),
+            at::full({b, s, h}, -std::numeric_limits<double>::infinity(), qh.options())};
+  }
+  auto [out, lse] =
+      tiled_attention_with_lse(qh.contiguous(), kh.contiguous(), vh.contiguous(), p0, t0);
+  return {out.transpose(1, 2).reshape({b, s, h * d}), lse.transpose(1, 2).contiguous()};
+}
+
+// Step k of ring attention in float32 (graph/ops_context.h): each query chunk c of the piece
+// attends to key chunk (c - k) mod N, found in the key piece.
+Tensors ring_attention_step(const Ctx& ctx, const Tensors& in) {
+  const graph::Attrs& a = ctx.op.attrs();
+  const int64_t d = a.get<int64_t>("d"), r = a.get<int64_t>("r");
+  const int64_t chunks = a.get<int64_t>("cp"), step = a.get<int64_t>("cp_step");
+  const int64_t len = ctx.full_size(0, 1) / chunks;
+  const int64_t p0 = ctx.op.inputs[0].ranges[1].start, t0 = ctx.op.inputs[1].ranges[1].start;
+  const at::Tensor qh = heads_first(in[0].to(at::kFloat), d);
+  auto [kh, vh] = kv_for_queries(ctx, d, r, in[1].to(at::kFloat), in[2].to(at::kFloat));
+  std::vector<at::Tensor> outs, lses;
+  for (int64_t c = p0 / len; c < (p0 + qh.size(2)) / len; ++c) {
+    const int64_t kc = ((c - step) % chunks + chunks) % chunks;
+    LOOM_CHECK(kc * len >= t0 && (kc + 1) * len <= t0 + kh.size(2))
+        << ctx.op.name() << ": query chunk " << c << " reads key chunk " << kc
+        << ", outside the key piece from position " << t0;
+    auto [o, l] =
+        attention_with_lse(qh.narrow(2, c * len - p0, len), kh.narrow(2, kc * len - t0, len),
+                           vh.narrow(2, kc * len - t0, len), c * len, kc * len);
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  if (outs.size() == 1) return {outs[0], lses[0]};
+  return {at::cat(outs, 1), at::cat(lses, 1)};
+}
+
+// Two partial attentions of the same queries over disjoint keys, as one (float32).
+Tensors lse_merge(const Ctx& ctx, const Tensors& in) {
+  const int64_t d = ctx.op.attrs().get<int64_t>("d");
+  const at::Tensor l1 = in[1].to(at::kFloat), l2 = in[3].to(at::kFloat);
+  const at::Tensor lse = at::logaddexp(l1, l2);
+  const int64_t b = l1.size(0), s = l1.size(1), h = l1.size(2);
+  auto weighted = [&](const at::Tensor& o, const at::Tensor& l) {
+    return o.to(at::kFloat).view({b, s, h, d}) * (l - lse).exp().unsqueeze(-1);
+  };
+  return {(weighted(in[0], l1) + weighted(in[2], l2)).view({b, s, h * d}), lse};
+}
+
+Tensors lse_merge_last(const Ctx& ctx, const Tensors& in) { return {lse_merge(ctx, in)[0]}; }
+
+// Root-mean-square norm in float32 whatever the activations' dtype, as Llama computes it:
+// x / sqrt(mean(x^2) + eps), then the weight.
+Tensors rms_norm(const Ctx& ctx, const Tensors& in) {
+  const double eps = ctx.op.attrs().get_or<double>("eps", 1e-5);
+  const at::Tensor x = in[0].to(at::kFloat);
+  return {in[1].to(at::kFloat) * (x * at::rsqrt(x.pow(2).mean(-1, true).add_(eps)))};
+}
+
+Tensors swiglu(const Ctx&, const Tensors& in) { return {at::silu(in[0]) * in[1]}; }
+
+// The rotary frequencies of a head of size d (float32, as Llama computes them), with Llama 3.1's
+// scaling when attribute `factor` is positive: long wavelengths slow down by the factor, short
+// ones stay, and those between blend smoothly.
+at::Tensor rope_frequencies(const graph::Attrs& a, int64_t d, const at::TensorOptions& options) {
+  const double theta = a.get<double>("theta");
+  at::Tensor inv = at::arange(0, d, 2, options.dtype(at::kLong)).to(at::kFloat).div_(d);
+  inv = at::pow(theta, inv).reciprocal_();
+  const double factor = a.get_or<double>("factor", 0.0);
+  if (factor <= 0) return inv;
+  const double low = a.get<double>("low_freq_factor"), high = a.get<double>("high_freq_factor");
+  const double old_len = static_cast<double>(a.get<int64_t>("original_max_positions"));
+  const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+  const at::Tensor wavelen = (2 * M_PI) / inv;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / factor, inv);
+  const at::Tensor smooth = (old_len / wavelen - low) / (high - low);
+  const at::Tensor smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+  const at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+// Rotary embedding of a [b, s, heads*d] piece whose positions start where its sequence range
+// does: x cos + rotate_half(x) sin per head, rotate_half(x) = (-x2, x1) of its halves. The
+// cos/sin tables are made once per shape, position, device and thread.
+Tensors rope(const Ctx& ctx, const Tensors& in) {
+  const graph::Attrs& a = ctx.op.attrs();
+  const int64_t d = a.get<int64_t>("d");
+  const at::Tensor& x = in[0];
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2) / d;
+  const int64_t p0 = ctx.op.inputs[0].ranges[1].start;
+  using Key = std::tuple<int64_t, int64_t, int64_t, std::string, int, std::string>;
+  thread_local std::map<Key, std::pair<at::Tensor, at::Tensor>> tables;
+  auto& [cos, sin] =
+      tables[Key{p0, s, d, x.device().str(), static_cast<int>(x.scalar_type()), a.to_string()}];
+  if (!cos.defined()) {
+    const at::Tensor inv = rope_frequencies(a, d, x.options());
+    const at::Tensor pos = at::arange(p0, p0 + s, x.options().dtype(at::kLong)).to(at::kFloat);
+    const at::Tensor freqs = at::outer(pos, inv);  // [s, d/2]
+    const at::Tensor angles = at::cat({freqs, freqs}, -1).view({1, s, 1, d});
+    cos = angles.cos().to(x.scalar_type());
+    sin = angles.sin().to(x.scalar_type());
+  }
+  const at::Tensor xh = x.view({b, s, h, d});
+  const at::Tensor rotated = at::cat({-xh.narrow(-1, d / 2, d / 2), xh.narrow(-1, 0, d / 2)}, -1);
+  return {(xh * cos + rotated * sin).view({b, s, h * d})};
+}
+
+// Sum of the token losses of this piece over the full micro-batch's token count.
+Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
+  const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
+  const at::Tensor logits = in[0].to(at::kFloat);
+  at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                           in[1].reshape({-1}), {}, at::Reduction::Sum);
+  return {loss / static_cast<double>(normalizer)};
+}
+
+// Log-sum-exp over the last dimension, as at::logsumexp computes it, with a backward that makes
+// one buffer: d lse / dx = exp(x - lse), exponentiated and scaled in place. (Autograd's own
+// backward allocates the difference, its exponential and their product, each the size of the
+// logits: three fresh allocations of the largest tensor of a language model's step.)
+struct LogSumExp : public torch::autograd::Function<LogSumExp> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    at::Tensor lse = at::logsumexp(x, -1);
+    ctx->save_for_backward({x, lse});
+    return lse;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor g = saved[0] - saved[1].unsqueeze(-1);
+    g.exp_().mul_(grads[0].unsqueeze(-1));
+    return {g};
+  }
+};
+
+Tensors group_logsumexp(const Ctx& ctx, const Tensors& in) {
+  const int64_t v = ctx.op.attrs().get<int64_t>("v");
+  const at::Tensor x = in[0].to(at::kFloat);
+  return {LogSumExp::apply(x.view({x.size(0), x.size(1), x.size(2) / v, v}))};
+}
+
+Tensors logsumexp(const Ctx&, const Tensors& in) {
+  return {LogSumExp::apply(in[0].to(at::kFloat))};
+}
+
+// The logit of each token's target, where this piece of the vocabulary holds it; else 0.
+Tensors pick(const Ctx& ctx, const Tensors& in) {
+  const at::Tensor& logits = in[0];
+  const int64_t v0 = ctx.op.inputs[0].ranges[2].start;
+  const int64_t width = logits.size(2);
+  at::Tensor local = in[1] - v0;
+  if (v0 == 0 && width == ctx.full_size(0, 2))
+    return {logits.gather(-1, local.unsqueeze(-1)).squeeze(-1)};
+  at::Tensor inside = (local >= 0).logical_and_(local < width);
+  at::Tensor picked = logits.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1);
+  return {at::where(inside, picked, at::zeros_like(picked))};
+}
+
+Tensors nll(const Ctx& ctx, const Tensors& in) {
+  const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
+  return {(in[0] - in[1]).sum() / static_cast<double>(normalizer)};
+}
+
+}  // namespace
+
+KernelRegistry KernelRegistry::with_builtin_kernels() {
+  KernelRegistry r;
+  const std::pair<const char*, Kernel> builtin[] = {
+      {"embedding", embedding},
+      {"add_position", add_position},
+      {"add", add_tensors},
+      {"gelu", gelu},
+      {"layer_norm", layer_norm},
+      {"linear", linear},
+      {"bias_add", bias_add},
+      {"attention", attention},
+      {"gqa_attention", grouped_attention},
+      {"shared_kv_attention", grouped_attention},
+      {"ring_attention_step", ring_attention_step},
+      {"lse_merge", lse_merge},
+      {"lse_merge_last", lse_merge_last},
+      {"rms_norm", rms_norm},
+      {"swiglu", swiglu},
+      {"rope", rope},
+      {"cross_entropy", cross_entropy},
+      {"group_logsumexp", group_logsumexp},
+      {"logsumexp", logsumexp},
+      {"pick", pick},
+      {"nll", nll},
+  };
+  for (const auto& [type, kernel] : builtin) {
+    Status s = r.add(type, kernel);
+    LOOM_CHECK(s.ok()) << s.error().message;
+  }
+  add_evoformer_kernels(r);
+  add_vision_kernels(r);
+  add_moe_kernels(r);
+  return r;
+}
+
+Status KernelRegistry::add(const std::string& type, Kernel kernel) {
+  if (kernels_.count(type))
+    return Error::at(type, "a kernel for op type '" + type + "' is already registered");
+  kernels_.emplace(type, std::move(kernel));
+  return Status::success();
+}
+
+const Kernel* KernelRegistry::find(const std::string& type) const {
+  auto it = kernels_.find(type);
+  return it == kernels_.end() ? nullptr : &it->second;
+}
+
+}  // namespace loom::runtime

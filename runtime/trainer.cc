@@ -1,0 +1,360 @@
+#include "runtime/trainer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "comm/local_comm.h"
+#include "comm/make_comm.h"
+#include "core/durable_file.h"
+#include "graph/ops_moe.h"
+#include "lower/plan_file.h"
+#include "lower/program.h"
+#include "models/model.h"
+#include "plan/auto_plan.h"
+#include "plan/plan.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/debug_env.h"
+#include "runtime/device.h"
+#include "runtime/executor.h"
+#include "runtime/extensions.h"
+#include "runtime/hf_weights.h"
+#include "runtime/inputs.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/memory.h"
+#include "runtime/optimizer.h"
+#include "runtime/step_trace.h"
+
+namespace loom::runtime {
+
+struct Trainer::Impl {
+  Config config;
+  graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
+  KernelRegistry kernels = KernelRegistry::with_builtin_kernels();
+  graph::Graph graph;    // the model, on one device
+  graph::Graph planned;  // the plan's graph: every op on a rank and a stage
+  lower::Lowered lowered;
+  std::shared_ptr<comm::Comm> world;
+  RunDevice device;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<InputFeeder> inputs;
+  std::unique_ptr<Optimizer> optimizer;
+  int64_t items_per_sample = 1;  // throughput unit: tokens (GPT), images (Swin)
+  // LOOM_PROFILE_STEP (core/debug_env.h), read once: the step LibTorch's profiler records.
+  int64_t profile_step = debug_env_int("LOOM_PROFILE_STEP", 0);
+  int64_t step = 0;
+  std::string resumed_from;  // the checkpoint checkpoint.resume loaded, if any
+  // logging.trace_steps: the traced step's recording (null in other steps), and the plan's
+  // estimate its summary reads the measurement against (empty for a plan from plan.json).
+  std::unique_ptr<observe::Tracer> tracer;
+  observe::EstimateFigures estimate;
+};
+
+namespace {
+
+int64_t bucket_bytes(const Config& config) {
+  return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
+}
+
+observe::EstimateFigures estimate_figures(const plan::Estimate& estimate, const CostModel& cost) {
+  observe::EstimateFigures f;
+  f.cost_model = cost.name;
+  f.bubble_ratio = estimate.bubble_ratio;
+  f.step_s = estimate.step_s;
+  for (const plan::RankEstimate& r : estimate.ranks) f.comm_s.push_back(r.comm_s);
+  return f;
+}
+
+// logging.trace_steps: a Tracer for step `step` (1-based) when it is traced, else null.
+std::unique_ptr<observe::Tracer> tracer_for(const Config& config, const RunDevice& device,
+                                            int64_t step) {
+  const std::vector<int64_t>& traced = config.logging.trace_steps;
+  if (std::find(traced.begin(), traced.end(), step) == traced.end()) return nullptr;
+  auto tracer = std::make_unique<observe::Tracer>();
+  if (device.cuda()) tracer->set_sync([device] { synchronize_device(device); });
+  return tracer;
+}
+
+// The pieces, values and optimizer a checkpoint saves and loads.
+CheckpointTarget checkpoint_target(Trainer::Impl& s) {
+  CheckpointTarget t;
+  t.optimizer = s.optimizer.get();
+  t.graph = &s.planned;
+  t.pieces = s.executor->parameter_pieces();
+  t.params = s.executor->parameters();
+  t.world = s.world.get();
+  t.rank = s.world->world_rank().value();
+  t.world_size = s.world->size();
+  return t;
+}
+
+// LOOM_PROFILE_STEP=N: LibTorch's profiler records step N's ops (times, shapes) as a chrome
+// trace in the run's output directory. It records into memory, and the file is written after the
+// step by finish_profile: RecordProfile's own file would drop a failed write without a word.
+struct StepProfile {
+  std::filesystem::path file;
+  std::ostringstream json;
+  // Declared after `json`, which it writes into when it ends.
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> record;
+};
+
+std::unique_ptr<StepProfile> start_profile(const Config& config, int64_t step, int64_t rank) {
+  auto p = std::make_unique<StepProfile>();
+  p->file = std::filesystem::path(config.run.output_dir) /
+            ("profile_step_" + std::to_string(step) + "_rank_" + std::to_string(rank) + ".json");
+  p->record = std::make_unique<torch::autograd::profiler::RecordProfile>(p->json);
+  return p;
+}
+
+Status finish_profile(std::unique_ptr<StepProfile> p) {
+  p->record.reset();
+  std::error_code ec;
+  std::filesystem::create_directories(p->file.parent_path(), ec);
+  if (Status s = write_file_atomically(p->file, p->json.str()); !s.ok())
+    return Error::at(p->file.string(), "LOOM_PROFILE_STEP: " + s.error().message);
+  return Status::success();
+}
+
+}  // namespace
+
+// checkpoint.resume: continues from the step a checkpoint was saved at.
+Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
+  LOOM_ASSIGN_OR_RETURN(auto path, resume_path(impl->config));
+  if (!path.empty()) {
+    LOOM_ASSIGN_OR_RETURN(impl->step,
+                          load_checkpoint(checkpoint_target(*impl), impl->config, path));
+    impl->resumed_from = path.string();
+  } else if (!impl->config.checkpoint.init_from.empty()) {
+    // A fine-tuning run starts from the folder's weights and fresh optimizer state at step 0.
+    LOOM_TRY(
+        load_hf_weights(checkpoint_target(*impl), impl->config, impl->config.checkpoint.init_from));
+  }
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
+                                                 std::shared_ptr<comm::Comm> world,
+                                                 const lower::PlanFile* plan_file,
+                                                 std::shared_ptr<const Extensions> extensions) {
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  const plan::Registries& registries = *extensions;
+  if (!plan_file && config.parallel.policy == "auto") {
+    // Every rank searches the same plan (a pure function of the config and the cost model).
+    const comm::EnvLookup env = comm::process_env();
+    int64_t ranks = 1, rank = 0;
+    if (world) {
+      ranks = world->size();
+      rank = world->world_rank().value();
+    } else {
+      if (std::optional<std::string> v = env("WORLD_SIZE")) ranks = std::atoll(v->c_str());
+      if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
+    }
+    LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
+    LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen,
+                          plan::auto_plan(config, registries, cost, std::max<int64_t>(ranks, 1)));
+    if (rank == 0) std::fputs(plan::describe(chosen).c_str(), stderr);
+    return create(chosen.config, std::move(chosen.plan), std::move(world), std::move(extensions));
+  }
+  if (!plan_file) {
+    LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, registries));
+    return create(config, std::move(plan), std::move(world), std::move(extensions));
+  }
+  const int64_t world_size = config.parallel.world_size();
+  plan::Plan plan;
+  LOOM_ASSIGN_OR_RETURN(plan.model, plan::build_model(config, registries, world_size));
+  LOOM_TRY(lower::check_plan_current(
+      *plan_file, plan_file->source, config, lower::model_digest(plan.model),
+      lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
+  if (plan_file->world_size != world_size)
+    return Error::at(plan_file->source, plan_file->source + ": the plan is for " +
+                                            std::to_string(plan_file->world_size) +
+                                            " ranks, this run has " + std::to_string(world_size));
+  if (plan_file->micro_batches != config.micro_batches())
+    return Error::at(plan_file->source, plan_file->source + ": the plan runs " +
+                                            std::to_string(plan_file->micro_batches) +
+                                            " micro-batches per step, this config " +
+                                            std::to_string(config.micro_batches()));
+  LOOM_TRY(lower::check_deadlock_free(plan_file->graph, plan_file->lowered));
+  plan.file = *plan_file;
+  return create(config, std::move(plan), std::move(world), std::move(extensions));
+}
+
+namespace {
+
+// A plan whose estimated peak exceeds the memory a rank has (the GPU's, or the machine's shared
+// by its ranks) is refused before anything is allocated, naming what sized it. Every process
+// decides alike, before the rendezvous.
+Status check_fits(const Config& config, const plan::Estimate& estimate, const RunDevice& device,
+                  const comm::EnvLookup& env) {
+  if (estimate.ranks.empty()) return Status::success();  // a plan.json brings no estimate
+  auto count = [&](const char* name) -> int64_t {
+    const auto v = env(name);
+    if (!v) return 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(v->c_str(), &end, 10);
+    return end && *end == '\0' && n > 0 ? n : 0;
+  };
+  const int64_t local =
+      std::max<int64_t>(1, count("LOCAL_WORLD_SIZE") ? count("LOCAL_WORLD_SIZE")
+                                                     : count("OMPI_COMM_WORLD_LOCAL_SIZE"));
+  const double memory = device_memory_bytes(device, local);
+  const double peak = estimate.max_peak_bytes();
+  if (!(memory > 0) || peak <= memory) return Status::success();
+  std::string sizes, first_key = "model.preset";
+  for (const auto& [name, value] : config.model.args) {
+    if (sizes.empty()) first_key = "model.args." + name;
+    sizes += (sizes.empty() ? "" : ", ") + name + "=" + value;
+  }
+  return config.error(
+      first_key, "the plan's estimated peak memory per rank, " + plan::human_bytes(peak) +
+                     ", exceeds what a rank has here, " + plan::human_bytes(memory) + " (" +
+                     (device.cuda() ? std::string("the GPU's")
+                                    : "the machine's, over " + std::to_string(local) + " ranks") +
+                     "): model " + config.model.type + " " + config.model.preset +
+                     (sizes.empty() ? std::string() : " with " + sizes) + " on " +
+                     config.parallel.degrees() +
+                     "; make the model smaller or split it over more ranks (loom plan shows the "
+                     "estimate per rank)");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Plan plan,
+                                                 std::shared_ptr<comm::Comm> world,
+                                                 std::shared_ptr<const Extensions> extensions) {
+  track_cpu_memory();  // before any parameter exists, so every live byte is counted
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->ops = extensions->ops;
+  impl->kernels = extensions->kernels;
+  impl->graph = std::move(plan.model);
+  impl->estimate = estimate_figures(plan.estimate, plan.cost);
+  LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
+  if (!extensions->model) {  // a model set to replace every type counts samples
+    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, extensions->models.of(config));
+    if (type->items) {
+      LOOM_ASSIGN_OR_RETURN(models::SampleItems items, type->items(config));
+      impl->items_per_sample = items.per_sample;
+    }
+  }
+
+  // The device first: a run on a GPU that is not there stops before any rendezvous.
+  const comm::EnvLookup env = comm::process_env();
+  LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, comm::local_rank(env)));
+  const int64_t world_size = plan.world_size();
+  LOOM_TRY(check_fits(config, plan.estimate, impl->device, env));
+  if (!world && world_size == 1) {
+    // One process alone: a plan of one rank over a one-rank Comm.
+    world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
+  } else if (!world) {
+    // A worker process among others on this machine takes its share of the cores.
+    comm::configure_worker_threads();
+    LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm, env, impl->device.cuda()));
+  }
+  if (world->size() != world_size && config.comm.backend == "mpi" && world->size() == 1 &&
+      !env("OMPI_COMM_WORLD_SIZE") && !env("PMI_SIZE") && env("WORLD_SIZE"))
+    return config.error("comm.backend",
+                        "comm.backend mpi takes its " + std::to_string(world_size) +
+                            " ranks from mpirun (or srun), but this process was started by "
+                            "loomrun or torchrun (WORLD_SIZE " +
+                            env("WORLD_SIZE").value_or("?") + "); start it with mpirun -np " +
+                            std::to_string(world_size) +
+                            ", or use comm.backend gloo (nccl on GPUs) under loomrun");
+  if (world->size() != world_size)
+    return config.error("parallel.dp", config.parallel.degrees() + " = " +
+                                           std::to_string(world_size) + " ranks, but " +
+                                           std::to_string(world->size()) +
+                                           " processes were started");
+  impl->world = world;
+  impl->planned = std::move(plan.file.graph);
+  impl->lowered = std::move(plan.file.lowered);
+  LOOM_ASSIGN_OR_RETURN(
+      impl->executor,
+      Executor::create(impl->planned, impl->lowered, world, impl->kernels,
+                       ExecutorOptions{static_cast<uint64_t>(config.run.seed), impl->device,
+                                       bucket_bytes(config), config.parallel.zero == 1,
+                                       /*seeded_init=*/config.checkpoint.init_from.empty()}));
+  // Weight decay applies to matrices, not to biases and norm scales.
+  std::vector<bool> decay;
+  for (const auto& piece : impl->executor->parameter_pieces())
+    decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
+  impl->optimizer =
+      std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay),
+                                  impl->executor->parameter_owned());
+  return resume(std::move(impl));
+}
+
+Result<StepStats> Trainer::step() {
+  Impl& s = *impl_;
+  std::unique_ptr<StepProfile> profile =
+      s.profile_step == s.step + 1 ? start_profile(s.config, s.step + 1, rank()) : nullptr;
+  s.tracer = tracer_for(s.config, s.device, s.step + 1);
+  s.executor->set_tracer(s.tracer.get());
+  auto start = std::chrono::steady_clock::now();
+  reset_peak_device_bytes(s.device);
+  const int64_t micro = s.config.micro_batches();
+  const int64_t first_sample = s.step * s.config.batch.global;
+  // Every rank reads the whole micro-batch (cheap) and cuts the pieces its ops read.
+  std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
+  for (int64_t m = 0; m < micro; ++m) {
+    LOOM_ASSIGN_OR_RETURN(auto in, s.inputs->micro_batch(first_sample + m * s.inputs->rows()));
+    inputs.push_back(std::move(in));
+  }
+
+  const double scale = 1.0 / static_cast<double>(micro);
+  LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale));
+  const double norm = std::sqrt(sums.grad_norm_squared);
+  maybe_kill_at_step(s.step + 1, rank());
+  clip_gradients(s.executor->parameters(), norm, s.config.optimizer.clip_grad_norm);
+  const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
+  s.optimizer->step(lr);
+  LOOM_TRY(s.executor->gather_parameters());
+  ++s.step;
+  if (s.config.checkpoint.every > 0 && s.step % s.config.checkpoint.every == 0)
+    LOOM_TRY(save_checkpoint(checkpoint_target(s), s.config, s.step, checkpoint_root(s.config)));
+
+  StepStats st;
+  st.step = s.step;
+  st.loss = sums.loss * scale;
+  st.moe_aux_loss = sums.aux_loss * scale;
+  st.moe_max_load = sums.max_expert_load;
+  st.has_moe_aux = std::any_of(s.graph.ops().begin(), s.graph.ops().end(),
+                               [](const graph::Op& op) { return op.type() == graph::kMoeAuxLoss; });
+  st.lr = lr;
+  st.grad_norm = norm;
+  st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  st.tokens_per_s =
+      static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
+  st.peak_mem_bytes = peak_device_bytes(s.device);
+  if (s.tracer) {
+    s.executor->set_tracer(nullptr);
+    LOOM_ASSIGN_OR_RETURN(st.trace_summary, finish_step_trace(*s.tracer, *s.world, s.device, s.step,
+                                                              s.config.run.output_dir, s.estimate));
+  }
+  if (profile) LOOM_TRY(finish_profile(std::move(profile)));
+  return st;
+}
+
+int64_t Trainer::steps_done() const { return impl_->step; }
+const std::string& Trainer::resumed_from() const { return impl_->resumed_from; }
+const Config& Trainer::config() const { return impl_->config; }
+const graph::Graph& Trainer::graph() const { return impl_->graph; }
+Executor& Trainer::executor() { return *impl_->executor; }
+int64_t Trainer::rank() const { return impl_->world->world_rank().value(); }
+
+}  // namespace loom::runtime

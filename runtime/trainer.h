@@ -1,0 +1,91 @@
+// The training loop of one rank: the plan, its executor, data, optimizer and LR schedule.
+// The header is LibTorch-free so command-line code compiles fast.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "graph/graph.h"
+
+namespace loom::runtime {
+
+class Executor;
+struct Extensions;
+}  // namespace loom::runtime
+namespace loom::comm {
+class Comm;
+}  // namespace loom::comm
+namespace loom::lower {
+struct PlanFile;
+}  // namespace loom::lower
+namespace loom::plan {
+struct Plan;
+}  // namespace loom::plan
+namespace loom::runtime {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based index of the step just taken
+  double loss = 0;   // mean token loss over the global batch (auxiliary losses included)
+  // A mixture of experts' load-balancing loss (its share of `loss`), averaged like it.
+  double moe_aux_loss = 0;
+  bool has_moe_aux = false;  // whether the model has one
+  // The busiest expert's tokens over the mean (1: balanced), averaged over layers and
+  // micro-batches.
+  double moe_max_load = 0;
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double step_time_s = 0;
+  double tokens_per_s =
+      0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
+  // Most live tensor bytes of this process's device during the step (the CUDA caching
+  // allocator's peak on a GPU, the counting allocator's on the CPU).
+  int64_t peak_mem_bytes = 0;
+  // A traced step (logging.trace_steps), on rank 0: where its trace_step_N.json is and what it
+  // measured against the plan's estimate (observe::summary_line); else empty.
+  std::string trace_summary;
+};
+
+class Trainer {
+ public:
+  // Runs `plan` (plan/plan.h's make_plan of `config`): builds the data, materialises this rank's
+  // parameters and optimizer. The trainer is one rank of the plan and runs its program over
+  // `world`: by default a one-rank Comm when the plan has one rank, else the Comm made from
+  // comm.* and the launcher's environment. Every user mistake (config, data file, a world of the
+  // wrong size) is returned as an error naming the key or file.
+  static Result<std::unique_ptr<Trainer>> create(const Config& config, plan::Plan plan,
+                                                 std::shared_ptr<comm::Comm> world,
+                                                 std::shared_ptr<const Extensions> extensions);
+  // The same for the plan make_plan makes of `config`, or for `plan_file` (read from plan.json)
+  // after refusing it when it is stale for this config and code. `extensions` adds user ops,
+  // kernels, policies and a model builder (runtime/extensions.h).
+  static Result<std::unique_ptr<Trainer>> create(
+      const Config& config, std::shared_ptr<comm::Comm> world = nullptr,
+      const lower::PlanFile* plan_file = nullptr,
+      std::shared_ptr<const Extensions> extensions = nullptr);
+  ~Trainer();
+
+  // Runs one optimizer step over batch.global samples.
+  Result<StepStats> step();
+
+  int64_t steps_done() const;
+  // The checkpoint checkpoint.resume loaded (a step directory or a merged file); empty when the
+  // run started from step 0.
+  const std::string& resumed_from() const;
+  const Config& config() const;
+  const graph::Graph& graph() const;
+  Executor& executor();  // this rank's
+  int64_t rank() const;
+
+  struct Impl;  // opaque; public so the checkpoint glue in trainer.cc can reach it
+
+ private:
+  // Applies checkpoint.resume and makes the trainer.
+  static Result<std::unique_ptr<Trainer>> resume(std::unique_ptr<Impl> impl);
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom::runtime

@@ -1,0 +1,20 @@
+// Every Comm primitive checked against closed-form values (rank r fills element i with r * n + i
+// and so on). Shared by the local tests (ranks as threads) and the worker processes of the gloo
+// and mpi tests, so every backend answers the same questions.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include "comm/comm.h"
+#include "core/result.h"
+
+namespace loom::comm::testing {
+
+// Runs every primitive on `comm` (all ranks of the group must call it) with tensors on `device`;
+// the first mismatch comes back as an error naming the primitive, the rank and the element.
+Status check_primitives(Comm& comm, at::Device device = at::kCPU);
+
+// Sub-groups: even/odd ranks, a reversed group, non-members getting nullptr, nested groups.
+Status check_groups(Comm& comm, at::Device device = at::kCPU);
+
+}  // namespace loom::comm::testing
