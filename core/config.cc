@@ -53,6 +53,38 @@ Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
 }
 
+// The cost model's keys (cost.*), part of the table below.
+template <class V>
+void visit_cost_fields(Config& c, V& v) {
+  v("cost", "preset", c.cost.preset, Check<std::string>());
+  v("cost", "file", c.cost.file, Check<std::string>());
+  v("cost", "device_flops_per_s", c.cost.device_flops_per_s, non_negative_real());
+  v("cost", "device_memory_bytes", c.cost.device_memory_bytes, non_negative_real());
+  v("cost", "intra_alpha_s", c.cost.intra_alpha_s, non_negative_real());
+  v("cost", "intra_beta_s_per_byte", c.cost.intra_beta_s_per_byte, non_negative_real());
+  v("cost", "inter_alpha_s", c.cost.inter_alpha_s, non_negative_real());
+  v("cost", "inter_beta_s_per_byte", c.cost.inter_beta_s_per_byte, non_negative_real());
+  v("cost", "local_beta_s_per_byte", c.cost.local_beta_s_per_byte, non_negative_real());
+  v("cost", "node_flops_per_s", c.cost.node_flops_per_s, non_negative_real());
+  v("cost", "intra_send_recv_alpha_s", c.cost.intra_send_recv_alpha_s, non_negative_real());
+  v("cost", "intra_send_recv_beta_s_per_byte", c.cost.intra_send_recv_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_all_reduce_alpha_s", c.cost.intra_all_reduce_alpha_s, non_negative_real());
+  v("cost", "intra_all_reduce_beta_s_per_byte", c.cost.intra_all_reduce_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_all_gather_alpha_s", c.cost.intra_all_gather_alpha_s, non_negative_real());
+  v("cost", "intra_all_gather_beta_s_per_byte", c.cost.intra_all_gather_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_reduce_scatter_alpha_s", c.cost.intra_reduce_scatter_alpha_s,
+    non_negative_real());
+  v("cost", "intra_reduce_scatter_beta_s_per_byte", c.cost.intra_reduce_scatter_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "intra_all_to_all_alpha_s", c.cost.intra_all_to_all_alpha_s, non_negative_real());
+  v("cost", "intra_all_to_all_beta_s_per_byte", c.cost.intra_all_to_all_beta_s_per_byte,
+    non_negative_real());
+  v("cost", "devices_per_node", c.cost.devices_per_node, non_negative());
+}
+
 // The one table of config fields. Reading, writing and the list of known keys all walk it.
 template <class V>
 void visit_fields(Config& c, V& v) {
@@ -134,34 +166,7 @@ void visit_fields(Config& c, V& v) {
   v("checkpoint", "keep", c.checkpoint.keep, positive());
   v("checkpoint", "resume", c.checkpoint.resume, non_empty());
   v("checkpoint", "init_from", c.checkpoint.init_from, Check<std::string>());
-
-  v("cost", "preset", c.cost.preset, Check<std::string>());
-  v("cost", "file", c.cost.file, Check<std::string>());
-  v("cost", "device_flops_per_s", c.cost.device_flops_per_s, non_negative_real());
-  v("cost", "device_memory_bytes", c.cost.device_memory_bytes, non_negative_real());
-  v("cost", "intra_alpha_s", c.cost.intra_alpha_s, non_negative_real());
-  v("cost", "intra_beta_s_per_byte", c.cost.intra_beta_s_per_byte, non_negative_real());
-  v("cost", "inter_alpha_s", c.cost.inter_alpha_s, non_negative_real());
-  v("cost", "inter_beta_s_per_byte", c.cost.inter_beta_s_per_byte, non_negative_real());
-  v("cost", "local_beta_s_per_byte", c.cost.local_beta_s_per_byte, non_negative_real());
-  v("cost", "node_flops_per_s", c.cost.node_flops_per_s, non_negative_real());
-  v("cost", "intra_send_recv_alpha_s", c.cost.intra_send_recv_alpha_s, non_negative_real());
-  v("cost", "intra_send_recv_beta_s_per_byte", c.cost.intra_send_recv_beta_s_per_byte,
-    non_negative_real());
-  v("cost", "intra_all_reduce_alpha_s", c.cost.intra_all_reduce_alpha_s, non_negative_real());
-  v("cost", "intra_all_reduce_beta_s_per_byte", c.cost.intra_all_reduce_beta_s_per_byte,
-    non_negative_real());
-  v("cost", "intra_all_gather_alpha_s", c.cost.intra_all_gather_alpha_s, non_negative_real());
-  v("cost", "intra_all_gather_beta_s_per_byte", c.cost.intra_all_gather_beta_s_per_byte,
-    non_negative_real());
-  v("cost", "intra_reduce_scatter_alpha_s", c.cost.intra_reduce_scatter_alpha_s,
-    non_negative_real());
-  v("cost", "intra_reduce_scatter_beta_s_per_byte", c.cost.intra_reduce_scatter_beta_s_per_byte,
-    non_negative_real());
-  v("cost", "intra_all_to_all_alpha_s", c.cost.intra_all_to_all_alpha_s, non_negative_real());
-  v("cost", "intra_all_to_all_beta_s_per_byte", c.cost.intra_all_to_all_beta_s_per_byte,
-    non_negative_real());
-  v("cost", "devices_per_node", c.cost.devices_per_node, non_negative());
+  visit_cost_fields(c, v);
 }
 
 std::string type_name(const int64_t*) { return "an integer"; }

@@ -152,7 +152,7 @@ struct CheckpointConfig {
   int64_t keep = 2;
   std::string resume = "none";  // none | latest | a path
   // A Hugging Face model folder the parameters start from instead of the seeded init (each rank
-  // reads its pieces through the model's name map, models/hf_names.h); the optimizer starts
+  // reads its pieces through the model's name map, checkpoint/hf_names.h); the optimizer starts
   // fresh at step 0. A run resumed from a checkpoint continues that checkpoint instead.
   std::string init_from;
 };

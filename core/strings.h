@@ -17,4 +17,7 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `name`, or "" when none is close enough to be a plausible typo.
 std::string closest_match(std::string_view name, const std::vector<std::string>& candidates);
 
+std::string human_bytes(double bytes);  // "1.5 GiB"
+std::string human_seconds(double s);    // "2.31 ms"
+
 }  // namespace loom

@@ -9,11 +9,11 @@
 #include <system_error>
 #include <vector>
 
+#include "checkpoint/hf_names.h"
 #include "checkpoint/safetensors.h"
 #include "core/config.h"
 #include "core/durable_file.h"
 #include "models/hf_config.h"
-#include "models/hf_names.h"
 
 namespace loom::cli {
 namespace {
@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 struct Part {
   std::string name;
   Shape shape;
-  models::HfSource src;
+  HfSource src;
 };
 
 // One Hugging Face tensor of the export: its shape and the parameters that make it.
@@ -35,7 +35,7 @@ struct HfTensor {
 
 // The rows of a loom parameter a Hugging Face tensor with `more_rows` gets: the parameter's own
 // (GPT-2's position table exports the run's seq positions, and config.json says n_positions=seq).
-Shape exported_shape(const models::HfSource& src, const Shape& loom) {
+Shape exported_shape(const HfSource& src, const Shape& loom) {
   Shape s = src.shape;
   if (src.more_rows) s[0] = src.transposed ? loom[1] : loom[0];
   return s;
@@ -51,7 +51,7 @@ Result<std::map<std::string, HfTensor>> plan_tensors(const CheckpointReader& rea
     if (dtype != "F32")
       return Error::at(name, "parameter '" + name + "' is stored as " + dtype +
                                  "; export-hf reads float32 parameters");
-    LOOM_ASSIGN_OR_RETURN(models::HfSource src, models::hf_source(model_type, name, shape));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(model_type, name, shape));
     HfTensor& t = out[src.tensor];
     const Shape want = exported_shape(src, shape);
     if (t.parts.empty()) t.shape = want;
@@ -154,7 +154,7 @@ Status export_hf(CheckpointReader& reader, const fs::path& out_arg) {
   LOOM_TRY(check_out(out));
   const std::string source = reader.dir().string() + " (the checkpoint's config)";
   LOOM_ASSIGN_OR_RETURN(Config config, parse_config(reader.manifest().config_yaml, source));
-  if (!models::has_hf_names(config.model.type))
+  if (!has_hf_names(config.model.type))
     return config.error("model.type", "model.type '" + config.model.type +
                                           "' has no Hugging Face name map (gpt and llama have)");
   LOOM_ASSIGN_OR_RETURN(std::string config_json, models::hf_config_json(config));

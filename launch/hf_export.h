@@ -1,6 +1,6 @@
 // `loom checkpoint export-hf CHECKPOINT OUT`: a loom checkpoint saved under any plan as a Hugging
 // Face folder transformers' from_pretrained loads (config.json and model.safetensors, float32),
-// the tensors assembled through the model's name map (models/hf_names.h). LibTorch-free.
+// the tensors assembled through the model's name map (checkpoint/hf_names.h). LibTorch-free.
 #pragma once
 
 #include <filesystem>

@@ -68,7 +68,7 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
         << " x tp " << par.tp << " x pp " << par.pp << "), " << config.micro_batches()
         << " micro-batches per step, schedule " << par.schedule;
   if (par.pp > 1) table << ", bubble ratio " << e.bubble_ratio;
-  table << ", est. step time " << plan::human_seconds(e.step_s) << " at "
+  table << ", est. step time " << human_seconds(e.step_s) << " at "
         << plan.cost.device_flops_per_s / 1e12 << " TFLOP/s per device\n";
   if (plan.schedule.read_as)
     table << "schedule file: " << par.schedule_csv << ", actions "
@@ -85,22 +85,21 @@ std::string summary_table(const Config& config, const plan::Plan& plan) {
     std::string kinds;
     for (const auto& [k, b] : re.sent) {
       total_sent += b;
-      kinds += " " + k + " " + plan::human_bytes(b) + ";";
+      kinds += " " + k + " " + human_bytes(b) + ";";
     }
     char line[384];
     std::snprintf(
         line, sizeof line, "%4lld  %10.3fM  %10s = %s + %s + %s + %s  %s (%s + %s, %.2f)  %s",
-        static_cast<long long>(r), re.parameters / 1e6, plan::human_bytes(re.peak_bytes).c_str(),
-        plan::human_bytes(re.param_bytes).c_str(), plan::human_bytes(re.grad_bytes).c_str(),
-        plan::human_bytes(re.optimizer_bytes).c_str(),
-        plan::human_bytes(re.working_set_bytes).c_str(), plan::human_seconds(re.step_s).c_str(),
-        plan::human_seconds(re.compute_s).c_str(), plan::human_seconds(re.comm_s).c_str(),
-        re.bubble, plan::human_bytes(total_sent).c_str());
+        static_cast<long long>(r), re.parameters / 1e6, human_bytes(re.peak_bytes).c_str(),
+        human_bytes(re.param_bytes).c_str(), human_bytes(re.grad_bytes).c_str(),
+        human_bytes(re.optimizer_bytes).c_str(), human_bytes(re.working_set_bytes).c_str(),
+        human_seconds(re.step_s).c_str(), human_seconds(re.compute_s).c_str(),
+        human_seconds(re.comm_s).c_str(), re.bubble, human_bytes(total_sent).c_str());
     table << line << (kinds.empty() ? "" : "  (" + kinds.substr(1) + ")") << "\n";
   }
   if (e.max_peak_bytes() > plan.cost.device_memory_bytes)
-    table << "warning: the largest estimated peak, " << plan::human_bytes(e.max_peak_bytes())
-          << ", exceeds a device's " << plan::human_bytes(plan.cost.device_memory_bytes) << "\n";
+    table << "warning: the largest estimated peak, " << human_bytes(e.max_peak_bytes())
+          << ", exceeds a device's " << human_bytes(plan.cost.device_memory_bytes) << "\n";
   return table.str();
 }
 

@@ -99,8 +99,8 @@ int check_size(const std::string& sizes, double cells) {
   std::snprintf(text, sizeof text,
                 "%s = %.0f (stage, micro-batch) pairs would take about %s of memory (%.0f bytes "
                 "each), more than this machine's %s: at most %.0f; lower them",
-                sizes.c_str(), cells, plan::human_bytes(cells * kScheduleBytesPerCell).c_str(),
-                kScheduleBytesPerCell, plan::human_bytes(memory).c_str(),
+                sizes.c_str(), cells, human_bytes(cells * kScheduleBytesPerCell).c_str(),
+                kScheduleBytesPerCell, human_bytes(memory).c_str(),
                 std::floor(memory / kScheduleBytesPerCell));
   return fail(kExitBadInput, text);
 }

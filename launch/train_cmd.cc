@@ -25,6 +25,7 @@
 #include "observe/event_file.h"
 
 #if LOOM_HAVE_RUNTIME
+#include "launch/planned_trainer.h"
 #include "lower/plan_file.h"
 #include "models/model.h"
 #include "runtime/metrics_file.h"
@@ -277,7 +278,7 @@ int train_main(const Args& args) {
     if (!loaded_plan.ok()) return bad_input(loaded_plan.error().message);
     plan = std::move(*loaded_plan);
   }
-  auto created = runtime::Trainer::create(config, nullptr, plan ? &*plan : nullptr);
+  auto created = launch::create_trainer(config, nullptr, plan ? &*plan : nullptr);
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;
   if (config.parallel.world_size() > 1)

@@ -1,7 +1,7 @@
 // loom verify CONFIG [key=value ...] [--steps N] [--ranks local|launched] [--json FILE]: the
 // config's plan (ranks as threads in this process, or one rank per process under loomrun,
 // torchrun or mpirun) against the single-device run of the same config, for a few steps
-// (runtime/verify.h). Prints the losses, the tensors furthest from one device and the
+// (launch/verify.h). Prints the losses, the tensors furthest from one device and the
 // per-op oracle's verdict, each figure next to its bound. Exit 0 when everything is within the
 // tolerance policy, 1 otherwise (naming the first op, step or tensor), 2 for a user mistake.
 #include <CLI/CLI.hpp>
@@ -19,7 +19,7 @@
 
 #if LOOM_HAVE_RUNTIME
 #include "comm/make_comm.h"
-#include "runtime/verify.h"
+#include "launch/verify.h"
 #endif
 
 namespace loom::cli {
@@ -36,7 +36,7 @@ constexpr size_t kWorstShown = 10;
 
 const char* verdict(bool ok) { return ok ? "ok" : "DIFFERS"; }
 
-void print_report(const runtime::VerifyReport& r, int64_t steps) {
+void print_report(const launch::VerifyReport& r, int64_t steps) {
   std::printf("loom verify: plan %s against one device, %lld steps\n\n", r.plan.c_str(),
               static_cast<long long>(steps));
   std::printf("step  loss plan       loss one device  rel diff   bound\n");
@@ -81,7 +81,7 @@ void print_report(const runtime::VerifyReport& r, int64_t steps) {
                 r.oracle.first_op.c_str(), r.oracle.first_piece.c_str());
 }
 
-nlohmann::json report_json(const runtime::VerifyReport& r, int64_t steps) {
+nlohmann::json report_json(const launch::VerifyReport& r, int64_t steps) {
   nlohmann::json losses = nlohmann::json::array();
   for (const auto& l : r.losses)
     losses.push_back({{"step", l.step},
@@ -146,10 +146,10 @@ int verify_main(const Args& args) {
   auto loaded = load_config_file(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
 #if LOOM_HAVE_RUNTIME
-  runtime::VerifyOptions options;
+  launch::VerifyOptions options;
   options.steps = steps;
   options.launched = ranks == "launched" || (ranks == "auto" && comm::started_by_launcher());
-  auto report = runtime::verify_plan(*loaded, options);
+  auto report = launch::verify_plan(*loaded, options);
   if (!report.ok()) return bad_input(report.error().to_string());
   // Rank 0 prints the verdict and exits with it; the others have handed in their figures and
   // exit 0, so that a launcher, which stops the group when a worker fails, lets rank 0 print.

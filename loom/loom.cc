@@ -4,10 +4,11 @@
 #include <fstream>
 
 #include "core/durable_file.h"
+#include "launch/extensions.h"
+#include "launch/planned_trainer.h"
 #include "loom/kernel.h"
 #include "models/hf_config.h"
 #include "plan/plan.h"
-#include "runtime/extensions.h"
 #include "runtime/trainer.h"
 
 namespace loom {
@@ -23,10 +24,10 @@ Result<Config> with_hf_args(const Config& given) {
 
 }  // namespace
 
-Setup::Setup() : ext_(std::make_shared<runtime::Extensions>()) {}
-Setup::Setup(const Setup& other) : ext_(std::make_shared<runtime::Extensions>(*other.ext_)) {}
+Setup::Setup() : ext_(std::make_shared<launch::Extensions>()) {}
+Setup::Setup(const Setup& other) : ext_(std::make_shared<launch::Extensions>(*other.ext_)) {}
 Setup& Setup::operator=(const Setup& other) {
-  if (this != &other) ext_ = std::make_shared<runtime::Extensions>(*other.ext_);
+  if (this != &other) ext_ = std::make_shared<launch::Extensions>(*other.ext_);
   return *this;
 }
 Setup::~Setup() = default;
@@ -42,8 +43,8 @@ Status Setup::add_model(const std::string& name, ModelBuilder builder,
 void Setup::set_model(ModelBuilder builder) { ext_->model = std::move(builder); }
 const graph::OpRegistry& Setup::ops() const { return ext_->ops; }
 const planner::PolicyRegistry& Setup::policies() const { return ext_->policies; }
-runtime::Extensions& Setup::extensions() { return *ext_; }
-std::shared_ptr<const runtime::Extensions> Setup::shared() const { return ext_; }
+launch::Extensions& Setup::extensions() { return *ext_; }
+std::shared_ptr<const launch::Extensions> Setup::shared() const { return ext_; }
 
 Status add_kernel(Setup& setup, const std::string& type, Kernel kernel) {
   if (!setup.ops().find(type))
@@ -85,7 +86,7 @@ Result<std::unique_ptr<Trainer>> Trainer::from_file(const std::string& config_pa
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& given, const Setup& setup) {
   LOOM_ASSIGN_OR_RETURN(Config config, with_hf_args(given));
   LOOM_ASSIGN_OR_RETURN(auto impl,
-                        runtime::Trainer::create(config, nullptr, nullptr, setup.shared()));
+                        launch::create_trainer(config, nullptr, nullptr, setup.shared()));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl), setup));
 }
 

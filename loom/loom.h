@@ -31,8 +31,10 @@
 
 namespace loom {
 
-namespace runtime {
+namespace launch {
 struct Extensions;
+}  // namespace launch
+namespace runtime {
 class Trainer;
 }  // namespace runtime
 
@@ -74,11 +76,11 @@ class Setup {
   const graph::OpRegistry& ops() const;
   const planner::PolicyRegistry& policies() const;
   // For loom/kernel.h and the trainer.
-  runtime::Extensions& extensions();
-  std::shared_ptr<const runtime::Extensions> shared() const;
+  launch::Extensions& extensions();
+  std::shared_ptr<const launch::Extensions> shared() const;
 
  private:
-  std::shared_ptr<runtime::Extensions> ext_;
+  std::shared_ptr<launch::Extensions> ext_;
 };
 
 // Plans `config` for parallel.dp x tp x pp ranks without processes or LibTorch: the planned

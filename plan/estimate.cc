@@ -617,28 +617,4 @@ void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t ele
     if (bytes > 0) out[lower::to_string(st.primitive)] += bytes * times;
   }
 }
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
-  return buf;
-}
-
-std::string human_seconds(double s) {
-  char buf[32];
-  if (s >= 1)
-    std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else if (s >= 1e-3)
-    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-  return buf;
-}
-
 }  // namespace loom::plan

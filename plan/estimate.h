@@ -11,6 +11,7 @@
 
 #include "core/config.h"
 #include "core/cost_model.h"
+#include "core/strings.h"
 #include "graph/graph.h"
 #include "lower/path.h"
 #include "lower/program.h"
@@ -106,8 +107,5 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
 // bytes.
 void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, int64_t rank,
                     double times, std::map<std::string, double>& out, double all_to_all_fill = 1.0);
-
-std::string human_bytes(double bytes);  // "1.5 GiB"
-std::string human_seconds(double s);    // "2.31 ms"
 
 }  // namespace loom::plan

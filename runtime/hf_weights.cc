@@ -8,7 +8,7 @@
 #include <set>
 
 #include "checkpoint/hf_folder.h"
-#include "models/hf_names.h"
+#include "checkpoint/hf_names.h"
 
 namespace loom::runtime {
 namespace {
@@ -18,7 +18,7 @@ namespace {
 std::string folder_name(const HfFolder& folder, const std::string& model_type,
                         const std::string& tensor) {
   if (folder.contains(tensor)) return tensor;
-  const std::string prefix = models::hf_base_prefix(model_type);
+  const std::string prefix = hf_base_prefix(model_type);
   if (tensor.rfind(prefix, 0) == 0 && folder.contains(tensor.substr(prefix.size())))
     return tensor.substr(prefix.size());
   return tensor;
@@ -37,7 +37,7 @@ Status check_all_read(const HfFolder& folder, const Config& config,
                       const std::set<std::string>& read, bool tied) {
   std::vector<std::string> unread;
   for (const std::string& name : folder.tensor_names()) {
-    if (read.count(name) || models::hf_buffer(config.model.type, name)) continue;
+    if (read.count(name) || hf_buffer(config.model.type, name)) continue;
     // A tied model's file may still carry the head it shares with the embedding.
     if (tied && name == "lm_head.weight" && !untied_head(folder)) continue;
     unread.push_back(name);
@@ -54,7 +54,7 @@ Status check_all_read(const HfFolder& folder, const Config& config,
 }
 
 // The folder's tensor `src.tensor` has the shape the map expects for loom's `name`.
-Status check_shape(const HfFolder& folder, const models::HfSource& src, const std::string& name,
+Status check_shape(const HfFolder& folder, const HfSource& src, const std::string& name,
                    const Shape& loom_shape) {
   auto found = folder.find(src.tensor);
   if (!found.ok())
@@ -77,7 +77,7 @@ Status check_shape(const HfFolder& folder, const models::HfSource& src, const st
 Status load_hf_weights(const CheckpointTarget& target, const Config& config,
                        const std::filesystem::path& dir) {
   LOOM_ASSIGN_OR_RETURN(HfFolder folder, HfFolder::open(dir));
-  if (!models::has_hf_names(config.model.type))
+  if (!has_hf_names(config.model.type))
     return config.error("checkpoint.init_from", "model.type '" + config.model.type +
                                                     "' has no Hugging Face name map (gpt and "
                                                     "llama have)");
@@ -87,8 +87,7 @@ Status load_hf_weights(const CheckpointTarget& target, const Config& config,
   bool tied = true;
   for (const graph::FullTensor& t : target.graph->tensors()) {
     if (t.role != graph::TensorRole::kParameter) continue;
-    LOOM_ASSIGN_OR_RETURN(models::HfSource src,
-                          models::hf_source(config.model.type, t.name, t.shape));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape));
     src.tensor = folder_name(folder, config.model.type, src.tensor);
     LOOM_TRY(check_shape(folder, src, t.name, t.shape));
     read.insert(src.tensor);
@@ -99,8 +98,7 @@ Status load_hf_weights(const CheckpointTarget& target, const Config& config,
   for (size_t i = 0; i < target.pieces.size(); ++i) {
     const graph::SubTensor& piece = target.pieces[i];
     const graph::FullTensor& t = target.graph->tensor(piece.tensor);
-    LOOM_ASSIGN_OR_RETURN(models::HfSource src,
-                          models::hf_source(config.model.type, t.name, t.shape));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape));
     src.tensor = folder_name(folder, config.model.type, src.tensor);
     at::Tensor param = target.params[i];
     // A value-split piece holds a share of a sum: chunk 0 the values, the others zeros (as the
@@ -109,9 +107,9 @@ Status load_hf_weights(const CheckpointTarget& target, const Config& config,
       param.zero_();
       continue;
     }
-    models::Ranges loom;
+    SliceRanges loom;
     for (const auto& r : piece.ranges) loom.emplace_back(r.start, r.end);
-    const models::Ranges region = src.region(loom);
+    const SliceRanges region = src.region(loom);
     LOOM_ASSIGN_OR_RETURN(std::vector<float> values, folder.read(src.tensor, region));
     std::vector<int64_t> region_shape;
     for (const auto& [start, end] : region) region_shape.push_back(end - start);

@@ -1,5 +1,5 @@
 // checkpoint.init_from: a rank's parameter pieces read from a Hugging Face model folder through
-// the model's name map (models/hf_names.h), each piece as the byte ranges of its slice
+// the model's name map (checkpoint/hf_names.h), each piece as the byte ranges of its slice
 // (checkpoint/hf_folder.h), so no rank holds a tensor it does not own.
 #pragma once
 

@@ -17,18 +17,15 @@
 #include "comm/local_comm.h"
 #include "comm/make_comm.h"
 #include "core/durable_file.h"
+#include "core/strings.h"
 #include "graph/ops_moe.h"
 #include "lower/plan_file.h"
 #include "lower/program.h"
-#include "models/model.h"
-#include "plan/auto_plan.h"
-#include "plan/plan.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/debug_env.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
-#include "runtime/extensions.h"
 #include "runtime/hf_weights.h"
 #include "runtime/inputs.h"
 #include "runtime/lr_schedule.h"
@@ -40,7 +37,6 @@ namespace loom::runtime {
 
 struct Trainer::Impl {
   Config config;
-  graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
   KernelRegistry kernels = KernelRegistry::with_builtin_kernels();
   graph::Graph graph;    // the model, on one device
   graph::Graph planned;  // the plan's graph: every op on a rank and a stage
@@ -65,15 +61,6 @@ namespace {
 
 int64_t bucket_bytes(const Config& config) {
   return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
-}
-
-observe::EstimateFigures estimate_figures(const plan::Estimate& estimate, const CostModel& cost) {
-  observe::EstimateFigures f;
-  f.cost_model = cost.name;
-  f.bubble_ratio = estimate.bubble_ratio;
-  f.step_s = estimate.step_s;
-  for (const plan::RankEstimate& r : estimate.ranks) f.comm_s.push_back(r.comm_s);
-  return f;
 }
 
 // logging.trace_steps: a Tracer for step `step` (1-based) when it is traced, else null.
@@ -146,61 +133,14 @@ Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config,
-                                                 std::shared_ptr<comm::Comm> world,
-                                                 const lower::PlanFile* plan_file,
-                                                 std::shared_ptr<const Extensions> extensions) {
-  if (!extensions) extensions = std::make_shared<const Extensions>();
-  const plan::Registries& registries = *extensions;
-  if (!plan_file && config.parallel.policy == "auto") {
-    // Every rank searches the same plan (a pure function of the config and the cost model).
-    const comm::EnvLookup env = comm::process_env();
-    int64_t ranks = 1, rank = 0;
-    if (world) {
-      ranks = world->size();
-      rank = world->world_rank().value();
-    } else {
-      if (std::optional<std::string> v = env("WORLD_SIZE")) ranks = std::atoll(v->c_str());
-      if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
-    }
-    LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
-    LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen,
-                          plan::auto_plan(config, registries, cost, std::max<int64_t>(ranks, 1)));
-    if (rank == 0) std::fputs(plan::describe(chosen).c_str(), stderr);
-    return create(chosen.config, std::move(chosen.plan), std::move(world), std::move(extensions));
-  }
-  if (!plan_file) {
-    LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, registries));
-    return create(config, std::move(plan), std::move(world), std::move(extensions));
-  }
-  const int64_t world_size = config.parallel.world_size();
-  plan::Plan plan;
-  LOOM_ASSIGN_OR_RETURN(plan.model, plan::build_model(config, registries, world_size));
-  LOOM_TRY(lower::check_plan_current(
-      *plan_file, plan_file->source, config, lower::model_digest(plan.model),
-      lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
-  if (plan_file->world_size != world_size)
-    return Error::at(plan_file->source, plan_file->source + ": the plan is for " +
-                                            std::to_string(plan_file->world_size) +
-                                            " ranks, this run has " + std::to_string(world_size));
-  if (plan_file->micro_batches != config.micro_batches())
-    return Error::at(plan_file->source, plan_file->source + ": the plan runs " +
-                                            std::to_string(plan_file->micro_batches) +
-                                            " micro-batches per step, this config " +
-                                            std::to_string(config.micro_batches()));
-  LOOM_TRY(lower::check_deadlock_free(plan_file->graph, plan_file->lowered));
-  plan.file = *plan_file;
-  return create(config, std::move(plan), std::move(world), std::move(extensions));
-}
-
 namespace {
 
 // A plan whose estimated peak exceeds the memory a rank has (the GPU's, or the machine's shared
 // by its ranks) is refused before anything is allocated, naming what sized it. Every process
 // decides alike, before the rendezvous.
-Status check_fits(const Config& config, const plan::Estimate& estimate, const RunDevice& device,
+Status check_fits(const Config& config, double peak, const RunDevice& device,
                   const comm::EnvLookup& env) {
-  if (estimate.ranks.empty()) return Status::success();  // a plan.json brings no estimate
+  if (!(peak > 0)) return Status::success();  // a plan.json brings no estimate
   auto count = [&](const char* name) -> int64_t {
     const auto v = env(name);
     if (!v) return 0;
@@ -212,7 +152,6 @@ Status check_fits(const Config& config, const plan::Estimate& estimate, const Ru
       std::max<int64_t>(1, count("LOCAL_WORLD_SIZE") ? count("LOCAL_WORLD_SIZE")
                                                      : count("OMPI_COMM_WORLD_LOCAL_SIZE"));
   const double memory = device_memory_bytes(device, local);
-  const double peak = estimate.max_peak_bytes();
   if (!(memory > 0) || peak <= memory) return Status::success();
   std::string sizes, first_key = "model.preset";
   for (const auto& [name, value] : config.model.args) {
@@ -220,8 +159,8 @@ Status check_fits(const Config& config, const plan::Estimate& estimate, const Ru
     sizes += (sizes.empty() ? "" : ", ") + name + "=" + value;
   }
   return config.error(
-      first_key, "the plan's estimated peak memory per rank, " + plan::human_bytes(peak) +
-                     ", exceeds what a rank has here, " + plan::human_bytes(memory) + " (" +
+      first_key, "the plan's estimated peak memory per rank, " + human_bytes(peak) +
+                     ", exceeds what a rank has here, " + human_bytes(memory) + " (" +
                      (device.cuda() ? std::string("the GPU's")
                                     : "the machine's, over " + std::to_string(local) + " ranks") +
                      "): model " + config.model.type + " " + config.model.preset +
@@ -233,31 +172,23 @@ Status check_fits(const Config& config, const plan::Estimate& estimate, const Ru
 
 }  // namespace
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, plan::Plan plan,
+Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan plan,
                                                  std::shared_ptr<comm::Comm> world,
-                                                 std::shared_ptr<const Extensions> extensions) {
+                                                 const KernelRegistry* kernels) {
   track_cpu_memory();  // before any parameter exists, so every live byte is counted
-  if (!extensions) extensions = std::make_shared<const Extensions>();
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  impl->ops = extensions->ops;
-  impl->kernels = extensions->kernels;
+  if (kernels) impl->kernels = *kernels;
   impl->graph = std::move(plan.model);
-  impl->estimate = estimate_figures(plan.estimate, plan.cost);
+  impl->estimate = std::move(plan.estimate);
+  impl->items_per_sample = plan.items_per_sample;
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
-  if (!extensions->model) {  // a model set to replace every type counts samples
-    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, extensions->models.of(config));
-    if (type->items) {
-      LOOM_ASSIGN_OR_RETURN(models::SampleItems items, type->items(config));
-      impl->items_per_sample = items.per_sample;
-    }
-  }
 
   // The device first: a run on a GPU that is not there stops before any rendezvous.
   const comm::EnvLookup env = comm::process_env();
   LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, comm::local_rank(env)));
-  const int64_t world_size = plan.world_size();
-  LOOM_TRY(check_fits(config, plan.estimate, impl->device, env));
+  const int64_t world_size = plan.file.world_size;
+  LOOM_TRY(check_fits(config, plan.peak_bytes, impl->device, env));
   if (!world && world_size == 1) {
     // One process alone: a plan of one rank over a one-rank Comm.
     world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));

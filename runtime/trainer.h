@@ -9,22 +9,29 @@
 #include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
+#include "lower/plan_file.h"
+#include "observe/trace.h"
 
-namespace loom::runtime {
-
-class Executor;
-struct Extensions;
-}  // namespace loom::runtime
 namespace loom::comm {
 class Comm;
 }  // namespace loom::comm
-namespace loom::lower {
-struct PlanFile;
-}  // namespace loom::lower
-namespace loom::plan {
-struct Plan;
-}  // namespace loom::plan
 namespace loom::runtime {
+
+class Executor;
+class KernelRegistry;
+
+// What the runtime receives of a plan: the runtime runs plans, it never makes them (plan/plan.h
+// does; launch/planned_trainer.h joins the two).
+struct RunPlan {
+  graph::Graph model;    // the single-device graph the plan was made from
+  lower::PlanFile file;  // the planned graph and every rank's program
+  // The plan's estimate, what a traced step is read against, and its largest peak per rank
+  // (bytes), what the run is refused by when the device holds less; empty and 0 for a plan read
+  // from plan.json, which brings no estimate.
+  observe::EstimateFigures estimate;
+  double peak_bytes = 0;
+  int64_t items_per_sample = 1;  // the throughput unit: tokens (GPT), images (Swin)
+};
 
 struct StepStats {
   int64_t step = 0;  // 1-based index of the step just taken
@@ -39,7 +46,7 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   double step_time_s = 0;
   double tokens_per_s =
-      0;  // items per second: tokens (GPT), images (Swin); see models::items_per_sample
+      0;  // items per second: tokens (GPT), images (Swin); see RunPlan::items_per_sample
   // Most live tensor bytes of this process's device during the step (the CUDA caching
   // allocator's peak on a GPU, the counting allocator's on the CPU).
   int64_t peak_mem_bytes = 0;
@@ -50,21 +57,15 @@ struct StepStats {
 
 class Trainer {
  public:
-  // Runs `plan` (plan/plan.h's make_plan of `config`): builds the data, materialises this rank's
-  // parameters and optimizer. The trainer is one rank of the plan and runs its program over
-  // `world`: by default a one-rank Comm when the plan has one rank, else the Comm made from
-  // comm.* and the launcher's environment. Every user mistake (config, data file, a world of the
-  // wrong size) is returned as an error naming the key or file.
-  static Result<std::unique_ptr<Trainer>> create(const Config& config, plan::Plan plan,
-                                                 std::shared_ptr<comm::Comm> world,
-                                                 std::shared_ptr<const Extensions> extensions);
-  // The same for the plan make_plan makes of `config`, or for `plan_file` (read from plan.json)
-  // after refusing it when it is stale for this config and code. `extensions` adds user ops,
-  // kernels, policies and a model builder (runtime/extensions.h).
-  static Result<std::unique_ptr<Trainer>> create(
-      const Config& config, std::shared_ptr<comm::Comm> world = nullptr,
-      const lower::PlanFile* plan_file = nullptr,
-      std::shared_ptr<const Extensions> extensions = nullptr);
+  // Runs `plan`, made of `config`: builds the data, materialises this rank's parameters and
+  // optimizer. The trainer is one rank of the plan and runs its program over `world`: by default
+  // a one-rank Comm when the plan has one rank, else the Comm made from comm.* and the launcher's
+  // environment. `kernels`: the op types' kernels (null: loom's built-ins). Every user mistake
+  // (config, data file, a world of the wrong size) is returned as an error naming the key or
+  // file.
+  static Result<std::unique_ptr<Trainer>> create(const Config& config, RunPlan plan,
+                                                 std::shared_ptr<comm::Comm> world = nullptr,
+                                                 const KernelRegistry* kernels = nullptr);
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples.

@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
         continue;
       }
       std::printf("%-40s %12s %12s  %s\n", l.label.c_str(),
-                  loom::plan::human_seconds(got->step_s).c_str(),
-                  loom::plan::human_bytes(got->peak_bytes).c_str(), got->label.c_str());
+                  loom::human_seconds(got->step_s).c_str(),
+                  loom::human_bytes(got->peak_bytes).c_str(), got->label.c_str());
       if (best == 0 || got->step_s < best) {
         best = got->step_s;
         best_label = l.label;

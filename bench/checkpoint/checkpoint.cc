@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/durable_file.h"
+#include "launch/planned_trainer.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -59,14 +60,14 @@ void run(const std::string& label, const std::vector<std::string>& overrides, in
   // Step times without checkpoints, then the same steps with a checkpoint after each.
   std::vector<double> step, step_and_save, create, create_resume, raw;
   {
-    auto t = must(loom::runtime::Trainer::create(*config));
+    auto t = must(loom::launch::create_trainer(*config));
     must(t->step());
     for (int i = 0; i < reps; ++i) step.push_back(seconds([&] { must(t->step()); }));
   }
   auto with_ckpt = *config;
   with_ckpt.checkpoint.every = 1;
   {
-    auto t = must(loom::runtime::Trainer::create(with_ckpt));
+    auto t = must(loom::launch::create_trainer(with_ckpt));
     must(t->step());
     for (int i = 0; i < reps; ++i) step_and_save.push_back(seconds([&] { must(t->step()); }));
   }
@@ -78,8 +79,8 @@ void run(const std::string& label, const std::vector<std::string>& overrides, in
   auto resume = *config;
   resume.checkpoint.resume = "latest";
   for (int i = 0; i < reps; ++i) {
-    create.push_back(seconds([&] { must(loom::runtime::Trainer::create(*config)); }));
-    create_resume.push_back(seconds([&] { must(loom::runtime::Trainer::create(resume)); }));
+    create.push_back(seconds([&] { must(loom::launch::create_trainer(*config)); }));
+    create_resume.push_back(seconds([&] { must(loom::launch::create_trainer(resume)); }));
   }
   const double s = median(step), save = median(step_and_save) - s, w = median(raw);
   const double c = median(create), load = median(create_resume) - c;

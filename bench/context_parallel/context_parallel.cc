@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/make_comm.h"
+#include "launch/planned_trainer.h"
 #include "plan/plan.h"
 #include "runtime/trainer.h"
 #include "tests/comm/spawn.h"
@@ -49,7 +50,7 @@ int worker(int steps, const std::vector<std::string>& overrides) {
     std::fprintf(stderr, "%s\n", plan.error().message.c_str());
     return 1;
   }
-  auto trainer = loom::runtime::Trainer::create(*config);
+  auto trainer = loom::launch::create_trainer(*config);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.error().message.c_str());
     return 1;

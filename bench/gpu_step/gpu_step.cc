@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "launch/planned_trainer.h"
 #include "models/gpt.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
@@ -289,7 +290,7 @@ void take_steps(loom::runtime::Trainer& trainer, const Options& o, LoomFigures& 
 LoomFigures run_loom(const loom::Config& config, const Options& o) {
   LoomFigures f;
   try {
-    auto trainer = loom::runtime::Trainer::create(config);
+    auto trainer = loom::launch::create_trainer(config);
     if (!trainer.ok())
       f.error = trainer.error().message;
     else

@@ -143,10 +143,10 @@ int main(int argc, char** argv) {
                       {"max_peak_bytes", e.max_peak_bytes()}});
       if (base == 0) base = e.step_s;
       std::printf("  %-15s %12s %8.2f %12s %12s %11.0fM %12s %7.2f s\n", row.name.c_str(),
-                  plan::human_seconds(e.step_s).c_str(), e.step_s / base,
-                  plan::human_bytes(e.max_peak_bytes()).c_str(),
-                  plan::human_bytes(e.max_activation_bytes()).c_str(), e.max_parameters() / 1e6,
-                  plan::human_bytes(e.max_sent_bytes()).c_str(), o.plan_s);
+                  human_seconds(e.step_s).c_str(), e.step_s / base,
+                  human_bytes(e.max_peak_bytes()).c_str(),
+                  human_bytes(e.max_activation_bytes()).c_str(), e.max_parameters() / 1e6,
+                  human_bytes(e.max_sent_bytes()).c_str(), o.plan_s);
     }
   }
   if (!json_path.empty()) std::ofstream(json_path) << rows.dump(1);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/make_comm.h"
+#include "launch/planned_trainer.h"
 #include "runtime/trainer.h"
 #include "tests/comm/spawn.h"
 
@@ -60,7 +61,7 @@ int worker(int steps, const std::vector<std::string>& overrides) {
     std::fprintf(stderr, "%s\n", config.error().message.c_str());
     return 2;
   }
-  auto trainer = loom::runtime::Trainer::create(*config);
+  auto trainer = loom::launch::create_trainer(*config);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.error().message.c_str());
     return 1;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/planned_trainer.h"
 #include "models/gpt.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"
@@ -42,7 +43,7 @@ void run_case(const Case& c) {
     std::exit(2);
   }
   auto spec = loom::models::gpt_spec(*config);
-  auto trainer = loom::runtime::Trainer::create(*config);
+  auto trainer = loom::launch::create_trainer(*config);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.error().message.c_str());
     std::exit(2);

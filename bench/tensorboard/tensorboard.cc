@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "launch/planned_trainer.h"
 #include "observe/event_file.h"
 #include "runtime/trainer.h"
 
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", config.error().message.c_str());
     return 2;
   }
-  auto trainer = loom::runtime::Trainer::create(*config);
+  auto trainer = loom::launch::create_trainer(*config);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.error().message.c_str());
     return 2;

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "checkpoint/reader.h"
+#include "launch/planned_trainer.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 #include "tests/comm/spawn.h"
@@ -43,7 +44,7 @@ const std::vector<double>& uninterrupted() {
   static std::vector<double> losses = [] {
     std::vector<double> out;
     auto c = parse_config(kYaml, "ref.yaml");
-    auto t = runtime::Trainer::create(*c);
+    auto t = launch::create_trainer(*c);
     for (int i = 0; i < 10; ++i) out.push_back((*t)->step()->loss);
     return out;
   }();
@@ -128,7 +129,7 @@ TEST(CheckpointReshard, SavedDp2Tp2ResumesUnderPp4AndOneRank) {
   auto c =
       parse_config(kYaml, "one.yaml", {"checkpoint.resume=" + (ckpt / "step_00000005").string()});
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto t = runtime::Trainer::create(*c);
+  auto t = launch::create_trainer(*c);
   ASSERT_TRUE(t.ok()) << t.error().message;
   ASSERT_EQ((*t)->steps_done(), 5);
   std::map<int64_t, double> one;
@@ -210,7 +211,7 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
   auto c = parse_config(kYaml, "ref.yaml");
   const testing_support::Reference ref = testing_support::train_single_device(*c, 5);
   int params = 0;
-  auto t = runtime::Trainer::create(*c);
+  auto t = launch::create_trainer(*c);
   for (const auto& full : (*t)->graph().tensors()) {
     if (full.role != graph::TensorRole::kParameter) continue;
     ++params;
@@ -235,7 +236,7 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
 
   // The merged file is a checkpoint too: one rank resumes from it with the uninterrupted losses.
   auto from_merged = parse_config(kYaml, "merged.yaml", {"checkpoint.resume=" + out.string()});
-  auto resumed = runtime::Trainer::create(*from_merged);
+  auto resumed = launch::create_trainer(*from_merged);
   ASSERT_TRUE(resumed.ok()) << resumed.error().message;
   ASSERT_EQ((*resumed)->steps_done(), 5);
   std::map<int64_t, double> losses;

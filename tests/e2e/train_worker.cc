@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/planned_trainer.h"
 #include "lower/plan_file.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
@@ -59,7 +60,7 @@ comm: {timeout_s: 60}
     }
     plan = std::move(*loaded);
   }
-  auto trainer = loom::runtime::Trainer::create(*config, nullptr, plan ? &*plan : nullptr);
+  auto trainer = loom::launch::create_trainer(*config, nullptr, plan ? &*plan : nullptr);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.error().message.c_str());
     return 1;

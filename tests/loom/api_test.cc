@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "launch/planned_trainer.h"
 #include "loom/kernel.h"
 #include "loom/loom.h"
 #include "models/model.h"
@@ -60,7 +61,7 @@ TEST(Api, PlanAndDumpPlanMatchTheConfig) {
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->hash, plan->hash);
   // and running it under that config is refused, naming the key that differs.
-  auto stale = runtime::Trainer::create(other_config, nullptr, &*back);
+  auto stale = launch::create_trainer(other_config, nullptr, &*back);
   ASSERT_FALSE(stale.ok());
   EXPECT_NE(stale.error().message.find("stale plan"), std::string::npos) << stale.error().message;
   EXPECT_NE(stale.error().message.find("batch.micro was 4 in the plan, is 2 now"),

@@ -16,6 +16,7 @@ using namespace std::string_literals;
 
 #include "checkpoint/crc32.h"
 #include "core/durable_file.h"
+#include "launch/planned_trainer.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 
@@ -50,8 +51,8 @@ class Checkpoint : public testing::Test {
         fs::path(testing::TempDir()) /
         ("loom_ckpt_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(root_);
-    auto t = runtime::Trainer::create(
-        config({"checkpoint.every=3", "checkpoint.dir=" + root_.string()}));
+    auto t =
+        launch::create_trainer(config({"checkpoint.every=3", "checkpoint.dir=" + root_.string()}));
     ASSERT_TRUE(t.ok()) << t.error().message;
     for (int i = 0; i < 6; ++i) {
       auto st = (*t)->step();
@@ -77,7 +78,7 @@ class Checkpoint : public testing::Test {
                       std::vector<std::string> overrides = {}) {
     const auto before = snapshot(root_);
     overrides.push_back("checkpoint.resume=" + step3_.string());
-    auto t = runtime::Trainer::create(config(overrides));
+    auto t = launch::create_trainer(config(overrides));
     ASSERT_FALSE(t.ok()) << "a bad checkpoint was loaded";
     for (const auto& e : expect)
       EXPECT_NE(t.error().message.find(e), std::string::npos)
@@ -91,7 +92,7 @@ class Checkpoint : public testing::Test {
 };
 
 TEST_F(Checkpoint, ResumeEqualsTheUninterruptedRunExactly) {
-  auto t = runtime::Trainer::create(config({"checkpoint.resume=" + step3_.string()}));
+  auto t = launch::create_trainer(config({"checkpoint.resume=" + step3_.string()}));
   ASSERT_TRUE(t.ok()) << t.error().message;
   ASSERT_EQ((*t)->steps_done(), 3);
   for (int i = 3; i < 6; ++i)
@@ -101,16 +102,16 @@ TEST_F(Checkpoint, ResumeEqualsTheUninterruptedRunExactly) {
 }
 
 TEST_F(Checkpoint, LatestResumesTheNewestAndKeepPrunes) {
-  auto t = runtime::Trainer::create(
+  auto t = launch::create_trainer(
       config({"checkpoint.resume=latest", "checkpoint.dir=" + root_.string()}));
   ASSERT_TRUE(t.ok()) << t.error().message;
   EXPECT_EQ((*t)->steps_done(), 6);
-  auto fresh = runtime::Trainer::create(
+  auto fresh = launch::create_trainer(
       config({"checkpoint.resume=latest", "checkpoint.dir=" + (root_ / "none_yet").string()}));
   ASSERT_TRUE(fresh.ok()) << fresh.error().message;
   EXPECT_EQ((*fresh)->steps_done(), 0);
   // keep=1: only the newest survives a save.
-  auto one = runtime::Trainer::create(
+  auto one = launch::create_trainer(
       config({"checkpoint.every=1", "checkpoint.keep=1", "checkpoint.dir=" + root_.string(),
               "checkpoint.resume=latest"}));
   ASSERT_TRUE(one.ok());
@@ -198,7 +199,7 @@ TEST_F(Checkpoint, ValuePartialSlicesAreNotValues) {
 }
 
 TEST_F(Checkpoint, ResumePathThatIsNoCheckpoint) {
-  auto t = runtime::Trainer::create(config({"checkpoint.resume=" + (root_ / "nowhere").string()}));
+  auto t = launch::create_trainer(config({"checkpoint.resume=" + (root_ / "nowhere").string()}));
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.error().message.find("checkpoint.resume"), std::string::npos) << t.error().message;
   EXPECT_NE(t.error().message.find("nowhere"), std::string::npos) << t.error().message;

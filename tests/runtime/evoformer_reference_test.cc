@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "launch/planned_trainer.h"
 #include "models/evoformer.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
@@ -34,7 +35,7 @@ TEST(EvoformerReference, ForwardLossAndEveryGradientMatch) {
   ASSERT_TRUE(config.ok()) << config.error().message;
   auto spec = models::evoformer_spec(*config);
   ASSERT_TRUE(spec.ok()) << spec.error().message;
-  auto trainer = runtime::Trainer::create(*config);
+  auto trainer = launch::create_trainer(*config);
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   runtime::Executor& exec = (*trainer)->executor();
   const graph::Graph* g = &(*trainer)->graph();

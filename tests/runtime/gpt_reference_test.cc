@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "launch/planned_trainer.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
@@ -66,7 +67,7 @@ std::pair<torch::Tensor, torch::Tensor> batch(const runtime::TokenSource& data, 
 
 TEST(GptReference, ForwardLossAndEveryGradientMatch) {
   Config config = tiny_config({"batch.global=4"});  // one micro-batch of 4 samples
-  auto trainer = runtime::Trainer::create(config);
+  auto trainer = launch::create_trainer(config);
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   runtime::Executor& exec = (*trainer)->executor();
   reference::Gpt ref = make_reference(exec);
@@ -108,7 +109,7 @@ double expected_lr(int64_t step) {
 
 TEST(GptReference, TwentyStepsGiveTheSameLossCurve) {
   Config config = tiny_config({});
-  auto trainer = runtime::Trainer::create(config);
+  auto trainer = launch::create_trainer(config);
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   reference::Gpt ref = make_reference((*trainer)->executor());
   auto data = runtime::make_token_source(config, 256, 32);

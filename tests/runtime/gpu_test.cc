@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/planned_trainer.h"
 #include "runtime/device.h"
 #include "tests/support/reference_run.h"
 
@@ -49,7 +50,7 @@ struct Trained {
 
 Trained train(const Config& c, int steps) {
   Trained r;
-  auto t = runtime::Trainer::create(c);
+  auto t = launch::create_trainer(c);
   EXPECT_TRUE(t.ok()) << t.error().message;
   if (!t.ok()) return r;
   for (int i = 0; i < steps; ++i) {

@@ -3,6 +3,7 @@
 // most buckets start before backward ends.
 #include "runtime/grad_buckets.h"
 
+#include "launch/planned_trainer.h"
 #include "tests/runtime/local_ranks.h"
 
 namespace loom {
@@ -34,7 +35,7 @@ void expect_buckets_overlap(const std::vector<std::string>& overrides, int world
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
     LOOM_ASSIGN_OR_RETURN(auto trainer,
-                          runtime::Trainer::create(config(overrides), comm.shared_from_this()));
+                          launch::create_trainer(config(overrides), comm.shared_from_this()));
     LOOM_ASSIGN_OR_RETURN(auto stats, trainer->step());
     (void)stats;
     const auto* b = trainer->executor().gradient_buckets();

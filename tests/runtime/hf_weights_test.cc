@@ -15,6 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "comm/local_comm.h"
 #include "core/durable_file.h"
+#include "launch/planned_trainer.h"
 #include "models/hf_config.h"
 #include "runtime/executor.h"
 #include "runtime/oracle.h"
@@ -92,7 +93,7 @@ std::vector<Pieces> load(const Config& c, int world_size) {
   std::mutex mu;
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer, launch::create_trainer(c, comm.shared_from_this()));
     auto& exec = trainer->executor();
     std::lock_guard<std::mutex> lock(mu);
     for (size_t i = 0; i < exec.parameters().size(); ++i) {

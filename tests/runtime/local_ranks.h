@@ -16,6 +16,7 @@
 
 #include "comm/local_comm.h"
 #include "graph/verify.h"
+#include "launch/planned_trainer.h"
 #include "lower/plan_file.h"
 #include "models/model.h"
 #include "runtime/executor.h"
@@ -48,7 +49,7 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
     LOOM_ASSIGN_OR_RETURN(auto trainer,
-                          runtime::Trainer::create(config, comm.shared_from_this(), plan));
+                          launch::create_trainer(config, comm.shared_from_this(), plan));
     const int64_t rank = comm.world_rank().value();
     for (int i = 0; i < steps; ++i) {
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
@@ -123,7 +124,7 @@ inline std::vector<double> train_with_checkpoints(const Config& config, int worl
   std::vector<double> losses;
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(*saving, comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer, launch::create_trainer(*saving, comm.shared_from_this()));
     for (int i = 0; i < steps; ++i) {
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
       if (comm.world_rank().value() == 0) losses.push_back(st.loss);

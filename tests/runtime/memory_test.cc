@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "launch/planned_trainer.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 
@@ -38,7 +39,7 @@ TEST(CpuMemory, AStepReportsAtLeastParametersGradientsAndAdamState) {
       "run: {steps: 2}\nmodel: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 4}\n",
       "m.yaml");
   ASSERT_TRUE(c.ok());
-  auto t = Trainer::create(*c);
+  auto t = launch::create_trainer(*c);
   ASSERT_TRUE(t.ok()) << t.error().message;
   int64_t param_bytes = 0;
   for (const auto& p : (*t)->executor().parameters()) param_bytes += p.numel() * 4;

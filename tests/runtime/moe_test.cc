@@ -9,8 +9,9 @@
 
 #include "graph/builder.h"
 #include "graph/ops_moe.h"
+#include "launch/planned_trainer.h"
+#include "launch/verify.h"
 #include "runtime/kernels.h"
-#include "runtime/verify.h"
 #include "tests/runtime/local_ranks.h"
 
 namespace loom {
@@ -164,7 +165,7 @@ void expect_equal(const std::string& type, int64_t dp, const std::vector<std::st
   all.insert(all.end(), ref_more.begin(), ref_more.end());
   // GPT's key bias shifts every score of a query alike: its gradient is rounding noise.
   testing_support::expect_equal_to_single_device(ref, config(type, dp, all), world_size,
-                                                 runtime::rounding_noise_parameters());
+                                                 launch::rounding_noise_parameters());
 }
 
 TEST(GptMoeLocalRanks, Ep2) { expect_equal("gpt", 2, {"parallel.ep=2"}, 2); }
@@ -220,7 +221,7 @@ TEST(MoeMetrics, AuxLossIsReportedOnceUnderEveryPlan) {
     std::vector<double> aux(static_cast<size_t>(world_size), -1);
     auto statuses = world.run([&](comm::Comm& comm) -> Status {
       at::set_num_threads(1);
-      LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+      LOOM_ASSIGN_OR_RETURN(auto trainer, launch::create_trainer(c, comm.shared_from_this()));
       LOOM_ASSIGN_OR_RETURN(auto st, trainer->step());
       if (!st.has_moe_aux) return Error::at("test", "no moe_aux_loss reported");
       aux[static_cast<size_t>(comm.world_rank().value())] = st.moe_aux_loss;

@@ -3,6 +3,7 @@
 // curve); a parallel bf16 run equals the single-device bf16 run within what bf16 rounding allows.
 #include <algorithm>
 
+#include "launch/planned_trainer.h"
 #include "tests/runtime/local_ranks.h"
 
 namespace loom {
@@ -15,7 +16,7 @@ Config config(const std::string& yaml, const std::vector<std::string>& overrides
 }
 
 std::vector<double> losses(const Config& c, int steps) {
-  auto t = runtime::Trainer::create(c);
+  auto t = launch::create_trainer(c);
   EXPECT_TRUE(t.ok()) << t.error().message;
   std::vector<double> out;
   if (!t.ok()) return out;

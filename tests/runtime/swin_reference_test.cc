@@ -6,6 +6,7 @@
 
 #include <map>
 
+#include "launch/planned_trainer.h"
 #include "models/swin.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
@@ -32,7 +33,7 @@ void expect_swin_matches_reference(const std::vector<std::string>& overrides, in
   ASSERT_TRUE(config.ok()) << config.error().message;
   auto spec = models::swin_spec(*config);
   ASSERT_TRUE(spec.ok()) << spec.error().message;
-  auto trainer = runtime::Trainer::create(*config);
+  auto trainer = launch::create_trainer(*config);
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   runtime::Executor& exec = (*trainer)->executor();
   const graph::Graph& g = (*trainer)->graph();

@@ -1,16 +1,16 @@
-// runtime/verify.h: `loom verify`'s comparison through its library, with a planted bug. A
+// launch/verify.h: `loom verify`'s comparison through its library, with a planted bug. A
 // bias_add kernel that mishandles partial sums (it adds the bias once per value chunk of what
 // its input was made as, so after tp2's row-parallel projection the bias counts twice) is caught:
 // the report fails and names that op as the first whose output differs. The single-device run
 // never sees a partial sum, so the same kernel is right there.
-#include "runtime/verify.h"
+#include "launch/verify.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <memory>
 
-#include "runtime/extensions.h"
+#include "launch/extensions.h"
 
 namespace loom {
 namespace {
@@ -37,8 +37,8 @@ int64_t producer_chunks(const runtime::KernelContext& ctx) {
 }
 
 TEST(Verify, Tp2EqualsOneDevice) {
-  runtime::VerifyOptions options;
-  auto report = runtime::verify_plan(config({"parallel.tp=2"}), options);
+  launch::VerifyOptions options;
+  auto report = launch::verify_plan(config({"parallel.tp=2"}), options);
   ASSERT_TRUE(report.ok()) << report.error().message;
   EXPECT_TRUE(report->ok()) << report->first_failure();
   EXPECT_EQ(report->world_size, 2);
@@ -53,9 +53,9 @@ TEST(Verify, Tp2EqualsOneDevice) {
 class VerifyPlans : public testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(VerifyPlans, EqualsOneDevice) {
-  runtime::VerifyOptions options;
+  launch::VerifyOptions options;
   options.steps = 2;  // the second step runs on the first step's updated parameters
-  auto report = runtime::verify_plan(config(GetParam()), options);
+  auto report = launch::verify_plan(config(GetParam()), options);
   ASSERT_TRUE(report.ok()) << report.error().message;
   EXPECT_TRUE(report->ok()) << report->plan << ": " << report->first_failure();
   EXPECT_GT(report->oracle.ops_checked, 0);
@@ -77,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
                     std::vector<std::string>{"parallel.pp=2", "parallel.schedule=search"}));
 
 TEST(Verify, NamesTheOpOfAPlantedPartialSumBug) {
-  auto ext = std::make_shared<runtime::Extensions>();
+  auto ext = std::make_shared<launch::Extensions>();
   // Replaces the built-in bias_add: right on whole inputs, wrong after a partial sum.
   runtime::KernelRegistry kernels = runtime::KernelRegistry::with_builtin_kernels();
   runtime::KernelRegistry planted;
@@ -94,15 +94,15 @@ TEST(Verify, NamesTheOpOfAPlantedPartialSumBug) {
                        })
                   .ok());
   ext->kernels = std::move(planted);
-  runtime::VerifyOptions options;
+  launch::VerifyOptions options;
   options.extensions = ext;
 
   // On one device and under dp2 nothing is a partial sum: the kernel is right.
-  auto dp2 = runtime::verify_plan(config({"parallel.dp=2"}), options);
+  auto dp2 = launch::verify_plan(config({"parallel.dp=2"}), options);
   ASSERT_TRUE(dp2.ok()) << dp2.error().message;
   EXPECT_TRUE(dp2->ok()) << dp2->first_failure();
 
-  auto tp2 = runtime::verify_plan(config({"parallel.tp=2"}), options);
+  auto tp2 = launch::verify_plan(config({"parallel.tp=2"}), options);
   ASSERT_TRUE(tp2.ok()) << tp2.error().message;
   EXPECT_FALSE(tp2->ok());
   // The first op in program order whose output differs: the first layer's attention projection
@@ -115,9 +115,9 @@ TEST(Verify, NamesTheOpOfAPlantedPartialSumBug) {
 }
 
 TEST(Verify, RefusesStepsBelowOne) {
-  runtime::VerifyOptions options;
+  launch::VerifyOptions options;
   options.steps = 0;
-  auto report = runtime::verify_plan(config({"parallel.tp=2"}), options);
+  auto report = launch::verify_plan(config({"parallel.tp=2"}), options);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.error().key, "--steps");
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "launch/planned_trainer.h"
 #include "plan/plan.h"
 #include "tests/runtime/checkpoint_moves.h"
 
@@ -40,7 +41,7 @@ std::map<std::string, int64_t> stored_elements(const Config& c, int world_size) 
   std::vector<std::map<std::string, int64_t>> per_rank(static_cast<size_t>(world_size));
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer, launch::create_trainer(c, comm.shared_from_this()));
     const auto& exec = trainer->executor();
     auto& mine = per_rank[static_cast<size_t>(comm.world_rank().value())];
     for (size_t i = 0; i < exec.parameters().size(); ++i)
@@ -138,7 +139,7 @@ TEST(Zero3, GathersRunAheadOfTheirUse) {
   std::vector<runtime::Executor::GatherCounts> counts(2);
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
-    LOOM_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(c, comm.shared_from_this()));
+    LOOM_ASSIGN_OR_RETURN(auto trainer, launch::create_trainer(c, comm.shared_from_this()));
     LOOM_ASSIGN_OR_RETURN(auto stats, trainer->step());
     (void)stats;
     counts[static_cast<size_t>(comm.world_rank().value())] = trainer->executor().gather_counts();

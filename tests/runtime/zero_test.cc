@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "launch/planned_trainer.h"
 #include "tests/runtime/checkpoint_moves.h"
 
 namespace loom {
@@ -48,7 +49,7 @@ void expect_zero1(std::vector<std::string> overrides, int world_size,
   auto statuses = world.run([&](comm::Comm& comm) -> Status {
     at::set_num_threads(1);
     LOOM_ASSIGN_OR_RETURN(auto trainer,
-                          runtime::Trainer::create(config(all), comm.shared_from_this()));
+                          launch::create_trainer(config(all), comm.shared_from_this()));
     const auto& exec = trainer->executor();
     const auto mine = exec.parameter_owned();
     const int64_t r = comm.world_rank().value();

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "launch/single_device_run.h"
 #include "runtime/executor.h"
 #include "runtime/oracle.h"
-#include "runtime/single_device_run.h"
 #include "runtime/trainer.h"
 #include "tests/support/tolerance.h"
 
@@ -28,12 +28,12 @@ struct Reference {
   OptimizerTrace trace;                      // the updates, to bound what rounding can do
 };
 
-using runtime::parameters_of;
+using launch::parameters_of;
 
-// The single-device run of `config` (runtime/verify.h, as `loom verify` makes it).
+// The single-device run of `config` (launch/verify.h, as `loom verify` makes it).
 inline Reference train_single_device(const Config& config, int steps) {
   Reference r;
-  auto run = runtime::run_single_device(config, steps);
+  auto run = launch::run_single_device(config, steps);
   EXPECT_TRUE(run.ok()) << run.error().message;
   if (!run.ok()) return r;
   r.losses = run->losses;

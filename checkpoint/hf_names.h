@@ -10,12 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/manifest.h"
 #include "core/result.h"
 #include "core/shape.h"
 
-namespace loom::models {
-
-using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // [start, end) per dimension
+namespace loom {
 
 // One loom parameter's place in a Hugging Face tensor.
 struct HfSource {
@@ -32,7 +31,7 @@ struct HfSource {
   bool transposed = false;
 
   // The region of the Hugging Face tensor that holds region `loom` of the loom parameter.
-  Ranges region(const Ranges& loom) const;
+  SliceRanges region(const SliceRanges& loom) const;
 };
 
 // The families with a map (model.type): gpt (GPT-2 names), llama.
@@ -52,4 +51,4 @@ std::string hf_base_prefix(const std::string& model_type);
 // untied head).
 bool hf_buffer(const std::string& model_type, const std::string& hf_name);
 
-}  // namespace loom::models
+}  // namespace loom

@@ -1,9 +1,9 @@
-#include "models/hf_names.h"
+#include "checkpoint/hf_names.h"
 
 #include <cctype>
 #include <optional>
 
-namespace loom::models {
+namespace loom {
 namespace {
 
 HfSource same(std::string tensor, const Shape& shape) {
@@ -91,8 +91,8 @@ Result<HfSource> llama_source(const std::string& name, const Shape& shape) {
 
 }  // namespace
 
-Ranges HfSource::region(const Ranges& loom) const {
-  Ranges out = loom;
+SliceRanges HfSource::region(const SliceRanges& loom) const {
+  SliceRanges out = loom;
   if (transposed) std::swap(out[0], out[1]);
   for (size_t d = 0; d < out.size(); ++d) {
     out[d].first += offset[d];
@@ -126,4 +126,4 @@ bool hf_buffer(const std::string& model_type, const std::string& hf_name) {
   return ends_with("rotary_emb.inv_freq");
 }
 
-}  // namespace loom::models
+}  // namespace loom

@@ -1,14 +1,18 @@
-#include "runtime/single_device_run.h"
+#include "launch/single_device_run.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 
+#include "launch/planned_trainer.h"
 #include "runtime/executor.h"
-#include "runtime/extensions.h"
 #include "runtime/trainer.h"
 
-namespace loom::runtime {
+namespace loom::launch {
+
+using runtime::OptimizerTrace;
+using runtime::StepStats;
+using runtime::Trainer;
 
 std::map<std::string, at::Tensor> parameters_of(Trainer& trainer) {
   std::map<std::string, at::Tensor> out;
@@ -29,7 +33,7 @@ Result<SingleDeviceRun> run_single_device(const Config& config, int64_t steps,
                                           std::shared_ptr<const Extensions> extensions) {
   SingleDeviceRun r;
   LOOM_ASSIGN_OR_RETURN(auto trainer,
-                        Trainer::create(config, nullptr, nullptr, std::move(extensions)));
+                        create_trainer(config, nullptr, nullptr, std::move(extensions)));
   r.init = parameters_of(*trainer);
   r.trace.type = config.optimizer.type;
   r.trace.precision = config.run.precision;
@@ -54,4 +58,4 @@ Result<SingleDeviceRun> run_single_device(const Config& config, int64_t steps,
   return r;
 }
 
-}  // namespace loom::runtime
+}  // namespace loom::launch

@@ -1,4 +1,4 @@
-#include "runtime/verify.h"
+#include "launch/verify.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,17 +16,20 @@
 
 #include "comm/local_comm.h"
 #include "comm/make_comm.h"
+#include "launch/planned_trainer.h"
+#include "launch/single_device_run.h"
 #include "plan/plan.h"
 #include "planner/chimera.h"
 #include "runtime/executor.h"
-#include "runtime/extensions.h"
 #include "runtime/inputs.h"
 #include "runtime/oracle.h"
-#include "runtime/single_device_run.h"
 #include "runtime/tolerance.h"
 #include "runtime/trainer.h"
 
-namespace loom::runtime {
+namespace loom::launch {
+
+// The runtime's pieces a comparison reads: trainers, executors, the oracle and the bounds.
+using namespace loom::runtime;
 
 // One device running the plan's micro-batches: micro x dp samples each, so a loss that is not
 // a sum over samples (a mixture of experts' load-balancing loss) sees the same tokens.
@@ -336,7 +339,7 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
   // One rank's steps: its losses, and its pieces against the single-device run.
   auto run_rank = [&](std::shared_ptr<comm::Comm> comm, TensorTable& into) -> Status {
-    LOOM_ASSIGN_OR_RETURN(auto trainer, Trainer::create(config, plan, comm, extensions));
+    LOOM_ASSIGN_OR_RETURN(auto trainer, create_trainer(config, plan, comm, extensions));
     const auto rank = static_cast<size_t>(comm->world_rank().value());
     for (int64_t s = 1; s <= options.steps; ++s) {
       LOOM_ASSIGN_OR_RETURN(StepStats st, trainer->step());
@@ -401,4 +404,4 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   return report;
 }
 
-}  // namespace loom::runtime
+}  // namespace loom::launch

@@ -14,13 +14,16 @@
 #include "runtime/tolerance.h"
 
 namespace loom::runtime {
-
 class Trainer;
+}  // namespace loom::runtime
+
+namespace loom::launch {
+
 struct Extensions;
 
 // Every parameter of a trainer's rank, detached copies on the host, by FullTensor name (on one
 // rank the whole tensors).
-std::map<std::string, at::Tensor> parameters_of(Trainer& trainer);
+std::map<std::string, at::Tensor> parameters_of(runtime::Trainer& trainer);
 
 // What the single-device run did, step by step: what a plan is compared with.
 struct SingleDeviceRun {
@@ -28,9 +31,9 @@ struct SingleDeviceRun {
   std::map<std::string, at::Tensor> init;                 // before the first step, by name
   std::vector<std::map<std::string, at::Tensor>> params;  // after each step, by name
   std::vector<std::map<std::string, at::Tensor>> grads;   // each step's, as applied (clipped)
-  OptimizerTrace trace;                                   // the updates, for the bounds
+  runtime::OptimizerTrace trace;                          // the updates, for the bounds
   // The trace of the first `steps` steps: what bounds the parameters after step `steps`.
-  OptimizerTrace trace_until(size_t steps) const;
+  runtime::OptimizerTrace trace_until(size_t steps) const;
 };
 
 // Trains `config` as it is (one rank) for `steps` steps, keeping every step's parameters and
@@ -38,4 +41,4 @@ struct SingleDeviceRun {
 Result<SingleDeviceRun> run_single_device(const Config& config, int64_t steps,
                                           std::shared_ptr<const Extensions> extensions = nullptr);
 
-}  // namespace loom::runtime
+}  // namespace loom::launch

@@ -3,17 +3,10 @@
 // built-in ops, kernels and policies.
 #pragma once
 
-#include <functional>
-
-#include "core/config.h"
-#include "core/result.h"
-#include "graph/graph.h"
-#include "graph/op_registry.h"
 #include "plan/plan.h"
-#include "planner/policy.h"
 #include "runtime/kernels.h"
 
-namespace loom::runtime {
+namespace loom::launch {
 
 // Builds the single-device graph of one micro-batch across all data-parallel replicas
 // (batch.micro x parallel.dp samples). The trainer feeds inputs named "tokens" and "targets"
@@ -22,7 +15,7 @@ using ModelBuilder = plan::ModelBuilder;
 
 // What plans are made with (ops, policies, model: plan::Registries) and the kernels that run them.
 struct Extensions : plan::Registries {
-  KernelRegistry kernels = KernelRegistry::with_builtin_kernels();
+  runtime::KernelRegistry kernels = runtime::KernelRegistry::with_builtin_kernels();
 };
 
-}  // namespace loom::runtime
+}  // namespace loom::launch

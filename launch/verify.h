@@ -16,7 +16,7 @@
 #include "core/result.h"
 #include "runtime/oracle_report.h"
 
-namespace loom::runtime {
+namespace loom::launch {
 
 struct Extensions;
 
@@ -76,7 +76,7 @@ struct VerifyReport {
   std::vector<LossDifference> losses;
   // By step, then gradients before parameters, then the model's tensor order.
   std::vector<TensorDifference> tensors;
-  OracleReport oracle;           // the plan's sub-ops on the one-device run's values
+  runtime::OracleReport oracle;  // the plan's sub-ops on the one-device run's values
   double oracle_tolerance = 0;   // relative to each piece's largest magnitude
   int64_t tensors_compared = 0;  // pieces compared, over ranks, steps and kinds
   std::string run_error;         // a rank of the plan that failed to run (then nothing else is)
@@ -98,4 +98,4 @@ struct VerifyReport {
 // differences and failing ranks are in the report.
 Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& options = {});
 
-}  // namespace loom::runtime
+}  // namespace loom::launch

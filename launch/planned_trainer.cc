@@ -1,0 +1,118 @@
+#include "launch/planned_trainer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "comm/comm.h"
+#include "comm/make_comm.h"
+#include "models/model.h"
+#include "plan/auto_plan.h"
+
+namespace loom::launch {
+namespace {
+
+observe::EstimateFigures estimate_figures(const plan::Estimate& estimate, const CostModel& cost) {
+  observe::EstimateFigures f;
+  f.cost_model = cost.name;
+  f.bubble_ratio = estimate.bubble_ratio;
+  f.step_s = estimate.step_s;
+  for (const plan::RankEstimate& r : estimate.ranks) f.comm_s.push_back(r.comm_s);
+  return f;
+}
+
+// parallel.policy auto: every rank searches the same plan (a pure function of the config and
+// the cost model); rank 0 says what it chose.
+Result<plan::AutoPlan> search_plan(const Config& config, const plan::Registries& registries,
+                                   const comm::Comm* world) {
+  const comm::EnvLookup env = comm::process_env();
+  int64_t ranks = 1, rank = 0;
+  if (world) {
+    ranks = world->size();
+    rank = world->world_rank().value();
+  } else {
+    if (std::optional<std::string> v = env("WORLD_SIZE")) ranks = std::atoll(v->c_str());
+    if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
+  }
+  LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
+  LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen,
+                        plan::auto_plan(config, registries, cost, std::max<int64_t>(ranks, 1)));
+  if (rank == 0) std::fputs(plan::describe(chosen).c_str(), stderr);
+  return chosen;
+}
+
+// A plan.json for this run: refused when stale for this config and code, of another world
+// size or micro-batch count, or not deadlock-free.
+Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
+                             const plan::Registries& registries) {
+  const int64_t world_size = config.parallel.world_size();
+  plan::Plan plan;
+  LOOM_ASSIGN_OR_RETURN(plan.model, plan::build_model(config, registries, world_size));
+  LOOM_TRY(lower::check_plan_current(
+      file, file.source, config, lower::model_digest(plan.model),
+      lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
+  if (file.world_size != world_size)
+    return Error::at(file.source, file.source + ": the plan is for " +
+                                      std::to_string(file.world_size) + " ranks, this run has " +
+                                      std::to_string(world_size));
+  if (file.micro_batches != config.micro_batches())
+    return Error::at(file.source, file.source + ": the plan runs " +
+                                      std::to_string(file.micro_batches) +
+                                      " micro-batches per step, this config " +
+                                      std::to_string(config.micro_batches()));
+  LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  plan.file = file;
+  return plan;
+}
+
+}  // namespace
+
+Result<runtime::RunPlan> run_plan(const Config& config, plan::Plan plan,
+                                  const plan::Registries& registries) {
+  runtime::RunPlan run;
+  if (!plan.estimate.ranks.empty()) {  // a plan.json brings no estimate
+    run.estimate = estimate_figures(plan.estimate, plan.cost);
+    run.peak_bytes = plan.estimate.max_peak_bytes();
+  }
+  if (!registries.model) {  // a model set to replace every type counts samples
+    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+    if (type->items) {
+      LOOM_ASSIGN_OR_RETURN(models::SampleItems items, type->items(config));
+      run.items_per_sample = items.per_sample;
+    }
+  }
+  run.model = std::move(plan.model);
+  run.file = std::move(plan.file);
+  return run;
+}
+
+Result<std::unique_ptr<runtime::Trainer>> create_trainer(
+    const Config& config, plan::Plan plan, std::shared_ptr<comm::Comm> world,
+    std::shared_ptr<const Extensions> extensions) {
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  LOOM_ASSIGN_OR_RETURN(runtime::RunPlan run, run_plan(config, std::move(plan), *extensions));
+  return runtime::Trainer::create(config, std::move(run), std::move(world), &extensions->kernels);
+}
+
+Result<std::unique_ptr<runtime::Trainer>> create_trainer(
+    const Config& config, std::shared_ptr<comm::Comm> world, const lower::PlanFile* plan_file,
+    std::shared_ptr<const Extensions> extensions) {
+  if (!extensions) extensions = std::make_shared<const Extensions>();
+  const plan::Registries& registries = *extensions;
+  if (plan_file) {
+    LOOM_ASSIGN_OR_RETURN(plan::Plan plan, read_plan(config, *plan_file, registries));
+    return create_trainer(config, std::move(plan), std::move(world), std::move(extensions));
+  }
+  if (config.parallel.policy == "auto") {
+    LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen, search_plan(config, registries, world.get()));
+    return create_trainer(chosen.config, std::move(chosen.plan), std::move(world),
+                          std::move(extensions));
+  }
+  LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, registries));
+  return create_trainer(config, std::move(plan), std::move(world), std::move(extensions));
+}
+
+}  // namespace loom::launch

@@ -1,0 +1,40 @@
+# Fails when a folder includes a header of a folder it may not use (DESIGN.md's table): the
+# arrows point down the stack, core -> graph -> planner/models/scheduler -> lower -> plan ->
+# runtime -> launch, and the runtime never includes the planner. Run as cmake -DROOT=... -P.
+cmake_minimum_required(VERSION 3.22)
+set(may_use_core core)
+set(may_use_checkpoint core checkpoint)
+set(may_use_observe core observe)
+set(may_use_graph core graph)
+set(may_use_planner core graph planner)
+set(may_use_scheduler core scheduler)
+set(may_use_models core graph planner models)
+set(may_use_lower core graph scheduler lower)
+set(may_use_plan core graph planner scheduler models lower plan)
+set(may_use_comm core comm)
+# The runtime receives a Plan (lower's programs) and runs it; the block names of its traces are
+# the scheduler's.
+set(may_use_runtime core graph scheduler lower comm checkpoint observe runtime)
+set(folders core checkpoint observe graph planner scheduler models lower plan comm runtime)
+
+set(violations "")
+foreach(folder ${folders})
+  file(GLOB sources ${ROOT}/${folder}/*.h ${ROOT}/${folder}/*.cc)
+  foreach(source ${sources})
+    file(STRINGS ${source} includes REGEX "^#include \"[a-z_]+/")
+    foreach(line ${includes})
+      string(REGEX REPLACE "^#include \"([a-z_]+)/.*" "\\1" used "${line}")
+      if(NOT used IN_LIST folders)
+        continue()  # generated headers (plan.pb.h) and third-party folders
+      endif()
+      if(NOT used IN_LIST may_use_${folder})
+        file(RELATIVE_PATH name ${ROOT} ${source})
+        string(APPEND violations "  ${name}: ${line} (${folder}/ may use ${may_use_${folder}})\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(violations)
+  message(FATAL_ERROR "includes up the stack:\n${violations}")
+endif()
+message(STATUS "layering: every folder includes only what it may use")
