@@ -22,6 +22,7 @@
 #include "scheduler/placement.h"
 #include "scheduler/predefined.h"
 #include "scheduler/render.h"
+#include "scheduler/schedule_spec.h"
 #include "scheduler/repetend.h"
 #include "scheduler/simulator.h"
 
@@ -141,8 +142,9 @@ std::optional<int> parse_flags(const Args& args, Flags& f) {
   return std::nullopt;
 }
 
-// The checks every kind shares, and the predefined kind; kExitOk or the failure's code.
-int check_flags(const Flags& f, std::optional<ScheduleKind>* kind) {
+// The checks every kind shares, and which schedule the flags ask for; kExitOk or the failure's
+// code.
+int check_flags(const Flags& f, std::optional<ScheduleSpec>* schedule) {
   const bool imported = !f.from_csv.empty();
   if (imported &&
       (!f.kind.empty() || f.stages || f.micro_batches || f.chunks != 1 || !f.placement.empty()))
@@ -153,9 +155,13 @@ int check_flags(const Flags& f, std::optional<ScheduleKind>* kind) {
     return fail(kExitBadInput, "--kind or --from-csv is required (see loom schedule --help)");
   if (!imported && f.micro_batches == 0)
     return fail(kExitBadInput, "--micro-batches is required (see loom schedule --help)");
-  if (!imported && f.kind != "search") {
-    auto k = parse_schedule_kind(f.kind);
-    if (!k.ok()) {
+  if (imported) {
+    *schedule = ScheduleSpec::imported(f.from_csv);
+  } else {
+    // --kind names a predefined kind or search (whose placement says whether the backward is
+    // split); search-zb and csv are parallel.schedule's.
+    auto s = ScheduleSpec::parse(f.kind);
+    if (!s.ok() || s->as_imported() || (s->as_searched() && s->as_searched()->split_backward)) {
       std::vector<std::string> names = schedule_kind_names();
       names.push_back("search");
       std::string hint = closest_match(f.kind, names);
@@ -163,7 +169,7 @@ int check_flags(const Flags& f, std::optional<ScheduleKind>* kind) {
                                      (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
                                      "; known: " + join(names, ", "));
     }
-    *kind = *k;
+    *schedule = *s;
   }
   if (!imported && f.micro_batches < 1)
     return fail(kExitBadInput, "--micro-batches must be at least 1");
@@ -171,7 +177,7 @@ int check_flags(const Flags& f, std::optional<ScheduleKind>* kind) {
   if (f.mem_limit && !(*f.mem_limit > 0))
     return fail(kExitBadInput, "--mem-limit must be positive");
   if (!imported && f.stages > 0) {  // a placement file's size is checked once it is read
-    const bool chunked = *kind && f.chunks > 1;
+    const bool chunked = (*schedule)->as_predefined() && f.chunks > 1;
     return check_size("--stages " + std::to_string(f.stages) +
                           (chunked ? " x --chunks " + std::to_string(f.chunks) : "") +
                           " x --micro-batches " + std::to_string(f.micro_batches),
@@ -345,14 +351,15 @@ void print_table(const Flags& f, const Built& b) {
 int schedule_main(const Args& args) {
   Flags f;
   if (auto code = parse_flags(args, f)) return *code;
-  std::optional<ScheduleKind> kind;
-  if (int code = check_flags(f, &kind)) return code;
+  std::optional<ScheduleSpec> schedule;
+  if (int code = check_flags(f, &schedule)) return code;
 
   const auto t0 = std::chrono::steady_clock::now();
   Built built;
-  const int code = !f.from_csv.empty()  ? build_imported(f, &built)
-                   : f.kind == "search" ? build_searched(f, &built)
-                                        : build_rule(f, *kind, &built);
+  const int code = schedule->as_imported() ? build_imported(f, &built)
+                   : schedule->as_searched()
+                       ? build_searched(f, &built)
+                       : build_rule(f, schedule->as_predefined()->kind, &built);
   if (code != kExitOk) return code;
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -45,7 +45,7 @@ void print_report(const launch::VerifyReport& r, int64_t steps) {
                 l.plan, l.single, l.rel_diff, l.bound, verdict(l.ok()));
 
   // The worst figure per tensor and kind over the steps, worst (against its bound) first.
-  std::vector<runtime::TensorDifference> worst;
+  std::vector<launch::TensorDifference> worst;
   for (const auto& t : r.tensors) {
     auto it = std::find_if(worst.begin(), worst.end(),
                            [&](const auto& w) { return w.tensor == t.tensor && w.kind == t.kind; });

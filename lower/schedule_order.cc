@@ -113,12 +113,11 @@ BlockKind program_kind(sched::BlockKind kind) {
   return BlockKind::kBackward;
 }
 
-Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs) {
+Result<sched::Placement> search_placement(const Config& config, bool split_backward,
+                                          const StageCosts& costs) {
   const int pp = static_cast<int>(config.parallel.pp);
-  // search-zb: ZB-H1's placement, each backward split into I and W.
-  const bool split = config.parallel.schedule == "search-zb";
   const sched::Placement v =
-      split ? sched::Placement::v_shape_split(pp) : sched::Placement::v_shape(pp);
+      split_backward ? sched::Placement::v_shape_split(pp) : sched::Placement::v_shape(pp);
   if (costs.devices.empty()) return v;
   LOOM_CHECK(static_cast<int>(costs.devices.size()) == pp)
       << costs.devices.size() << " stage costs for parallel.pp " << pp;
@@ -161,59 +160,89 @@ Result<sched::Placement> search_placement(const Config& config, const StageCosts
   return sched::Placement::create(pp, memory ? 1.0 : static_cast<double>(pp), std::move(blocks));
 }
 
-// Each rank's order of pipeline blocks for parallel.schedule, from the scheduler: rank r runs
-// the blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism.
-Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
-                                     const StageCosts& costs) {
+namespace {
+
+// The searched schedule's order (its blocks at the stage costs' durations).
+Result<sched::Schedule> searched_order(const Config& config, bool split_backward, int m, int v,
+                                       const StageCosts& costs) {
+  if (v != 1)
+    return config.error("parallel.chunks", "the searched schedule places one stage per device");
+  LOOM_ASSIGN_OR_RETURN(sched::Placement placement,
+                        search_placement(config, split_backward, costs));
+  sched::SearchOptions options;
+  options.node_limit = kSearchNodeLimit;
+  auto found = sched::search_schedule(placement, m, options);
+  if (!found.ok()) return config.error("parallel.schedule", found.error().message);
+  auto searched = at_stage_costs(found->schedule, costs);
+  LOOM_CHECK(searched.ok()) << searched.error().to_string();
+  return std::move(searched).value();
+}
+
+// A predefined kind's schedule at sched::block_time of a forward of 1 per device share.
+Result<sched::Schedule> predefined_order(const Config& config, sched::ScheduleKind kind, int pp,
+                                         int m, int v) {
+  sched::PipelineSpec spec = sched::PipelineSpec::of(pp, m, v);
+  if (kind == sched::ScheduleKind::kZbH1) {  // its spec's bwd is the split backward's I
+    spec.bwd = sched::block_time(sched::BlockKind::kI, spec.fwd);
+    spec.wgrad = sched::block_time(sched::BlockKind::kW, spec.fwd);
+  }
+  auto built = sched::build_predefined(kind, spec);
+  if (!built.ok())
+    return config.error("parallel.schedule",
+                        built.error().message + " (m: the micro-batches per step, batch.global " +
+                            std::to_string(config.batch.global) + " / (batch.micro " +
+                            std::to_string(config.batch.micro) + " x parallel.dp " +
+                            std::to_string(config.parallel.dp) + ") = " + std::to_string(m) +
+                            "; p: parallel.pp " + std::to_string(pp) + ")");
+  return std::move(built).value();
+}
+
+}  // namespace
+
+// Each rank's order of pipeline blocks for `schedule`, from the scheduler: rank r runs the
+// blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism.
+Result<PipelineOrder> pipeline_order(const Config& config, const sched::ScheduleSpec& schedule,
+                                     int64_t micro_batches, const StageCosts& costs) {
   const auto& p = config.parallel;
   PipelineOrder result;
   if (p.pp == 1 && p.chunks == 1) return result;
   const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches),
             v = static_cast<int>(p.chunks);
-  std::vector<std::vector<sched::BlockId>> orders;
-  if (p.schedule == "search" || p.schedule == "search-zb") {
-    if (v != 1)
-      return config.error("parallel.chunks", "the searched schedule places one stage per device");
-    LOOM_ASSIGN_OR_RETURN(sched::Placement placement, search_placement(config, costs));
-    sched::SearchOptions options;
-    options.node_limit = kSearchNodeLimit;
-    auto found = sched::search_schedule(placement, m, options);
-    if (!found.ok()) return config.error("parallel.schedule", found.error().message);
-    orders = found->schedule.device_orders();
-    auto searched = at_stage_costs(found->schedule, costs);
-    LOOM_CHECK(searched.ok()) << searched.error().to_string();
-    result.searched = std::make_shared<const sched::Schedule>(std::move(searched).value());
-  } else if (p.schedule == "csv") {
+  sched::Schedule built;
+  if (const auto* searched = schedule.as_searched()) {
+    LOOM_ASSIGN_OR_RETURN(built, searched_order(config, searched->split_backward, m, v, costs));
+  } else if (schedule.as_imported()) {
     LOOM_ASSIGN_OR_RETURN(sched::CsvSchedule imported, csv_schedule(config, pp, m, v));
-    orders = imported.schedule.device_orders();
     result.csv_actions = imported.actions;
-    result.imported = std::make_shared<const sched::Schedule>(std::move(imported.schedule));
+    built = std::move(imported.schedule);
   } else {
-    auto kind = sched::parse_schedule_kind(p.schedule);
-    if (!kind.ok()) return config.error("parallel.schedule", kind.error().message);
-    auto o = sched::device_orders(*kind, pp, m, v);
-    if (!o.ok())
-      return config.error("parallel.schedule",
-                          o.error().message + " (m: the micro-batches per step, batch.global " +
-                              std::to_string(config.batch.global) + " / (batch.micro " +
-                              std::to_string(config.batch.micro) + " x parallel.dp " +
-                              std::to_string(p.dp) + ") = " + std::to_string(m) +
-                              "; p: parallel.pp " + std::to_string(pp) + ")");
-    orders = std::move(o).value();
+    LOOM_ASSIGN_OR_RETURN(built,
+                          predefined_order(config, schedule.as_predefined()->kind, pp, m, v));
   }
+  const std::vector<std::vector<sched::BlockId>> orders = built.device_orders();
+  result.schedule = std::make_shared<const sched::Schedule>(std::move(built));
   // Ranks are laid out tp fastest, then cp, then dp, then pp (planner/mesh.h).
   const int64_t world = p.world_size();
   std::vector<std::vector<ProgramBlock>>& out = result.ranks;
   out.resize(static_cast<size_t>(world));
+  // Chimera's up pipeline (odd micro-batches) runs its own replica of stage s, numbered p + s by
+  // the planner (planner/chimera.h).
+  const bool chimera = schedule.is(sched::ScheduleKind::kChimera);
   for (int64_t r = 0; r < world; ++r)
     for (const sched::BlockId& b : orders[static_cast<size_t>(r / p.ranks_per_stage())]) {
-      // Chimera's up pipeline (odd micro-batches) runs its own replica of stage s, numbered p + s
-      // by the planner (planner/chimera.h).
-      const bool up = p.schedule == "chimera" && b.mb.value() % 2 == 1;
+      const bool up = chimera && b.mb.value() % 2 == 1;
       const StageId stage = up ? StageId(pp + b.stage.value()) : b.stage;
       out[static_cast<size_t>(r)].push_back({program_kind(b.kind), stage, b.mb});
     }
   return result;
+}
+
+Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
+                                     const StageCosts& costs) {
+  auto schedule =
+      sched::ScheduleSpec::parse(config.parallel.schedule, config.parallel.schedule_csv);
+  if (!schedule.ok()) return config.error("parallel.schedule", schedule.error().message);
+  return pipeline_order(config, *schedule, micro_batches, costs);
 }
 
 }  // namespace loom::lower

@@ -11,6 +11,7 @@
 #include "scheduler/csv.h"
 #include "scheduler/placement.h"
 #include "scheduler/schedule.h"
+#include "scheduler/schedule_spec.h"
 
 namespace loom::lower {
 
@@ -33,17 +34,15 @@ struct StageCosts {
   double device_memory_bytes = 0;
 };
 
-// Each rank's blocks and, for parallel.schedule search, the schedule that was found.
+// Each rank's blocks and the schedule they come from.
 struct PipelineOrder {
   // Per rank, its (kind, stage, micro-batch) blocks; empty without pipeline parallelism.
   std::vector<std::vector<ProgramBlock>> ranks;
-  // parallel.schedule search: the schedule found, its blocks at the stage costs' durations in
-  // milliseconds (a forward of device d takes devices[d].forward_s) and memory in micro-batches
-  // of activations (+1 on F, -1 on B).
-  std::shared_ptr<const sched::Schedule> searched;  // null unless searched
-  // parallel.schedule csv: the file's schedule at read_csv's default costs (a forward of one
-  // device's share takes 1, a backward 2; memory in micro-batches of activations).
-  std::shared_ptr<const sched::Schedule> imported;  // null unless read from a CSV
+  // The schedule the ranks run, built once (null without pipeline parallelism). Searched: the
+  // schedule found, its blocks at the stage costs' durations in milliseconds (a forward of
+  // device d takes devices[d].forward_s). Predefined and imported: at sched::block_time of a
+  // forward of 1 per stage chunk. Memory in micro-batches of activations (+1 on F, -1 on B).
+  std::shared_ptr<const sched::Schedule> schedule;
   // parallel.schedule csv: how the file named its backwards (torch's older B + W, or I + W).
   std::optional<sched::CsvActions> csv_actions;
 };
@@ -60,7 +59,9 @@ constexpr int kSearchGrid = 4;
 // (loom plan, loom train) makes one, so the search stops proving optimality past this; the
 // completion's list-scheduled and baseline candidates still compete (scheduler/repetend.h).
 constexpr int64_t kSearchNodeLimit = 100'000;
-Result<sched::Placement> search_placement(const Config& config, const StageCosts& costs);
+// `split_backward`: search-zb's placement, each backward split into I and W.
+Result<sched::Placement> search_placement(const Config& config, bool split_backward,
+                                          const StageCosts& costs);
 
 // The program's kind of a schedule's block: F, B, I and W map one to one.
 BlockKind program_kind(sched::BlockKind kind);
@@ -71,6 +72,9 @@ BlockKind program_kind(sched::BlockKind kind);
 // blocks. csv runs the rows of parallel.schedule_csv (errors name the key, the file and the
 // cell). Only the search reads `costs` (empty: uniform stages, pp micro-batches in flight);
 // predefined schedules follow their own rules.
+Result<PipelineOrder> pipeline_order(const Config& config, const sched::ScheduleSpec& schedule,
+                                     int64_t micro_batches, const StageCosts& costs = {});
+// The same for parallel.schedule as `config` gives it.
 Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
                                      const StageCosts& costs = {});
 

@@ -11,6 +11,7 @@
 #include "graph/verify.h"
 #include "lower/recompute.h"
 #include "lower/schedule_order.h"
+#include "plan/plan_spec.h"
 #include "planner/context_parallel.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
@@ -70,81 +71,52 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
   return json.dump(1);
 }
 
-// The largest of a per-rank figure over each pipeline device's ranks (world / pp consecutive
-// ranks per device).
-std::vector<double> slowest_per_device(const std::vector<double>& per_rank, int64_t pp) {
-  std::vector<double> out(static_cast<size_t>(std::max<int64_t>(pp, 1)), 0.0);
-  const size_t per_device = std::max<size_t>(1, per_rank.size() / out.size());
+// The largest of a per-rank figure over each pipeline device's ranks.
+std::vector<double> slowest_per_device(const std::vector<double>& per_rank, const PlanSpec& spec) {
+  std::vector<double> out(static_cast<size_t>(spec.mesh.pp()), 0.0);
   for (size_t r = 0; r < per_rank.size(); ++r) {
-    const size_t d = std::min(r / per_device, out.size() - 1);
+    const size_t d = static_cast<size_t>(spec.pipeline_device(Rank(static_cast<int64_t>(r))));
     out[d] = std::max(out[d], per_rank[r]);
   }
   return out;
 }
 
-// An imported schedule's order with every block's duration times `factor` (its time unit in ms),
-// and `again_ms` more on the blocks that start a backward (B, or I when split): the forward a
-// recomputing backward runs again.
-Result<sched::Schedule> scaled(const sched::Schedule& s, double factor, double again_ms) {
+// A predefined or imported schedule's order with its blocks at the plan's durations: a forward
+// of a stage chunk takes `unit_ms`, the rest sched::block_time of it, and the blocks that start a
+// backward (B, or I when split) `again_ms` more: the forward a recomputing backward runs again.
+Result<sched::Schedule> retimed(const sched::Schedule& s, double unit_ms, double again_ms) {
   std::vector<sched::Block> blocks = s.workload().blocks();
   std::vector<std::vector<int>> deps;
   for (int i = 0; i < s.workload().size(); ++i) deps.push_back(s.workload().deps(i));
-  for (sched::Block& b : blocks) {
-    b.duration *= factor;
-    if (b.kind == sched::BlockKind::kB || b.kind == sched::BlockKind::kI) b.duration += again_ms;
-  }
+  for (sched::Block& b : blocks) b.duration = sched::block_time(b.kind, unit_ms, again_ms);
   LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(s.workload().num_devices(),
                                                                std::move(blocks), std::move(deps)));
   return sched::Schedule::from_indices(std::move(workload), s.order(), s.name());
 }
 
-// Simulates the pipeline schedule at the cost model's block durations. Predefined and CSV
-// schedules: a forward takes its device's forward time per stage chunk, the others
-// sched::block_time of it. A searched schedule is the one found, its blocks at each stage's own
-// durations.
-Status simulate_pipeline(const Config& config, const std::vector<double>& forward_s,
+// Simulates the pipeline schedule the ranks run (order.schedule) at the cost model's block
+// durations. Predefined and CSV schedules: a forward takes its device's forward time per stage
+// chunk, the others sched::block_time of it. A searched schedule is the one found, its blocks at
+// each stage's own durations.
+Status simulate_pipeline(const PlanSpec& spec, const std::vector<double>& forward_s,
                          const std::vector<double>& recompute_s, const lower::PipelineOrder& order,
-                         const lower::Lowered& lowered, Plan& plan) {
-  const auto& par = config.parallel;
-  if (par.pp == 1 && par.chunks == 1) return Status::success();
-  double unit_s = 0;  // the slowest stage's forward per micro-batch
+                         Plan& plan) {
+  if (!order.schedule) return Status::success();  // no pipeline
+  double unit_s = 0;                              // the slowest stage's forward per micro-batch
   for (double f : forward_s) unit_s = std::max(unit_s, f);
   // The renderer draws one time unit as 1 ms: simulate in milliseconds.
-  const double unit_ms = std::max(unit_s / static_cast<double>(par.chunks), 1e-15) * 1e3;
+  const double chunks = static_cast<double>(spec.chunks);
+  const double unit_ms = std::max(unit_s / chunks, 1e-15) * 1e3;
   double again_s = 0;  // the forward a recomputing backward runs again
   for (double f : recompute_s) again_s = std::max(again_s, f);
-  const double again_ms = again_s / static_cast<double>(par.chunks) * 1e3;
-  sched::Schedule schedule;
-  if (par.schedule == "search" || par.schedule == "search-zb") {
-    if (!order.searched) return Status::success();  // pipeline_order has refused what cannot run
-    schedule = *order.searched;
-  } else if (par.schedule == "csv") {
-    if (!order.imported) return Status::success();  // pipeline_order has refused what cannot run
-    LOOM_ASSIGN_OR_RETURN(schedule, scaled(*order.imported, unit_ms, again_ms));
-  } else {
-    auto kind = sched::parse_schedule_kind(par.schedule);
-    if (!kind.ok()) return Status::success();  // pipeline_order has refused what cannot run
-    auto spec =
-        sched::PipelineSpec::of(static_cast<int>(par.pp), static_cast<int>(config.micro_batches()),
-                                static_cast<int>(par.chunks));
-    // A predefined spec takes a device's whole share (all its chunks) and gives each chunk 1/v.
-    const double share_ms = unit_ms * static_cast<double>(par.chunks);
-    const double again_share_ms = again_ms * static_cast<double>(par.chunks);
-    spec.fwd = share_ms;
-    spec.bwd = sched::block_time(sched::BlockKind::kB, share_ms, again_share_ms);
-    if (*kind == sched::ScheduleKind::kZbH1) {  // its spec's bwd is the split backward's I
-      spec.bwd = sched::block_time(sched::BlockKind::kI, share_ms, again_share_ms);
-      spec.wgrad = sched::block_time(sched::BlockKind::kW, share_ms);
-    }
-    auto built = sched::build_predefined(*kind, spec);
-    if (!built.ok()) return config.error("parallel.schedule", built.error().message);
-    schedule = std::move(built).value();
-  }
+  const double again_ms = again_s / chunks * 1e3;
+  sched::Schedule schedule = *order.schedule;
   sched::SimOptions options;
-  if (par.schedule != "search" && par.schedule != "search-zb") {
+  if (!spec.schedule.as_searched()) {
+    LOOM_ASSIGN_OR_RETURN(schedule, retimed(*order.schedule, unit_ms, again_ms));
     // Predefined and CSV schedules time every device as the slowest; each device's blocks take
     // its own share (an embedding or a head makes the end stages heavier than the rest).
-    std::vector<double> factor = slowest_per_device(forward_s, par.pp);
+    std::vector<double> factor = slowest_per_device(forward_s, spec);
     for (double& f : factor) f = unit_s > 0 ? f / unit_s : 1.0;
     options.device_factor = std::move(factor);
   }
@@ -164,16 +136,16 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
 
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost) {
+  auto spec = PlanSpec::of(config);
+  LOOM_CHECK(spec.ok()) << spec.error().to_string();  // the config a plan was made of
   const std::vector<RankMemory> memory = rank_memory(config, planned, lowered);
   const std::vector<double> forward_s =
       forward_seconds(planned, static_cast<int64_t>(memory.size()), cost);
   const std::vector<double> recompute_s = recompute_cost(planned, lowered, cost).forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
-  const int64_t pp = config.parallel.pp;
   const int64_t world = static_cast<int64_t>(memory.size());
-  const int64_t ranks_per_stage = std::max<int64_t>(1, world / pp);
-  costs.devices.resize(static_cast<size_t>(pp));
+  costs.devices.resize(static_cast<size_t>(spec->mesh.pp()));
   // How tight a rank is: the share of its room that one micro-batch takes (without a device
   // memory, its bytes); no room at all is the tightest.
   auto tightness = [&](const RankMemory& m) {
@@ -181,15 +153,15 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
     const double room = cost.device_memory_bytes - m.held_bytes;
     return room > 0 ? m.activation_bytes / room : std::numeric_limits<double>::infinity();
   };
-  const std::vector<double> slowest_forward = slowest_per_device(forward_s, pp);
-  const std::vector<double> slowest_recompute = slowest_per_device(recompute_s, pp);
+  const std::vector<double> slowest_forward = slowest_per_device(forward_s, *spec);
+  const std::vector<double> slowest_recompute = slowest_per_device(recompute_s, *spec);
   for (size_t d = 0; d < costs.devices.size(); ++d) {
     costs.devices[d].forward_s = slowest_forward[d];
     costs.devices[d].recompute_s = slowest_recompute[d];
   }
   std::vector<double> tightest(costs.devices.size(), -1);
   for (int64_t r = 0; r < world; ++r) {
-    const size_t d = static_cast<size_t>(std::min(r / ranks_per_stage, pp - 1));
+    const size_t d = static_cast<size_t>(spec->pipeline_device(Rank(r)));
     lower::StageCost& c = costs.devices[d];
     const RankMemory& m = memory[static_cast<size_t>(r)];
     if (tightness(m) > tightest[d]) {
@@ -234,8 +206,9 @@ namespace {
 // Context parallelism's ring steps recomputed in full inside layers whose weight gradients wait
 // for W blocks (llama tiny, cp 2 x pp 2, zb-h1) left a last-stage parameter without its gradient
 // when its bucket was flushed: refused until that combination is made to work.
-Status check_cp_schedule(const Config& config, const lower::Lowered& lowered) {
-  if (config.parallel.cp == 1 || config.parallel.recompute != "full") return Status::success();
+Status check_cp_schedule(const Config& config, const PlanSpec& spec,
+                         const lower::Lowered& lowered) {
+  if (spec.mesh.cp() == 1 || spec.recompute != lower::Recompute::kFull) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
       if (b.kind == lower::BlockKind::kWeightGrad)
@@ -243,22 +216,50 @@ Status check_cp_schedule(const Config& config, const lower::Lowered& lowered) {
                             "context parallelism with parallel.recompute: full does not combine "
                             "with a backward split into input- and weight-gradient blocks "
                             "(parallel.schedule: " +
-                                config.parallel.schedule +
+                                spec.schedule.name() +
                                 "); use selective recomputation, or a schedule without W blocks");
   return Status::success();
 }
 
-Status check_zero3_schedule(const Config& config, const lower::Lowered& lowered) {
-  if (config.parallel.zero != 3) return Status::success();
+Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
+                            const lower::Lowered& lowered) {
+  if (spec.zero != 3) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
       if (b.kind == lower::BlockKind::kWeightGrad)
         return config.error("parallel.zero",
                             "3 (parameters stored split) does not combine with a backward split "
                             "into input- and weight-gradient blocks (parallel.schedule: " +
-                                config.parallel.schedule +
+                                spec.schedule.name() +
                                 "); use zero 1, or a schedule without W blocks");
   return Status::success();
+}
+
+// Lowers the planned graph to per-rank programs, ordering the pipeline once the adapters are
+// known: what they deliver counts in a stage's activations, which bound how many micro-batches
+// a searched schedule keeps in flight. Returns the order, whose schedule the plan simulates.
+Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpec& spec,
+                                             const CostModel& cost, lower::PlanFile& file) {
+  lower::PipelineOrder pipeline;  // its ranks move into the lowering; the schedule stays
+  auto order =
+      [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
+    lower::StageCosts costs;  // only the search reads them
+    if (spec.schedule.as_searched() && spec.mesh.pp() > 1) {
+      lower::Lowered marked = lowered;  // what a micro-batch holds depends on recomputation
+      lower::mark_recompute(file.graph, marked, spec.recompute);
+      costs = stage_costs(config, file.graph, marked, cost);
+    }
+    LOOM_ASSIGN_OR_RETURN(
+        pipeline, lower::pipeline_order(config, spec.schedule, config.micro_batches(), costs));
+    return std::move(pipeline.ranks);
+  };
+  lower::PathFinder paths(cost);
+  lower::LowerOptions options;
+  options.shard_parameters = spec.zero == 3;
+  options.check_deadlock = false;  // checked once the recomputed forwards are in place
+  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, file.world_size,
+                                                   config.micro_batches(), paths, order, options));
+  return pipeline;
 }
 
 }  // namespace
@@ -269,6 +270,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   if (world_size < 1)
     return Error::at("world_size",
                      "the world size must be positive, got " + std::to_string(world_size));
+  LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
   Plan plan;
   plan.cost = cost;
   LOOM_ASSIGN_OR_RETURN(plan.model, build_model(config, registries, world_size));
@@ -285,38 +287,16 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   LOOM_ASSIGN_OR_RETURN(file.graph,
                         planner::plan_graph(plan.model, {config, world_size}, registries.policies));
   LOOM_TRY(graph::verify(file.graph, registries.ops));
-  // The pipeline is ordered once the adapters are known: what they deliver counts in a stage's
-  // activations, which bound how many micro-batches a searched schedule keeps in flight.
-  const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
-  LOOM_ASSIGN_OR_RETURN(const lower::Recompute recompute,
-                        lower::parse_recompute(config.parallel.recompute));
-  lower::PipelineOrder pipeline;  // its ranks move into the lowering; the schedules stay
-  auto order =
-      [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
-    lower::StageCosts costs;  // only the search reads them
-    const std::string& kind = config.parallel.schedule;
-    if ((kind == "search" || kind == "search-zb") && config.parallel.pp > 1) {
-      lower::Lowered marked = lowered;  // what a micro-batch holds depends on recomputation
-      lower::mark_recompute(file.graph, marked, recompute);
-      costs = stage_costs(config, file.graph, marked, cost);
-    }
-    LOOM_ASSIGN_OR_RETURN(pipeline, lower::pipeline_order(config, config.micro_batches(), costs));
-    return std::move(pipeline.ranks);
-  };
-  lower::PathFinder paths(cost);
-  lower::LowerOptions options;
-  options.shard_parameters = config.parallel.zero == 3;
-  options.check_deadlock = false;  // checked below, with the recomputed forwards in place
-  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, world_size, config.micro_batches(),
-                                                   paths, order, options));
-  LOOM_TRY(check_zero3_schedule(config, file.lowered));
-  LOOM_TRY(check_cp_schedule(config, file.lowered));
-  lower::mark_recompute(file.graph, file.lowered, recompute);
+  LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder pipeline, order_and_lower(config, spec, cost, file));
+  LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
+  LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
+  lower::mark_recompute(file.graph, file.lowered, spec.recompute);
   // A recomputed forward repeats its collectives inside the backward.
   LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
+  const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
   const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
-  LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, pipeline, file.lowered, plan));
+  LOOM_TRY(simulate_pipeline(spec, forward_s, recompute_s, pipeline, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);

@@ -23,6 +23,7 @@ class DeviceMesh {
 
   // Fails unless every degree is positive.
   static Result<DeviceMesh> make(int64_t dp, int64_t pp, int64_t tp, int64_t cp = 1);
+  DeviceMesh() = default;  // one device
 
   int64_t dp() const { return dp_; }
   int64_t pp() const { return pp_; }
@@ -44,7 +45,7 @@ class DeviceMesh {
 
  private:
   DeviceMesh(int64_t dp, int64_t pp, int64_t tp, int64_t cp) : dp_(dp), pp_(pp), tp_(tp), cp_(cp) {}
-  int64_t dp_, pp_, tp_, cp_;
+  int64_t dp_ = 1, pp_ = 1, tp_ = 1, cp_ = 1;
 };
 
 }  // namespace loom::planner

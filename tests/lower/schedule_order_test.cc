@@ -41,7 +41,7 @@ StageCosts four_stages(double act_gib, double device_gib = 16) {
 
 TEST(SearchPlacement, BlocksCarryEachStagesDurationAndMemory) {
   const Config c = search_config(4, 8);
-  auto placement = search_placement(c, four_stages(2.5));
+  auto placement = search_placement(c, c.parallel.schedule == "search-zb", four_stages(2.5));
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   EXPECT_DOUBLE_EQ(placement->memory_limit(), 1.0);  // memory as shares of each device's room
   for (const sched::PlacedBlock& b : placement->blocks()) {
@@ -57,7 +57,7 @@ TEST(SearchPlacement, SearchZbSplitsEachBackwardIntoIAndW) {
   const Config c = search_config(4, 8, "search-zb");
   StageCosts costs = four_stages(2.5);
   costs.devices[1].recompute_s = 0.5e-3;
-  auto placement = search_placement(c, costs);
+  auto placement = search_placement(c, c.parallel.schedule == "search-zb", costs);
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   EXPECT_EQ(placement->blocks().size(), 12u);
   for (const sched::PlacedBlock& b : placement->blocks()) {
@@ -70,7 +70,7 @@ TEST(SearchPlacement, SearchZbSplitsEachBackwardIntoIAndW) {
                                                                 : 0.0)
         << b.name;
   }
-  auto uniform = search_placement(c, {});
+  auto uniform = search_placement(c, c.parallel.schedule == "search-zb", {});
   ASSERT_TRUE(uniform.ok());
   EXPECT_EQ(*uniform, sched::Placement::v_shape_split(4));
 }
@@ -97,8 +97,8 @@ TEST(PipelineOrder, SearchZbGivesEachRankFIAndWBlocks) {
         for (int64_t mb = 0; mb < 4; ++mb)
           EXPECT_EQ((seen[{k, mb}]), 1) << "rank " << r << " micro-batch " << mb;
     }
-    ASSERT_NE(order->searched, nullptr);
-    for (const sched::Block& b : order->searched->workload().blocks())
+    ASSERT_NE(order->schedule, nullptr);
+    for (const sched::Block& b : order->schedule->workload().blocks())
       EXPECT_EQ(b.memory, b.kind == sched::BlockKind::kF   ? 1.0
                           : b.kind == sched::BlockKind::kW ? -1.0
                                                            : 0.0)
@@ -108,13 +108,13 @@ TEST(PipelineOrder, SearchZbGivesEachRankFIAndWBlocks) {
 
 TEST(SearchPlacement, WithoutCostsKeepsPpMicroBatchesInFlight) {
   const Config c = search_config(4, 8);
-  auto uniform = search_placement(c, {});
+  auto uniform = search_placement(c, c.parallel.schedule == "search-zb", {});
   ASSERT_TRUE(uniform.ok());
   EXPECT_EQ(*uniform, sched::Placement::v_shape(4));
   // Durations but no device memory: one micro-batch per F, at most pp of them.
   StageCosts no_memory = four_stages(2.5);
   no_memory.device_memory_bytes = 0;
-  auto p = search_placement(c, no_memory);
+  auto p = search_placement(c, c.parallel.schedule == "search-zb", no_memory);
   ASSERT_TRUE(p.ok());
   EXPECT_DOUBLE_EQ(p->memory_limit(), 4.0);
   for (const sched::PlacedBlock& b : p->blocks())
@@ -127,8 +127,8 @@ TEST(PipelineOrder, TheSearchedScheduleHasTheStageCostsDurations) {
   const StageCosts costs = four_stages(1.0);
   auto order = pipeline_order(c, 8, costs);
   ASSERT_TRUE(order.ok()) << order.error().message;
-  ASSERT_NE(order->searched, nullptr);
-  const sched::Schedule& s = *order->searched;
+  ASSERT_NE(order->schedule, nullptr);
+  const sched::Schedule& s = *order->schedule;
   EXPECT_EQ(s.workload().size(), 4 * 8 * 2);
   for (const sched::Block& b : s.workload().blocks()) {
     const double f_ms = costs.devices[static_cast<size_t>(b.stage.value())].forward_s * 1e3;
@@ -159,8 +159,8 @@ TEST(PipelineOrder, ATightDeviceMemoryKeepsFewerMicroBatchesInFlight) {
   auto ample = pipeline_order(c, 8, four_stages(0.1));
   auto tight = pipeline_order(c, 8, four_stages(4.0));
   ASSERT_TRUE(ample.ok() && tight.ok()) << (tight.ok() ? ample : tight).error().message;
-  auto ample_t = sched::simulate(*ample->searched);
-  auto tight_t = sched::simulate(*tight->searched);
+  auto ample_t = sched::simulate(*ample->schedule);
+  auto tight_t = sched::simulate(*tight->schedule);
   ASSERT_TRUE(ample_t.ok() && tight_t.ok());
   EXPECT_GE(ample_t->max_peak_memory(), 4.0);
   for (double peak : tight_t->peak_memory) EXPECT_LE(peak, 2.0);
@@ -189,7 +189,8 @@ TEST(PipelineOrder, PredefinedOrdersIgnoreTheStageCosts) {
   auto with = pipeline_order(c, 8, four_stages(4.0));
   auto without = pipeline_order(c, 8);
   ASSERT_TRUE(with.ok() && without.ok());
-  EXPECT_EQ(with->searched, nullptr);
+  ASSERT_NE(with->schedule, nullptr);  // the rule's schedule, at a forward of 1
+  EXPECT_EQ(with->schedule->name(), "1f1b");
   auto rule = sched::device_orders(sched::ScheduleKind::k1F1B, 4, 8, 1);
   ASSERT_TRUE(rule.ok());
   for (size_t d = 0; d < 4; ++d) {

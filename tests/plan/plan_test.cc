@@ -363,7 +363,7 @@ TEST(SearchedSchedule, ThePlanDumpsTheScheduleFound) {
   auto plan = make_plan(c);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   const lower::StageCosts costs = stage_costs(c, plan->file.graph, plan->file.lowered, plan->cost);
-  auto placement = lower::search_placement(c, costs);
+  auto placement = lower::search_placement(c, c.parallel.schedule == "search-zb", costs);
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   auto found = sched::search_schedule(*placement, 8);
   ASSERT_TRUE(found.ok()) << found.error().message;
@@ -383,7 +383,7 @@ TEST(SearchedSchedule, SearchZbDumpsTheSplitScheduleFound) {
   auto plan = make_plan(c);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   const lower::StageCosts costs = stage_costs(c, plan->file.graph, plan->file.lowered, plan->cost);
-  auto placement = lower::search_placement(c, costs);
+  auto placement = lower::search_placement(c, c.parallel.schedule == "search-zb", costs);
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   sched::SearchOptions options;
   options.node_limit = lower::kSearchNodeLimit;
