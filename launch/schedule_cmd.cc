@@ -22,8 +22,8 @@
 #include "scheduler/placement.h"
 #include "scheduler/predefined.h"
 #include "scheduler/render.h"
-#include "scheduler/schedule_spec.h"
 #include "scheduler/repetend.h"
+#include "scheduler/schedule_spec.h"
 #include "scheduler/simulator.h"
 
 namespace loom::cli {
