@@ -164,10 +164,12 @@ Status simulate_pipeline(const Config& config, const std::vector<double>& forwar
 
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost) {
-  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered);
+  const RecomputeCost recompute =
+      recompute_cost(planned, lowered, cost, config.run.device == "cuda");
+  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &recompute);
   const std::vector<double> forward_s =
       forward_seconds(planned, static_cast<int64_t>(memory.size()), cost);
-  const std::vector<double> recompute_s = recompute_cost(planned, lowered, cost).forward_s;
+  const std::vector<double>& recompute_s = recompute.forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
   const int64_t pp = config.parallel.pp;
@@ -315,11 +317,13 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   // A recomputed forward repeats its collectives inside the backward.
   LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
-  const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
-  LOOM_TRY(simulate_pipeline(config, forward_s, recompute_s, pipeline, file.lowered, plan));
+  const RecomputeCost recomputed =
+      recompute_cost(file.graph, file.lowered, cost, config.run.device == "cuda");
+  LOOM_TRY(
+      simulate_pipeline(config, forward_s, recomputed.forward_s, pipeline, file.lowered, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
-  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
+  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &recomputed);
   return plan;
 }
 
