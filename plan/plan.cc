@@ -266,7 +266,7 @@ Status check_zero3_schedule(const Config& config, const lower::Lowered& lowered)
 }  // namespace
 
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
-                       int64_t world_size) {
+                       int64_t world_size, const PlanProofs& proofs) {
   if (world_size == 0) world_size = config.parallel.world_size();
   if (world_size < 1)
     return Error::at("world_size",
@@ -286,7 +286,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
 
   LOOM_ASSIGN_OR_RETURN(file.graph,
                         planner::plan_graph(plan.model, {config, world_size}, registries.policies));
-  LOOM_TRY(graph::verify(file.graph, registries.ops));
+  if (proofs.verify_graph) LOOM_TRY(graph::verify(file.graph, registries.ops));
   // The pipeline is ordered once the adapters are known: what they deliver counts in a stage's
   // activations, which bound how many micro-batches a searched schedule keeps in flight.
   const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
@@ -315,7 +315,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   LOOM_TRY(check_cp_schedule(config, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, recompute);
   // A recomputed forward repeats its collectives inside the backward.
-  LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
   const RecomputeCost recomputed =
       recompute_cost(file.graph, file.lowered, cost, config.run.device == "cuda");
