@@ -524,7 +524,13 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   EventStreams streams(lowered);
   std::unordered_set<int64_t> sent;               // step key and receiver
   std::unordered_map<int64_t, size_t> receiving;  // message -> the rank waiting for it
-  std::map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t> arrived;  // members at it
+  // Members at each collective, keyed by its step key and member list.
+  struct GroupHash {
+    size_t operator()(const std::pair<int64_t, const std::vector<DeviceId>*>& g) const {
+      return std::hash<int64_t>()(g.first) ^ (std::hash<const void*>()(g.second) * 31);
+    }
+  };
+  std::unordered_map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t, GroupHash> arrived;
   std::vector<char> counted(world, 0);  // the rank's arrival at its current collective counted
   auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
   std::deque<size_t> runnable;
@@ -547,9 +553,9 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
           break;
         }
       } else {
-        const auto group = std::make_pair(e->key, e->members);
-        if (!counted[r]) counted[r] = 1, ++arrived[group];
-        if (arrived[group] < e->members->size()) break;
+        const auto group = arrived.try_emplace(std::make_pair(e->key, e->members), 0).first;
+        if (!counted[r]) counted[r] = 1, ++group->second;
+        if (group->second < e->members->size()) break;
         arrived.erase(group);
         for (DeviceId m : *e->members) {
           const size_t member = static_cast<size_t>(m.value());
