@@ -11,10 +11,17 @@ std::vector<bool> fused_into_next(const graph::Graph& planned, const Lowered& lo
   std::vector<bool> fused(ops.size(), false);
   std::unordered_set<int64_t> adapted;  // tensors some adapter moves or changes
   for (const Adapter& a : lowered.adapters) adapted.insert(a.tensor.value());
-  // Readers of each tensor on each rank, keyed rank * tensors + tensor.
+  // Readers of each linear's output on each rank, keyed rank * tensors + tensor (only a linear's
+  // output can be fused away: the other tensors' readers are not counted).
+  std::vector<bool> linear_output(static_cast<size_t>(tensors), false);
+  for (const graph::Op& op : ops)
+    if (op.outputs.size() == 1 && op.type() == "linear")
+      linear_output[static_cast<size_t>(op.outputs[0].tensor.value())] = true;
   std::unordered_map<int64_t, int> readers;
   for (const graph::Op& op : ops)
-    for (const auto& in : op.inputs) ++readers[op.device.value() * tensors + in.tensor.value()];
+    for (const auto& in : op.inputs)
+      if (linear_output[static_cast<size_t>(in.tensor.value())])
+        ++readers[op.device.value() * tensors + in.tensor.value()];
   for (const Program& prog : lowered.programs)
     for (const Segment& seg : prog.segments)
       for (size_t i = 0; i + 1 < seg.items.size(); ++i) {

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/plan.pb.h"
+#include "lower/plan_json_writer.h"
 
 #ifndef LOOM_VERSION_STRING
 #define LOOM_VERSION_STRING "unknown"
@@ -27,26 +28,12 @@ constexpr const char* kFormat = "loom-plan";
 constexpr int64_t kMaxStages = 1 << 20;
 
 // FNV-1a, 64 bits: stable across builds and platforms (std::hash is not).
-uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
+uint64_t fnv1a(std::string_view text, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : text) {
     h ^= c;
     h *= 1099511628211ull;
   }
   return h;
-}
-
-pb::Block::Kind to_proto(BlockKind kind) {
-  switch (kind) {
-    case BlockKind::kForward:
-      return pb::Block::FORWARD;
-    case BlockKind::kBackward:
-      return pb::Block::BACKWARD;
-    case BlockKind::kInputGrad:
-      return pb::Block::INPUT_GRAD;
-    case BlockKind::kWeightGrad:
-      return pb::Block::WEIGHT_GRAD;
-  }
-  return pb::Block::FORWARD;
 }
 
 // The reader has checked the kind is one of the enum's values.
@@ -88,9 +75,9 @@ Unsealed unseal(const std::string& text) {
 }
 
 // Trailing whitespace is not covered: an editor that adds a final newline changes no plan.
-std::string seal_of(const std::string& unsealed) {
+std::string seal_of(std::string_view unsealed) {
   size_t end = unsealed.find_last_not_of(" \t\r\n");
-  return hex(fnv1a(unsealed.substr(0, end == std::string::npos ? 0 : end + 1)));
+  return hex(fnv1a(unsealed.substr(0, end == std::string_view::npos ? 0 : end + 1)));
 }
 
 // "section.key: value" for every leaf of to_yaml's output (block style, two-space indent).
@@ -134,152 +121,6 @@ std::string planned_keys(const std::string& yaml) {
   for (const auto& [k, v] : flatten_yaml(yaml))
     if (shapes_plan(k)) text += k + "=" + v + "\n";
   return text;
-}
-
-// ---- to proto ----------------------------------------------------------------------------
-
-void put_sub(const graph::SubTensor& s, pb::SubTensor* out) {
-  out->set_tensor(s.tensor.value());
-  for (const auto& r : s.ranges) {
-    auto* pr = out->add_ranges();
-    pr->set_start(r.start);
-    pr->set_end(r.end);
-  }
-  out->set_value_chunk(s.value_chunk);
-  out->set_value_chunks(s.value_chunks);
-}
-
-void put_layout(const Layout& l, pb::Layout* out) {
-  out->set_r(l.r);
-  out->set_v(l.v);
-  for (int64_t d : l.d) out->add_d(d);
-  for (DeviceId d : l.devices) out->add_devices(d.value());
-}
-
-void put_path(const CommPath& p, pb::CommPath* out) {
-  for (const CommStep& st : p.steps) {
-    auto* ps = out->add_steps();
-    ps->set_primitive(static_cast<pb::Primitive>(st.primitive));
-    put_layout(st.before, ps->mutable_before());
-    put_layout(st.after, ps->mutable_after());
-    ps->set_from_factor(st.from_factor);
-    ps->set_to_factor(st.to_factor);
-    ps->set_k(st.k);
-    for (const auto& g : st.groups) {
-      auto* pg = ps->add_groups();
-      for (DeviceId d : g) pg->add_devices(d.value());
-    }
-    ps->set_cost_s(st.cost_s);
-  }
-  out->set_cost_s(p.cost_s);
-  out->set_via_full_replication(p.via_full_replication);
-}
-
-void put_graph(const graph::Graph& g, pb::Graph* out) {
-  out->set_name(g.name());
-  for (const auto& t : g.tensors()) {
-    auto* pt = out->add_tensors();
-    pt->set_id(t.id.value());
-    pt->set_name(t.name);
-    for (int64_t s : t.shape) pt->add_shape(s);
-    pt->set_dtype(std::string(loom::to_string(t.dtype)));
-    pt->set_role(static_cast<pb::Role>(t.role));
-    pt->set_init(static_cast<pb::InitKind>(t.init.kind));
-    pt->set_init_std(t.init.std);
-  }
-  std::map<const graph::OpDef*, int64_t> defs;
-  for (const auto& op : g.ops()) {
-    auto [it, fresh] = defs.emplace(op.def.get(), static_cast<int64_t>(defs.size()));
-    if (fresh) {
-      auto* pd = out->add_defs();
-      pd->set_type(op.def->type);
-      pd->set_name(op.def->name);
-      for (const auto& [name, value] : op.def->attrs.values()) {
-        auto* pa = pd->add_attrs();
-        pa->set_name(name);
-        if (auto* i = std::get_if<int64_t>(&value))
-          pa->set_int_value(*i);
-        else if (auto* r = std::get_if<double>(&value))
-          pa->set_real_value(*r);
-        else if (auto* b = std::get_if<bool>(&value))
-          pa->set_bool_value(*b);
-        else if (auto* s = std::get_if<std::string>(&value))
-          pa->set_string_value(*s);
-        else
-          for (int64_t v : std::get<std::vector<int64_t>>(value))
-            pa->mutable_ints_value()->add_values(v);
-      }
-      pd->set_annotation(op.def->annotation.to_string());
-      pd->set_layer(op.def->layer);
-      pd->set_attention_core(op.def->attention_core);
-    }
-    auto* po = out->add_ops();
-    po->set_id(op.id.value());
-    po->set_def(it->second);
-    for (const auto& s : op.inputs) put_sub(s, po->add_inputs());
-    for (const auto& s : op.outputs) put_sub(s, po->add_outputs());
-    for (const auto& p : op.parts) {
-      auto* pp = po->add_parts();
-      pp->set_index(p.index);
-      pp->set_count(p.count);
-    }
-    po->set_device(op.device.value());
-    po->set_stage(op.stage.value());
-  }
-  out->set_loss(g.loss().value());
-}
-
-void put_lowered(const Lowered& l, pb::Lowered* out) {
-  for (const Adapter& a : l.adapters) {
-    auto* pa = out->add_adapters();
-    pa->set_id(a.id);
-    pa->set_tensor(a.tensor.value());
-    pa->set_consumer(a.consumer);
-    for (const auto& c : a.consumers) pa->add_consumers(c);
-    pa->set_producer_stage(a.producer_stage.value());
-    pa->set_consumer_stage(a.consumer_stage.value());
-    put_layout(a.from, pa->mutable_from());
-    put_layout(a.to, pa->mutable_to());
-    put_path(a.forward, pa->mutable_forward());
-    put_path(a.backward, pa->mutable_backward());
-    pa->set_disjoint(a.disjoint);
-    pa->set_parameter(a.parameter);
-    pa->set_regather(a.regather);
-  }
-  for (const GradSync& s : l.grad_syncs) {
-    auto* ps = out->add_grad_syncs();
-    ps->set_tensor(s.tensor.value());
-    put_sub(s.piece, ps->mutable_piece());
-    for (DeviceId d : s.devices) ps->add_devices(d.value());
-  }
-  for (const Program& p : l.programs) {
-    auto* pp = out->add_programs();
-    pp->set_rank(p.rank.value());
-    for (const Segment& seg : p.segments) {
-      auto* ps = pp->add_segments();
-      ps->set_stage(seg.stage.value());
-      for (const SegmentItem& item : seg.items) {
-        auto* pi = ps->add_items();
-        pi->set_kind(item.kind == SegmentItem::Kind::kOp ? pb::SegmentItem::OP
-                                                         : pb::SegmentItem::ADAPTER);
-        pi->set_index(item.index);
-        pi->set_producer_side(item.producer_side);
-      }
-      for (const RecomputeRegion& region : seg.recompute) {
-        auto* pr = ps->add_recompute();
-        pr->set_begin(region.begin);
-        pr->set_end(region.end);
-      }
-    }
-    for (const ProgramBlock& b : p.blocks) {
-      auto* pb_block = pp->add_blocks();
-      pb_block->set_kind(to_proto(b.kind));
-      pb_block->set_stage(b.stage.value());
-      pb_block->set_micro_batch(b.micro_batch.value());
-    }
-    for (int64_t id : p.grad_syncs) pp->add_grad_syncs(id);
-    pp->set_loss_seed(p.loss_seed);
-  }
 }
 
 // ---- from proto: every index is checked, so a damaged file is an error, not a crash ---------
@@ -576,25 +417,15 @@ std::string plan_hash(const Config& config, const std::string& digest,
 }
 
 Result<std::string> plan_to_json(const PlanFile& plan) {
-  pb::Plan p;
-  p.set_format(kFormat);
-  p.set_format_version(kPlanFormatVersion);
-  p.set_hash(plan.hash);
-  p.set_code_fingerprint(plan.code_fingerprint);
-  p.set_config_yaml(plan.config_yaml);
-  p.set_world_size(plan.world_size);
-  p.set_micro_batches(plan.micro_batches);
-  put_graph(plan.graph, p.mutable_graph());
-  put_lowered(plan.lowered, p.mutable_lowered());
-  p.set_schedule_csv(plan.schedule_csv);
-  p.set_model_digest(plan.model_digest);
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = false;  // a 1024-rank plan is 40% smaller without indentation
-  options.preserve_proto_field_names = true;
-  std::string out;
-  auto status = google::protobuf::util::MessageToJsonString(p, &out, options);
-  if (!status.ok()) return Error::at("plan.json", "cannot print the plan: " + status.ToString());
-  return seal_plan_json(out);
+  // The text is written after room for the seal's member and sealed in place: the seal covers
+  // the unsealed text, "{" and all that follows it, which the member's "," then replaces.
+  std::string out(kSealedPrefix - 1, ' ');
+  write_plan_json(plan, out);
+  LOOM_CHECK(out.size() > kSealedPrefix && out[kSealedPrefix - 1] == '{')
+      << "plan JSON is not an object";
+  const std::string seal = seal_of(std::string_view(out).substr(kSealedPrefix - 1));
+  out.replace(0, kSealedPrefix, std::string(kSealOpen) + seal + "\",");
+  return out;
 }
 
 std::string seal_plan_json(const std::string& json) {

@@ -1,5 +1,6 @@
 // plan.json: the whole plan of a run (planned graph, lowered programs, schedule) serialised
-// through core/plan.proto with Protobuf's JSON printer, so `loom train --plan` runs exactly the
+// as core/plan.proto in Protobuf JSON (written directly, lower/plan_json_writer.h; read with
+// Protobuf's parser), so `loom train --plan` runs exactly the
 // plan `loom plan` wrote. A plan carries a hash of what it was made from: the config keys that
 // shape a plan (model.*, parallel.*, batch.*, cost.*), the single-device model graph, and the code
 // fingerprint (loom version, plan format, op types, policies). A plan whose hash differs from

@@ -524,7 +524,13 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   EventStreams streams(lowered);
   std::unordered_set<int64_t> sent;               // step key and receiver
   std::unordered_map<int64_t, size_t> receiving;  // message -> the rank waiting for it
-  std::map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t> arrived;  // members at it
+  // Members at each collective, keyed by its step key and member list.
+  struct GroupHash {
+    size_t operator()(const std::pair<int64_t, const std::vector<DeviceId>*>& g) const {
+      return std::hash<int64_t>()(g.first) ^ (std::hash<const void*>()(g.second) * 31);
+    }
+  };
+  std::unordered_map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t, GroupHash> arrived;
   std::vector<char> counted(world, 0);  // the rank's arrival at its current collective counted
   auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
   std::deque<size_t> runnable;
@@ -547,9 +553,9 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
           break;
         }
       } else {
-        const auto group = std::make_pair(e->key, e->members);
-        if (!counted[r]) counted[r] = 1, ++arrived[group];
-        if (arrived[group] < e->members->size()) break;
+        const auto group = arrived.try_emplace(std::make_pair(e->key, e->members), 0).first;
+        if (!counted[r]) counted[r] = 1, ++group->second;
+        if (group->second < e->members->size()) break;
         arrived.erase(group);
         for (DeviceId m : *e->members) {
           const size_t member = static_cast<size_t>(m.value());
@@ -573,69 +579,112 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
 
 namespace {
 
-// The steps of `path` this rank takes part in: "all_reduce with [0,1]; send to 2; recv from 3".
-std::string my_steps(const CommPath& path, Rank rank) {
-  std::vector<std::string> parts;
+// Appends the steps of `path` this rank takes part in: "all_reduce with [0,1]; send to 2; recv
+// from 3". Text is appended, not joined from parts: a 1024-rank dump lists millions of steps.
+void append_my_steps(std::string& out, const CommPath& path, Rank rank) {
+  const size_t start = out.size();
+  auto part = [&] {
+    if (out.size() > start) out += "; ";
+  };
   for (const CommStep& st : path.steps) {
     if (st.primitive == Primitive::kSendRecv) {
       for (const auto& pair : st.groups) {
         if (pair[0] == pair[1]) continue;
-        if (pair[0].value() == rank.value()) parts.push_back("send to " + pair[1].to_string());
-        if (pair[1].value() == rank.value()) parts.push_back("recv from " + pair[0].to_string());
+        if (pair[0].value() == rank.value()) {
+          part();
+          out += "send to ";
+          out += pair[1].to_string();
+        }
+        if (pair[1].value() == rank.value()) {
+          part();
+          out += "recv from ";
+          out += pair[0].to_string();
+        }
       }
       continue;
     }
     for (const auto& group : st.groups) {
       if (std::find(group.begin(), group.end(), DeviceId(rank.value())) == group.end()) continue;
-      std::vector<std::string> members;
-      for (DeviceId d : group) members.push_back(d.to_string());
-      parts.push_back(to_string(st.primitive) +
-                      (group.size() > 1 ? " with [" + join(members, ",") + "]" : ""));
+      part();
+      out += to_string(st.primitive);
+      if (group.size() < 2) continue;
+      out += " with [";
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (i > 0) out += ',';
+        out += group[i].to_string();
+      }
+      out += ']';
     }
   }
-  return parts.empty() ? "(nothing on this rank)" : join(parts, "; ");
+  if (out.size() == start) out += "(nothing on this rank)";
 }
 
 }  // namespace
 
 std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
   const Program& prog = lowered.programs[rank.value()];
-  std::ostringstream os;
-  os << "rank " << rank << ": " << prog.segments.size() << " stage segment(s), "
-     << prog.blocks.size() << " blocks, loss seed " << prog.loss_seed << "\n";
+  std::ostringstream head;
+  head << "rank " << rank << ": " << prog.segments.size() << " stage segment(s), "
+       << prog.blocks.size() << " blocks, loss seed " << prog.loss_seed << "\n";
+  std::string out = head.str();
   for (const Segment& seg : prog.segments) {
-    os << "  stage " << seg.stage << ":\n";
+    out += "  stage " + seg.stage.to_string() + ":\n";
     for (size_t i = 0; i < seg.items.size(); ++i) {
       const SegmentItem& it = seg.items[i];
       for (const RecomputeRegion& r : seg.recompute)
         if (r.begin == static_cast<int64_t>(i))
-          os << "    recompute in backward: the next " << r.end - r.begin << " item(s)\n";
+          out += "    recompute in backward: the next " + std::to_string(r.end - r.begin) +
+                 " item(s)\n";
       if (it.kind == SegmentItem::Kind::kOp) {
         const auto& op = g.ops()[static_cast<size_t>(it.index)];
-        os << "    run  " << op.name() << " (" << op.type() << ")\n";
+        out += "    run  ";
+        out += op.def->name;
+        for (const graph::Part& p : op.parts)
+          out += "[" + std::to_string(p.index) + "/" + std::to_string(p.count) + "]";
+        out += " (";
+        out += op.type();
+        out += ")\n";
       } else {
         const Adapter& a = lowered.adapters[static_cast<size_t>(it.index)];
-        os << "    comm " << g.tensor(a.tensor).name << " for " << join(a.consumers, ", ")
-           << (it.producer_side ? " [send side]" : "")
-           << (a.parameter ? " [stored " + a.from.to_string() + "]" : "") << ": "
-           << my_steps(a.forward, rank)
-           << " | backward: " << (a.regather ? "again " + my_steps(a.forward, rank) + "; " : "")
-           << my_steps(a.backward, rank) << "\n";
+        out += "    comm ";
+        out += g.tensor(a.tensor).name;
+        out += " for ";
+        for (size_t c = 0; c < a.consumers.size(); ++c) {
+          if (c > 0) out += ", ";
+          out += a.consumers[c];
+        }
+        if (it.producer_side) out += " [send side]";
+        if (a.parameter) out += " [stored " + a.from.to_string() + "]";
+        out += ": ";
+        append_my_steps(out, a.forward, rank);
+        out += " | backward: ";
+        if (a.regather) {
+          out += "again ";
+          append_my_steps(out, a.forward, rank);
+          out += "; ";
+        }
+        append_my_steps(out, a.backward, rank);
+        out += "\n";
       }
     }
   }
-  os << "  order:";
-  for (const ProgramBlock& b : prog.blocks)
-    os << " " << block_letter(b.kind) << b.stage << "." << b.micro_batch;
-  os << "\n";
+  out += "  order:";
+  for (const ProgramBlock& b : prog.blocks) {
+    out += ' ';
+    out += block_letter(b.kind);
+    out += b.stage.to_string() + "." + b.micro_batch.to_string();
+  }
+  out += "\n";
   for (int64_t s : prog.grad_syncs) {
     const GradSync& gs = lowered.grad_syncs[static_cast<size_t>(s)];
-    std::vector<std::string> devs;
-    for (DeviceId d : gs.devices) devs.push_back(d.to_string());
-    os << "  grad all_reduce " << g.tensor(gs.tensor).name << gs.piece.ranges_string() << " over ["
-       << join(devs, ",") << "]\n";
+    out += "  grad all_reduce " + g.tensor(gs.tensor).name + gs.piece.ranges_string() + " over [";
+    for (size_t i = 0; i < gs.devices.size(); ++i) {
+      if (i > 0) out += ',';
+      out += gs.devices[i].to_string();
+    }
+    out += "]\n";
   }
-  return os.str();
+  return out;
 }
 
 }  // namespace loom::lower

@@ -356,7 +356,10 @@ Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t&
     auto config =
         with_overrides(s.yaml, overrides_of(planned_shape, {recompute, 0}, planned_global));
     ++planned;
-    Result<Plan> plan = config.ok() ? make_plan(*config, s.registries, s.cost, ranks)
+    // A proxy's plan is estimated and dropped: the proofs are left to the whole plans kept.
+    PlanProofs proofs;
+    proofs.verify_graph = proofs.deadlock_free = s.whole;
+    Result<Plan> plan = config.ok() ? make_plan(*config, s.registries, s.cost, ranks, proofs)
                                     : Result<Plan>(config.error());
     return base.emplace(recompute, std::move(plan)).first->second;
   };

@@ -140,6 +140,8 @@ bool gloo_reduce_scatter(const Config& config) {
          (config.comm.backend == "auto" && config.run.device == "cpu");
 }
 
+bool on_gpu(const Config& config) { return config.run.device == "cuda"; }
+
 // What each rank holds and keeps, from its sub-operators, the adapters and the gradient syncs.
 struct Holdings {
   std::vector<double> params, acts, largest_piece, incoming, sync_buffer;
@@ -228,7 +230,7 @@ std::pair<double, double> gather_costs(const Config& config, const graph::Graph&
 }
 
 Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                  int64_t world) {
+                  int64_t world, const RecomputeCost& rc) {
   const size_t n = static_cast<size_t>(world);
   Holdings h;
   for (auto* v : {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer,
@@ -239,8 +241,10 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   const auto stored = lower::parameter_adapters(lowered);
   // Autograd sums the gradients of a parameter read by several ops (a tied embedding and LM
   // head) in its input buffer before accumulating: the two incoming gradients and their sum.
-  std::vector<std::map<std::string, std::pair<double, int>>> uses(n);
-  std::vector<std::set<std::string>> seen(n);
+  // Keyed by the piece read (tensor id, value chunk and chunks, then its ranges): its bytes and
+  // its readers.
+  std::vector<std::map<std::vector<int64_t>, std::pair<double, int>>> uses(n);
+  std::vector<int64_t> key;
   // A linear fused with its bias_add never materialises its own output (lower/fusion.h).
   const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
   for (size_t i = 0; i < planned.ops().size(); ++i) {
@@ -255,11 +259,13 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
       const auto shard = stored.find({t.id.value(), op.def->name});
       const graph::SubTensor in =
           shard == stored.end() ? read : lower::stored_piece(*shard->second, op.device, t.shape);
-      const std::string key = t.name + in.ranges_string();
-      auto& u = uses[r][key];
+      key.assign({t.id.value(), in.value_chunk, in.value_chunks});
+      for (const graph::Range& range : in.ranges) key.insert(key.end(), {range.start, range.end});
+      auto [it, fresh] = uses[r].try_emplace(key, 0.0, 0);
+      auto& u = it->second;
       u.first = static_cast<double>(numel(in.shape()) * 4);
       ++u.second;
-      if (seen[r].insert(key).second) {
+      if (fresh) {
         h.params[r] += static_cast<double>(numel(in.shape()));
         h.largest_piece[r] =
             std::max(h.largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
@@ -286,8 +292,6 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
           static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
   // Recomputed regions keep only what crosses their border; one region's activations come back
   // while its backward runs. Only the bytes are read here, which no cost model changes.
-  const RecomputeCost rc =
-      recompute_cost(planned, lowered, CostModel::builtin(), config.run.device == "cuda");
   h.recompute_bytes = rc.largest_region_bytes;
   for (size_t r = 0; r < n; ++r) h.acts[r] -= rc.dropped_bytes[r];
   for (size_t r = 0; r < n; ++r)
@@ -376,9 +380,13 @@ double shared_compute_seconds(std::vector<double> work_s, const CostModel& cost)
 }
 
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
-                                    const lower::Lowered& lowered) {
+                                    const lower::Lowered& lowered, const RecomputeCost* recompute) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
-  const Holdings h = holdings(config, planned, lowered, world);
+  // Only the bytes are read, which no cost model changes.
+  const Holdings h =
+      holdings(config, planned, lowered, world,
+               recompute ? *recompute
+                         : recompute_cost(planned, lowered, CostModel::builtin(), on_gpu(config)));
   std::vector<RankMemory> out;
   for (size_t r = 0; r < static_cast<size_t>(world); ++r) out.push_back(memory_of(config, h, r));
   return out;
@@ -512,15 +520,20 @@ void add_memory(const Config& config, const Holdings& h, size_t r, double in_fli
 
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
-                       const PipelineTimes& pipeline) {
+                       const PipelineTimes& pipeline, const RecomputeCost* recompute) {
   const auto& par = config.parallel;
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   const size_t n = static_cast<size_t>(world);
   const double m = static_cast<double>(config.micro_batches());
   const int64_t ranks_per_stage = par.ranks_per_stage();
   const std::vector<double> fwd = forward_seconds(planned, world, cost);
-  const std::vector<double> refwd = recompute_cost(planned, lowered, cost).forward_s;
-  const Holdings h = holdings(config, planned, lowered, world);
+  // One pass over the recomputed regions gives their seconds on `cost` and, on the run's
+  // device, their bytes.
+  std::optional<RecomputeCost> computed;
+  if (!recompute) computed = recompute_cost(planned, lowered, cost, on_gpu(config));
+  const RecomputeCost& rc = recompute ? *recompute : *computed;
+  const std::vector<double>& refwd = rc.forward_s;
+  const Holdings h = holdings(config, planned, lowered, world, rc);
   const bool pipelined = !pipeline.busy_s.empty();
 
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;

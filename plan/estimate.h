@@ -81,14 +81,17 @@ struct RankMemory {
   double held_bytes = 0;
   double activation_bytes = 0;  // one micro-batch's saved tensors and adapter deliveries
 };
-// Per rank of a lowered plan (the schedule's order does not matter).
+// Per rank of a lowered plan (the schedule's order does not matter). `recompute`: the plan's
+// recompute_cost on the run's device, when the caller has it (it is computed otherwise).
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
-                                    const lower::Lowered& lowered);
+                                    const lower::Lowered& lowered,
+                                    const RecomputeCost* recompute = nullptr);
 
 // The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
+// `recompute`: the plan's recompute_cost on `cost` and the run's device, when the caller has it.
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
-                       const PipelineTimes& pipeline);
+                       const PipelineTimes& pipeline, const RecomputeCost* recompute = nullptr);
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
 // `all_to_all_fill`: the share of an all-to-all's pieces that crosses (a ragged one's).

@@ -138,10 +138,12 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost) {
   auto spec = PlanSpec::of(config);
   LOOM_CHECK(spec.ok()) << spec.error().to_string();  // the config a plan was made of
-  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered);
+  const RecomputeCost recompute =
+      recompute_cost(planned, lowered, cost, config.run.device == "cuda");
+  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &recompute);
   const std::vector<double> forward_s =
       forward_seconds(planned, static_cast<int64_t>(memory.size()), cost);
-  const std::vector<double> recompute_s = recompute_cost(planned, lowered, cost).forward_s;
+  const std::vector<double>& recompute_s = recompute.forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
   const int64_t world = static_cast<int64_t>(memory.size());
@@ -265,7 +267,7 @@ Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpe
 }  // namespace
 
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
-                       int64_t world_size) {
+                       int64_t world_size, const PlanProofs& proofs) {
   if (world_size == 0) world_size = config.parallel.world_size();
   if (world_size < 1)
     return Error::at("world_size",
@@ -286,20 +288,21 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
 
   LOOM_ASSIGN_OR_RETURN(file.graph,
                         planner::plan_graph(plan.model, {config, world_size}, registries.policies));
-  LOOM_TRY(graph::verify(file.graph, registries.ops));
+  if (proofs.verify_graph) LOOM_TRY(graph::verify(file.graph, registries.ops));
   LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder pipeline, order_and_lower(config, spec, cost, file));
   LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
   LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, spec.recompute);
   // A recomputed forward repeats its collectives inside the backward.
-  LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
   const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
-  const std::vector<double> recompute_s = recompute_cost(file.graph, file.lowered, cost).forward_s;
-  LOOM_TRY(simulate_pipeline(spec, forward_s, recompute_s, pipeline, plan));
+  const RecomputeCost recomputed =
+      recompute_cost(file.graph, file.lowered, cost, config.run.device == "cuda");
+  LOOM_TRY(simulate_pipeline(spec, forward_s, recomputed.forward_s, pipeline, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
-  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline);
+  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &recomputed);
   return plan;
 }
 

@@ -73,10 +73,19 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost);
 
+// What make_plan proves of the plan it makes, besides refusing what cannot be planned: that
+// the policy's graph verifies and that the programs cannot deadlock. Both hold of every plan
+// loom makes (a failure is loom's bug); the auto-planner's proxies, estimated and discarded,
+// skip them, and what it keeps is planned whole with them.
+struct PlanProofs {
+  bool verify_graph = true;
+  bool deadlock_free = true;
+};
+
 // The plan of `config` for `world_size` ranks (0: parallel.dp x tp x pp). Every user mistake
 // (config, model arguments, degrees that do not divide the model) is an error naming the key.
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
-                       int64_t world_size = 0);
+                       int64_t world_size = 0, const PlanProofs& proofs = {});
 // The same on the config's own cost model (cost.*).
 Result<Plan> make_plan(const Config& config, const Registries& registries = {});
 

@@ -2,8 +2,13 @@
 // exactly the keys a plan is made from, and damaged or stale files are refused by name.
 #include "lower/plan_file.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
+#include "core/plan.pb.h"
 #include "graph/dump.h"
 #include "lower/recompute.h"
 #include "lower/schedule_order.h"
@@ -103,6 +108,67 @@ TEST_P(RoundTrip, JsonReadsBackToTheSamePlan) {
   auto again = plan_to_json(*back);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *json);
+}
+
+// What Protobuf's printer makes of `json` (sealed) read back into core/plan.proto's message,
+// sealed the same way.
+std::string printed_by_protobuf(const std::string& json) {
+  const size_t body = json.find(",\"format\"");
+  EXPECT_NE(body, std::string::npos);
+  planpb::Plan message;
+  EXPECT_TRUE(
+      google::protobuf::util::JsonStringToMessage("{" + json.substr(body + 1), &message).ok());
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = false;
+  options.preserve_proto_field_names = true;
+  std::string printed;
+  EXPECT_TRUE(google::protobuf::util::MessageToJsonString(message, &printed, options).ok());
+  return seal_plan_json(printed);
+}
+
+// Where two texts first differ, with some text around it (a plan's JSON is too long to print).
+std::string first_difference(const std::string& a, const std::string& b) {
+  size_t i = std::string_view("{\"seal\":\"0123456789abcdef\",").size();  // past the seals
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  const size_t from = i > 80 ? i - 80 : 0;
+  return "at byte " + std::to_string(i) + ":\n  " + a.substr(from, 200) + "\n  " +
+         b.substr(from, 200);
+}
+
+// plan.json is written directly, not through Protobuf: its bytes are the printer's all the same
+// (field order, fields at zero left out, int64 quoted, enums by name, doubles, escapes).
+TEST_P(RoundTrip, JsonIsProtobufsPrinterText) {
+  PlanFile plan = make(GetParam());
+  auto json = plan_to_json(plan);
+  ASSERT_TRUE(json.ok()) << json.error().message;
+  const std::string printed = printed_by_protobuf(*json);
+  EXPECT_TRUE(printed == *json) << first_difference(printed, *json);
+}
+
+TEST(PlanJson, StringsAndDoublesAreWrittenAsProtobufPrintsThem) {
+  PlanFile plan = make({"parallel.tp=2"});
+  std::string every_byte;
+  for (int c = 1; c < 128; ++c) every_byte += static_cast<char>(c);
+  plan.config_yaml = every_byte + " <b> \"q\" \\ caf\xc3\xa9 \xe2\x80\xa8 end";
+  plan.schedule_csv = "0F0,\t<>\n";
+  const double odd[] = {0.1,
+                        1.0 / 3,
+                        2.5e-300,
+                        1e21,
+                        123456789012.0,
+                        5e-324,
+                        std::numeric_limits<double>::infinity(),
+                        std::nan("")};
+  size_t i = 0;
+  for (Adapter& a : plan.lowered.adapters) {
+    a.forward.cost_s = odd[i++ % std::size(odd)];
+    for (CommStep& st : a.backward.steps) st.cost_s = odd[i++ % std::size(odd)];
+  }
+  for (Program& p : plan.lowered.programs) p.loss_seed = odd[i++ % std::size(odd)];
+  auto json = plan_to_json(plan);
+  ASSERT_TRUE(json.ok()) << json.error().message;
+  const std::string printed = printed_by_protobuf(*json);
+  EXPECT_TRUE(printed == *json) << first_difference(printed, *json);
 }
 
 INSTANTIATE_TEST_SUITE_P(
