@@ -70,9 +70,8 @@ OpRegistry OpRegistry::with_builtin_ops() {
   bias_add.rules.tensor_parallel = tp_by_hint("n", "");
   must(sequence_parallel(std::move(bias_add)));
   // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
-  // head size, so splitting heads keeps whole heads together.
-  // Scores and weighted sums: 4 b s t h d; tensor and all-to-all context parallelism split
-  // the heads.
+  // head size, so splitting heads keeps whole heads together. Scores and weighted sums cost
+  // 4 b s t h d; tensor and all-to-all context parallelism split the heads.
   OpSchema attention =
       OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
   attention.attention_core = true;
