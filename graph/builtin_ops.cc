@@ -26,6 +26,12 @@ OpSchema ranked(std::string type, std::function<std::string(const std::string&)>
   return s;
 }
 
+// Under sequence parallelism these split the sequence (OpRules::sequence_parallel).
+OpSchema sequence_parallel(OpSchema s) {
+  s.rules.sequence_parallel = true;
+  return s;
+}
+
 }  // namespace
 
 OpRegistry OpRegistry::with_builtin_ops() {
@@ -35,26 +41,47 @@ OpRegistry OpRegistry::with_builtin_ops() {
     LOOM_CHECK(st.ok()) << st.error().message;
   };
   // Token embedding: splitting the vocabulary makes each piece's output a partial sum.
-  must(OpSchema::simple("embedding", "b s, v+ h -> b s h"));
+  // Tensor parallelism splits the vocabulary (Megatron's vocab-parallel embedding); a lookup
+  // costs an operation per output element.
+  OpSchema embedding = OpSchema::simple("embedding", "b s, v+ h -> b s h");
+  embedding.rules.flops = flops_of_labels(1, {"b", "s", "h"});
+  embedding.rules.tensor_parallel = tp_split("v");
+  must(std::move(embedding));
   // Adds a [seq, hidden] table (learned positions) to every sample.
-  must(OpSchema::simple("add_position", "b s h, s h -> b s h"));
+  must(sequence_parallel(OpSchema::simple("add_position", "b s h, s h -> b s h")));
   // Elementwise ops over any rank (attribute ndim, default 3).
-  must(ranked("add", [](const std::string& l) { return l + " h, " + l + " h -> " + l + " h"; }));
+  must(sequence_parallel(
+      ranked("add", [](const std::string& l) { return l + " h, " + l + " h -> " + l + " h"; })));
   must(ranked("gelu", [](const std::string& l) { return l + " h -> " + l + " h"; }));
-  must(
-      ranked("layer_norm", [](const std::string& l) { return l + " h^, h^, h^ -> " + l + " h^"; }));
+  must(sequence_parallel(ranked(
+      "layer_norm", [](const std::string& l) { return l + " h^, h^, h^ -> " + l + " h^"; })));
   // y = x W^T with W of shape [out, in], as torch.nn.Linear stores it; the bias is its own op
-  // so that a split of `k` (row-parallel) stays a plain partial sum.
-  must(ranked("linear", [](const std::string& l) { return l + " k+, n k+ -> " + l + " n"; }));
-  must(ranked("bias_add", [](const std::string& l) { return l + " n, n -> " + l + " n"; }));
+  // so that a split of `k` (row-parallel) stays a plain partial sum. Tensor parallelism splits
+  // the output features of a column-parallel layer, the input features of a row-parallel one.
+  OpSchema linear =
+      ranked("linear", [](const std::string& l) { return l + " k+, n k+ -> " + l + " n"; });
+  linear.rules.flops = matmul_flops();
+  linear.rules.tensor_parallel = tp_by_hint("n", "k");
+  must(std::move(linear));
+  // After a column-parallel layer, on its features; after a row-parallel one, under sequence
+  // parallelism, on the sequence.
+  OpSchema bias_add =
+      ranked("bias_add", [](const std::string& l) { return l + " n, n -> " + l + " n"; });
+  bias_add.rules.tensor_parallel = tp_by_hint("n", "");
+  must(sequence_parallel(std::move(bias_add)));
   // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
-  // head size, so splitting heads keeps whole heads together.
+  // head size, so splitting heads keeps whole heads together. Scores and weighted sums cost
+  // 4 b s t h d; tensor and all-to-all context parallelism split the heads.
   OpSchema attention =
       OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
   attention.attention_core = true;
+  attention.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
+  attention.rules.tensor_parallel = tp_split("h");
+  attention.rules.context_heads = "h";
   must(std::move(attention));
   // Llama's blocks. RMSNorm (attribute eps) normalises the last dimension by its root mean square.
-  must(ranked("rms_norm", [](const std::string& l) { return l + " h^, h^ -> " + l + " h^"; }));
+  must(sequence_parallel(
+      ranked("rms_norm", [](const std::string& l) { return l + " h^, h^ -> " + l + " h^"; })));
   // silu(gate) * up, elementwise.
   must(ranked("swiglu", [](const std::string& l) { return l + " h, " + l + " h -> " + l + " h"; }));
   // Rotary position embedding of [batch, seq, heads*head_dim] queries or keys (attributes d,
@@ -66,12 +93,17 @@ OpRegistry OpRegistry::with_builtin_ops() {
   OpSchema gqa = OpSchema::simple("gqa_attention",
                                   "b s^ (g r^ d^), b t^ (g d^), b t^ (g d^) -> b s^ (g r^ d^)");
   gqa.attention_core = true;
+  gqa.rules.flops = flops_of_labels(4, {"b", "s", "t", "g", "r", "d"});
+  gqa.rules.tensor_parallel = tp_split("g");
+  gqa.rules.context_heads = "g";
   must(std::move(gqa));
   // The same with more tensor-parallel ranks than kv heads: a piece of the query heads reads the
   // kv heads its heads belong to (query head i of h reads kv head i / (h / k)) from k and v whole.
   OpSchema shared_kv = OpSchema::simple("shared_kv_attention",
                                         "b s^ (h d^), b t^ (k^ d^), b t^ (k^ d^) -> b s^ (h d^)");
   shared_kv.attention_core = true;
+  shared_kv.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
+  shared_kv.rules.tensor_parallel = tp_split("h");  // query heads; kv heads whole
   must(std::move(shared_kv));
   // Sum of token losses divided by attribute `normalizer` (the token count of the full
   // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
@@ -92,11 +124,18 @@ OpRegistry OpRegistry::with_builtin_ops() {
   //   pick:            the target's logit; a piece of the vocabulary gives 0 for targets it
   //                    does not hold, so pieces are partial sums
   //   nll:             sum over tokens of (lse - target logit) / normalizer
-  for (auto [type, annotation] :
-       {std::pair{"group_logsumexp", "b s (g v^) -> b s g"},
-        std::pair{"logsumexp", "b s g^ -> b s"}, std::pair{"pick", "b s (g+ v^), b s -> b s"}}) {
-    OpSchema schema = OpSchema::simple(type, annotation);
+  // Tensor parallelism splits the groups where they are (group_logsumexp, pick).
+  struct LossPiece {
+    const char* type;
+    const char* annotation;
+    bool vocab_parallel;
+  };
+  for (const LossPiece& piece : {LossPiece{"group_logsumexp", "b s (g v^) -> b s g", true},
+                                 LossPiece{"logsumexp", "b s g^ -> b s", false},
+                                 LossPiece{"pick", "b s (g+ v^), b s -> b s", true}}) {
+    OpSchema schema = OpSchema::simple(piece.type, piece.annotation);
     schema.fp32_outputs = true;
+    if (piece.vocab_parallel) schema.rules.tensor_parallel = tp_split("g");
     must(std::move(schema));
   }
   must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));

@@ -10,6 +10,7 @@
 #include "core/ids.h"
 #include "graph/annotation.h"
 #include "graph/attrs.h"
+#include "graph/op_rules.h"
 #include "graph/tensor.h"
 
 namespace loom::graph {
@@ -28,6 +29,9 @@ struct OpDef {
   // Its kernel keeps tensors the size of its scores (queries x keys) for its backward:
   // parallel.recompute: selective recomputes exactly these ops (OpSchema::attention_core).
   bool attention_core = false;
+  // Its type's FLOPs and parallelism rules (OpSchema::rules); empty in a graph read back from a
+  // plan file, which is run, not planned again.
+  OpRules rules;
 };
 
 // Which piece of its op a sub-operator is: one (index, count) per split or replication, in the

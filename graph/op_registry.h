@@ -11,6 +11,7 @@
 #include "core/shape.h"
 #include "graph/annotation.h"
 #include "graph/attrs.h"
+#include "graph/op_rules.h"
 
 namespace loom::graph {
 
@@ -33,6 +34,8 @@ struct OpSchema {
   // backward, quadratic in the sequence: parallel.recompute: selective recomputes it in its
   // backward instead (Megatron's selective activation recomputation).
   bool attention_core = false;
+  // Its FLOPs and how tensor, sequence and context parallelism split it (graph/op_rules.h).
+  OpRules rules;
 
   // A schema with a constant annotation and the default rules.
   static OpSchema simple(std::string type, std::string annotation);

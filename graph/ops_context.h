@@ -27,6 +27,11 @@ inline constexpr const char* kLseMergeLast = "lse_merge_last";
 inline constexpr const char* kLseMergeLastAnnotation =
     "b s (h d^), b s h, b s (h d^), b s h -> b s (h d^)";
 
+// Their registry entries: context parallelism (planner/context_parallel.h) makes its ops from
+// them; `last`: lse_merge_last.
+OpSchema ring_attention_step_schema();
+OpSchema lse_merge_schema(bool last);
+
 // Adds them to `registry` (with_builtin_ops calls it).
 void add_context_ops(OpRegistry& registry);
 

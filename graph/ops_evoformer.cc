@@ -48,15 +48,23 @@ void add_evoformer_ops(OpRegistry& r) {
   for (OpSchema s : {with_attrs("row_attention", row_attention),
                      with_attrs("column_attention", column_attention)}) {
     s.attention_core = true;
+    s.rules.flops = flops_of_labels(4, {"b", "x", "i", "j", "h", "d"});  // scores, sums
     must(std::move(s));
   }
   // mean over s of a[s, i, c] (x) b[s, j, e], flattened to [b, i, j, c*e]: splitting s leaves
   // partial sums of the mean.
-  must(OpSchema::simple("outer_product_mean", "b s+ i c^, b s+ j e^ -> b i j (c^ e^)"));
+  OpSchema outer = OpSchema::simple("outer_product_mean", "b s+ i c^, b s+ j e^ -> b i j (c^ e^)");
+  outer.rules.flops = flops_of_labels(2, {"b", "s", "i", "j", "c", "e"});
+  must(std::move(outer));
   // Triangle multiplication: outgoing edges sum_k a[i, k] b[j, k], incoming sum_k a[k, i] b[k, j]
   // (per channel).
-  must(OpSchema::simple("triangle_outgoing", "b i k^ c, b j k^ c -> b i j c"));
-  must(OpSchema::simple("triangle_incoming", "b k^ i c, b k^ j c -> b i j c"));
+  for (auto [type, annotation] :
+       {std::pair{"triangle_outgoing", "b i k^ c, b j k^ c -> b i j c"},
+        std::pair{"triangle_incoming", "b k^ i c, b k^ j c -> b i j c"}}) {
+    OpSchema s = OpSchema::simple(type, annotation);
+    s.rules.flops = flops_of_labels(2, {"b", "i", "j", "k", "c"});
+    must(std::move(s));
+  }
 }
 
 }  // namespace loom::graph

@@ -41,6 +41,8 @@ void add_vision_ops(OpRegistry& r) {
   OpSchema attention = OpSchema::simple(
       "window_attention", "b s t^ (h d^), b s t^ (h d^), b s t^ (h d^), r^ h -> b s t^ (h d^)");
   attention.attention_core = true;
+  attention.rules.flops = flops_of_labels(4, {"b", "s", "t", "t", "h", "d"});
+  attention.rules.tensor_parallel = tp_split("h");
   must(std::move(attention));
 
   // Swin's patch merging: each 2x2 block of tokens [b, 2y, 2x, c] becomes one token of 4c

@@ -100,12 +100,9 @@ Result<AlphaBetaFit> fit_alpha_beta(const std::vector<FitPoint>& points) {
 
 FitPoint fit_point(const CommSample& s) {
   const auto bytes = static_cast<double>(s.piece_bytes);
-  if (s.primitive == "send_recv") return {1, bytes, s.seconds};
-  for (const lower::PrimitiveRule& rule : lower::primitive_rules())
-    if (lower::to_string(rule.primitive) == s.primitive)
-      return {rule.cost(s.ranks, bytes, 1, 0), rule.cost(s.ranks, bytes, 0, 1), s.seconds};
-  LOOM_CHECK(false) << "no cost formula for primitive " << s.primitive;
-  return {};
+  const lower::PrimitiveRule* rule = lower::find_primitive(s.primitive);
+  LOOM_CHECK(rule) << "no cost formula for primitive " << s.primitive;
+  return {rule->cost(s.ranks, bytes, 1, 0), rule->cost(s.ranks, bytes, 0, 1), s.seconds};
 }
 
 std::vector<LinearShape> linear_shapes(const graph::Graph& planned) {

@@ -15,28 +15,6 @@
 
 namespace loom::lower {
 
-std::string to_string(Primitive p) {
-  switch (p) {
-    case Primitive::kAllReduce:
-      return "all_reduce";
-    case Primitive::kAllGather:
-      return "all_gather";
-    case Primitive::kReduceScatter:
-      return "reduce_scatter";
-    case Primitive::kAllToAll:
-      return "all_to_all";
-    case Primitive::kChunk:
-      return "chunk";
-    case Primitive::kValueChunk:
-      return "value_chunk";
-    case Primitive::kPad:
-      return "pad";
-    case Primitive::kSendRecv:
-      return "send_recv";
-  }
-  return "?";
-}
-
 std::string CommPath::to_string() const {
   if (steps.empty()) return "(no communication)";
   std::vector<std::string> parts;
@@ -50,39 +28,96 @@ const std::vector<PrimitiveRule>& primitive_rules() {
   // Bruck), so a collective costs log2(k) latencies and the bandwidth term of the ring: a single
   // collective is never dearer than the same exchange spelled as several smaller ones.
   auto latency = [](int64_t k) { return std::ceil(std::log2(static_cast<double>(k))); };
-  static const std::vector<PrimitiveRule> kRules = {
-      {Primitive::kAllReduce, [](int f, int t) { return f == 1 && t == 0; },
-       [latency](int64_t k, double bytes, double alpha, double beta) {
-         const double n = static_cast<double>(k);
-         return 2 * latency(k) * alpha + 2 * (n - 1) / n * bytes * beta;
-       }},
-      {Primitive::kAllGather, [](int f, int t) { return f >= 2 && t == 0; },
-       [latency](int64_t k, double bytes, double alpha, double beta) {
-         return latency(k) * alpha + static_cast<double>(k - 1) * bytes * beta;
-       }},
-      {Primitive::kReduceScatter, [](int f, int t) { return f == 1 && t >= 2; },
-       [latency](int64_t k, double bytes, double alpha, double beta) {
-         const double n = static_cast<double>(k);
-         return latency(k) * alpha + (n - 1) / n * bytes * beta;
-       }},
-      {Primitive::kAllToAll, [](int f, int t) { return f >= 2 && t >= 2 && f != t; },
-       [latency](int64_t k, double bytes, double alpha, double beta) {
-         const double n = static_cast<double>(k);
-         return latency(k) * alpha + (n - 1) / n * bytes * beta;
-       }},
-      // Local steps: a copy of the kept part; beta is the local copy rate here.
-      {Primitive::kChunk, [](int f, int t) { return f == 0 && t >= 2; },
-       [](int64_t k, double bytes, double, double beta) {
-         return bytes / static_cast<double>(k) * beta;
-       }},
-      {Primitive::kValueChunk, [](int f, int t) { return f == 0 && t == 1; },
-       [](int64_t, double bytes, double, double beta) { return bytes * beta; }},
-      {Primitive::kPad, [](int f, int t) { return f >= 2 && t == 1; },
-       [](int64_t k, double bytes, double, double beta) {
-         return bytes * static_cast<double>(k) * beta;
-       }},
+  // The ring's volume per member: (k - 1) / k of the piece, twice for an all-reduce (a
+  // reduce-scatter then an all-gather); an all-gather sends its piece to each of k - 1 others.
+  auto ring = [](int64_t k, double bytes) {
+    const double n = static_cast<double>(k);
+    return (n - 1) / n * bytes;
   };
+  auto none = [](int64_t, double) { return 0.0; };
+  using K = PrimitiveKind;
+  static const std::vector<PrimitiveRule> kRules = [&] {
+    std::vector<PrimitiveRule> rules = {
+        {Primitive::kAllReduce, "all_reduce", K::kCollective, false, false,
+         [](int f, int t) { return f == 1 && t == 0; },
+         [=](int64_t k, double bytes, double alpha, double beta) {
+           return 2 * latency(k) * alpha + 2 * ring(k, bytes) * beta;
+         },
+         [=](int64_t k, double bytes) { return 2 * ring(k, bytes); }},
+        {Primitive::kAllGather, "all_gather", K::kCollective, false, false,
+         [](int f, int t) { return f >= 2 && t == 0; },
+         [=](int64_t k, double bytes, double alpha, double beta) {
+           return latency(k) * alpha + static_cast<double>(k - 1) * bytes * beta;
+         },
+         [](int64_t k, double bytes) { return static_cast<double>(k - 1) * bytes; }},
+        {Primitive::kReduceScatter, "reduce_scatter", K::kCollective, false, false,
+         [](int f, int t) { return f == 1 && t >= 2; },
+         [=](int64_t k, double bytes, double alpha, double beta) {
+           return latency(k) * alpha + ring(k, bytes) * beta;
+         },
+         ring},
+        {Primitive::kAllToAll, "all_to_all", K::kCollective, false, true,
+         [](int f, int t) { return f >= 2 && t >= 2 && f != t; },
+         [=](int64_t k, double bytes, double alpha, double beta) {
+           return latency(k) * alpha + ring(k, bytes) * beta;
+         },
+         ring},
+        // Local steps: a copy of the kept part; beta is the local copy rate here.
+        {Primitive::kChunk, "chunk", K::kLocal, false, false,
+         [](int f, int t) { return f == 0 && t >= 2; },
+         [](int64_t k, double bytes, double, double beta) {
+           return bytes / static_cast<double>(k) * beta;
+         },
+         none},
+        {Primitive::kValueChunk, "value_chunk", K::kLocal, false, false,
+         [](int f, int t) { return f == 0 && t == 1; },
+         [](int64_t, double bytes, double, double beta) { return bytes * beta; }, none},
+        {Primitive::kPad, "pad", K::kLocal, true, false,
+         [](int f, int t) { return f >= 2 && t == 1; },
+         [](int64_t k, double bytes, double, double beta) {
+           return bytes * static_cast<double>(k) * beta;
+         },
+         none},
+        // One message of the piece, whatever the group.
+        {Primitive::kSendRecv, "send_recv", K::kTransfer, false, false,
+         [](int, int) { return false; },
+         [](int64_t, double bytes, double alpha, double beta) { return alpha + bytes * beta; },
+         [](int64_t, double bytes) { return bytes; }},
+    };
+    for (size_t i = 0; i < rules.size(); ++i)
+      LOOM_CHECK(static_cast<size_t>(rules[i].primitive) == i)
+          << "primitive_rules(): " << rules[i].name << " out of the enumeration's order";
+    return rules;
+  }();
   return kRules;
+}
+
+const PrimitiveRule& rule_of(Primitive p) {
+  const auto i = static_cast<size_t>(p);
+  LOOM_CHECK(i < primitive_rules().size()) << "no registry entry for primitive " << i;
+  return primitive_rules()[i];
+}
+
+std::string to_string(Primitive p) { return rule_of(p).name; }
+
+const PrimitiveRule* find_primitive(const std::string& name) {
+  for (const PrimitiveRule& rule : primitive_rules())
+    if (rule.name == name) return &rule;
+  return nullptr;
+}
+
+double bytes_sent(const CommStep& step, int64_t rank, double piece_bytes) {
+  const PrimitiveRule& rule = rule_of(step.primitive);
+  double bytes = 0;
+  for (const std::vector<DeviceId>& g : step.groups) {
+    if (rule.kind == PrimitiveKind::kTransfer) {  // pairs {from, to}
+      if (g[0].value() == rank && g[1].value() != rank) bytes += rule.bytes(2, piece_bytes);
+      continue;
+    }
+    for (DeviceId d : g)
+      if (d.value() == rank) bytes += rule.bytes(static_cast<int64_t>(g.size()), piece_bytes);
+  }
+  return bytes;
 }
 
 Layout move_factor(const Layout& l, int from, int to, int64_t k,
@@ -116,13 +151,12 @@ Layout move_factor(const Layout& l, int from, int to, int64_t k,
   return out;
 }
 
-double PathFinder::link(const std::vector<DeviceId>& group, double& alpha) const {
-  std::set<int64_t> nodes;
-  for (DeviceId d : group) nodes.insert(d.value() / model_.devices_per_node);
-  bool inter = nodes.size() > 1;
-  const CostModel::Link within = model_.intra_link(to_string(Primitive::kSendRecv));
-  alpha = inter ? model_.inter_alpha_s : within.alpha_s;
-  return inter ? model_.inter_beta_s_per_byte : within.beta_s_per_byte;
+double PathFinder::message_seconds(DeviceId src, DeviceId dst, double bytes) const {
+  const PrimitiveRule& rule = rule_of(Primitive::kSendRecv);
+  const bool inter = src.value() / model_.devices_per_node != dst.value() / model_.devices_per_node;
+  const CostModel::Link within = model_.intra_link(rule.name);
+  return inter ? rule.cost(2, bytes, model_.inter_alpha_s, model_.inter_beta_s_per_byte)
+               : rule.cost(2, bytes, within.alpha_s, within.beta_s_per_byte);
 }
 
 namespace {
@@ -194,11 +228,8 @@ void factor_moves(const CostModel& model, bool gradient, const Shape& shape, int
   std::vector<int64_t> stride(f.size(), 1);
   for (size_t i = f.size() - 1; i-- > 0;) stride[i] = stride[i + 1] * f[i + 1];
   for (const PrimitiveRule& rule : primitive_rules()) {
-    if (rule.primitive == Primitive::kPad && !gradient)
-      continue;  // forward values stay uniform chunks
-    const bool local = rule.primitive == Primitive::kChunk ||
-                       rule.primitive == Primitive::kValueChunk ||
-                       rule.primitive == Primitive::kPad;
+    if (rule.kind == PrimitiveKind::kTransfer || (rule.gradient_only && !gradient)) continue;
+    const bool local = rule.kind == PrimitiveKind::kLocal;
     for (int a = 0; a < static_cast<int>(f.size()); ++a)
       for (int b = 0; b < static_cast<int>(f.size()); ++b) {
         if (a == b || !rule.applies(a, b)) continue;
@@ -214,7 +245,7 @@ void factor_moves(const CostModel& model, bool gradient, const Shape& shape, int
                 for (int64_t j = 1; j < k && !inter; ++j)
                   inter = node_of[static_cast<size_t>(p + j * stride[a])] !=
                           node_of[static_cast<size_t>(p)];
-          const CostModel::Link within = model.intra_link(to_string(rule.primitive));
+          const CostModel::Link within = model.intra_link(rule.name);
           const double alpha = local ? 0 : inter ? model.inter_alpha_s : within.alpha_s;
           const double beta = local   ? model.local_beta_s_per_byte
                               : inter ? model.inter_beta_s_per_byte
@@ -248,7 +279,7 @@ CommPath trace_path(SearchStates& states, const std::vector<int64_t>& start, con
     SearchState& s = states.at(k);
     if (!(k == kGoal && s.step.k == 0)) {
       CommStep step = s.step;
-      if (step.primitive != Primitive::kSendRecv)
+      if (rule_of(step.primitive).kind != PrimitiveKind::kTransfer)
         move_factor(step.before, step.from_factor, step.to_factor, step.k, &step.groups);
       path.steps.push_back(std::move(step));
     }
@@ -309,8 +340,7 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
         DeviceId dst = to.devices[static_cast<size_t>(p)],
                  src = layout.devices[static_cast<size_t>(p)];
         if (src == dst) continue;
-        double alpha = 0, beta = link({src, dst}, alpha);
-        worst = std::max(worst, alpha + bytes * beta);
+        worst = std::max(worst, message_seconds(src, dst, bytes));
         step.groups.push_back({src, dst});
       }
       step.cost_s = worst + 1e-12;
@@ -337,8 +367,7 @@ Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const
     for (int64_t p = 0; p < from.size(); ++p) {
       DeviceId src = from.devices[static_cast<size_t>(p)], dst = to.devices[static_cast<size_t>(p)];
       send.groups.push_back({src, dst});
-      double alpha = 0, beta = link({src, dst}, alpha);
-      send.cost_s = std::max(send.cost_s, alpha + bytes * beta);
+      send.cost_s = std::max(send.cost_s, message_seconds(src, dst, bytes));
     }
     CommPath path;
     path.cost_s = send.cost_s;
@@ -400,8 +429,7 @@ Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const
     DeviceId src = x.devices[static_cast<size_t>(x.position_of(xc))];
     DeviceId dst = y.devices[static_cast<size_t>(p)];
     send.groups.push_back({src, dst});
-    double alpha = 0, beta = link({src, dst}, alpha);
-    worst = std::max(worst, ++load[src.value()] * (alpha + bytes * beta));
+    worst = std::max(worst, ++load[src.value()] * message_seconds(src, dst, bytes));
   }
   send.cost_s = worst;
   path.steps.push_back(send);

@@ -63,11 +63,8 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
   const double alpha = inter ? cost.inter_alpha_s : within.alpha_s;
   const double beta = inter ? cost.inter_beta_s_per_byte : within.beta_s_per_byte;
   // lower's formula, the one loom calibrate fits.
-  for (const lower::PrimitiveRule& rule : lower::primitive_rules())
-    if (rule.primitive == lower::Primitive::kAllReduce)
-      return rule.cost(static_cast<int64_t>(devices.size()), bytes, alpha, beta);
-  LOOM_CHECK(false) << "lower has no all-reduce rule";
-  return 0;
+  return lower::rule_of(lower::Primitive::kAllReduce)
+      .cost(static_cast<int64_t>(devices.size()), bytes, alpha, beta);
 }
 
 namespace {
@@ -482,7 +479,7 @@ void add_communication(const Config& config, const graph::Graph& planned,
       const double bytes = static_cast<double>(b.elements * 4);
       re.comm_s += all_reduce_seconds(cost, groups.devices[k], bytes);
       re.sent["grad all_reduce"] +=
-          2 * static_cast<double>(members - 1) / static_cast<double>(members) * bytes;
+          lower::rule_of(lower::Primitive::kAllReduce).bytes(members, bytes);
     }
   }
 }
@@ -591,7 +588,7 @@ double path_seconds(const lower::CommPath& path, int64_t rank, double all_to_all
     bool in = false;
     for (const auto& layout : {&st.before, &st.after})
       for (DeviceId d : layout->devices) in = in || d.value() == rank;
-    if (in) t += st.cost_s * (st.primitive == lower::Primitive::kAllToAll ? all_to_all_fill : 1.0);
+    if (in) t += st.cost_s * (lower::rule_of(st.primitive).ragged ? all_to_all_fill : 1.0);
   }
   return t;
 }
@@ -605,29 +602,9 @@ void add_path_bytes(const lower::CommPath& path, const Shape& shape, int64_t ele
     if (pos < 0) continue;
     const double piece =
         static_cast<double>(numel(st.before.piece(pos, TensorId(0), shape).shape()) * elem);
-    const double k = static_cast<double>(st.k);
-    double bytes = 0;
-    switch (st.primitive) {
-      case lower::Primitive::kAllReduce:
-        bytes = 2 * (k - 1) / k * piece;
-        break;
-      case lower::Primitive::kAllGather:
-        bytes = (k - 1) * piece;
-        break;
-      case lower::Primitive::kReduceScatter:
-        bytes = (k - 1) / k * piece;
-        break;
-      case lower::Primitive::kAllToAll:
-        bytes = (k - 1) / k * piece * all_to_all_fill;
-        break;
-      case lower::Primitive::kSendRecv:
-        for (const auto& pair : st.groups)
-          if (pair[0].value() == rank && pair[1].value() != rank) bytes += piece;
-        break;
-      default:
-        break;
-    }
-    if (bytes > 0) out[lower::to_string(st.primitive)] += bytes * times;
+    const lower::PrimitiveRule& rule = lower::rule_of(st.primitive);
+    const double bytes = lower::bytes_sent(st, rank, piece) * (rule.ragged ? all_to_all_fill : 1.0);
+    if (bytes > 0) out[rule.name] += bytes * times;
   }
 }
 }  // namespace loom::plan

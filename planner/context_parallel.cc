@@ -36,24 +36,22 @@ class RingExpander {
     for (int64_t k = 0; k < cp_; ++k) {
       const std::string at = ".ring" + std::to_string(k);
       auto step = outputs(at, nullptr);
-      add(graph::kRingAttentionStep, at, graph::kRingAttentionStepAnnotation,
-          {op_.inputs[0], op_.inputs[1], op_.inputs[2]}, {step.first, step.second},
-          graph::Attrs{{"d", d_}, {"r", r}, {"cp", cp_}, {"cp_step", k}}, true);
+      add(step_schema_, at, {op_.inputs[0], op_.inputs[1], op_.inputs[2]},
+          {step.first, step.second},
+          graph::Attrs{{"d", d_}, {"r", r}, {"cp", cp_}, {"cp_step", k}});
       if (k == 0) {
         acc = step;
         continue;
       }
       const bool last = k + 1 == cp_;
       if (last) {
-        add(graph::kLseMergeLast, at + ".merge", graph::kLseMergeLastAnnotation,
-            {acc.first, acc.second, step.first, step.second}, {op_.outputs[0]},
-            graph::Attrs{{"d", d_}}, false);
+        add(last_schema_, at + ".merge", {acc.first, acc.second, step.first, step.second},
+            {op_.outputs[0]}, graph::Attrs{{"d", d_}});
         break;
       }
       auto merged = outputs(at + ".merge", nullptr);
-      add(graph::kLseMerge, at + ".merge", graph::kLseMergeAnnotation,
-          {acc.first, acc.second, step.first, step.second}, {merged.first, merged.second},
-          graph::Attrs{{"d", d_}}, false);
+      add(merge_schema_, at + ".merge", {acc.first, acc.second, step.first, step.second},
+          {merged.first, merged.second}, graph::Attrs{{"d", d_}});
       acc = merged;
     }
     return Status::success();
@@ -75,16 +73,17 @@ class RingExpander {
     return {o, tensor("lse", Shape{q[0], q[1], q[2] / d_})};
   }
 
-  void add(const char* type, const std::string& at, const char* annotation,
-           std::vector<SubTensor> inputs, std::vector<SubTensor> outs, graph::Attrs attrs,
-           bool attention_core) {
+  // An op of `schema`'s type (its annotation is constant).
+  void add(const graph::OpSchema& schema, const std::string& at, std::vector<SubTensor> inputs,
+           std::vector<SubTensor> outs, graph::Attrs attrs) {
     auto def = std::make_shared<graph::OpDef>();
-    def->type = type;
+    def->type = schema.type;
     def->name = op_.def->name + at;
+    def->annotation = *graph::Annotation::parse(schema.annotation(attrs));
     def->attrs = std::move(attrs);
-    def->annotation = *graph::Annotation::parse(annotation);
     def->layer = op_.layer();
-    def->attention_core = attention_core;
+    def->attention_core = schema.attention_core;
+    def->rules = schema.rules;
     Op op;
     op.def = std::move(def);
     op.inputs = std::move(inputs);
@@ -97,6 +96,9 @@ class RingExpander {
   Graph& out_;
   const Op& op_;
   int64_t cp_, d_ = 0;
+  const graph::OpSchema step_schema_ = graph::ring_attention_step_schema();
+  const graph::OpSchema merge_schema_ = graph::lse_merge_schema(false);
+  const graph::OpSchema last_schema_ = graph::lse_merge_schema(true);
 };
 
 }  // namespace

@@ -81,8 +81,7 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
   // all-to-all (Ulysses): attention takes whole sequences of its share of the heads; the
   // lowering finds the all-to-alls between the sequence split around it and the heads split.
   std::string heads;
-  if (c.parallel.cp_kind == "all-to-all")
-    heads = op.type() == "attention" ? "h" : op.type() == "gqa_attention" ? "g" : "";
+  if (c.parallel.cp_kind == "all-to-all") heads = op.def->rules.context_heads;
   const bool splits = !sequence.empty() && op.annotation().kind_of(sequence) != LabelKind::kFrozen;
   auto parts =
       ring             ? rw.rewrite("ring attention", std::to_string(cp) + " query chunks", op,
@@ -141,32 +140,19 @@ bool has_label(const Op& op, const std::string& label) {
 }  // namespace
 
 std::string tp_label(const Op& op, bool sp) {
-  const std::string& t = op.type();
+  const graph::OpRules& rules = op.def->rules;
   const std::string hint = op.attrs().get_or<std::string>("tp", "");
-  if (t == "embedding") return "v";            // vocab-parallel embedding
-  if (t == "attention") return "h";            // heads
-  if (t == "gqa_attention") return "g";        // kv groups with their query heads
-  if (t == "shared_kv_attention") return "h";  // query heads; kv heads whole
-  if (t == "ring_attention_step") return "g";  // context-parallel attention
-  if (t == "lse_merge" || t == "lse_merge_last") return "h";
-  if (t == "window_attention") return "h";  // heads (Swin)
-  // The experts' row-parallel outputs are partial sums: combine reduce-scatters them over the
-  // hidden features instead of all-reducing the whole slots buffer.
-  if (t == graph::kMoeCombine) return "m";
-  if (t == "group_logsumexp" || t == "pick") return "g";  // vocab-parallel loss
-  if (t == "linear" || t == graph::kExpertLinear)
-    return hint == "column" ? "n" : hint == "row" ? "k" : "";
-  if (t == "bias_add" && hint == "column") return "n";
+  // The op type's own label (its registry entry: heads, vocabulary, a linear's features).
+  if (rules.tensor_parallel)
+    if (std::string label = rules.tensor_parallel(hint); !label.empty()) return label;
   // Any op after a column-parallel layer that keeps its feature dimension "h" splittable (gelu,
   // or a user's element-wise op) runs on the features each rank holds.
   if (hint == "column" && has_label(op, "h") && op.annotation().kind_of("h") == LabelKind::kSplit)
     return "h";
   // Outside attention and the MLP, sequence parallelism splits the sequence instead of
   // replicating (norms, residual adds, the bias after a row-parallel layer).
-  if (sp &&
-      (t == "layer_norm" || t == "rms_norm" || t == "add" || t == "add_position" ||
-       t == "bias_add") &&
-      has_label(op, "s") && op.annotation().kind_of("s") == LabelKind::kSplit)
+  if (sp && rules.sequence_parallel && has_label(op, "s") &&
+      op.annotation().kind_of("s") == LabelKind::kSplit)
     return "s";
   return "";
 }

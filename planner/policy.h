@@ -58,8 +58,9 @@ using SplitLabel = std::function<std::string(const graph::Op& op, int64_t degree
 // The hybrid engine with another split inside a stage (the window-parallel policy uses it).
 Result<graph::Graph> hybrid_policy_with(const graph::Graph& graph, const PlanRequest& request,
                                         const SplitLabel& tp_split);
-// Megatron's split of a transformer op over tensor-parallel ranks (heads, MLP columns and rows,
-// vocabulary; the sequence for norms and residual adds when `sp`): "" replicates it.
+// Megatron's split of a transformer op over tensor-parallel ranks: its type's label
+// (graph::OpRules: heads, MLP columns and rows, vocabulary), the features after a
+// column-parallel layer, the sequence of a sequence-parallel op when `sp`; "" replicates it.
 std::string tp_label(const graph::Op& op, bool sp);
 
 // Window parallelism for vision models, degree parallel.tp, with dp and pp as in hybrid: each op

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <map>
 #include <string>
 
 #include "runtime/step_trace.h"
@@ -27,6 +28,9 @@ bool stacks_flat(const at::Tensor& x, int64_t dim) {
   return x.is_contiguous();
 }
 
+// The tensor dimension of layout factor `factor` (2 + k = D_k).
+int64_t dim_of(int factor) { return static_cast<int64_t>(factor - 2); }
+
 int64_t position(const lower::Layout& l, int64_t rank) {
   for (size_t p = 0; p < l.devices.size(); ++p)
     if (l.devices[p].value() == rank) return static_cast<int64_t>(p);
@@ -39,7 +43,10 @@ PathRunner::PathRunner(std::shared_ptr<comm::Comm> world, at::Device device)
     : world_(std::move(world)),
       device_(device),
       rank_(world_->world_rank().value()),
-      defer_sends_(std::string(world_->backend_name()) == "nccl") {}
+      defer_sends_(std::string(world_->backend_name()) == "nccl") {
+  for (const lower::PrimitiveRule& rule : lower::primitive_rules())
+    LOOM_CHECK(can_run(rule.primitive)) << "the path runner cannot run " << rule.name;
+}
 
 Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
                               const std::vector<std::vector<DeviceId>>& extra) {
@@ -52,7 +59,7 @@ Status PathRunner::add_groups(const std::vector<const lower::CommPath*>& paths,
   };
   for (const lower::CommPath* p : paths)
     for (const CommStep& st : p->steps)
-      if (st.primitive != Primitive::kSendRecv)
+      if (lower::rule_of(st.primitive).kind != lower::PrimitiveKind::kTransfer)
         for (const auto& g : st.groups) want(g);
   for (const auto& g : extra) want(g);
   for (const auto& k : wanted) {
@@ -90,7 +97,7 @@ void PathRunner::prepost(const lower::CommPath& path, const Shape& full, PathPar
   if (defer_sends_ || part == PathPart::kProducer) return;
   for (size_t i = 0; i < path.steps.size(); ++i) {
     const CommStep& st = path.steps[i];
-    if (st.primitive != Primitive::kSendRecv) continue;
+    if (lower::rule_of(st.primitive).kind != lower::PrimitiveKind::kTransfer) continue;
     const int tag = static_cast<int>(tag_base + static_cast<int64_t>(i));
     for (const auto& pair : st.groups) {
       const int64_t src = pair[0].value(), dst = pair[1].value();
@@ -131,7 +138,7 @@ Result<at::Tensor> PathRunner::run(const lower::CommPath& path, const Shape& ful
   bool crossed = false;  // past the first send/recv step
   for (size_t i = 0; i < path.steps.size(); ++i) {
     const CommStep& st = path.steps[i];
-    if (st.primitive == Primitive::kSendRecv) {
+    if (lower::rule_of(st.primitive).kind == lower::PrimitiveKind::kTransfer) {
       const bool first_transfer = !crossed;
       crossed = true;
       const bool do_send = part != PathPart::kConsumer || !first_transfer;
@@ -201,98 +208,119 @@ Result<at::Tensor> PathRunner::send_recv(const CommStep& st, const Shape& full,
   return received;
 }
 
-Result<at::Tensor> PathRunner::apply(const CommStep& st, at::Tensor cur) {
-  const int64_t pos = position(st.before, rank_);
-  if (st.primitive == Primitive::kAllReduce || st.primitive == Primitive::kAllGather ||
-      st.primitive == Primitive::kReduceScatter || st.primitive == Primitive::kAllToAll)
-    start_waiting_sends();
-  const int64_t k = st.k;
-  const int64_t sub = st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % k;
-  auto dim_of = [](int factor) { return static_cast<int64_t>(factor - 2); };
-  auto members = [&]() -> comm::Comm& {
-    for (const auto& g : st.groups)
-      for (DeviceId d : g)
-        if (d.value() == rank_) return group(g);
-    LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a "
-                      << lower::to_string(st.primitive);
-    return *world_;
+const std::map<Primitive, PathRunner::StepRunner>& PathRunner::step_runners() {
+  static const std::map<Primitive, StepRunner> kRunners = {
+      {Primitive::kAllReduce, &PathRunner::all_reduce},
+      {Primitive::kAllGather, &PathRunner::all_gather},
+      {Primitive::kReduceScatter, &PathRunner::reduce_scatter},
+      {Primitive::kAllToAll, &PathRunner::all_to_all},
+      {Primitive::kChunk, &PathRunner::chunk},
+      {Primitive::kValueChunk, &PathRunner::value_chunk},
+      {Primitive::kPad, &PathRunner::pad},
   };
-  switch (st.primitive) {
-    case Primitive::kAllReduce: {
-      at::Tensor out = cur.clone();
-      comm::Comm& g = members();
-      observe::TraceSpan span(tracer_, [&] { return comm_event("all_reduce", out, -1, -1, &g); });
-      LOOM_TRY(g.all_reduce(out));
-      return out;
-    }
-    case Primitive::kAllGather: {
-      const int64_t dim = dim_of(st.from_factor);
-      if (stacks_flat(cur, dim)) {  // straight into the result, no copy
-        std::vector<int64_t> sizes = cur.sizes().vec();
-        sizes[static_cast<size_t>(dim)] *= k;
-        at::Tensor out = at::empty(sizes, cur.options());
-        comm::Comm& g = members();
-        observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
-        LOOM_TRY(g.all_gather_flat(out, cur));
-        return out;
-      }
-      std::vector<at::Tensor> parts;
-      for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
-      comm::Comm& g = members();
-      observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
-      LOOM_TRY(g.all_gather(parts, cur));
-      return at::cat(parts, dim);
-    }
-    case Primitive::kReduceScatter: {
-      const int64_t dim = dim_of(st.to_factor);
-      if (stacks_flat(cur, dim)) {  // from the tensor itself, no copy
-        std::vector<int64_t> sizes = cur.sizes().vec();
-        sizes[static_cast<size_t>(dim)] /= k;
-        at::Tensor out = at::empty(sizes, cur.options());
-        comm::Comm& g = members();
-        observe::TraceSpan span(tracer_,
-                                [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
-        LOOM_TRY(g.reduce_scatter_flat(out, cur));
-        return out;
-      }
-      std::vector<at::Tensor> in;
-      for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-      at::Tensor out = at::empty_like(in[0]);
-      comm::Comm& g = members();
-      observe::TraceSpan span(tracer_,
-                              [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
-      LOOM_TRY(g.reduce_scatter(out, in));
-      return out;
-    }
-    case Primitive::kAllToAll: {
-      std::vector<at::Tensor> in, out;
-      for (auto& c : cur.chunk(k, dim_of(st.to_factor))) in.push_back(c.contiguous());
-      comm::Comm& g = members();
-      if (ragged_dim_ >= 0 && ragged_dim_ != dim_of(st.to_factor) &&
-          ragged_dim_ != dim_of(st.from_factor))
-        return ragged_all_to_all(g, in, dim_of(st.from_factor));
-      for (int64_t j = 0; j < k; ++j) out.push_back(at::empty_like(in[0]));
-      observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", cur, -1, -1, &g); });
-      LOOM_TRY(g.all_to_all(out, in));
-      return at::cat(out, dim_of(st.from_factor));
-    }
-    case Primitive::kChunk:
-      return cur.chunk(k, dim_of(st.to_factor))[static_cast<size_t>(sub)].contiguous();
-    case Primitive::kValueChunk:
-      return cur / static_cast<double>(k);
-    case Primitive::kPad: {
-      const int64_t dim = dim_of(st.from_factor);
-      std::vector<int64_t> shape = cur.sizes().vec();
-      const int64_t width = shape[static_cast<size_t>(dim)];
-      shape[static_cast<size_t>(dim)] = width * k;
-      at::Tensor out = at::zeros(shape, cur.options());
-      out.narrow(dim, sub * width, width).copy_(cur);
-      return out;
-    }
-    case Primitive::kSendRecv:
-      break;
+  return kRunners;
+}
+
+bool PathRunner::can_run(Primitive p) {
+  return lower::rule_of(p).kind == lower::PrimitiveKind::kTransfer || step_runners().count(p) > 0;
+}
+
+Result<at::Tensor> PathRunner::apply(const CommStep& st, at::Tensor cur) {
+  if (lower::rule_of(st.primitive).kind == lower::PrimitiveKind::kCollective) start_waiting_sends();
+  const auto it = step_runners().find(st.primitive);
+  LOOM_CHECK(it != step_runners().end())
+      << "rank " << rank_ << ": no runner for " << lower::to_string(st.primitive);
+  return (this->*it->second)(st, std::move(cur));
+}
+
+comm::Comm& PathRunner::group_of(const CommStep& st) {
+  for (const auto& g : st.groups)
+    for (DeviceId d : g)
+      if (d.value() == rank_) return group(g);
+  LOOM_CHECK(false) << "rank " << rank_ << " is in no group of a "
+                    << lower::to_string(st.primitive);
+  return *world_;
+}
+
+int64_t PathRunner::sub_of(const CommStep& st) const {
+  const int64_t pos = position(st.before, rank_);
+  return st.before.coords(pos)[static_cast<size_t>(st.from_factor)] % st.k;
+}
+
+Result<at::Tensor> PathRunner::all_reduce(const CommStep& st, at::Tensor cur) {
+  at::Tensor out = cur.clone();
+  comm::Comm& g = group_of(st);
+  observe::TraceSpan span(tracer_, [&] { return comm_event("all_reduce", out, -1, -1, &g); });
+  LOOM_TRY(g.all_reduce(out));
+  return out;
+}
+
+Result<at::Tensor> PathRunner::all_gather(const CommStep& st, at::Tensor cur) {
+  const int64_t dim = dim_of(st.from_factor), k = st.k;
+  comm::Comm& g = group_of(st);
+  if (stacks_flat(cur, dim)) {  // straight into the result, no copy
+    std::vector<int64_t> sizes = cur.sizes().vec();
+    sizes[static_cast<size_t>(dim)] *= k;
+    at::Tensor out = at::empty(sizes, cur.options());
+    observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
+    LOOM_TRY(g.all_gather_flat(out, cur));
+    return out;
   }
-  return cur;
+  std::vector<at::Tensor> parts;
+  for (int64_t j = 0; j < k; ++j) parts.push_back(at::empty_like(cur));
+  observe::TraceSpan span(tracer_, [&] { return comm_event("all_gather", cur, -1, -1, &g); });
+  LOOM_TRY(g.all_gather(parts, cur));
+  return at::cat(parts, dim);
+}
+
+Result<at::Tensor> PathRunner::reduce_scatter(const CommStep& st, at::Tensor cur) {
+  const int64_t dim = dim_of(st.to_factor), k = st.k;
+  comm::Comm& g = group_of(st);
+  if (stacks_flat(cur, dim)) {  // from the tensor itself, no copy
+    std::vector<int64_t> sizes = cur.sizes().vec();
+    sizes[static_cast<size_t>(dim)] /= k;
+    at::Tensor out = at::empty(sizes, cur.options());
+    observe::TraceSpan span(tracer_, [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
+    LOOM_TRY(g.reduce_scatter_flat(out, cur));
+    return out;
+  }
+  std::vector<at::Tensor> in;
+  for (auto& c : cur.chunk(k, dim)) in.push_back(c.contiguous());
+  at::Tensor out = at::empty_like(in[0]);
+  observe::TraceSpan span(tracer_, [&] { return comm_event("reduce_scatter", cur, -1, -1, &g); });
+  LOOM_TRY(g.reduce_scatter(out, in));
+  return out;
+}
+
+Result<at::Tensor> PathRunner::all_to_all(const CommStep& st, at::Tensor cur) {
+  const int64_t from = dim_of(st.from_factor), to = dim_of(st.to_factor);
+  std::vector<at::Tensor> in, out;
+  for (auto& c : cur.chunk(st.k, to)) in.push_back(c.contiguous());
+  comm::Comm& g = group_of(st);
+  if (ragged_dim_ >= 0 && ragged_dim_ != to && ragged_dim_ != from)
+    return ragged_all_to_all(g, in, from);
+  for (int64_t j = 0; j < st.k; ++j) out.push_back(at::empty_like(in[0]));
+  observe::TraceSpan span(tracer_, [&] { return comm_event("all_to_all", cur, -1, -1, &g); });
+  LOOM_TRY(g.all_to_all(out, in));
+  return at::cat(out, from);
+}
+
+Result<at::Tensor> PathRunner::chunk(const CommStep& st, at::Tensor cur) {
+  return cur.chunk(st.k, dim_of(st.to_factor))[static_cast<size_t>(sub_of(st))].contiguous();
+}
+
+Result<at::Tensor> PathRunner::value_chunk(const CommStep& st, at::Tensor cur) {
+  return cur / static_cast<double>(st.k);
+}
+
+Result<at::Tensor> PathRunner::pad(const CommStep& st, at::Tensor cur) {
+  const int64_t dim = dim_of(st.from_factor);
+  std::vector<int64_t> shape = cur.sizes().vec();
+  const int64_t width = shape[static_cast<size_t>(dim)];
+  shape[static_cast<size_t>(dim)] = width * st.k;
+  at::Tensor out = at::zeros(shape, cur.options());
+  out.narrow(dim, sub_of(st) * width, width).copy_(cur);
+  return out;
 }
 
 Result<at::Tensor> PathRunner::ragged_all_to_all(comm::Comm& g, const std::vector<at::Tensor>& in,
@@ -349,7 +377,7 @@ Result<PathRunner::Started> PathRunner::start_all_gather(const lower::CommPath& 
   start_waiting_sends();  // a collective must not wait on a peer that waits for them
   const CommStep& st = path.steps[0];
   Started out;
-  out.dim = static_cast<int64_t>(st.from_factor - 2);
+  out.dim = dim_of(st.from_factor);
   const at::Tensor in = x.contiguous();
   const bool flat = stacks_flat(in, out.dim);
   if (flat) {

@@ -74,6 +74,10 @@ class PathRunner {
   // before the tensors sent may change. Every posted receive must have been taken by then.
   Status flush();
 
+  // Whether this runner runs `p`: every entry of lower::primitive_rules() (checked when a
+  // PathRunner is made), send/recv by run() itself, each other primitive by its own function.
+  static bool can_run(lower::Primitive p);
+
   comm::Comm& world() { return *world_; }
   int64_t rank() const { return rank_; }
   // Records every send, receive and collective on `tracer` (null: nothing; step_trace.h).
@@ -89,8 +93,23 @@ class PathRunner {
   // a posted one where there is one); the piece it received, undefined if none.
   Result<at::Tensor> send_recv(const lower::CommStep& st, const Shape& full, const at::Tensor& cur,
                                bool send, bool recv, int tag, at::ScalarType dtype);
-  // A collective or local step applied to this rank's piece `cur`.
+  // A collective or local step applied to this rank's piece `cur`: the runner of its primitive.
   Result<at::Tensor> apply(const lower::CommStep& st, at::Tensor cur);
+  // One function per collective and local primitive of lower's registry (lower/path.h), keyed
+  // by the entry's primitive: what the step does to this rank's piece `cur`.
+  using StepRunner = Result<at::Tensor> (PathRunner::*)(const lower::CommStep&, at::Tensor);
+  static const std::map<lower::Primitive, StepRunner>& step_runners();
+  Result<at::Tensor> all_reduce(const lower::CommStep& st, at::Tensor cur);
+  Result<at::Tensor> all_gather(const lower::CommStep& st, at::Tensor cur);
+  Result<at::Tensor> reduce_scatter(const lower::CommStep& st, at::Tensor cur);
+  Result<at::Tensor> all_to_all(const lower::CommStep& st, at::Tensor cur);
+  Result<at::Tensor> chunk(const lower::CommStep& st, at::Tensor cur);
+  Result<at::Tensor> value_chunk(const lower::CommStep& st, at::Tensor cur);
+  Result<at::Tensor> pad(const lower::CommStep& st, at::Tensor cur);
+  // The communicator of the group of `st` this rank is in.
+  comm::Comm& group_of(const lower::CommStep& st);
+  // This rank's part (0 .. k-1) of the factor `st` moves.
+  int64_t sub_of(const lower::CommStep& st) const;
   // All-to-all of `in` (piece j to rank j of `g`) sending only each piece's rows along
   // ragged_dim_ up to its last non-zero one; the pieces received, zero-filled, concatenated
   // along `cat_dim`.

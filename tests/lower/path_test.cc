@@ -155,6 +155,50 @@ TEST(Path, NamedCases) {
   EXPECT_EQ(finder.cache_size(), cached);
 }
 
+TEST(PrimitiveRules, OneEntryPerPrimitiveInOrder) {
+  const std::vector<PrimitiveRule>& rules = primitive_rules();
+  ASSERT_EQ(rules.size(), static_cast<size_t>(Primitive::kSendRecv) + 1);
+  std::set<std::string> names;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    EXPECT_EQ(static_cast<size_t>(rules[i].primitive), i);
+    EXPECT_EQ(&rule_of(rules[i].primitive), &rules[i]);
+    EXPECT_EQ(find_primitive(rules[i].name), &rules[i]);
+    EXPECT_TRUE(names.insert(rules[i].name).second) << rules[i].name;
+    EXPECT_TRUE(rules[i].applies && rules[i].cost && rules[i].bytes) << rules[i].name;
+  }
+  EXPECT_EQ(find_primitive("broadcast"), nullptr);
+  // The cost model has an alpha and a beta of its own for each primitive that crosses a link
+  // (cost.intra_<name>_alpha_s), under the entry's name.
+  CostModel model;
+  for (const PrimitiveRule& rule : rules)
+    EXPECT_EQ(model.set_intra_link(rule.name, {1, 1}), rule.kind != PrimitiveKind::kLocal)
+        << rule.name;
+}
+
+TEST(PrimitiveRules, BytesSentPerRank) {
+  PathFinder finder;
+  const Shape shape{4, 8};  // 128 bytes of float32
+  auto ar =
+      finder.find(shape, 4, Layout::partial(2, range(0, 4)), Layout::replicated(2, range(0, 4)));
+  ASSERT_TRUE(ar.ok());
+  EXPECT_DOUBLE_EQ(bytes_sent(ar->steps[0], 1, 128), 2 * 3.0 / 4 * 128);  // the ring's twice
+  EXPECT_DOUBLE_EQ(bytes_sent(ar->steps[0], 7, 128), 0);                  // not a member
+  auto ag =
+      finder.find(shape, 4, Layout::split(2, 0, range(0, 4)), Layout::replicated(2, range(0, 4)));
+  ASSERT_TRUE(ag.ok());
+  EXPECT_DOUBLE_EQ(bytes_sent(ag->steps[0], 0, 32), 3 * 32);  // its piece to each other member
+  auto chunk =
+      finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::split(2, 1, range(0, 2)));
+  ASSERT_TRUE(chunk.ok());
+  EXPECT_DOUBLE_EQ(bytes_sent(chunk->steps[0], 0, 128), 0);  // local
+  // Send/recv: replica i sends to consumer i; only senders count, once per message.
+  auto send =
+      finder.find(shape, 4, Layout::replicated(2, range(0, 2)), Layout::replicated(2, range(2, 2)));
+  ASSERT_TRUE(send.ok());
+  EXPECT_DOUBLE_EQ(bytes_sent(send->steps[0], 0, 128), 128);
+  EXPECT_DOUBLE_EQ(bytes_sent(send->steps[0], 2, 128), 0);
+}
+
 TEST(Path, RandomLayoutsWithinAGroup) {
   std::mt19937 rng(7);
   PathFinder finder;

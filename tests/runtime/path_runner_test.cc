@@ -113,6 +113,11 @@ namespace {
 // to an expert split over 4 ranks (the dispatch all-to-all), with a different number of filled
 // slots per (sample, expert) and some all empty: the ragged all-to-all, which sends only each
 // piece's slots up to its last non-zero one, delivers exactly the pieces of the plain one.
+TEST(PathRunner, RunsEveryPrimitiveOfTheRegistry) {
+  for (const lower::PrimitiveRule& rule : lower::primitive_rules())
+    EXPECT_TRUE(PathRunner::can_run(rule.primitive)) << rule.name;
+}
+
 TEST(PathRunner, RaggedAllToAllDeliversThePlainOnesPieces) {
   const Shape shape{4, 4, 6, 3};
   const lower::Layout from = lower::Layout::split(4, 0, devices(0, 4));

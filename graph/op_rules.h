@@ -1,0 +1,58 @@
+// What planning reads of an op type besides its annotation and shapes: the forward FLOPs that
+// balance pipeline stages and make the estimates, and how Megatron-style tensor (and sequence,
+// and context) parallelism splits it. Part of the op's registry entry (OpSchema::rules), so a
+// user's op brings its own; each op made from the entry carries them (OpDef::rules).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/attrs.h"
+
+namespace loom::graph {
+
+// What a FLOPs rule reads of an op (or a piece of it): its label sizes and attributes.
+struct FlopsInput {
+  const std::map<std::string, int64_t>& sizes;
+  const Attrs& attrs;
+
+  // The size of `label`; 1 where the op has none.
+  double operator()(const std::string& label) const;
+  // The product of every label's size.
+  double product() const;
+};
+// Forward floating-point operations (the backward is scheduler::block_time's multiple).
+using FlopsRule = std::function<double(const FlopsInput&)>;
+
+// `factor` times the sizes of `labels` (a label may repeat: window attention's tokens).
+FlopsRule flops_of_labels(double factor, std::vector<std::string> labels);
+// 2 x the product of every label, whatever the rank (a matrix product).
+FlopsRule matmul_flops();
+
+// The label tensor parallelism splits, given the op's `tp` hint attribute ("column", "row" or
+// empty); empty: the op names none (planner::tp_label's general rules decide).
+using TensorParallelRule = std::function<std::string(const std::string& hint)>;
+
+// Always `label` (attention's heads, the vocabulary of an embedding).
+TensorParallelRule tp_split(std::string label);
+// `column` for a column-parallel hint, `row` for a row-parallel one, else none.
+TensorParallelRule tp_by_hint(std::string column, std::string row);
+
+struct OpRules {
+  // Unset: a few operations per element of the largest operand (planner::op_flops).
+  FlopsRule flops;
+  // Unset: as one that names no label.
+  TensorParallelRule tensor_parallel;
+  // Outside attention and the MLP: under sequence parallelism (parallel.sp) it splits its
+  // sequence label "s" instead of being replicated (norms, residual adds, a row-parallel
+  // layer's bias).
+  bool sequence_parallel = false;
+  // The label of the heads that context parallelism's all-to-all form (Ulysses) gives each rank
+  // a share of, the whole sequence of each; empty: the op splits its sequence as any other.
+  std::string context_heads;
+};
+
+}  // namespace loom::graph

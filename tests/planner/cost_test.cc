@@ -1,0 +1,63 @@
+// The planner reads an op's FLOPs and tensor-parallel split from its type's registry entry
+// (graph::OpRules), so a user's op type brings its own.
+#include "planner/cost.h"
+
+#include <gtest/gtest.h>
+
+#include "graph/builder.h"
+#include "planner/policy.h"
+
+namespace loom::planner {
+namespace {
+
+const graph::Op& op_named(const graph::Graph& g, const std::string& name) {
+  for (const graph::Op& op : g.ops())
+    if (op.def->name == name) return op;
+  ADD_FAILURE() << "no op " << name;
+  return g.ops().front();
+}
+
+// Ends `b`'s graph with a loss over `logits` [2, 4, v].
+Result<graph::Graph> finish(graph::GraphBuilder& b, TensorId logits) {
+  const TensorId targets = b.input("targets", {2, 4}, DType::kInt64);
+  b.set_loss(
+      b.op1("cross_entropy", "loss", {logits, targets}, graph::Attrs{{"normalizer", int64_t{8}}}));
+  return b.finish();
+}
+
+TEST(OpFlops, BuiltinRulesAndTheFallback) {
+  const graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  graph::GraphBuilder b(r, "g");
+  const TensorId x = b.input("x", {2, 4, 8}, DType::kFloat32);
+  const TensorId w = b.parameter("w", {16, 8}, graph::ParamInit::normal(0.02));
+  const TensorId y = b.op1("linear", "fc", {x, w});
+  b.op1("gelu", "act", {y});
+  const TensorId q = b.input("q", {2, 4, 8}, DType::kFloat32);
+  b.op1("attention", "attn", {q, q, q}, graph::Attrs{{"d", int64_t{4}}});
+  auto g = finish(b, y);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_DOUBLE_EQ(op_flops(op_named(*g, "fc")), 2.0 * 2 * 4 * 8 * 16);
+  EXPECT_DOUBLE_EQ(op_flops(op_named(*g, "attn")), 4.0 * 2 * 4 * 4 * 2 * 4);  // b s t h d
+  EXPECT_DOUBLE_EQ(op_flops(op_named(*g, "act")), 4.0 * 2 * 4 * 16);  // no rule: 4 x largest
+}
+
+TEST(OpRules, AUserOpSuppliesFlopsAndItsSplits) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  graph::OpSchema mix = graph::OpSchema::simple("mix", "b s h, b s h -> b s h");
+  mix.rules.flops = graph::flops_of_labels(7, {"b", "s", "h"});
+  mix.rules.tensor_parallel = graph::tp_by_hint("h", "");
+  mix.rules.sequence_parallel = true;
+  ASSERT_TRUE(r.add(std::move(mix)).ok());
+  graph::GraphBuilder b(r, "g");
+  const TensorId x = b.input("x", {2, 4, 8}, DType::kFloat32);
+  b.op1("mix", "column", {x, x}, graph::Attrs{{"tp", std::string("column")}});
+  auto g = finish(b, b.op1("mix", "plain", {x, x}));
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_DOUBLE_EQ(op_flops(op_named(*g, "plain")), 7.0 * 2 * 4 * 8);
+  EXPECT_EQ(tp_label(op_named(*g, "column"), false), "h");
+  EXPECT_EQ(tp_label(op_named(*g, "plain"), false), "");
+  EXPECT_EQ(tp_label(op_named(*g, "plain"), true), "s");  // sequence parallel
+}
+
+}  // namespace
+}  // namespace loom::planner
