@@ -1,8 +1,46 @@
 #include "graph/ops_context.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace loom::graph {
+
+std::vector<SequenceRun> sequence_runs(int64_t begin, int64_t end, int64_t seq, int64_t halves) {
+  std::vector<SequenceRun> out;
+  if (end <= begin) return out;
+  if (halves <= 0) return {SequenceRun{begin, begin, end - begin}};
+  LOOM_CHECK(halves % 2 == 0 && seq % halves == 0)
+      << "zigzag order over " << halves << " halves of a sequence of " << seq << " positions";
+  const int64_t half = seq / halves;
+  for (int64_t i = begin; i < end;) {
+    const int64_t j = i / half, chunk = j / 2;
+    const int64_t original = j % 2 == 0 ? chunk : halves - 1 - chunk;
+    const int64_t next = std::min(end, (j + 1) * half);
+    out.push_back(SequenceRun{i, original * half + i % half, next - i});
+    i = next;
+  }
+  return out;
+}
+
+std::vector<AttentionBlock> ring_step_blocks(const Op& op) {
+  const Attrs& a = op.attrs();
+  const int64_t cp = a.get<int64_t>("cp"), step = a.get<int64_t>("cp_step");
+  const int64_t seq = a.get<int64_t>("seq");
+  const int64_t halves = a.get_or<int64_t>("zigzag", 0);
+  const int64_t len = seq / cp;
+  const Range q = op.inputs[0].ranges[1];
+  std::vector<AttentionBlock> out;
+  for (int64_t c = q.start / len; c < q.end / len; ++c) {
+    const int64_t kc = ((c - step) % cp + cp) % cp;
+    const auto keys = sequence_runs(kc * len, (kc + 1) * len, seq, halves);
+    for (const SequenceRun& qr : sequence_runs(c * len, (c + 1) * len, seq, halves))
+      for (const SequenceRun& kr : keys)
+        if (kr.position <= qr.position + qr.len - 1)
+          out.push_back(AttentionBlock{qr, kr, kr.position + kr.len - 1 > qr.position});
+  }
+  return out;
+}
 
 void add_context_ops(OpRegistry& registry) {
   OpSchema block = OpSchema::simple(kRingAttentionStep, kRingAttentionStepAnnotation);
@@ -12,7 +50,13 @@ void add_context_ops(OpRegistry& registry) {
   block.fp32_outputs = true;
   OpSchema merge = OpSchema::simple(kLseMerge, kLseMergeAnnotation);
   OpSchema last = OpSchema::simple(kLseMergeLast, kLseMergeLastAnnotation);
-  for (OpSchema* s : {&block, &merge, &last}) {
+  // A permutation keeps its input's dtype (token ids are integers).
+  auto same_dtype = [](const std::vector<DType>& in, const Attrs&) { return in; };
+  OpSchema permute = OpSchema::simple(kSeqPermute, kSeqPermuteAnnotation);
+  permute.infer_dtypes = same_dtype;
+  OpSchema rows = OpSchema::simple(kSeqPermuteRows, kSeqPermuteRowsAnnotation);
+  rows.infer_dtypes = same_dtype;
+  for (OpSchema* s : {&block, &merge, &last, &permute, &rows}) {
     Status st = registry.add(std::move(*s));
     LOOM_CHECK(st.ok()) << st.error().message;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "graph/ops_context.h"
 #include "graph/transform.h"
 
 namespace loom::planner {
@@ -32,8 +33,15 @@ double op_flops(const graph::Op& op) {
     return 4.0 * size("b") * size("s") * size("t") * size("t") * size("h") * size("d");
   if (t == "attention" || t == "shared_kv_attention")
     return 4.0 * size("b") * size("s") * size("t") * size("h") * size("d");
-  if (t == "gqa_attention" || t == "ring_attention_step")
+  if (t == "gqa_attention")
     return 4.0 * size("b") * size("s") * size("t") * size("g") * size("r") * size("d");
+  // A ring step computes its blocks with something to see (graph/ops_context.h), not s x t.
+  if (t == "ring_attention_step") {
+    double pairs = 0;
+    for (const graph::AttentionBlock& blk : graph::ring_step_blocks(op))
+      pairs += static_cast<double>(blk.q.len) * static_cast<double>(blk.k.len);
+    return 4.0 * size("b") * pairs * size("g") * size("r") * size("d");
+  }
   if (t == "embedding") return size("b") * size("s") * size("h");
   // The Evoformer's (graph/ops_evoformer.cc): scores and weighted sums, products over k or s.
   if (t == "row_attention" || t == "column_attention")
