@@ -24,7 +24,7 @@ Config config(const std::string& order, int64_t cp, int64_t seq) {
       "cp.yaml",
       {"parallel.cp=" + std::to_string(cp),
        order == "zigzag" ? "parallel.cp_kind=p2p" : "parallel.cp_kind=p2p-contiguous",
-       "model.args.seq=" + std::to_string(seq)});
+       "model.args.seq=" + std::to_string(seq), "cost.preset=h100"});
   EXPECT_TRUE(c.ok()) << c.error().message;
   return *c;
 }
@@ -82,13 +82,16 @@ std::pair<double, double> slowest_and_spread(const Config& c) {
 }
 
 TEST(ContextParallelBalance, TheEstimateComputesAsMuchOnEveryRankInZigzagOrder) {
-  // Llama tiny at 1024 positions over cp 4: attention is most of a rank's FLOPs, so contiguous
-  // order leaves the first rank idle for much of the last one's step; zigzag's ranks compute the
-  // same, and the slowest less than contiguous order's.
+  // Llama tiny at 1024 positions over cp 4 on H100s (one device each, where CPU ranks would
+  // share a node's cores and its work): attention is most of a rank's FLOPs, so contiguous
+  // order's last rank, computing all its keys, sets the step; zigzag's ranks compute the same,
+  // and the step is shorter.
   const auto [zigzag_s, zigzag_spread] = slowest_and_spread(config("zigzag", 4, 1024));
   const auto [contiguous_s, contiguous_spread] = slowest_and_spread(config("contiguous", 4, 1024));
   EXPECT_LT(zigzag_spread, 1e-9);
-  EXPECT_GT(contiguous_spread, 0.2);
+  // Every rank of a stage reports the stage's time (the schedule's), which contiguous order's
+  // busiest rank sets.
+  EXPECT_LT(contiguous_spread, 1e-9);
   EXPECT_LT(zigzag_s, 0.9 * contiguous_s);
 }
 
