@@ -14,10 +14,14 @@
 
 namespace loom::graph {
 
-// What a FLOPs rule reads of an op (or a piece of it): its label sizes and attributes.
+struct Op;
+
+// What a FLOPs rule reads of an op (or a piece of it): its label sizes and attributes, and the
+// op itself where a rule needs its pieces' ranges (a ring attention step's visible blocks).
 struct FlopsInput {
   const std::map<std::string, int64_t>& sizes;
   const Attrs& attrs;
+  const Op* op = nullptr;
 
   // The size of `label`; 1 where the op has none.
   double operator()(const std::string& label) const;

@@ -141,8 +141,9 @@ std::vector<std::string> model_types() { return zoo().names(); }
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
   LOOM_ASSIGN_OR_RETURN(graph::Graph g, type->build(config, registry));
-  if (config.parallel.cp == 1 || config.parallel.cp_kind != "p2p") return g;
-  auto ring = planner::context_parallel_attention(g, config.parallel.cp);
+  if (config.parallel.cp == 1 || config.parallel.cp_kind == "all-to-all") return g;
+  auto ring = planner::context_parallel_attention(g, config.parallel.cp,
+                                                  planner::cp_order(config.parallel.cp_kind));
   if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
   return ring;
 }
@@ -214,6 +215,13 @@ Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
                                            std::to_string(p.cp) + " chunks, but " + key("seq") +
                                            " (" + std::to_string(seq) + ") is not divisible by " +
                                            std::to_string(p.cp));
+  if (p.cp > 1 && planner::cp_order(p.cp_kind) == planner::CpOrder::kZigzag &&
+      seq % (2 * p.cp) != 0)
+    return config.error("parallel.cp",
+                        "context parallelism in zigzag order cuts the sequence into " +
+                            std::to_string(2 * p.cp) + " halves, but " + key("seq") + " (" +
+                            std::to_string(seq) + ") is not divisible by " +
+                            std::to_string(2 * p.cp) + " (or set parallel.cp_kind=p2p-contiguous)");
   if (p.cp > 1 && p.policy != "hybrid")
     return config.error(
         "parallel.cp",

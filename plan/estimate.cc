@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/training_state.h"
+#include "graph/ops_context.h"
 #include "graph/ops_moe.h"
 #include "graph/precision.h"
 #include "lower/fusion.h"
@@ -429,6 +430,9 @@ std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_s
         shapes.push_back(static_cast<int64_t>(piece.ranges.size()));
         for (const auto& r : piece.ranges) shapes.push_back(r.size());
       }
+    // A ring step's work depends on where its chunks lie in the sequence, not only their size.
+    if (op.type() == graph::kRingAttentionStep)
+      for (const auto& piece : op.inputs) shapes.push_back(piece.ranges[1].start);
     auto [it, fresh] = counted.try_emplace({op.def.get(), shapes}, 0.0);
     if (fresh) it->second = planner::op_flops(op);
     fwd[static_cast<size_t>(op.device.value())] += it->second / cost.device_flops_per_s;

@@ -192,8 +192,9 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
     model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
   // Context parallelism rewrites attention as ring steps before any split (its new tensors stay
   // float32 whatever the precision).
-  if (config.parallel.cp > 1 && config.parallel.cp_kind == "p2p") {
-    auto ring = planner::context_parallel_attention(model, config.parallel.cp);
+  if (config.parallel.cp > 1 && config.parallel.cp_kind != "all-to-all") {
+    auto ring = planner::context_parallel_attention(model, config.parallel.cp,
+                                                    planner::cp_order(config.parallel.cp_kind));
     if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
     model = std::move(ring).value();
   }

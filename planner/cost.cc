@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "graph/ops_context.h"
 #include "graph/transform.h"
 
 namespace loom::planner {
@@ -10,7 +11,7 @@ double op_flops(const graph::Op& op) {
   auto sizes = graph::label_sizes(op);
   if (!sizes.ok()) return 0;
   if (const graph::FlopsRule& rule = op.def->rules.flops)
-    return rule(graph::FlopsInput{*sizes, op.attrs()});
+    return rule(graph::FlopsInput{*sizes, op.attrs(), &op});
   // Otherwise: a few operations per element of the largest operand.
   double largest = 0;
   for (const auto& io : {&op.inputs, &op.outputs})

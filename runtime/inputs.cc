@@ -4,7 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <set>
 
+#include "graph/ops_context.h"
 #include "runtime/device.h"
 #include "runtime/init.h"
 
@@ -17,9 +19,16 @@ Result<std::unique_ptr<InputFeeder>> InputFeeder::create(const Config& config,
   auto tokens = graph.find_tensor("tokens");
   auto targets = graph.find_tensor("targets");
   const graph::FullTensor* vocab_owner = nullptr;
+  // The embedding reads the tokens, or their zigzag order under context parallelism
+  // (graph/ops_context.h).
+  std::set<int64_t> token_ids;
+  if (tokens) token_ids.insert(tokens->value());
+  for (const auto& op : graph.ops())
+    if (op.type() == graph::kSeqPermute && token_ids.count(op.inputs[0].tensor.value()))
+      token_ids.insert(op.outputs[0].tensor.value());
   if (tokens && targets)
     for (const auto& op : graph.ops())
-      if (op.type() == "embedding" && op.inputs[0].tensor == *tokens)
+      if (op.type() == "embedding" && token_ids.count(op.inputs[0].tensor.value()))
         vocab_owner = &graph.tensor(op.inputs[1].tensor);
 
   f->rows_ = -1;

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "graph/ops_context.h"
 #include "graph/precision.h"
 #include "runtime/attention_tiles.h"
 #include "runtime/kernels_evoformer.h"
@@ -155,48 +156,74 @@ Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
   return {causal_attention(heads_first(in[0], d), kh, vh)};
 }
 
-// Causal attention of heads-first float32 queries [b, h, s, d] at positions p0.. over keys and
-// values [b, h, t, d] at positions t0..: the output [b, s, h*d] and each query's log-sum-exp of
-// its scores [b, s, h]. Keys all after the queries give 0 and -inf (nothing seen).
-std::pair<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& qh, const at::Tensor& kh,
-                                                     const at::Tensor& vh, int64_t p0, int64_t t0) {
-  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3);
-  if (t0 > p0 + s - 1) {
-    // Still a function of k and v: their gradients (zeros) must flow back through the transfer
-    // that brought them, or the rank that sent them would wait for a gradient that never comes.
-    const at::Tensor none = (kh.sum() + vh.sum()).mul_(0);
-    return {at::zeros({b, s, h * d}, qh.options()).add_(none),
-            at::full({b, s, h}, -std::numeric_limits<double>::infinity(), qh.options())};
-  }
-  auto [out, lse] =
-      tiled_attention_with_lse(qh.contiguous(), kh.contiguous(), vh.contiguous(), p0, t0);
-  return {out.transpose(1, 2).reshape({b, s, h * d}), lse.transpose(1, 2).contiguous()};
+// Two partial attentions (heads first: outputs [b, h, s, d], log-sum-exps [b, h, s]) of the same
+// queries over disjoint keys, as one.
+std::pair<at::Tensor, at::Tensor> merge_by_lse(const std::pair<at::Tensor, at::Tensor>& a,
+                                               const std::pair<at::Tensor, at::Tensor>& b) {
+  const at::Tensor lse = at::logaddexp(a.second, b.second);
+  return {a.first * (a.second - lse).exp().unsqueeze(-1) +
+              b.first * (b.second - lse).exp().unsqueeze(-1),
+          lse};
 }
 
 // Step k of ring attention in float32 (graph/ops_context.h): each query chunk c of the piece
-// attends to key chunk (c - k) mod N, found in the key piece.
+// attends to key chunk (c - k) mod N, found in the key piece, one block of runs of positions at
+// a time (graph::ring_step_blocks: the blocks with something to see), the blocks of a query run
+// merged by their log-sum-exp. A query run that sees nothing gives 0 and -inf.
 Tensors ring_attention_step(const Ctx& ctx, const Tensors& in) {
   const graph::Attrs& a = ctx.op.attrs();
   const int64_t d = a.get<int64_t>("d"), r = a.get<int64_t>("r");
-  const int64_t chunks = a.get<int64_t>("cp"), step = a.get<int64_t>("cp_step");
-  const int64_t len = ctx.full_size(0, 1) / chunks;
   const int64_t p0 = ctx.op.inputs[0].ranges[1].start, t0 = ctx.op.inputs[1].ranges[1].start;
+  const int64_t t = ctx.op.inputs[1].ranges[1].size();
   const at::Tensor qh = heads_first(in[0].to(at::kFloat), d);
   auto [kh, vh] = kv_for_queries(ctx, d, r, in[1].to(at::kFloat), in[2].to(at::kFloat));
-  std::vector<at::Tensor> outs, lses;
-  for (int64_t c = p0 / len; c < (p0 + qh.size(2)) / len; ++c) {
-    const int64_t kc = ((c - step) % chunks + chunks) % chunks;
-    LOOM_CHECK(kc * len >= t0 && (kc + 1) * len <= t0 + kh.size(2))
-        << ctx.op.name() << ": query chunk " << c << " reads key chunk " << kc
-        << ", outside the key piece from position " << t0;
-    auto [o, l] =
-        attention_with_lse(qh.narrow(2, c * len - p0, len), kh.narrow(2, kc * len - t0, len),
-                           vh.narrow(2, kc * len - t0, len), c * len, kc * len);
-    outs.push_back(o);
-    lses.push_back(l);
+  const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2);
+  // The attention of each query run seen so far, by its index in the piece.
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> runs;
+  for (const graph::AttentionBlock& blk : graph::ring_step_blocks(ctx.op)) {
+    LOOM_CHECK(blk.k.at >= t0 && blk.k.at + blk.k.len <= t0 + t && blk.k.position <= blk.q.position)
+        << ctx.op.name() << ": queries from position " << blk.q.position << " read keys from "
+        << blk.k.position << " at index " << blk.k.at << ", outside the key piece from index " << t0
+        << " or not seen by its first query";
+    auto part = tiled_attention_with_lse(qh.narrow(2, blk.q.at - p0, blk.q.len).contiguous(),
+                                         kh.narrow(2, blk.k.at - t0, blk.k.len).contiguous(),
+                                         vh.narrow(2, blk.k.at - t0, blk.k.len).contiguous(),
+                                         blk.q.position, blk.k.position);
+    auto [it, fresh] = runs.emplace(blk.q.at, part);
+    if (!fresh) it->second = merge_by_lse(it->second, part);
   }
-  if (outs.size() == 1) return {outs[0], lses[0]};
-  return {at::cat(outs, 1), at::cat(lses, 1)};
+  at::Tensor out, lse;
+  if (runs.size() == 1 && runs.begin()->second.first.size(2) == s) {
+    std::tie(out, lse) = runs.begin()->second;
+  } else {
+    out = at::zeros({b, h, s, d}, qh.options());
+    lse = at::full({b, h, s}, -std::numeric_limits<double>::infinity(), qh.options());
+    std::vector<at::Tensor> outs, lses;
+    int64_t at_index = p0;
+    // The pieces in query order: seen runs, and for the unseen stretches between, 0 and -inf.
+    for (const auto& [index, part] : runs) {
+      if (index > at_index) {
+        outs.push_back(out.narrow(2, at_index - p0, index - at_index));
+        lses.push_back(lse.narrow(2, at_index - p0, index - at_index));
+      }
+      outs.push_back(part.first);
+      lses.push_back(part.second);
+      at_index = index + part.first.size(2);
+    }
+    if (at_index < p0 + s) {
+      outs.push_back(out.narrow(2, at_index - p0, p0 + s - at_index));
+      lses.push_back(lse.narrow(2, at_index - p0, p0 + s - at_index));
+    }
+    if (runs.empty()) {
+      // Still a function of k and v: their gradients (zeros) must flow back through the transfer
+      // that brought them, or the rank that sent them would wait for a gradient that never comes.
+      out = out.add((kh.sum() + vh.sum()).mul(0));
+    } else {
+      out = at::cat(outs, 2);
+      lse = at::cat(lses, 2);
+    }
+  }
+  return {out.transpose(1, 2).reshape({b, s, h * d}), lse.transpose(1, 2).contiguous()};
 }
 
 // Two partial attentions of the same queries over disjoint keys, as one (float32).
@@ -223,6 +250,16 @@ Tensors rms_norm(const Ctx& ctx, const Tensors& in) {
 
 Tensors swiglu(const Ctx&, const Tensors& in) { return {at::silu(in[0]) * in[1]}; }
 
+// The positions of indices [begin, end) of a sequence of `seq` in zigzag order over `halves`
+// (0: in order), as int64 on the device of `options`.
+at::Tensor positions(int64_t begin, int64_t end, int64_t seq, int64_t halves,
+                     const at::TensorOptions& options) {
+  std::vector<at::Tensor> parts;
+  for (const graph::SequenceRun& run : graph::sequence_runs(begin, end, seq, halves))
+    parts.push_back(at::arange(run.position, run.position + run.len, options.dtype(at::kLong)));
+  return parts.size() == 1 ? parts[0] : at::cat(parts);
+}
+
 // The rotary frequencies of a head of size d (float32, as Llama computes them), with Llama 3.1's
 // scaling when attribute `factor` is positive: long wavelengths slow down by the factor, short
 // ones stay, and those between blend smoothly.
@@ -243,22 +280,24 @@ at::Tensor rope_frequencies(const graph::Attrs& a, int64_t d, const at::TensorOp
   return at::where(medium, smoothed, scaled);
 }
 
-// Rotary embedding of a [b, s, heads*d] piece whose positions start where its sequence range
-// does: x cos + rotate_half(x) sin per head, rotate_half(x) = (-x2, x1) of its halves. The
-// cos/sin tables are made once per shape, position, device and thread.
+// Rotary embedding of a [b, s, heads*d] piece whose positions are those of its sequence range
+// (in zigzag order under attribute zigzag, graph/ops_context.h): x cos + rotate_half(x) sin per
+// head, rotate_half(x) = (-x2, x1) of its halves. The cos/sin tables are made once per shape,
+// position, device and thread.
 Tensors rope(const Ctx& ctx, const Tensors& in) {
   const graph::Attrs& a = ctx.op.attrs();
   const int64_t d = a.get<int64_t>("d");
   const at::Tensor& x = in[0];
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2) / d;
-  const int64_t p0 = ctx.op.inputs[0].ranges[1].start;
-  using Key = std::tuple<int64_t, int64_t, int64_t, std::string, int, std::string>;
+  const int64_t p0 = ctx.op.inputs[0].ranges[1].start, seq = ctx.full_size(0, 1);
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, int, std::string>;
   thread_local std::map<Key, std::pair<at::Tensor, at::Tensor>> tables;
-  auto& [cos, sin] =
-      tables[Key{p0, s, d, x.device().str(), static_cast<int>(x.scalar_type()), a.to_string()}];
+  auto& [cos, sin] = tables[Key{p0, s, seq, d, x.device().str(), static_cast<int>(x.scalar_type()),
+                                a.to_string()}];
   if (!cos.defined()) {
     const at::Tensor inv = rope_frequencies(a, d, x.options());
-    const at::Tensor pos = at::arange(p0, p0 + s, x.options().dtype(at::kLong)).to(at::kFloat);
+    const at::Tensor pos =
+        positions(p0, p0 + s, seq, a.get_or<int64_t>("zigzag", 0), x.options()).to(at::kFloat);
     const at::Tensor freqs = at::outer(pos, inv);  // [s, d/2]
     const at::Tensor angles = at::cat({freqs, freqs}, -1).view({1, s, 1, d});
     cos = angles.cos().to(x.scalar_type());
@@ -267,6 +306,21 @@ Tensors rope(const Ctx& ctx, const Tensors& in) {
   const at::Tensor xh = x.view({b, s, h, d});
   const at::Tensor rotated = at::cat({-xh.narrow(-1, d / 2, d / 2), xh.narrow(-1, 0, d / 2)}, -1);
   return {(xh * cos + rotated * sin).view({b, s, h * d})};
+}
+
+// A sample's token ids in zigzag order (graph/ops_context.h): [b, s], gathered along s.
+Tensors seq_permute(const Ctx& ctx, const Tensors& in) {
+  const int64_t seq = in[0].size(1);
+  return {in[0].index_select(
+      1, positions(0, seq, seq, ctx.op.attrs().get<int64_t>("zigzag"), in[0].options()))};
+}
+
+// A table of positions' rows in zigzag order: [s, h], gathered along s (its gradient scatters
+// back).
+Tensors seq_permute_rows(const Ctx& ctx, const Tensors& in) {
+  const int64_t seq = in[0].size(0);
+  return {in[0].index_select(
+      0, positions(0, seq, seq, ctx.op.attrs().get<int64_t>("zigzag"), in[0].options()))};
 }
 
 // Sum of the token losses of this piece over the full micro-batch's token count.
@@ -346,6 +400,8 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
       {"rms_norm", rms_norm},
       {"swiglu", swiglu},
       {"rope", rope},
+      {"seq_permute", seq_permute},
+      {"seq_permute_rows", seq_permute_rows},
       {"cross_entropy", cross_entropy},
       {"group_logsumexp", group_logsumexp},
       {"logsumexp", logsumexp},

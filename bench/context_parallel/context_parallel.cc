@@ -4,7 +4,10 @@
 // device is one core in both setups (each process runs one intra-op thread), so a cp2 step
 // without overhead would take half of one device's. A third setup, two independent processes at
 // once each training on half the sequence, shows what the machine gives two processes (cp2
-// without its ring: each rank's linears, no messages, a quarter of the attention scores). Prints
+// without its ring: each rank's linears, no messages, a quarter of the attention scores). A fourth,
+// cp2 with parallel.cp_kind p2p-contiguous, shows what zigzag order's causal load balance gives: in
+// contiguous order rank 1 computes two chunks of scores and rank 0 one, in zigzag order each 1.25
+// (counted as the kernel computes them: five of the eight half-chunk blocks). Prints
 // the median step time of each and the ratios, and cp2's and one device's measured peak memory
 // per rank (the counting allocator's, most over a step) with their ratio; next to it the part
 // above the weights, gradients and AdamW state the plan estimates (what cp splits: activations).
@@ -114,7 +117,7 @@ int main(int argc, char** argv) {
   if (readlink("/proc/self/exe", path, sizeof path - 1) <= 0) return 1;
   const std::map<std::string, std::string> one_core = {{"LOCAL_WORLD_SIZE", "2"}};
   const std::string half_seq = quick ? "model.args.seq=128" : "model.args.seq=512";
-  std::vector<double> cp_s, one_s, pair_s;
+  std::vector<double> cp_s, one_s, pair_s, contiguous_s;
   Measured cp, one;
   for (int round = 0; round < rounds; ++round) {
     std::vector<std::string> args = {"--worker", std::to_string(steps), "parallel.cp=2",
@@ -122,6 +125,8 @@ int main(int argc, char** argv) {
     args.insert(args.end(), shape.begin(), shape.end());
     cp = measured(loom::comm::testing::spawn_workers(path, 2, args, 900));
     cp_s.push_back(cp.step_s);
+    args[3] = "parallel.cp_kind=p2p-contiguous";
+    contiguous_s.push_back(measured(loom::comm::testing::spawn_workers(path, 2, args, 900)).step_s);
     loom::comm::testing::Launch solo;
     solo.argv = {path, "--worker", std::to_string(steps)};
     solo.argv.insert(solo.argv.end(), shape.begin(), shape.end());
@@ -135,12 +140,14 @@ int main(int argc, char** argv) {
     }
     pair_s.push_back(measured(loom::comm::testing::run_processes(pair, 900)).step_s);
   }
-  const double c = median(cp_s), o = median(one_s), p = median(pair_s);
+  const double c = median(cp_s), o = median(one_s), p = median(pair_s), cc = median(contiguous_s);
   std::printf(
       "bench/context_parallel: llama (2 layers, hidden 256, 4 heads, 2 kv heads, seq %s), 2 "
       "samples per step, one core per device\n",
       quick ? "256" : "1024");
-  std::printf("cp2 (2 processes, gloo, ring)    %9.2f ms/step\n", c * 1e3);
+  std::printf("cp2 (2 processes, gloo, ring)    %9.2f ms/step (zigzag order)\n", c * 1e3);
+  std::printf("cp2 contiguous order             %9.2f ms/step\n", cc * 1e3);
+  std::printf("ratio zigzag / contiguous        %9.3f\n", c / cc);
   std::printf("one device (1 process)           %9.2f ms/step\n", o * 1e3);
   std::printf("ratio cp2 / one device           %9.3f\n", c / o);
   std::printf("2 independent half-sequence runs %9.2f ms/step (seq %s, at once)\n", p * 1e3,

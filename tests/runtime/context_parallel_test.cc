@@ -1,10 +1,14 @@
 // Context parallelism: ring attention (cp steps of query chunk x key chunk, merged by their
-// log-sum-exp) equals one-device causal attention per element, forward and backward; GPT and
+// log-sum-exp) equals one-device causal attention per element, forward and backward, in
+// contiguous and zigzag order (there on the permuted sequence); GPT and
 // Llama tiny under cp alone and with tp, sp, pp, dp and zero 3 equal one device (ranks as threads
 // over the local backend; SGD, so tests/support/tolerance.h's bounds apply); the per-op oracle
 // holds on every piece.
+#include "planner/context_parallel.h"
+
 #include <ATen/ATen.h>
 
+#include "graph/ops_context.h"
 #include "runtime/attention_tiles.h"
 #include "runtime/kernels.h"
 #include "tests/runtime/local_ranks.h"
@@ -72,8 +76,20 @@ double max_rel(const at::Tensor& a, const at::Tensor& b) {
 // more.
 constexpr double kRingTolerance = 1e-5;
 
-void expect_ring_equals_attention(const std::string& model, int64_t cp, int64_t seq) {
-  SCOPED_TRACE(model + " cp " + std::to_string(cp) + " seq " + std::to_string(seq));
+// The positions of a sequence of `seq` in zigzag order over 2 cp halves (`zigzag`), else in
+// order: index i holds position perm[i].
+at::Tensor order_of(int64_t seq, int64_t cp, bool zigzag) {
+  std::vector<at::Tensor> parts;
+  for (const auto& run : graph::sequence_runs(0, seq, seq, zigzag ? 2 * cp : 0))
+    parts.push_back(at::arange(run.position, run.position + run.len, at::kLong));
+  return at::cat(parts);
+}
+
+// In zigzag order the ring's operands and results are the sequence permuted: it runs on the
+// permuted q, k, v and output gradient and must give the permuted output and gradients.
+void expect_ring_equals_attention(const std::string& model, int64_t cp, int64_t seq,
+                                  const std::string& order) {
+  SCOPED_TRACE(model + " cp " + std::to_string(cp) + " seq " + std::to_string(seq) + " " + order);
   at::manual_seed(11);
   const std::vector<std::string> args = {"model.args.seq=" + std::to_string(seq)};
   const int64_t kv = model == "llama" ? 32 : 64;  // llama tiny: 2 kv heads of 16
@@ -81,20 +97,70 @@ void expect_ring_equals_attention(const std::string& model, int64_t cp, int64_t 
                                        at::randn({2, seq, kv})};
   const at::Tensor dout = at::randn({2, seq, 64}, at::kDouble);
   const AttentionRun plain = run_attention(model, args, qkv, dout);
+  const at::Tensor perm = order_of(seq, cp, order == "zigzag");
+  auto permuted = [&](const at::Tensor& t) { return t.index_select(1, perm); };
   std::vector<std::string> ring_args = args;
   ring_args.push_back("parallel.cp=" + std::to_string(cp));
-  const AttentionRun ring = run_attention(model, ring_args, qkv, dout);
-  EXPECT_LT(max_rel(ring.out, plain.out), kRingTolerance);
-  EXPECT_LT(max_rel(ring.dq, plain.dq), kRingTolerance);
-  EXPECT_LT(max_rel(ring.dk, plain.dk), kRingTolerance);
-  EXPECT_LT(max_rel(ring.dv, plain.dv), kRingTolerance);
+  ring_args.push_back(order == "zigzag" ? "parallel.cp_kind=p2p"
+                                        : "parallel.cp_kind=p2p-contiguous");
+  const AttentionRun ring = run_attention(
+      model, ring_args, {permuted(qkv[0]), permuted(qkv[1]), permuted(qkv[2])}, permuted(dout));
+  EXPECT_LT(max_rel(ring.out, permuted(plain.out)), kRingTolerance);
+  EXPECT_LT(max_rel(ring.dq, permuted(plain.dq)), kRingTolerance);
+  EXPECT_LT(max_rel(ring.dk, permuted(plain.dk)), kRingTolerance);
+  EXPECT_LT(max_rel(ring.dv, permuted(plain.dv)), kRingTolerance);
 }
 
 TEST(RingAttention, EqualsCausalAttentionForwardAndBackward) {
-  expect_ring_equals_attention("gpt", 2, 24);
-  expect_ring_equals_attention("gpt", 3, 24);    // chunks of 8
-  expect_ring_equals_attention("llama", 4, 24);  // chunks of 6: grouped-query heads
-  expect_ring_equals_attention("llama", 3, 21);  // chunks of 7
+  expect_ring_equals_attention("gpt", 2, 24, "contiguous");
+  expect_ring_equals_attention("gpt", 3, 24, "contiguous");    // chunks of 8
+  expect_ring_equals_attention("llama", 4, 24, "contiguous");  // chunks of 6: grouped-query heads
+  expect_ring_equals_attention("llama", 3, 21, "contiguous");  // chunks of 7
+}
+
+// Zigzag order: chunk c holds halves c and 2 cp - 1 - c; each step computes only the blocks of
+// halves with something to see and merges them by their log-sum-exp.
+TEST(RingAttention, ZigzagEqualsCausalAttentionOfThePermutedSequence) {
+  expect_ring_equals_attention("gpt", 2, 24, "zigzag");    // halves of 6
+  expect_ring_equals_attention("gpt", 3, 24, "zigzag");    // halves of 4
+  expect_ring_equals_attention("llama", 4, 24, "zigzag");  // halves of 3: grouped-query heads
+  expect_ring_equals_attention("llama", 3, 30, "zigzag");  // halves of 5
+}
+
+// A piece of a zigzag ring step as the cp rank runs it (one query chunk, its key chunk) equals
+// the rows of the whole step's result: the kernel reads its positions from the piece's ranges.
+TEST(RingAttention, ZigzagPiecesEqualTheWholeStep) {
+  auto ops = graph::OpRegistry::with_builtin_ops();
+  auto kernels = runtime::KernelRegistry::with_builtin_kernels();
+  auto g = models::build_model(config("llama", {"parallel.cp=4", "model.args.seq=32"}), ops);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  at::manual_seed(13);
+  const at::Tensor q = at::randn({2, 32, 64}), k = at::randn({2, 32, 32}),
+                   v = at::randn({2, 32, 32});
+  int steps = 0;
+  for (const auto& op : g->ops()) {
+    if (op.type() != graph::kRingAttentionStep || op.layer() != 0) continue;
+    ++steps;
+    auto whole = (*kernels.find(op.type()))(runtime::KernelContext{*g, op}, {q, k, v});
+    for (const graph::Op& part : planner::ring_step_parts(op)) {
+      const graph::Range qr = part.inputs[0].ranges[1], kr = part.inputs[1].ranges[1];
+      auto piece = (*kernels.find(op.type()))(
+          runtime::KernelContext{*g, part},
+          {q.narrow(1, qr.start, qr.size()), k.narrow(1, kr.start, kr.size()),
+           v.narrow(1, kr.start, kr.size())});
+      for (size_t o = 0; o < 2; ++o) {
+        const at::Tensor want = whole[o].narrow(1, qr.start, qr.size());
+        // Queries that see nothing: -inf on both sides.
+        const at::Tensor seen = want.isfinite();
+        EXPECT_TRUE(piece[o].isfinite().equal(seen)) << op.name() << " output " << o;
+        // The same products per element: equal to float32 rounding.
+        EXPECT_TRUE(
+            at::allclose(piece[o].masked_fill(~seen, 0), want.masked_fill(~seen, 0), 1e-6, 1e-6))
+            << op.name() << " output " << o;
+      }
+    }
+  }
+  EXPECT_EQ(steps, 4);
 }
 
 // A ring step's attention a few queries at a time (tiles of 5 over 13 queries, keys from
@@ -149,6 +215,9 @@ void expect_equal_to_single_device(const std::string& model, const std::vector<s
 
 TEST(ContextParallel, GptCp2) { expect_equal_to_single_device("gpt", {"parallel.cp=2"}, 2); }
 TEST(ContextParallel, GptCp4) { expect_equal_to_single_device("gpt", {"parallel.cp=4"}, 4); }
+TEST(ContextParallel, GptCp4Contiguous) {
+  expect_equal_to_single_device("gpt", {"parallel.cp=4", "parallel.cp_kind=p2p-contiguous"}, 4);
+}
 TEST(ContextParallel, LlamaCp2) { expect_equal_to_single_device("llama", {"parallel.cp=2"}, 2); }
 TEST(ContextParallel, LlamaCp4) { expect_equal_to_single_device("llama", {"parallel.cp=4"}, 4); }
 TEST(ContextParallel, LlamaCp2Tp2Sp) {
