@@ -103,8 +103,10 @@ void visit_fields(Config& c, V& v) {
   v("parallel", "tp", c.parallel.tp, positive());
   v("parallel", "pp", c.parallel.pp, positive());
   v("parallel", "cp", c.parallel.cp, positive());
-  // p2p lays the sequence in zigzag order (planner/context_parallel.h), p2p-contiguous in order.
-  v("parallel", "cp_kind", c.parallel.cp_kind, one_of({"p2p", "p2p-contiguous", "all-to-all"}));
+  // p2p (ring: the same) lays the sequence in zigzag order (planner/context_parallel.h),
+  // p2p-contiguous in order.
+  v("parallel", "cp_kind", c.parallel.cp_kind,
+    one_of({"p2p", "ring", "p2p-contiguous", "all-to-all"}));
   v("parallel", "ep", c.parallel.ep, positive());
   v("parallel", "sp", c.parallel.sp, Check<bool>());
   v("parallel", "schedule", c.parallel.schedule,
