@@ -164,14 +164,15 @@ namespace {
 
 // The searched schedule's order (its blocks at the stage costs' durations).
 Result<sched::Schedule> searched_order(const Config& config, bool split_backward, int m, int v,
-                                       const StageCosts& costs) {
+                                       const StageCosts& costs, sched::SearchMemo* searches) {
   if (v != 1)
     return config.error("parallel.chunks", "the searched schedule places one stage per device");
   LOOM_ASSIGN_OR_RETURN(sched::Placement placement,
                         search_placement(config, split_backward, costs));
   sched::SearchOptions options;
   options.node_limit = kSearchNodeLimit;
-  auto found = sched::search_schedule(placement, m, options);
+  auto found = searches ? searches->search(placement, m, options)
+                        : sched::search_schedule(placement, m, options);
   if (!found.ok()) return config.error("parallel.schedule", found.error().message);
   auto searched = at_stage_costs(found->schedule, costs);
   LOOM_CHECK(searched.ok()) << searched.error().to_string();
@@ -202,7 +203,8 @@ Result<sched::Schedule> predefined_order(const Config& config, sched::ScheduleKi
 // Each rank's order of pipeline blocks for `schedule`, from the scheduler: rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism.
 Result<PipelineOrder> pipeline_order(const Config& config, const sched::ScheduleSpec& schedule,
-                                     int64_t micro_batches, const StageCosts& costs) {
+                                     int64_t micro_batches, const StageCosts& costs,
+                                     sched::SearchMemo* searches) {
   const auto& p = config.parallel;
   PipelineOrder result;
   if (p.pp == 1 && p.chunks == 1) return result;
@@ -210,7 +212,8 @@ Result<PipelineOrder> pipeline_order(const Config& config, const sched::Schedule
             v = static_cast<int>(p.chunks);
   sched::Schedule built;
   if (const auto* searched = schedule.as_searched()) {
-    LOOM_ASSIGN_OR_RETURN(built, searched_order(config, searched->split_backward, m, v, costs));
+    LOOM_ASSIGN_OR_RETURN(built,
+                          searched_order(config, searched->split_backward, m, v, costs, searches));
   } else if (schedule.as_imported()) {
     LOOM_ASSIGN_OR_RETURN(sched::CsvSchedule imported, csv_schedule(config, pp, m, v));
     result.csv_actions = imported.actions;

@@ -10,6 +10,7 @@
 #include "lower/program.h"
 #include "scheduler/csv.h"
 #include "scheduler/placement.h"
+#include "scheduler/repetend.h"
 #include "scheduler/schedule.h"
 #include "scheduler/schedule_spec.h"
 
@@ -71,9 +72,11 @@ BlockKind program_kind(sched::BlockKind kind);
 // up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1's split backward runs as I and W
 // blocks. csv runs the rows of parallel.schedule_csv (errors name the key, the file and the
 // cell). Only the search reads `costs` (empty: uniform stages, pp micro-batches in flight);
-// predefined schedules follow their own rules.
+// predefined schedules follow their own rules. `searches`, when given, answers a search it has
+// made before (plans of the same pipeline share it).
 Result<PipelineOrder> pipeline_order(const Config& config, const sched::ScheduleSpec& schedule,
-                                     int64_t micro_batches, const StageCosts& costs = {});
+                                     int64_t micro_batches, const StageCosts& costs = {},
+                                     sched::SearchMemo* searches = nullptr);
 // The same for parallel.schedule as `config` gives it.
 Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
                                      const StageCosts& costs = {});

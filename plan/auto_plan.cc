@@ -273,6 +273,7 @@ struct Search {
   double bytes_per_parameter = 0;  // weights, gradients and optimizer state (training_state_bytes)
   double parameters = 0;           // of the single-device model
   ModelSplits model;               // the sequence and experts cp and ep may split
+  PlanCache* cache = nullptr;      // what the candidates' plans share (their models, searches)
 };
 
 enum class Outcome { kFits, kOverMemory, kInvalid };
@@ -359,8 +360,9 @@ Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t&
     // A proxy's plan is estimated and dropped: the proofs are left to the whole plans kept.
     PlanProofs proofs;
     proofs.verify_graph = proofs.deadlock_free = s.whole;
-    Result<Plan> plan = config.ok() ? make_plan(*config, s.registries, s.cost, ranks, proofs)
-                                    : Result<Plan>(config.error());
+    Result<Plan> plan = config.ok()
+                            ? make_plan(*config, s.registries, s.cost, ranks, proofs, s.cache)
+                            : Result<Plan>(config.error());
     return base.emplace(recompute, std::move(plan)).first->second;
   };
   bool any_valid = false;
@@ -380,7 +382,7 @@ Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t&
         if (s.whole && zero != 0) {  // its own plan, its own figures
           auto config = with_overrides(s.yaml, overrides_of(shape, rung, global));
           ++planned;
-          auto exact = config.ok() ? make_plan(*config, s.registries, s.cost, s.world)
+          auto exact = config.ok() ? make_plan(*config, s.registries, s.cost, s.world, {}, s.cache)
                                    : Result<Plan>(config.error());
           if (!exact.ok()) continue;
           c = figures(exact->estimate);
@@ -475,7 +477,9 @@ void search_pass(const Search& s, CpSearch cp_search, const AutoOptions& options
 }
 
 // The best `top` proxies planned whole and ranked on their own estimates (those over the limit
-// dropped); the fastest one's plan is kept so the winner is not planned twice.
+// dropped); the fastest one's plan is kept so the winner is not planned twice. They are planned
+// without make_plan's proofs, which only the plan kept needs (auto_plan proves it): the proofs
+// change no figure, and at a thousand ranks the deadlock check is the largest part of a plan.
 struct WholeRanking {
   std::vector<AutoCandidate> ranked;
   std::optional<Plan> best_plan;
@@ -490,7 +494,9 @@ WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxi
     const AutoCandidate& proxy = proxies[static_cast<size_t>(i)];
     auto c = with_overrides(s.yaml, proxy.overrides);
     if (!c.ok()) return;
-    auto plan = make_plan(*c, s.registries, s.cost, s.world);
+    PlanProofs unproved;
+    unproved.verify_graph = unproved.deadlock_free = false;
+    auto plan = make_plan(*c, s.registries, s.cost, s.world, unproved, s.cache);
     ++planned;
     if (!plan.ok()) return;
     AutoCandidate w = figures(plan->estimate);
@@ -527,7 +533,10 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
            world_size <= options.exact_ranks,
            0,
            0,
-           {}};
+           {},
+           nullptr};
+  PlanCache cache;
+  s.cache = &cache;
   s.bytes_per_parameter = training_state_bytes(config.optimizer).total();
   LOOM_ASSIGN_OR_RETURN(s.model, model_splits(config, registries));
   {
@@ -565,8 +574,10 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
   LOOM_ASSIGN_OR_RETURN(result.config, with_overrides(s.yaml, fits[0].overrides));
   if (whole.best_plan && whole.best.label == fits[0].label) {
     result.plan = std::move(*whole.best_plan);
+    LOOM_TRY(prove(result.plan, registries));  // ranked unproved (rank_whole)
   } else {
-    LOOM_ASSIGN_OR_RETURN(result.plan, make_plan(result.config, registries, cost, world_size));
+    LOOM_ASSIGN_OR_RETURN(result.plan,
+                          make_plan(result.config, registries, cost, world_size, {}, &cache));
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
@@ -584,7 +595,8 @@ Result<AutoCandidate> plan_within_memory(const Config& config, const Registries&
            true,
            0,
            0,
-           {}};
+           {},
+           nullptr};
   Shape shape;
   shape.policy = config.parallel.policy;
   shape.tp = config.parallel.tp;
@@ -596,6 +608,8 @@ Result<AutoCandidate> plan_within_memory(const Config& config, const Registries&
   shape.micro = config.batch.micro;
   shape.schedule = config.parallel.schedule;
   shape.sp = config.parallel.sp;
+  PlanCache cache;  // the rungs share the model and, with their recomputation, the search
+  s.cache = &cache;
   AutoCandidate c;
   int64_t planned = 0;
   switch (ladder(s, shape, c, planned)) {

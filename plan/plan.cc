@@ -175,6 +175,17 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
   return costs;
 }
 
+std::shared_ptr<const graph::Graph> PlanCache::model(const std::string& key) const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto it = models_.find(key);
+  return it == models_.end() ? nullptr : it->second;
+}
+
+void PlanCache::keep_model(const std::string& key, const graph::Graph& model) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  models_.emplace(key, std::make_shared<const graph::Graph>(model));
+}
+
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
                                  int64_t world_size) {
   graph::Graph model;
@@ -202,6 +213,45 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
 }
 
 namespace {
+
+// The config as build_model's graph sees it: the keys no model builder, verification,
+// precision or context-parallel rewrite reads set to their defaults (pipeline degree and order,
+// recomputation, ZeRO, sequence parallelism, the global batch), so configs that differ only in
+// them share one key. The checks of the parallel degrees are not part of it: they run on every
+// config.
+std::string model_key(const Config& config) {
+  Config c = config;
+  const ParallelConfig defaults;
+  c.parallel.pp = defaults.pp;
+  c.parallel.chunks = defaults.chunks;
+  c.parallel.schedule = defaults.schedule;
+  c.parallel.schedule_csv = defaults.schedule_csv;
+  c.parallel.recompute = defaults.recompute;
+  c.parallel.zero = defaults.zero;
+  c.parallel.sp = defaults.sp;
+  c.parallel.stages = defaults.stages;
+  c.parallel.memory_limit_gb = defaults.memory_limit_gb;
+  c.batch.global = c.batch.micro * c.parallel.dp;
+  return to_yaml(c);
+}
+
+// build_model through `cache`: a graph built for an equal key is copied; the checks of the
+// config's parallel degrees (which build_model runs around the build) run all the same, in the
+// same order, so a config is refused as it would be without the cache.
+Result<graph::Graph> cached_model(const Config& config, const Registries& registries,
+                                  int64_t world_size, PlanCache* cache) {
+  if (!cache || registries.model) return build_model(config, registries, world_size);
+  const std::string key = model_key(config);
+  if (std::shared_ptr<const graph::Graph> built = cache->model(key)) {
+    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+    LOOM_TRY(models::check_context_parallel(config, *type));
+    if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
+    return *built;
+  }
+  LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_model(config, registries, world_size));
+  cache->keep_model(key, model);
+  return model;
+}
 
 // parallel.zero 3 gathers a linear's weight again in its backward and reduce-scatters its
 // gradient there: a weight gradient deferred to a W block would need both again, which the W
@@ -242,7 +292,8 @@ Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
 // known: what they deliver counts in a stage's activations, which bound how many micro-batches
 // a searched schedule keeps in flight. Returns the order, whose schedule the plan simulates.
 Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpec& spec,
-                                             const CostModel& cost, lower::PlanFile& file) {
+                                             const CostModel& cost, lower::PlanFile& file,
+                                             sched::SearchMemo* searches) {
   lower::PipelineOrder pipeline;  // its ranks move into the lowering; the schedule stays
   auto order =
       [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
@@ -252,8 +303,8 @@ Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpe
       lower::mark_recompute(file.graph, marked, spec.recompute);
       costs = stage_costs(config, file.graph, marked, cost);
     }
-    LOOM_ASSIGN_OR_RETURN(
-        pipeline, lower::pipeline_order(config, spec.schedule, config.micro_batches(), costs));
+    LOOM_ASSIGN_OR_RETURN(pipeline, lower::pipeline_order(config, spec.schedule,
+                                                          config.micro_batches(), costs, searches));
     return std::move(pipeline.ranks);
   };
   lower::PathFinder paths(cost);
@@ -268,7 +319,7 @@ Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpe
 }  // namespace
 
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
-                       int64_t world_size, const PlanProofs& proofs) {
+                       int64_t world_size, const PlanProofs& proofs, PlanCache* cache) {
   if (world_size == 0) world_size = config.parallel.world_size();
   if (world_size < 1)
     return Error::at("world_size",
@@ -276,7 +327,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
   Plan plan;
   plan.cost = cost;
-  LOOM_ASSIGN_OR_RETURN(plan.model, build_model(config, registries, world_size));
+  LOOM_ASSIGN_OR_RETURN(plan.model, cached_model(config, registries, world_size, cache));
 
   lower::PlanFile& file = plan.file;
   file.code_fingerprint =
@@ -290,7 +341,9 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   LOOM_ASSIGN_OR_RETURN(file.graph,
                         planner::plan_graph(plan.model, {config, world_size}, registries.policies));
   if (proofs.verify_graph) LOOM_TRY(graph::verify(file.graph, registries.ops));
-  LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder pipeline, order_and_lower(config, spec, cost, file));
+  LOOM_ASSIGN_OR_RETURN(
+      lower::PipelineOrder pipeline,
+      order_and_lower(config, spec, cost, file, cache ? &cache->searches() : nullptr));
   LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
   LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, spec.recompute);
@@ -305,6 +358,13 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &recomputed);
   return plan;
+}
+
+Status prove(const Plan& plan, const Registries& registries, const PlanProofs& proofs) {
+  if (proofs.verify_graph) LOOM_TRY(graph::verify(plan.file.graph, registries.ops));
+  if (proofs.deadlock_free)
+    LOOM_TRY(lower::check_deadlock_free(plan.file.graph, plan.file.lowered));
+  return Status::success();
 }
 
 ScheduleDrawings draw_schedule(const Plan& plan) {

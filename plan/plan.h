@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -20,6 +23,7 @@
 #include "models/model.h"
 #include "plan/estimate.h"
 #include "planner/policy.h"
+#include "scheduler/repetend.h"
 
 namespace loom::plan {
 
@@ -82,10 +86,35 @@ struct PlanProofs {
   bool deadlock_free = true;
 };
 
+// What plans of one model made one after another share, made once: the single-device graph of
+// each distinct model config (what build_model reads: model.*, batch.micro, parallel.dp, tp, cp,
+// ep, policy, run.*) and each distinct schedule search. The auto-planner's candidates differ
+// in parallel.* only, so most of them find both here. Safe to share between threads; used with
+// one set of Registries.
+class PlanCache {
+ public:
+  // The graph built for `key`, or null.
+  std::shared_ptr<const graph::Graph> model(const std::string& key) const;
+  void keep_model(const std::string& key, const graph::Graph& model);
+  sched::SearchMemo& searches() { return searches_; }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const graph::Graph>> models_;
+  sched::SearchMemo searches_;
+};
+
 // The plan of `config` for `world_size` ranks (0: parallel.dp x tp x pp). Every user mistake
 // (config, model arguments, degrees that do not divide the model) is an error naming the key.
+// `cache`, when given, answers what an earlier plan made with it has built or searched: the
+// plan is the same with or without it.
 Result<Plan> make_plan(const Config& config, const Registries& registries, const CostModel& cost,
-                       int64_t world_size = 0, const PlanProofs& proofs = {});
+                       int64_t world_size = 0, const PlanProofs& proofs = {},
+                       PlanCache* cache = nullptr);
+
+// The proofs of `proofs` on a plan made without them (make_plan's own, run afterwards): what
+// the auto-planner runs on the one plan it keeps of those it ranks.
+Status prove(const Plan& plan, const Registries& registries, const PlanProofs& proofs = {});
 // The same on the config's own cost model (cost.*).
 Result<Plan> make_plan(const Config& config, const Registries& registries = {});
 

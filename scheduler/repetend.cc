@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "scheduler/baseline.h"
@@ -626,6 +627,73 @@ Result<SearchResult> search_schedule(const Placement& pl, int micro_batches,
   res.repetend_time_s = std::chrono::duration<double>(t1 - t0).count();
   res.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+namespace {
+
+// The exact bits of every input search_schedule reads, as a map key: a double's bits, not its
+// decimal rounding, so only equal inputs meet.
+class KeyWriter {
+ public:
+  KeyWriter& operator<<(double v) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    return *this << static_cast<int64_t>(bits);
+  }
+  KeyWriter& operator<<(int64_t v) {
+    out_.append(reinterpret_cast<const char*>(&v), sizeof v);
+    return *this;
+  }
+  KeyWriter& operator<<(const std::string& v) {
+    *this << static_cast<int64_t>(v.size());
+    out_ += v;
+    return *this;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+std::string search_key(const Placement& placement, int micro_batches,
+                       const SearchOptions& options) {
+  KeyWriter k;
+  k << static_cast<int64_t>(micro_batches) << static_cast<int64_t>(placement.num_devices())
+    << placement.memory_limit() << static_cast<int64_t>(options.memory_limit.has_value())
+    << options.memory_limit.value_or(0.0) << options.comm_delay << options.node_limit
+    << static_cast<int64_t>(options.extra_delay_periods)
+    << static_cast<int64_t>(placement.blocks().size());
+  for (const PlacedBlock& b : placement.blocks()) {
+    k << b.name << static_cast<int64_t>(b.kind) << static_cast<int64_t>(b.stage.value())
+      << static_cast<int64_t>(b.micro_batch) << b.span << b.memory
+      << static_cast<int64_t>(b.devices.size());
+    for (const DeviceId& d : b.devices) k << static_cast<int64_t>(d.value());
+    k << static_cast<int64_t>(b.after.size());
+    for (int a : b.after) k << static_cast<int64_t>(a);
+  }
+  return k.take();
+}
+
+}  // namespace
+
+Result<SearchResult> SearchMemo::search(const Placement& placement, int micro_batches,
+                                        const SearchOptions& options) {
+  const std::string key = search_key(placement, micro_batches, options);
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto it = found_.find(key);
+    if (it != found_.end()) return it->second;
+  }
+  // Searched outside the lock: two threads with the same input both search it (the search is
+  // deterministic, so whichever result is kept is the same).
+  Result<SearchResult> found = search_schedule(placement, micro_batches, options);
+  std::lock_guard<std::mutex> guard(mutex_);
+  return found_.emplace(key, std::move(found)).first->second;
+}
+
+int64_t SearchMemo::searches() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return static_cast<int64_t>(found_.size());
 }
 
 }  // namespace loom::sched

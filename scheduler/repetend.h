@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,5 +79,21 @@ Result<SearchResult> complete_repetend(const Placement& placement, const Repeten
 // micro-batches per instance: 2 for the X-shape).
 Result<SearchResult> search_schedule(const Placement& placement, int micro_batches,
                                      const SearchOptions& options = {});
+
+// search_schedule's results by their inputs (the placement, the micro-batches and the options):
+// plans that search the same block graph (the auto-planner's candidates that differ only in what
+// the search does not see) search it once. Safe to share between threads.
+class SearchMemo {
+ public:
+  // search_schedule(placement, micro_batches, options), or the result of an earlier call with
+  // equal arguments.
+  Result<SearchResult> search(const Placement& placement, int micro_batches,
+                              const SearchOptions& options = {});
+  int64_t searches() const;  // distinct inputs searched
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, Result<SearchResult>> found_;
+};
 
 }  // namespace loom::sched
