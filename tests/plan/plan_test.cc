@@ -474,5 +474,52 @@ TEST(SearchedSchedule, TheDeviceMemoryBoundsTheMicroBatchesInFlight) {
   EXPECT_NE(msg.find("less than one micro-batch's activations"), std::string::npos) << msg;
 }
 
+// A PlanCache changes no plan: configs that share a model, a schedule search or neither, each
+// planned twice through one cache (the second time from what the first kept), give the plan
+// file and the estimate that make_plan gives without it; a config the degree checks refuse is
+// refused with the same message when its model is in the cache.
+TEST(PlanCache, PlansAreTheSameWithAndWithoutIt) {
+  const std::vector<Config> configs = {
+      search_config(),
+      search_config({"parallel.schedule=search-zb"}),
+      search_config({"parallel.schedule=search-zb", "parallel.recompute=full"}),
+      search_config({"parallel.schedule=zb-h1", "parallel.recompute=selective"}),
+      search_config({"parallel.pp=2", "parallel.dp=2", "parallel.schedule=search-zb"}),
+      config(),
+      config({"parallel.zero=1"}),
+      config({"batch.micro=1"}),
+  };
+  PlanCache cache;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const Config& c : configs) {
+      const CostModel cost = *resolve_cost_model(c);
+      auto plain = make_plan(c, Registries{}, cost);
+      auto cached = make_plan(c, Registries{}, cost, 0, {}, &cache);
+      ASSERT_TRUE(plain.ok()) << plain.error().message;
+      ASSERT_TRUE(cached.ok()) << cached.error().message;
+      EXPECT_EQ(*lower::plan_to_json(cached->file), *lower::plan_to_json(plain->file));
+      EXPECT_EQ(cached->schedule.csv, plain->schedule.csv);
+      EXPECT_EQ(lower::model_digest(cached->model), lower::model_digest(plain->model));
+      ASSERT_EQ(cached->estimate.ranks.size(), plain->estimate.ranks.size());
+      EXPECT_EQ(cached->estimate.step_s, plain->estimate.step_s);
+      EXPECT_EQ(cached->estimate.bubble_ratio, plain->estimate.bubble_ratio);
+      for (size_t r = 0; r < plain->estimate.ranks.size(); ++r) {
+        EXPECT_EQ(cached->estimate.ranks[r].peak_bytes, plain->estimate.ranks[r].peak_bytes);
+        EXPECT_EQ(cached->estimate.ranks[r].comm_s, plain->estimate.ranks[r].comm_s);
+        EXPECT_EQ(cached->estimate.ranks[r].compute_s, plain->estimate.ranks[r].compute_s);
+      }
+      EXPECT_TRUE(prove(*cached, Registries{}).ok());
+    }
+  EXPECT_GT(cache.searches().searches(), 0);
+  // 8 stages of 6 layers: the model is in the cache (pp is no part of its key), the degree
+  // checks refuse the config as without the cache.
+  const Config bad = search_config({"parallel.pp=8"});
+  auto plain = make_plan(bad, Registries{}, *resolve_cost_model(bad));
+  auto cached = make_plan(bad, Registries{}, *resolve_cost_model(bad), 0, {}, &cache);
+  ASSERT_FALSE(plain.ok());
+  ASSERT_FALSE(cached.ok());
+  EXPECT_EQ(cached.error().message, plain.error().message);
+}
+
 }  // namespace
 }  // namespace loom::plan
