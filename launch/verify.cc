@@ -127,8 +127,36 @@ class TensorTable {
   int64_t compared_ = 0;
 };
 
+// Per gradient tensor (FullTensor name), per step: how far bf16's roundings moved it in the
+// single-device run, relative to its largest element (bf16_gradient_tolerance).
+using MeasuredRounding = std::map<std::string, std::vector<double>>;
+
+MeasuredRounding measured_rounding(const SingleDeviceRun& bf16, const SingleDeviceRun& fp32) {
+  MeasuredRounding out;
+  for (size_t s = 0; s < bf16.grads.size() && s < fp32.grads.size(); ++s)
+    for (const auto& [name, g] : bf16.grads[s]) {
+      const at::Tensor want = g.to(at::kDouble), exact = fp32.grads[s].at(name).to(at::kDouble);
+      out[name].push_back(
+          relative((want - exact).abs().max().item<double>(), want.abs().max().item<double>()));
+    }
+  return out;
+}
+
+// The bound on `name`'s gradient differences over steps 1..`step` (the largest: AdamW's
+// allowance reads one rounding for every step).
+double gradient_bound(const OptimizerTrace& trace, const MeasuredRounding& measured,
+                      const std::string& name, int64_t step) {
+  auto it = measured.find(name);
+  if (trace.precision != "bf16" || it == measured.end()) return gradient_tolerance(trace);
+  double bound = 0;
+  for (size_t s = 0; s < static_cast<size_t>(step) && s < it->second.size(); ++s)
+    bound = std::max(bound, bf16_gradient_tolerance(it->second[s]));
+  return bound;
+}
+
 // One rank's pieces after step `step` (1-based) against the single-device run.
-void compare_pieces(Trainer& trainer, const SingleDeviceRun& single, int64_t step,
+void compare_pieces(Trainer& trainer, const SingleDeviceRun& single,
+                    const MeasuredRounding& measured, int64_t step,
                     const std::vector<std::string>& noise, TensorTable& table) {
   const Executor& exec = trainer.executor();
   const auto owned = exec.parameter_owned();
@@ -164,7 +192,7 @@ void compare_pieces(Trainer& trainer, const SingleDeviceRun& single, int64_t ste
       d.judged = base.judged && (trace.type != "adamw" || step == 1);
       d.rel_diff = relative((got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(),
                             grads.at(name).abs().max().item<double>());
-      d.bound = gradient_tolerance(trace);
+      d.bound = gradient_bound(trace, measured, name, step);
       table.add(std::move(d), order);
     }
     at::Tensor allowance;
@@ -173,7 +201,7 @@ void compare_pieces(Trainer& trainer, const SingleDeviceRun& single, int64_t ste
       for (int64_t u = 0; u < step; ++u)
         piece_grads.push_back(cut_piece(single.grads[static_cast<size_t>(u)].at(name), piece));
       allowance = adam_noise_allowance(piece_grads, trace.grad_max.at(name), trace.lr,
-                                       gradient_tolerance(trace));
+                                       gradient_bound(trace, measured, name, step));
     }
     const ParameterDifference pd = parameter_difference(
         value, cut_piece(params.at(name), piece), cut_piece(single.init.at(name), piece),
@@ -332,6 +360,15 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   }
   LOOM_ASSIGN_OR_RETURN(SingleDeviceRun single,
                         run_single_device(single_device_config(config), options.steps, extensions));
+  MeasuredRounding measured;
+  if (config.run.precision == "bf16") {
+    // The same run in float32: what bf16's roundings did to one device's gradients.
+    Config exact = single_device_config(config);
+    exact.run.precision = "fp32";
+    LOOM_ASSIGN_OR_RETURN(SingleDeviceRun fp32,
+                          run_single_device(exact, options.steps, extensions));
+    measured = measured_rounding(single, fp32);
+  }
 
   const int world_size = static_cast<int>(plan.world_size());
   TensorTable table;
@@ -347,7 +384,7 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
         std::lock_guard<std::mutex> lock(mu);
         losses[rank].push_back(st.loss);
       }
-      compare_pieces(*trainer, single, s, options.noise, into);
+      compare_pieces(*trainer, single, measured, s, options.noise, into);
     }
     return Status::success();
   };
