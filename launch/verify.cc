@@ -222,6 +222,9 @@ Result<OracleReport> run_oracle(const Config& config, const plan::Plan& plan,
                                 double tolerance) {
   LOOM_ASSIGN_OR_RETURN(auto feeder, InputFeeder::create(config, plan.model));
   LOOM_ASSIGN_OR_RETURN(auto inputs, feeder->micro_batch(0));
+  // In float32 like every value the oracle compares (a bf16 model's images arrive as bf16).
+  for (auto& [id, value] : inputs)
+    if (value.is_floating_point()) value = value.to(at::kFloat);
   for (const auto& [name, value] : single.params.back())
     if (auto id = plan.model.find_tensor(name)) inputs[id->value()] = value;
   at::NoGradGuard no_grad;

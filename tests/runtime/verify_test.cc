@@ -101,6 +101,26 @@ INSTANTIATE_TEST_SUITE_P(
                     std::vector<std::string>{"parallel.dp=2", "parallel.pp=2", "parallel.zero=3"},
                     std::vector<std::string>{"parallel.pp=2"}));
 
+// A model whose inputs are floating (Swin's images, fed in bf16 to a bf16 model) is compared in
+// float32 by the oracle too.
+TEST(Verify, SwinInBf16) {
+  auto c = parse_config(R"(run: {seed: 3, precision: bf16}
+model: {type: swin, preset: tiny}
+parallel: {dp: 2}
+batch: {global: 8, micro: 2}
+optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
+comm: {timeout_s: 60}
+)",
+                        "swin.yaml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  launch::VerifyOptions options;
+  options.steps = 1;
+  auto report = launch::verify_plan(*c, options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_TRUE(report->ok()) << report->first_failure();
+  EXPECT_GT(report->oracle.ops_checked, 0);
+}
+
 TEST(Verify, NamesTheOpOfAPlantedPartialSumBug) {
   auto ext = std::make_shared<launch::Extensions>();
   // Replaces the built-in bias_add: right on whole inputs, wrong after a partial sum.
