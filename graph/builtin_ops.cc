@@ -32,14 +32,75 @@ OpSchema sequence_parallel(OpSchema s) {
   return s;
 }
 
+void must_add(OpRegistry& r, OpSchema s) {
+  Status st = r.add(std::move(s));
+  LOOM_CHECK(st.ok()) << st.error().message;
+}
+
+// The attentions: GPT's multi-head, Llama's grouped-query, and grouped-query with more
+// tensor-parallel ranks than kv heads.
+void add_attention_ops(OpRegistry& r) {
+  auto must = [&](OpSchema s) { must_add(r, std::move(s)); };
+  // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
+  // head size, so splitting heads keeps whole heads together. Scores and weighted sums cost
+  // 4 b s t h d; tensor and all-to-all context parallelism split the heads.
+  OpSchema attention =
+      OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
+  attention.attention_core = true;
+  attention.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
+  attention.rules.tensor_parallel = tp_split("h");
+  attention.rules.context_heads = "h";
+  must(std::move(attention));
+  // Grouped-query causal attention: q holds g kv groups of r query heads each (attribute r), k
+  // and v one head per group; splitting g splits query and kv heads together.
+  OpSchema gqa = OpSchema::simple("gqa_attention",
+                                  "b s^ (g r^ d^), b t^ (g d^), b t^ (g d^) -> b s^ (g r^ d^)");
+  gqa.attention_core = true;
+  gqa.rules.flops = flops_of_labels(4, {"b", "s", "t", "g", "r", "d"});
+  gqa.rules.tensor_parallel = tp_split("g");
+  gqa.rules.context_heads = "g";
+  must(std::move(gqa));
+  // The same with more tensor-parallel ranks than kv heads: a piece of the query heads reads the
+  // kv heads its heads belong to (query head i of h reads kv head i / (h / k)) from k and v whole.
+  OpSchema shared_kv = OpSchema::simple("shared_kv_attention",
+                                        "b s^ (h d^), b t^ (k^ d^), b t^ (k^ d^) -> b s^ (h d^)");
+  shared_kv.attention_core = true;
+  shared_kv.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
+  shared_kv.rules.tensor_parallel = tp_split("h");  // query heads; kv heads whole
+  must(std::move(shared_kv));
+}
+
+void add_loss_pieces(OpRegistry& r) {
+  auto must = [&](OpSchema s) { must_add(r, std::move(s)); };
+  // Cross-entropy in pieces that split over the vocabulary (Megatron's vocab-parallel loss)
+  // with sum-only partials: the vocabulary is cut into g groups of v (attribute v);
+  //   group_logsumexp: log-sum-exp of each group's logits    [b s (g v)] -> [b s g]
+  //   logsumexp:       log-sum-exp over the groups           [b s g] -> [b s]
+  //   pick:            the target's logit; a piece of the vocabulary gives 0 for targets it
+  //                    does not hold, so pieces are partial sums
+  //   nll:             sum over tokens of (lse - target logit) / normalizer
+  // Tensor parallelism splits the groups where they are (group_logsumexp, pick).
+  struct LossPiece {
+    const char* type;
+    const char* annotation;
+    bool vocab_parallel;
+  };
+  for (const LossPiece& piece : {LossPiece{"group_logsumexp", "b s (g v^) -> b s g", true},
+                                 LossPiece{"logsumexp", "b s g^ -> b s", false},
+                                 LossPiece{"pick", "b s (g+ v^), b s -> b s", true}}) {
+    OpSchema schema = OpSchema::simple(piece.type, piece.annotation);
+    schema.fp32_outputs = true;
+    if (piece.vocab_parallel) schema.rules.tensor_parallel = tp_split("g");
+    must(std::move(schema));
+  }
+  must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
+}
+
 }  // namespace
 
 OpRegistry OpRegistry::with_builtin_ops() {
   OpRegistry r;
-  auto must = [&](OpSchema s) {
-    Status st = r.add(std::move(s));
-    LOOM_CHECK(st.ok()) << st.error().message;
-  };
+  auto must = [&](OpSchema s) { must_add(r, std::move(s)); };
   // Token embedding: splitting the vocabulary makes each piece's output a partial sum.
   // Tensor parallelism splits the vocabulary (Megatron's vocab-parallel embedding); a lookup
   // costs an operation per output element.
@@ -69,16 +130,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
       ranked("bias_add", [](const std::string& l) { return l + " n, n -> " + l + " n"; });
   bias_add.rules.tensor_parallel = tp_by_hint("n", "");
   must(sequence_parallel(std::move(bias_add)));
-  // Causal multi-head self-attention on [batch, seq, heads*head_dim] q, k, v; attribute d is the
-  // head size, so splitting heads keeps whole heads together. Scores and weighted sums cost
-  // 4 b s t h d; tensor and all-to-all context parallelism split the heads.
-  OpSchema attention =
-      OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
-  attention.attention_core = true;
-  attention.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
-  attention.rules.tensor_parallel = tp_split("h");
-  attention.rules.context_heads = "h";
-  must(std::move(attention));
+  add_attention_ops(r);
   // Llama's blocks. RMSNorm (attribute eps) normalises the last dimension by its root mean square.
   must(sequence_parallel(
       ranked("rms_norm", [](const std::string& l) { return l + " h^, h^ -> " + l + " h^"; })));
@@ -88,23 +140,6 @@ OpRegistry OpRegistry::with_builtin_ops() {
   // theta and Llama 3.1's frequency scaling): each head's halves rotate by the angle of the
   // token's position, which a sequence piece takes from where its range starts.
   must(OpSchema::simple("rope", "b s (h d^) -> b s (h d^)"));
-  // Grouped-query causal attention: q holds g kv groups of r query heads each (attribute r), k
-  // and v one head per group; splitting g splits query and kv heads together.
-  OpSchema gqa = OpSchema::simple("gqa_attention",
-                                  "b s^ (g r^ d^), b t^ (g d^), b t^ (g d^) -> b s^ (g r^ d^)");
-  gqa.attention_core = true;
-  gqa.rules.flops = flops_of_labels(4, {"b", "s", "t", "g", "r", "d"});
-  gqa.rules.tensor_parallel = tp_split("g");
-  gqa.rules.context_heads = "g";
-  must(std::move(gqa));
-  // The same with more tensor-parallel ranks than kv heads: a piece of the query heads reads the
-  // kv heads its heads belong to (query head i of h reads kv head i / (h / k)) from k and v whole.
-  OpSchema shared_kv = OpSchema::simple("shared_kv_attention",
-                                        "b s^ (h d^), b t^ (k^ d^), b t^ (k^ d^) -> b s^ (h d^)");
-  shared_kv.attention_core = true;
-  shared_kv.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
-  shared_kv.rules.tensor_parallel = tp_split("h");  // query heads; kv heads whole
-  must(std::move(shared_kv));
   // Sum of token losses divided by attribute `normalizer` (the token count of the full
   // micro-batch): splitting the batch or sequence gives partial sums of the mean loss.
   // Cross-entropy over the last dimension (classes) of logits of any rank (attribute ndim,
@@ -117,28 +152,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
     return summed + " v^, " + summed + " -> ";
   }));
 
-  // Cross-entropy in pieces that split over the vocabulary (Megatron's vocab-parallel loss)
-  // with sum-only partials: the vocabulary is cut into g groups of v (attribute v);
-  //   group_logsumexp: log-sum-exp of each group's logits    [b s (g v)] -> [b s g]
-  //   logsumexp:       log-sum-exp over the groups           [b s g] -> [b s]
-  //   pick:            the target's logit; a piece of the vocabulary gives 0 for targets it
-  //                    does not hold, so pieces are partial sums
-  //   nll:             sum over tokens of (lse - target logit) / normalizer
-  // Tensor parallelism splits the groups where they are (group_logsumexp, pick).
-  struct LossPiece {
-    const char* type;
-    const char* annotation;
-    bool vocab_parallel;
-  };
-  for (const LossPiece& piece : {LossPiece{"group_logsumexp", "b s (g v^) -> b s g", true},
-                                 LossPiece{"logsumexp", "b s g^ -> b s", false},
-                                 LossPiece{"pick", "b s (g+ v^), b s -> b s", true}}) {
-    OpSchema schema = OpSchema::simple(piece.type, piece.annotation);
-    schema.fp32_outputs = true;
-    if (piece.vocab_parallel) schema.rules.tensor_parallel = tp_split("g");
-    must(std::move(schema));
-  }
-  must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
+  add_loss_pieces(r);
   add_context_ops(r);
   add_evoformer_ops(r);
   add_moe_ops(r);
