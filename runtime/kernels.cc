@@ -156,8 +156,9 @@ Tensors grouped_attention(const Ctx& ctx, const Tensors& in) {
   return {causal_attention(heads_first(in[0], d), kh, vh)};
 }
 
-// Two partial attentions (heads first: outputs [b, h, s, d], log-sum-exps [b, h, s]) of the same
-// queries over disjoint keys, as one.
+// Two partial attentions of the same queries over disjoint keys, as one: outputs [..., d] and
+// log-sum-exps [...] over the same leading dimensions (heads first in a ring step, [b, s, h] in
+// lse_merge).
 std::pair<at::Tensor, at::Tensor> merge_by_lse(const std::pair<at::Tensor, at::Tensor>& a,
                                                const std::pair<at::Tensor, at::Tensor>& b) {
   const at::Tensor lse = at::logaddexp(a.second, b.second);
@@ -230,12 +231,10 @@ Tensors ring_attention_step(const Ctx& ctx, const Tensors& in) {
 Tensors lse_merge(const Ctx& ctx, const Tensors& in) {
   const int64_t d = ctx.op.attrs().get<int64_t>("d");
   const at::Tensor l1 = in[1].to(at::kFloat), l2 = in[3].to(at::kFloat);
-  const at::Tensor lse = at::logaddexp(l1, l2);
   const int64_t b = l1.size(0), s = l1.size(1), h = l1.size(2);
-  auto weighted = [&](const at::Tensor& o, const at::Tensor& l) {
-    return o.to(at::kFloat).view({b, s, h, d}) * (l - lse).exp().unsqueeze(-1);
-  };
-  return {(weighted(in[0], l1) + weighted(in[2], l2)).view({b, s, h * d}), lse};
+  auto [out, lse] = merge_by_lse({in[0].to(at::kFloat).view({b, s, h, d}), l1},
+                                 {in[2].to(at::kFloat).view({b, s, h, d}), l2});
+  return {out.view({b, s, h * d}), lse};
 }
 
 Tensors lse_merge_last(const Ctx& ctx, const Tensors& in) { return {lse_merge(ctx, in)[0]}; }
