@@ -57,6 +57,10 @@ struct OpRules {
   // The label of the heads that context parallelism's all-to-all form (Ulysses) gives each rank
   // a share of, the whole sequence of each; empty: the op splits its sequence as any other.
   std::string context_heads;
+  // Its output jumps where its input crosses a tie (top-k routing): a rounding anywhere before
+  // it can change what follows by a finite amount, so what a plan computes after it is compared
+  // with one device against measured rounding, not a continuity bound (launch/verify.cc).
+  bool discrete = false;
 };
 
 }  // namespace loom::graph

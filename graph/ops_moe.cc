@@ -16,6 +16,7 @@ void add_moe_ops(OpRegistry& registry) {
         std::pair{kMoeAuxLoss, kMoeAuxLossAnnotation}, std::pair{kAddLoss, kAddLossAnnotation}}) {
     OpSchema s = OpSchema::simple(type, annotation);
     s.fp32_outputs = true;
+    s.rules.discrete = type == std::string(kMoeRoute);  // the top-k choice of experts
     schemas.push_back(std::move(s));
   }
   schemas.push_back(OpSchema::simple(kMoeDispatch, kMoeDispatchAnnotation));

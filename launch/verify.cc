@@ -322,19 +322,40 @@ std::string VerifyReport::first_failure() const {
 
 namespace {
 
+// Whether the model has an op whose output jumps at ties (graph::OpRules::discrete).
+bool has_discrete_op(const graph::Graph& model) {
+  return std::any_of(model.ops().begin(), model.ops().end(),
+                     [](const graph::Op& op) { return op.def->rules.discrete; });
+}
+
+// Per step, the bound on the plan's loss: loss_tolerance, or in bf16 with a discrete op
+// bf16_routed_loss_tolerance of the largest move bf16 made to one device's loss so far
+// (`fp32`: the single-device run in float32; null when not bf16).
+std::vector<double> loss_bounds(const SingleDeviceRun& single, const SingleDeviceRun* fp32,
+                                bool discrete, int64_t steps) {
+  std::vector<double> out(static_cast<size_t>(steps), loss_tolerance(single.trace));
+  if (!fp32 || !discrete) return out;
+  double measured = 0;
+  for (size_t s = 0; s < out.size(); ++s) {
+    const double exact = fp32->losses.at(s);
+    measured = std::max(measured, relative(std::abs(single.losses.at(s) - exact), std::abs(exact)));
+    out[s] = bf16_routed_loss_tolerance(measured);
+  }
+  return out;
+}
+
 // Per step, the rank whose loss is furthest from the single device's, relative to it.
 std::vector<LossDifference> loss_differences(const SingleDeviceRun& single,
                                              const std::vector<std::vector<double>>& losses,
-                                             int64_t steps) {
+                                             const std::vector<double>& bounds) {
   std::vector<LossDifference> out;
-  const double loss_bound = loss_tolerance(single.trace);
-  for (int64_t s = 0; s < steps; ++s) {
+  for (size_t s = 0; s < bounds.size(); ++s) {
     LossDifference l;
-    l.step = s + 1;
-    l.single = single.losses[static_cast<size_t>(s)];
-    l.bound = loss_bound;
+    l.step = static_cast<int64_t>(s) + 1;
+    l.single = single.losses[s];
+    l.bound = bounds[s];
     for (const auto& rank_losses : losses) {
-      const double plan_loss = rank_losses.at(static_cast<size_t>(s));
+      const double plan_loss = rank_losses.at(s);
       const double rel = relative(std::abs(plan_loss - l.single), std::abs(l.single));
       if (rel >= l.rel_diff) {
         l.rel_diff = rel;
@@ -364,14 +385,16 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
   LOOM_ASSIGN_OR_RETURN(SingleDeviceRun single,
                         run_single_device(single_device_config(config), options.steps, extensions));
   MeasuredRounding measured;
+  std::optional<SingleDeviceRun> fp32;
   if (config.run.precision == "bf16") {
-    // The same run in float32: what bf16's roundings did to one device's gradients.
+    // The same run in float32: what bf16's roundings did to one device's gradients and loss.
     Config exact = single_device_config(config);
     exact.run.precision = "fp32";
-    LOOM_ASSIGN_OR_RETURN(SingleDeviceRun fp32,
-                          run_single_device(exact, options.steps, extensions));
-    measured = measured_rounding(single, fp32);
+    LOOM_ASSIGN_OR_RETURN(fp32, run_single_device(exact, options.steps, extensions));
+    measured = measured_rounding(single, *fp32);
   }
+  const std::vector<double> bounds = loss_bounds(
+      single, fp32 ? &*fp32 : nullptr, has_discrete_op(plan.model), options.steps);
 
   const int world_size = static_cast<int>(plan.world_size());
   TensorTable table;
@@ -431,7 +454,7 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
       }
   }
 
-  report.losses = loss_differences(single, losses, options.steps);
+  report.losses = loss_differences(single, losses, bounds);
   report.tensors = table.rows();
   report.tensors_compared = table.compared();
   // Each sub-op against the one-device values, both in float32 on the host (kOracleTolerance says

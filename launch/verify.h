@@ -49,7 +49,7 @@ struct LossDifference {
   double plan = 0;
   double single = 0;
   double rel_diff = 0;  // |plan - single| / |single|
-  double bound = 0;     // loss_tolerance
+  double bound = 0;     // loss_tolerance (bf16 with routing: bf16_routed_loss_tolerance)
   bool ok() const { return rel_diff <= bound; }
 };
 
