@@ -1,4 +1,5 @@
-// Training on a GPU equals training on the CPU: GPT tiny on cuda in fp32 against the CPU run
+// Training on a GPU equals training on the CPU: GPT, Llama, a mixture of experts, Swin and the
+// Evoformer (tiny presets) on cuda in fp32 against the CPU run
 // (losses and parameters, the suite's tolerance policy: the GPU sums the same products in
 // another order, as a plan does; TF32 is off), bf16 on cuda against fp32 on cuda, a checkpoint
 // saved on cuda resumed on the CPU and the other way round, and `loomrun --nproc-per-node 1
@@ -32,9 +33,11 @@ namespace fs = std::filesystem;
                       "device): scripts/gpu-check runs this on a GPU machine";          \
   } while (0)
 
-Config config(const std::vector<std::string>& overrides) {
-  const char* yaml = R"(run: {seed: 3}
-model: {type: gpt, preset: tiny}
+// GPT tiny, or `model` ("type: T, preset: P") with the same batches and optimizer.
+Config config(const std::vector<std::string>& overrides,
+              const std::string& model = "type: gpt, preset: tiny") {
+  const std::string yaml = R"(run: {seed: 3}
+model: {)" + model + R"(}
 batch: {global: 8, micro: 2}
 optimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, clip_grad_norm: 1.0}
 )";
@@ -66,14 +69,19 @@ Trained train(const Config& c, int steps) {
   return r;
 }
 
-// The key bias's gradient is rounding noise by construction (see distributed_test.cc).
-bool is_noise(const std::string& name) { return name.find("attn.k.b") != std::string::npos; }
+// Gradients that are rounding noise by construction (see launch::rounding_noise_parameters).
+bool is_noise(const std::string& name) {
+  return name.find("attn.k.b") != std::string::npos ||
+         name.find("msa_row.pair_ln.b") != std::string::npos;
+}
 
-TEST(Gpu, GptTinyFp32EqualsTheCpu) {
+// `model` trained on cuda in fp32 for 10 steps equals the same run on the CPU.
+void expect_cuda_equals_cpu(const std::string& model) {
   LOOM_NEED_GPU();
   const int steps = 10;
-  const testing_support::Reference cpu = testing_support::train_single_device(config({}), steps);
-  const Trained gpu = train(config({"run.device=cuda"}), steps);
+  const testing_support::Reference cpu =
+      testing_support::train_single_device(config({}, model), steps);
+  const Trained gpu = train(config({"run.device=cuda"}, model), steps);
   ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
   for (int i = 0; i < steps; ++i)
     EXPECT_LE(std::abs(gpu.losses[i] - cpu.losses[i]) / cpu.losses[i],
@@ -87,6 +95,18 @@ TEST(Gpu, GptTinyFp32EqualsTheCpu) {
                                            testing_support::parameter_tolerance(cpu.trace, name));
     EXPECT_FALSE(differs) << name << ": " << *differs;
   }
+}
+
+TEST(Gpu, GptTinyFp32EqualsTheCpu) { expect_cuda_equals_cpu("type: gpt, preset: tiny"); }
+// RMSNorm, rotary positions, grouped-query attention, SwiGLU.
+TEST(Gpu, LlamaTinyFp32EqualsTheCpu) { expect_cuda_equals_cpu("type: llama, preset: tiny"); }
+// Top-k routing, dispatch into expert slots, the experts' grouped products, combine.
+TEST(Gpu, MoeTinyFp32EqualsTheCpu) { expect_cuda_equals_cpu("type: llama, preset: tiny-moe"); }
+// Patch merging, shifted windows and their masks.
+TEST(Gpu, SwinTinyFp32EqualsTheCpu) { expect_cuda_equals_cpu("type: swin, preset: tiny"); }
+// Row and column attention with pair bias, triangle updates, outer-product mean.
+TEST(Gpu, EvoformerTinyFp32EqualsTheCpu) {
+  expect_cuda_equals_cpu("type: evoformer, preset: tiny");
 }
 
 // bf16 on the GPU (tensor-core matrix products, flash attention where LibTorch has it) follows
