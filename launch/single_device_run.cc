@@ -46,7 +46,7 @@ Result<SingleDeviceRun> run_single_device(const Config& config, int64_t steps,
     std::map<std::string, at::Tensor> grads;
     for (const auto& tensor : trainer->graph().tensors()) {
       if (tensor.role != graph::TensorRole::kParameter) continue;
-      const at::Tensor& g = trainer->executor().parameter(tensor.name).grad();
+      const at::Tensor g = trainer->executor().parameter(tensor.name).grad();
       at::Tensor host = g.defined() ? g.detach().to(at::kCPU).clone()
                                     : at::zeros(tensor.shape, at::TensorOptions(at::kFloat));
       r.trace.grad_max[tensor.name].push_back(host.abs().max().item<double>());

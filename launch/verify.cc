@@ -393,8 +393,8 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
     LOOM_ASSIGN_OR_RETURN(fp32, run_single_device(exact, options.steps, extensions));
     measured = measured_rounding(single, *fp32);
   }
-  const std::vector<double> bounds = loss_bounds(
-      single, fp32 ? &*fp32 : nullptr, has_discrete_op(plan.model), options.steps);
+  const std::vector<double> bounds =
+      loss_bounds(single, fp32 ? &*fp32 : nullptr, has_discrete_op(plan.model), options.steps);
 
   const int world_size = static_cast<int>(plan.world_size());
   TensorTable table;

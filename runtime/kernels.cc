@@ -75,8 +75,7 @@ Tensors gelu(const Ctx& ctx, const Tensors& in) {
 Tensors layer_norm(const Ctx& ctx, const Tensors& in) {
   const double eps = ctx.op.attrs().get_or<double>("eps", 1e-5);
   const at::ScalarType dtype = in[0].is_cuda() ? in[0].scalar_type() : at::kFloat;
-  return {at::layer_norm(in[0].to(dtype), {in[0].size(-1)}, in[1].to(dtype), in[2].to(dtype),
-                         eps)};
+  return {at::layer_norm(in[0].to(dtype), {in[0].size(-1)}, in[1].to(dtype), in[2].to(dtype), eps)};
 }
 
 Tensors linear(const Ctx&, const Tensors& in) { return {at::linear(in[0], in[1])}; }

@@ -205,13 +205,14 @@ TEST(Verify, Bf16MoeJudgesTheLossAgainstBf16sMeasuredMove) {
     if (const runtime::Kernel* k = planted.find(type); k && type != "expert_linear") {
       ASSERT_TRUE(wrong.add(type, *k).ok());
     }
-  ASSERT_TRUE(wrong
-                  .add("expert_linear",
-                       [right](const runtime::KernelContext& ctx, const std::vector<at::Tensor>& in) {
-                         const bool share = in[1].size(0) < ctx.full_size(1, 0);
-                         return right(ctx, {in[0], share ? in[1].flip(0) : in[1]});
-                       })
-                  .ok());
+  ASSERT_TRUE(
+      wrong
+          .add("expert_linear",
+               [right](const runtime::KernelContext& ctx, const std::vector<at::Tensor>& in) {
+                 const bool share = in[1].size(0) < ctx.full_size(1, 0);
+                 return right(ctx, {in[0], share ? in[1].flip(0) : in[1]});
+               })
+          .ok());
   ext->kernels = std::move(wrong);
   options.extensions = ext;
   auto bug = launch::verify_plan(moe_config({}), options);
