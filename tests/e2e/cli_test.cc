@@ -156,9 +156,10 @@ TEST_F(Cli, MissingTokenFile) {
 // too few processes were started; a plan made for another run.precision says so.
 TEST_F(Cli, MpiUnderLoomrunAndAPlanOfAnotherPrecisionSayWhat) {
   const std::string c = write("c.yaml", base_config());
-  Outcome r = run_command(std::string(LOOM_BINARY_DIR) + "/bin/loomrun --nproc-per-node 2 " +
-                          LOOM_BINARY_DIR + "/bin/loom train " + c +
-                          " parallel.dp=2 comm.backend=mpi comm.timeout_s=30");
+  Outcome r =
+      run_command(std::string(LOOM_BINARY_DIR) + "/bin/loomrun --nproc-per-node 2 --standalone " +
+                  LOOM_BINARY_DIR + "/bin/loom train " + c +
+                  " parallel.dp=2 comm.backend=mpi comm.timeout_s=30");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("comm.backend mpi takes its 2 ranks from mpirun"), std::string::npos)
       << r.output;
@@ -176,9 +177,10 @@ TEST_F(Cli, MpiUnderLoomrunAndAPlanOfAnotherPrecisionSayWhat) {
 TEST_F(Cli, MixtureOfExpertsOverGlooEqualsOneProcess) {
   const std::string c = std::string(LOOM_SOURCE_DIR) + "/configs/moe-tiny.yaml";
   const std::string common = " run.steps=3 optimizer.type=sgd optimizer.lr=0.1 comm.timeout_s=60";
-  Outcome ep = run_command(std::string(LOOM_BINARY_DIR) + "/bin/loomrun --nproc-per-node 4 " +
-                           LOOM_BINARY_DIR + "/bin/loom train " + c + common +
-                           " run.output_dir=" + (dir_ / "ep").string());
+  Outcome ep =
+      run_command(std::string(LOOM_BINARY_DIR) + "/bin/loomrun --nproc-per-node 4 --standalone " +
+                  LOOM_BINARY_DIR + "/bin/loom train " + c + common +
+                  " run.output_dir=" + (dir_ / "ep").string());
   ASSERT_EQ(ep.code, 0) << ep.output;
   Outcome one = run("train " + c + common + " parallel.dp=1 parallel.ep=1 parallel.tp=1 " +
                     "batch.micro=4 run.output_dir=" + (dir_ / "one").string());

@@ -168,7 +168,7 @@ TEST(Gpu, LoomrunTrainsOnCuda) {
                                        "}\nmodel: {type: gpt, preset: tiny}\n"
                                        "batch: {global: 8, micro: 4}\noptimizer: {lr: 0.003}\n";
   const std::string bin = std::string(LOOM_BINARY_DIR) + "/bin/";
-  const std::string cmd = bin + "loomrun --nproc-per-node 1 " + bin + "loom train " +
+  const std::string cmd = bin + "loomrun --nproc-per-node 1 --standalone " + bin + "loom train " +
                           (dir / "c.yaml").string() + " > " + (dir / "log").string() + " 2>&1";
   const int status = std::system(cmd.c_str());
   std::ifstream log_in(dir / "log");
