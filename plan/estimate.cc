@@ -10,7 +10,6 @@
 
 #include "core/check.h"
 #include "core/training_state.h"
-#include "graph/ops_context.h"
 #include "graph/ops_moe.h"
 #include "graph/precision.h"
 #include "lower/fusion.h"
@@ -163,7 +162,8 @@ struct RegionCost {
 RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
                        const std::vector<bool>& fused, const lower::ProgramReaders& readers,
                        const lower::Program& prog, size_t segment,
-                       const lower::RecomputeRegion& region, int64_t rank, bool on_gpu) {
+                       const lower::RecomputeRegion& region, int64_t rank, bool on_gpu,
+                       planner::FlopsMemo& flops) {
   RegionCost c;
   const lower::Segment& seg = prog.segments[segment];
   const lower::RegionBorder border = readers.border(segment, region);
@@ -183,7 +183,7 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
     }
     const auto index = static_cast<size_t>(it.index);
     const graph::Op& op = g.ops()[index];
-    c.flops += planner::op_flops(op);
+    c.flops += flops(op);
     c.dropped_bytes += saved_extra_bytes(g, op, on_gpu);
     if (fused[index]) continue;
     bool keeps = false;
@@ -338,12 +338,14 @@ RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
 }  // namespace
 
 RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                             const CostModel& cost, bool on_gpu) {
+                             const CostModel& cost, bool on_gpu, planner::FlopsMemo* flops) {
   const size_t n = lowered.programs.size();
   RecomputeCost out{std::vector<double>(n, 0), std::vector<double>(n, 0),
                     std::vector<double>(n, 0)};
   const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
   std::optional<lower::AdapterReads> reads;  // made once, when a rank recomputes
+  planner::FlopsMemo own;
+  planner::FlopsMemo& counted = flops ? *flops : own;
   for (size_t r = 0; r < n; ++r) {
     const lower::Program& prog = lowered.programs[r];
     bool any = false;
@@ -354,7 +356,7 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
     for (size_t s = 0; s < prog.segments.size(); ++s)
       for (const lower::RecomputeRegion& region : prog.segments[s].recompute) {
         const RegionCost c = region_cost(planned, lowered, fused, readers, prog, s, region,
-                                         static_cast<int64_t>(r), on_gpu);
+                                         static_cast<int64_t>(r), on_gpu, counted);
         out.dropped_bytes[r] += c.dropped_bytes;
         out.largest_region_bytes[r] = std::max(out.largest_region_bytes[r], c.dropped_bytes);
         if (cost.device_flops_per_s > 0) out.forward_s[r] += c.flops / cost.device_flops_per_s;
@@ -416,27 +418,12 @@ double Estimate::max_sent_bytes() const {
 }
 
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
-                                    const CostModel& cost) {
+                                    const CostModel& cost, planner::FlopsMemo* flops) {
   std::vector<double> fwd(static_cast<size_t>(world_size), 0);
-  // A sub-op's FLOPs follow from its definition and its pieces' shapes, which every replica and
-  // most ranks share: each distinct one is counted once (a 1024-rank plan has a few hundred
-  // among ~200k sub-ops).
-  std::map<std::pair<const graph::OpDef*, std::vector<int64_t>>, double> counted;
-  std::vector<int64_t> shapes;
-  for (const auto& op : planned.ops()) {
-    shapes.clear();
-    for (const auto* io : {&op.inputs, &op.outputs})
-      for (const auto& piece : *io) {
-        shapes.push_back(static_cast<int64_t>(piece.ranges.size()));
-        for (const auto& r : piece.ranges) shapes.push_back(r.size());
-      }
-    // A ring step's work depends on where its chunks lie in the sequence, not only their size.
-    if (op.type() == graph::kRingAttentionStep)
-      for (const auto& piece : op.inputs) shapes.push_back(piece.ranges[1].start);
-    auto [it, fresh] = counted.try_emplace({op.def.get(), shapes}, 0.0);
-    if (fresh) it->second = planner::op_flops(op);
-    fwd[static_cast<size_t>(op.device.value())] += it->second / cost.device_flops_per_s;
-  }
+  planner::FlopsMemo own;
+  planner::FlopsMemo& counted = flops ? *flops : own;
+  for (const auto& op : planned.ops())
+    fwd[static_cast<size_t>(op.device.value())] += counted(op) / cost.device_flops_per_s;
   return fwd;
 }
 
@@ -521,17 +508,18 @@ void add_memory(const Config& config, const Holdings& h, size_t r, double in_fli
 
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
-                       const PipelineTimes& pipeline, const RecomputeCost* recompute) {
+                       const PipelineTimes& pipeline, const RecomputeCost* recompute,
+                       planner::FlopsMemo* flops) {
   const auto& par = config.parallel;
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   const size_t n = static_cast<size_t>(world);
   const double m = static_cast<double>(config.micro_batches());
   const int64_t ranks_per_stage = par.ranks_per_stage();
-  const std::vector<double> fwd = forward_seconds(planned, world, cost);
+  const std::vector<double> fwd = forward_seconds(planned, world, cost, flops);
   // One pass over the recomputed regions gives their seconds on `cost` and, on the run's
   // device, their bytes.
   std::optional<RecomputeCost> computed;
-  if (!recompute) computed = recompute_cost(planned, lowered, cost, on_gpu(config));
+  if (!recompute) computed = recompute_cost(planned, lowered, cost, on_gpu(config), flops);
   const RecomputeCost& rc = recompute ? *recompute : *computed;
   const std::vector<double>& refwd = rc.forward_s;
   const Holdings h = holdings(config, planned, lowered, world, rc);

@@ -15,6 +15,7 @@
 #include "graph/graph.h"
 #include "lower/path.h"
 #include "lower/program.h"
+#include "planner/cost.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
 
@@ -59,8 +60,9 @@ struct Estimate {
 };
 
 // Forward seconds of each rank's sub-operators for one micro-batch at the device's FLOP rate.
+// `flops`: a memo of sub-ops' FLOPs to count with, kept across plans (one is made otherwise).
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
-                                    const CostModel& cost);
+                                    const CostModel& cost, planner::FlopsMemo* flops = nullptr);
 
 // What parallel.recompute changes on each rank, per micro-batch (lower/recompute.h): the
 // activation bytes its regions do not keep (made and read only inside a region, and what an
@@ -71,7 +73,8 @@ struct RecomputeCost {
   std::vector<double> dropped_bytes, largest_region_bytes, forward_s;
 };
 RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                             const CostModel& cost, bool on_gpu = false);
+                             const CostModel& cost, bool on_gpu = false,
+                             planner::FlopsMemo* flops = nullptr);
 
 // A rank's memory as estimate_plan counts it, split by what a pipeline schedule changes: what
 // the rank holds whatever runs, and what each micro-batch in flight adds.
@@ -88,10 +91,12 @@ std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& pl
                                     const RecomputeCost* recompute = nullptr);
 
 // The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
-// `recompute`: the plan's recompute_cost on `cost` and the run's device, when the caller has it.
+// `recompute`: the plan's recompute_cost on `cost` and the run's device, when the caller has it;
+// `flops` as forward_seconds'.
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
-                       const PipelineTimes& pipeline, const RecomputeCost* recompute = nullptr);
+                       const PipelineTimes& pipeline, const RecomputeCost* recompute = nullptr,
+                       planner::FlopsMemo* flops = nullptr);
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
 // `all_to_all_fill`: the share of an all-to-all's pieces that crosses (a ragged one's).

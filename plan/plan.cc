@@ -135,14 +135,15 @@ Status simulate_pipeline(const PlanSpec& spec, const std::vector<double>& forwar
 }  // namespace
 
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
-                              const lower::Lowered& lowered, const CostModel& cost) {
+                              const lower::Lowered& lowered, const CostModel& cost,
+                              planner::FlopsMemo* flops) {
   auto spec = PlanSpec::of(config);
   LOOM_CHECK(spec.ok()) << spec.error().to_string();  // the config a plan was made of
   const RecomputeCost recompute =
-      recompute_cost(planned, lowered, cost, config.run.device == "cuda");
+      recompute_cost(planned, lowered, cost, config.run.device == "cuda", flops);
   const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &recompute);
   const std::vector<double> forward_s =
-      forward_seconds(planned, static_cast<int64_t>(memory.size()), cost);
+      forward_seconds(planned, static_cast<int64_t>(memory.size()), cost, flops);
   const std::vector<double>& recompute_s = recompute.forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
@@ -175,15 +176,22 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
   return costs;
 }
 
-std::shared_ptr<const graph::Graph> PlanCache::model(const std::string& key) const {
+std::shared_ptr<const PlanCache::Model> PlanCache::model(const std::string& key) const {
   std::lock_guard<std::mutex> guard(mutex_);
   auto it = models_.find(key);
   return it == models_.end() ? nullptr : it->second;
 }
 
-void PlanCache::keep_model(const std::string& key, const graph::Graph& model) {
+planner::FlopsMemo& PlanCache::flops() {
   std::lock_guard<std::mutex> guard(mutex_);
-  models_.emplace(key, std::make_shared<const graph::Graph>(model));
+  std::unique_ptr<planner::FlopsMemo>& memo = flops_[std::this_thread::get_id()];
+  if (!memo) memo = std::make_unique<planner::FlopsMemo>();
+  return *memo;
+}
+
+void PlanCache::keep_model(const std::string& key, Model model) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  models_.emplace(key, std::make_shared<const Model>(std::move(model)));
 }
 
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
@@ -235,20 +243,26 @@ std::string model_key(const Config& config) {
   return to_yaml(c);
 }
 
-// build_model through `cache`: a graph built for an equal key is copied; the checks of the
-// config's parallel degrees (which build_model runs around the build) run all the same, in the
-// same order, so a config is refused as it would be without the cache.
-Result<graph::Graph> cached_model(const Config& config, const Registries& registries,
-                                  int64_t world_size, PlanCache* cache) {
-  if (!cache || registries.model) return build_model(config, registries, world_size);
+// build_model through `cache`, with the model's digest: a model built for an equal key is
+// copied and its digest reused; the checks of the config's parallel degrees (which build_model
+// runs around the build) run all the same, in the same order, so a config is refused as it would
+// be without the cache.
+Result<PlanCache::Model> cached_model(const Config& config, const Registries& registries,
+                                      int64_t world_size, PlanCache* cache) {
+  auto built_now = [&]() -> Result<PlanCache::Model> {
+    LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_model(config, registries, world_size));
+    std::string digest = lower::model_digest(model);
+    return PlanCache::Model{std::move(model), std::move(digest)};
+  };
+  if (!cache || registries.model) return built_now();
   const std::string key = model_key(config);
-  if (std::shared_ptr<const graph::Graph> built = cache->model(key)) {
+  if (std::shared_ptr<const PlanCache::Model> built = cache->model(key)) {
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
     LOOM_TRY(models::check_context_parallel(config, *type));
     if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
     return *built;
   }
-  LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_model(config, registries, world_size));
+  LOOM_ASSIGN_OR_RETURN(PlanCache::Model model, built_now());
   cache->keep_model(key, model);
   return model;
 }
@@ -293,7 +307,8 @@ Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
 // a searched schedule keeps in flight. Returns the order, whose schedule the plan simulates.
 Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpec& spec,
                                              const CostModel& cost, lower::PlanFile& file,
-                                             sched::SearchMemo* searches) {
+                                             sched::SearchMemo* searches,
+                                             planner::FlopsMemo& flops) {
   lower::PipelineOrder pipeline;  // its ranks move into the lowering; the schedule stays
   auto order =
       [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
@@ -301,7 +316,7 @@ Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpe
     if (spec.schedule.as_searched() && spec.mesh.pp() > 1) {
       lower::Lowered marked = lowered;  // what a micro-batch holds depends on recomputation
       lower::mark_recompute(file.graph, marked, spec.recompute);
-      costs = stage_costs(config, file.graph, marked, cost);
+      costs = stage_costs(config, file.graph, marked, cost, &flops);
     }
     LOOM_ASSIGN_OR_RETURN(pipeline, lower::pipeline_order(config, spec.schedule,
                                                           config.micro_batches(), costs, searches));
@@ -325,14 +340,18 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
     return Error::at("world_size",
                      "the world size must be positive, got " + std::to_string(world_size));
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
+  planner::FlopsMemo own_flops;  // sub-ops' FLOPs, counted once per plan or once per cache
+  planner::FlopsMemo& flops = cache ? cache->flops() : own_flops;
   Plan plan;
   plan.cost = cost;
-  LOOM_ASSIGN_OR_RETURN(plan.model, cached_model(config, registries, world_size, cache));
+  LOOM_ASSIGN_OR_RETURN(PlanCache::Model model,
+                        cached_model(config, registries, world_size, cache));
+  plan.model = std::move(model.graph);
 
   lower::PlanFile& file = plan.file;
   file.code_fingerprint =
       lower::code_fingerprint(registries.ops.types(), registries.policies.names());
-  file.model_digest = lower::model_digest(plan.model);
+  file.model_digest = std::move(model.digest);
   file.hash = lower::plan_hash(config, file.model_digest, file.code_fingerprint);
   file.config_yaml = to_yaml(config);
   file.world_size = world_size;
@@ -343,20 +362,21 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   if (proofs.verify_graph) LOOM_TRY(graph::verify(file.graph, registries.ops));
   LOOM_ASSIGN_OR_RETURN(
       lower::PipelineOrder pipeline,
-      order_and_lower(config, spec, cost, file, cache ? &cache->searches() : nullptr));
+      order_and_lower(config, spec, cost, file, cache ? &cache->searches() : nullptr, flops));
   LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
   LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, spec.recompute);
   // A recomputed forward repeats its collectives inside the backward.
   if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
-  const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost);
+  const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost, &flops);
   const RecomputeCost recomputed =
-      recompute_cost(file.graph, file.lowered, cost, config.run.device == "cuda");
+      recompute_cost(file.graph, file.lowered, cost, config.run.device == "cuda", &flops);
   LOOM_TRY(simulate_pipeline(spec, forward_s, recomputed.forward_s, pipeline, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
-  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &recomputed);
+  plan.estimate =
+      estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &recomputed, &flops);
   return plan;
 }
 

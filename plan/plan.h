@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "core/config.h"
 #include "core/cost_model.h"
@@ -22,6 +23,7 @@
 #include "lower/schedule_order.h"
 #include "models/model.h"
 #include "plan/estimate.h"
+#include "planner/cost.h"
 #include "planner/policy.h"
 #include "scheduler/repetend.h"
 
@@ -74,8 +76,10 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
 // What one micro-batch costs each pipeline device of a lowered plan, the block graph of
 // parallel.schedule search: its slowest rank's forward (forward_seconds) and, of the rank with
 // the least room for activations, what it holds and what a micro-batch adds (rank_memory).
+// `flops` as forward_seconds'.
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
-                              const lower::Lowered& lowered, const CostModel& cost);
+                              const lower::Lowered& lowered, const CostModel& cost,
+                              planner::FlopsMemo* flops = nullptr);
 
 // What make_plan proves of the plan it makes, besides refusing what cannot be planned: that
 // the policy's graph verifies and that the programs cannot deadlock. Both hold of every plan
@@ -93,14 +97,22 @@ struct PlanProofs {
 // one set of Registries.
 class PlanCache {
  public:
-  // The graph built for `key`, or null.
-  std::shared_ptr<const graph::Graph> model(const std::string& key) const;
-  void keep_model(const std::string& key, const graph::Graph& model);
+  // A single-device graph and its digest (lower::model_digest, what the plan file records).
+  struct Model {
+    graph::Graph graph;
+    std::string digest;
+  };
+  // The model built for `key`, or null.
+  std::shared_ptr<const Model> model(const std::string& key) const;
+  void keep_model(const std::string& key, Model model);
   sched::SearchMemo& searches() { return searches_; }
+  // The calling thread's memo of sub-ops' FLOPs (each search thread counts into its own).
+  planner::FlopsMemo& flops();
 
  private:
   mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const graph::Graph>> models_;
+  std::map<std::thread::id, std::unique_ptr<planner::FlopsMemo>> flops_;
+  std::map<std::string, std::shared_ptr<const Model>> models_;
   sched::SearchMemo searches_;
 };
 

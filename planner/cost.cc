@@ -19,6 +19,25 @@ double op_flops(const graph::Op& op) {
   return 4.0 * largest;
 }
 
+double FlopsMemo::operator()(const graph::Op& op) {
+  key_.first = op.def.get();
+  std::vector<int64_t>& shapes = key_.second;
+  shapes.clear();
+  for (const auto* io : {&op.inputs, &op.outputs})
+    for (const auto& piece : *io) {
+      shapes.push_back(static_cast<int64_t>(piece.ranges.size()));
+      for (const auto& r : piece.ranges) shapes.push_back(r.size());
+    }
+  if (op.type() == graph::kRingAttentionStep)
+    for (const auto& piece : op.inputs) shapes.push_back(piece.ranges[1].start);
+  auto& seen = counted_[key_];
+  for (const auto& [attrs, flops] : seen)
+    if (attrs == op.attrs()) return flops;
+  const double flops = op_flops(op);
+  seen.emplace_back(op.attrs(), flops);
+  return flops;
+}
+
 double op_output_bytes(const graph::Graph& graph, const graph::Op& op) {
   double bytes = 0;
   for (const auto& o : op.outputs)

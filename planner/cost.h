@@ -4,12 +4,29 @@
 // without one a rule from the size of its operands.
 #pragma once
 
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "graph/graph.h"
 
 namespace loom::planner {
 
 // Forward FLOPs of `op` on its pieces (the backward's are scheduler::block_time's multiple).
 double op_flops(const graph::Op& op);
+// op_flops counted once per distinct sub-op: a sub-op's FLOPs follow from its definition, its
+// pieces' shapes and its attributes (and a ring attention step's from where its chunks lie in
+// the sequence), which every replica and most ranks and layers share (a 1024-rank plan has a few
+// hundred distinct sub-ops among ~200k). One memo per thread of work.
+class FlopsMemo {
+ public:
+  double operator()(const graph::Op& op);
+
+ private:
+  using Key = std::pair<const graph::OpDef*, std::vector<int64_t>>;
+  std::map<Key, std::vector<std::pair<graph::Attrs, double>>> counted_;
+  Key key_;
+};
 // Bytes of `op`'s outputs (the activations it adds while a micro-batch is in flight).
 double op_output_bytes(const graph::Graph& graph, const graph::Op& op);
 

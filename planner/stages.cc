@@ -21,8 +21,9 @@ Result<StagePlan> plan_stages(const graph::Graph& graph, int64_t stages, const C
       layers = std::max(layers, op.layer() + 1);
   std::vector<double> cost(static_cast<size_t>(std::max<int64_t>(layers, 1)), 0.0);
   double pre = 0, post = 0;
+  FlopsMemo flops;
   for (const auto& op : graph.ops()) {
-    double f = op_flops(op);
+    double f = flops(op);
     if (op.layer() == graph::kPreLayers)
       pre += f;
     else if (op.layer() == graph::kPostLayers)

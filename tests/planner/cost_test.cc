@@ -59,5 +59,27 @@ TEST(OpRules, AUserOpSuppliesFlopsAndItsSplits) {
   EXPECT_EQ(tp_label(op_named(*g, "plain"), true), "s");  // sequence parallel
 }
 
+// The memo counts what op_flops counts; sub-ops of one type and shape whose attributes differ
+// are counted apart (a memo keyed on type and shape alone would give the second the first's).
+TEST(FlopsMemo, CountsAsOpFlopsAndTellsAttributesApart) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  graph::OpSchema scaled = graph::OpSchema::simple("scaled", "b s h, b s h -> b s h");
+  scaled.rules.flops = [](const graph::FlopsInput& in) {
+    return static_cast<double>(in.attrs.get_or<int64_t>("k", 1)) * in.product();
+  };
+  ASSERT_TRUE(r.add(std::move(scaled)).ok());
+  graph::GraphBuilder b(r, "g");
+  const TensorId x = b.input("x", {2, 4, 8}, DType::kFloat32);
+  const TensorId once = b.op1("scaled", "once", {x, x}, graph::Attrs{{"k", int64_t{1}}});
+  const TensorId thrice = b.op1("scaled", "thrice", {once, x}, graph::Attrs{{"k", int64_t{3}}});
+  auto g = finish(b, b.op1("scaled", "again", {thrice, x}, graph::Attrs{{"k", int64_t{1}}}));
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  FlopsMemo memo;
+  for (const char* name : {"once", "thrice", "again", "thrice", "once"})
+    EXPECT_DOUBLE_EQ(memo(op_named(*g, name)), op_flops(op_named(*g, name))) << name;
+  EXPECT_DOUBLE_EQ(memo(op_named(*g, "once")), 2.0 * 4 * 8);
+  EXPECT_DOUBLE_EQ(memo(op_named(*g, "thrice")), 3.0 * 2 * 4 * 8);
+}
+
 }  // namespace
 }  // namespace loom::planner
