@@ -48,6 +48,10 @@ TensorParallelRule tp_by_hint(std::string column, std::string row);
 struct OpRules {
   // Unset: a few operations per element of the largest operand (planner::op_flops).
   FlopsRule flops;
+  // Its FLOPs depend on where its pieces lie, not only on their sizes (a ring attention step
+  // computes the blocks where a key comes at or before a query): planner::FlopsMemo counts each
+  // placement apart.
+  bool flops_by_position = false;
   // Unset: as one that names no label.
   TensorParallelRule tensor_parallel;
   // Outside attention and the MLP: under sequence parallelism (parallel.sp) it splits its

@@ -58,6 +58,7 @@ OpSchema ring_attention_step_schema() {
       pairs += static_cast<double>(b.q.len) * static_cast<double>(b.k.len);
     return 4.0 * in("b") * pairs * in("g") * in("r") * in("d");
   };
+  block.rules.flops_by_position = true;
   block.rules.tensor_parallel = tp_split("g");
   return block;
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "graph/ops_context.h"
 #include "graph/transform.h"
 
 namespace loom::planner {
@@ -28,8 +27,9 @@ double FlopsMemo::operator()(const graph::Op& op) {
       shapes.push_back(static_cast<int64_t>(piece.ranges.size()));
       for (const auto& r : piece.ranges) shapes.push_back(r.size());
     }
-  if (op.type() == graph::kRingAttentionStep)
-    for (const auto& piece : op.inputs) shapes.push_back(piece.ranges[1].start);
+  if (op.def->rules.flops_by_position)
+    for (const auto& piece : op.inputs)
+      for (const auto& r : piece.ranges) shapes.push_back(r.start);
   auto& seen = counted_[key_];
   for (const auto& [attrs, flops] : seen)
     if (attrs == op.attrs()) return flops;

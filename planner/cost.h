@@ -15,8 +15,8 @@ namespace loom::planner {
 // Forward FLOPs of `op` on its pieces (the backward's are scheduler::block_time's multiple).
 double op_flops(const graph::Op& op);
 // op_flops counted once per distinct sub-op: a sub-op's FLOPs follow from its definition, its
-// pieces' shapes and its attributes (and a ring attention step's from where its chunks lie in
-// the sequence), which every replica and most ranks and layers share (a 1024-rank plan has a few
+// pieces' shapes and its attributes (and, for an op whose rules say so, where its pieces lie),
+// which every replica and most ranks and layers share (a 1024-rank plan has a few
 // hundred distinct sub-ops among ~200k). One memo per thread of work.
 class FlopsMemo {
  public:

@@ -81,5 +81,29 @@ TEST(FlopsMemo, CountsAsOpFlopsAndTellsAttributesApart) {
   EXPECT_DOUBLE_EQ(memo(op_named(*g, "thrice")), 3.0 * 2 * 4 * 8);
 }
 
+// An op whose rules say its FLOPs depend on where its pieces lie (a ring attention step's) is
+// counted per placement: the same shape further along the sequence is counted again.
+TEST(FlopsMemo, CountsEachPlacementOfAnOpWhoseRulesAskForIt) {
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  graph::OpSchema placed = graph::OpSchema::simple("placed", "b s h -> b s h");
+  placed.rules.flops = [](const graph::FlopsInput& in) {
+    const int64_t start = in.op ? in.op->inputs[0].ranges[1].start : 0;
+    return static_cast<double>(1 + start) * in.product();
+  };
+  placed.rules.flops_by_position = true;
+  ASSERT_TRUE(r.add(std::move(placed)).ok());
+  graph::GraphBuilder b(r, "g");
+  const TensorId x = b.input("x", {2, 4, 8}, DType::kFloat32);
+  auto g = finish(b, b.op1("placed", "first", {x}));
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  const graph::Op& first = op_named(*g, "first");
+  graph::Op later = first;  // the same piece sizes, two positions along the sequence
+  later.inputs[0].ranges[1] = {2, 6};
+  FlopsMemo memo;
+  EXPECT_DOUBLE_EQ(memo(first), 2.0 * 4 * 8);
+  EXPECT_DOUBLE_EQ(memo(later), 3.0 * 2 * 4 * 8);
+  EXPECT_DOUBLE_EQ(memo(first), 2.0 * 4 * 8);
+}
+
 }  // namespace
 }  // namespace loom::planner
