@@ -522,7 +522,9 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
   // reaching its collective), so each event is looked at a bounded number of times. Whether the
   // programs finish, and where each stuck rank waits, does not depend on the order ranks run in.
   EventStreams streams(lowered);
-  std::unordered_set<int64_t> sent;               // step key and receiver
+  // Messages sent and not yet received (step key and receiver): each is received once, so the
+  // set holds what is in flight, not every message of the step.
+  std::unordered_set<int64_t> sent;
   std::unordered_map<int64_t, size_t> receiving;  // message -> the rank waiting for it
   // Members at each collective, keyed by its step key and member list.
   struct GroupHash {
@@ -548,7 +550,7 @@ Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
         }
       } else if (e->kind == Event::Kind::kRecv) {
         const int64_t m = message(e->key, static_cast<int64_t>(r));
-        if (!sent.count(m)) {
+        if (!sent.erase(m)) {
           receiving[m] = r;
           break;
         }

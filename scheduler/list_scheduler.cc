@@ -30,7 +30,9 @@ class Eligible {
         prio_(prio),
         free_at_(free_at),
         mem_(mem),
-        devices_(static_cast<size_t>(w.num_devices())) {}
+        devices_(static_cast<size_t>(w.num_devices())),
+        best_on_(devices_.size()),
+        changed_(devices_.size(), 1) {}
 
   void add(int i) {
     const Block& b = w_.block(i);
@@ -40,6 +42,7 @@ class Eligible {
     }
     const size_t d = static_cast<size_t>(b.devices[0].value());
     const bool allocates = b.memory > 0;
+    changed_[d] = 1;
     if (ready_[i] <= free_at_[d])
       devices_[d].released[allocates].insert({prio_[i], i});
     else
@@ -54,12 +57,15 @@ class Eligible {
     }
     Device& dev = devices_[static_cast<size_t>(b.devices[0].value())];
     const bool allocates = b.memory > 0;
+    changed_[static_cast<size_t>(b.devices[0].value())] = 1;
     if (dev.released[allocates].erase({prio_[i], i}) == 0)
       dev.later[allocates].erase({ready_[i], prio_[i], i});
   }
 
-  // Device `d` has moved its free time on: what was released by then moves over.
+  // Device `d` has moved its free time on (and its memory): what was released by then moves
+  // over.
   void advance(DeviceId device) {
+    changed_[static_cast<size_t>(device.value())] = 1;
     Device& dev = devices_[static_cast<size_t>(device.value())];
     const double now = free_at_[static_cast<size_t>(device.value())];
     for (int allocates = 0; allocates < 2; ++allocates) {
@@ -73,10 +79,14 @@ class Eligible {
   }
 
   // The block that can start earliest within the memory limit, ties to the lower priority and
-  // then the lower index; -1 when none can.
-  int best() const {
+  // then the lower index; -1 when none can. A device's own best depends on its blocks, free
+  // time and memory only, so it is found again only on the devices those changed on.
+  int best() {
     Candidate best;
-    for (size_t d = 0; d < devices_.size(); ++d) best = std::min(best, best_on(d));
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      if (changed_[d]) best_on_[d] = best_on(d), changed_[d] = 0;
+      best = std::min(best, best_on_[d]);
+    }
     for (int i : shared_) {
       const Block& b = w_.block(i);
       double start = ready_[i];
@@ -140,6 +150,8 @@ class Eligible {
   const std::vector<double>& free_at_;
   const std::vector<double>& mem_;
   std::vector<Device> devices_;
+  std::vector<Candidate> best_on_;  // per device, best_on's answer unless changed_
+  std::vector<char> changed_;
   std::vector<int> shared_;  // eligible blocks on several devices
 };
 
@@ -158,9 +170,12 @@ Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const Lis
   for (int i = 0; i < n; ++i) prio[i] = pol.priority ? pol.priority(i) : i;
   std::vector<double> free_at(p, 0), mem(p, 0);
   Eligible eligible(w, pol, ready, prio, free_at, mem);
-  std::vector<int> waiting;  // the eligible blocks in the order they became so, for messages
+  // The blocks in the order they became eligible, for messages: those not yet placed are the
+  // ones waiting (scanned only when nothing can start, so placing a block stays O(1)).
+  std::vector<int> became_eligible;
+  std::vector<char> placed(static_cast<size_t>(n), 0);
   for (int i = 0; i < n; ++i)
-    if (!missing[i]) eligible.add(i), waiting.push_back(i);
+    if (!missing[i]) eligible.add(i), became_eligible.push_back(i);
   std::vector<std::vector<int>> order(p);
   auto shares = [&](int a, int b) {
     for (DeviceId d : w.block(a).devices)
@@ -171,15 +186,19 @@ Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const Lis
     const int best = eligible.best();
     if (best < 0) {
       std::string names;
-      for (size_t k = 0; k < waiting.size() && k < 4; ++k)
-        names += (k ? ", " : "") + w.block(waiting[k]).id().to_string();
+      int named = 0;
+      for (size_t k = 0; k < became_eligible.size() && named < 4; ++k) {
+        const int i = became_eligible[k];
+        if (placed[static_cast<size_t>(i)]) continue;
+        names += (named++ ? ", " : "") + w.block(i).id().to_string();
+      }
       return error("no block can start within the memory limit (waiting: " + names + ")");
     }
     const Block& b = w.block(best);
     double start = ready[best];
     for (DeviceId d : b.devices) start = std::max(start, free_at[d.value()]);
     eligible.remove(best);
-    waiting.erase(std::find(waiting.begin(), waiting.end(), best));
+    placed[static_cast<size_t>(best)] = 1;
     end[best] = start + b.duration;
     for (DeviceId d : b.devices) {
       free_at[d.value()] = end[best];
@@ -190,7 +209,7 @@ Result<std::vector<std::vector<int>>> list_schedule(const Workload& w, const Lis
     for (int v : out_edges[best]) {
       double r = end[best] + (pol.comm_delay > 0 && !shares(best, v) ? pol.comm_delay : 0);
       ready[v] = std::max(ready[v], r);
-      if (--missing[v] == 0) eligible.add(v), waiting.push_back(v);
+      if (--missing[v] == 0) eligible.add(v), became_eligible.push_back(v);
     }
   }
   return order;

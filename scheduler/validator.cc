@@ -61,28 +61,35 @@ Status validate_order(const Workload& w, const std::vector<std::vector<int>>& or
 Result<std::vector<int>> execution_order(const Workload& w,
                                          const std::vector<std::vector<int>>& order) {
   const int n = w.size();
-  std::vector<std::vector<int>> out(n);
-  std::vector<int> indeg(n, 0);
-  auto edge = [&](int a, int b) { out[a].push_back(b), ++indeg[b]; };
-  for (int i = 0; i < n; ++i)
-    for (int d : w.deps(i)) edge(d, i);
-  for (const auto& dev : order)
-    for (size_t k = 1; k < dev.size(); ++k) edge(dev[k - 1], dev[k]);
+  // Each block's successors (its dependants, then the next block on each device), in one array:
+  // out_of(u) = out[first[u], first[u + 1]), in the order the edges are listed.
+  std::vector<int> indeg(n, 0), first(n + 1, 0);
+  auto each_edge = [&](const auto& edge) {
+    for (int i = 0; i < n; ++i)
+      for (int d : w.deps(i)) edge(d, i);
+    for (const auto& dev : order)
+      for (size_t k = 1; k < dev.size(); ++k) edge(dev[k - 1], dev[k]);
+  };
+  each_edge([&](int a, int b) { ++first[a + 1], ++indeg[b]; });
+  for (int i = 0; i < n; ++i) first[i + 1] += first[i];
+  std::vector<int> out(static_cast<size_t>(first[n])), filled(first.begin(), first.end() - 1);
+  each_edge([&](int a, int b) { out[static_cast<size_t>(filled[a]++)] = b; });
   std::vector<int> ready, topo;
+  topo.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
     if (!indeg[i]) ready.push_back(i);
   while (!ready.empty()) {
     int u = ready.back();
     ready.pop_back();
     topo.push_back(u);
-    for (int v : out[u])
-      if (--indeg[v] == 0) ready.push_back(v);
+    for (int e = first[u]; e < first[u + 1]; ++e)
+      if (--indeg[out[e]] == 0) ready.push_back(out[e]);
   }
   if (static_cast<int>(topo.size()) == n) return topo;
   // Walk back along unfinished predecessors from a stuck block until a block repeats: a cycle.
   std::vector<std::vector<int>> in(n);
   for (int u = 0; u < n; ++u)
-    for (int v : out[u]) in[v].push_back(u);
+    for (int e = first[u]; e < first[u + 1]; ++e) in[out[e]].push_back(u);
   int cur = 0;
   while (!indeg[cur]) ++cur;
   std::vector<int> seen_at(n, -1), path;
