@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -427,9 +428,18 @@ void search_shapes(const Search& s, const std::vector<Shape>& shapes, int64_t th
                    std::vector<AutoCandidate>& fits) {
   std::vector<Outcome> outcome(shapes.size(), Outcome::kInvalid);
   std::vector<AutoCandidate> found(shapes.size());
+  // The shapes with the most ranks to plan (the most work) start first, so that the threads
+  // finish together rather than one planning the largest alone at the end; the outcomes keep
+  // the shapes' order.
+  std::vector<size_t> by_work(shapes.size());
+  for (size_t k = 0; k < by_work.size(); ++k) by_work[k] = k;
+  std::stable_sort(by_work.begin(), by_work.end(), [&](size_t a, size_t b) {
+    const Shape &x = shapes[a], &y = shapes[b];
+    return x.cp * x.ep * x.tp * x.pp > y.cp * y.ep * y.tp * y.pp;
+  });
   parallel_for(static_cast<int64_t>(shapes.size()), threads, [&](int64_t i) {
     int64_t made = 0;
-    const auto k = static_cast<size_t>(i);
+    const size_t k = by_work[static_cast<size_t>(i)];
     outcome[k] = ladder(s, shapes[k], found[k], made);
     planned += made;
   });
@@ -484,13 +494,33 @@ struct WholeRanking {
   std::vector<AutoCandidate> ranked;
   std::optional<Plan> best_plan;
   AutoCandidate best;
+  // The first proxy's whole plan, proved by the thread that made it while the others plan the
+  // rest: the proxies' favourite usually stays first, and its proof is then off the critical
+  // path. Unset when that plan was not made.
+  std::optional<std::string> first_label;
+  Status first_proved;
 };
 WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxies, int64_t top,
                         int64_t threads, std::atomic<int64_t>& planned) {
   WholeRanking out;
   std::mutex lock;
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(proxies.size()), top);
-  parallel_for(n, threads, [&](int64_t i) {
+  // Candidates differing only in schedule, recomputation or ZeRO 1 share a lowering (PlanCache):
+  // one of each layout is planned first, so that no thread waits for a lowering another makes
+  // while there is a layout left to lower.
+  std::vector<int64_t> order, later;
+  std::set<std::vector<std::string>> layouts;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<std::string> layout;
+    for (const std::string& o : proxies[static_cast<size_t>(i)].overrides)
+      if (o.rfind("parallel.schedule=", 0) != 0 && o.rfind("parallel.recompute=", 0) != 0 &&
+          o.rfind("parallel.zero=", 0) != 0)
+        layout.push_back(o);
+    (layouts.insert(layout).second ? order : later).push_back(i);
+  }
+  order.insert(order.end(), later.begin(), later.end());
+  parallel_for(n, threads, [&](int64_t task) {
+    const int64_t i = order[static_cast<size_t>(task)];
     const AutoCandidate& proxy = proxies[static_cast<size_t>(i)];
     auto c = with_overrides(s.yaml, proxy.overrides);
     if (!c.ok()) return;
@@ -499,6 +529,10 @@ WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxi
     auto plan = make_plan(*c, s.registries, s.cost, s.world, unproved, s.cache);
     ++planned;
     if (!plan.ok()) return;
+    if (i == 0) {  // only this thread writes these, read after parallel_for joins it
+      out.first_label = proxy.label;
+      out.first_proved = prove(*plan, s.registries);
+    }
     AutoCandidate w = figures(plan->estimate);
     if (w.peak_bytes > s.limit) return;
     w.overrides = proxy.overrides;
@@ -574,7 +608,11 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
   LOOM_ASSIGN_OR_RETURN(result.config, with_overrides(s.yaml, fits[0].overrides));
   if (whole.best_plan && whole.best.label == fits[0].label) {
     result.plan = std::move(*whole.best_plan);
-    LOOM_TRY(prove(result.plan, registries));  // ranked unproved (rank_whole)
+    if (whole.first_label == fits[0].label) {
+      LOOM_TRY(whole.first_proved);
+    } else {
+      LOOM_TRY(prove(result.plan, registries));  // ranked unproved (rank_whole)
+    }
   } else {
     LOOM_ASSIGN_OR_RETURN(result.plan,
                           make_plan(result.config, registries, cost, world_size, {}, &cache));

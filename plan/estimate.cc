@@ -163,7 +163,7 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
                        const std::vector<bool>& fused, const lower::ProgramReaders& readers,
                        const lower::Program& prog, size_t segment,
                        const lower::RecomputeRegion& region, int64_t rank, bool on_gpu,
-                       planner::FlopsMemo& flops) {
+                       const std::vector<double>& op_flops) {
   RegionCost c;
   const lower::Segment& seg = prog.segments[segment];
   const lower::RegionBorder border = readers.border(segment, region);
@@ -183,7 +183,7 @@ RegionCost region_cost(const graph::Graph& g, const lower::Lowered& lowered,
     }
     const auto index = static_cast<size_t>(it.index);
     const graph::Op& op = g.ops()[index];
-    c.flops += flops(op);
+    c.flops += op_flops[index];
     c.dropped_bytes += saved_extra_bytes(g, op, on_gpu);
     if (fused[index]) continue;
     bool keeps = false;
@@ -227,8 +227,9 @@ std::pair<double, double> gather_costs(const Config& config, const graph::Graph&
   return {forward, backward};
 }
 
+// `fused`: lower::fused_into_next of the plan.
 Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                  int64_t world, const RecomputeCost& rc) {
+                  int64_t world, const RecomputeCost& rc, const std::vector<bool>& fused) {
   const size_t n = static_cast<size_t>(world);
   Holdings h;
   for (auto* v : {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer,
@@ -244,29 +245,33 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   std::vector<std::map<std::vector<int64_t>, std::pair<double, int>>> uses(n);
   std::vector<int64_t> key;
   // A linear fused with its bias_add never materialises its own output (lower/fusion.h).
-  const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
     const size_t r = static_cast<size_t>(op.device.value());
-    if (!fused[i]) h.acts[r] += planner::op_output_bytes(planned, op);
-    h.largest_output[r] = std::max(h.largest_output[r], planner::op_output_bytes(planned, op));
+    const double output_bytes = planner::op_output_bytes(planned, op);
+    if (!fused[i]) h.acts[r] += output_bytes;
+    h.largest_output[r] = std::max(h.largest_output[r], output_bytes);
     h.acts[r] += saved_extra_bytes(planned, op, config.run.device == "cuda");
     for (const auto& read : op.inputs) {
       const auto& t = planned.tensor(read.tensor);
       if (t.role != graph::TensorRole::kParameter) continue;
-      const auto shard = stored.find({t.id.value(), op.def->name});
-      const graph::SubTensor in =
-          shard == stored.end() ? read : lower::stored_piece(*shard->second, op.device, t.shape);
-      key.assign({t.id.value(), in.value_chunk, in.value_chunks});
-      for (const graph::Range& range : in.ranges) key.insert(key.end(), {range.start, range.end});
+      const graph::SubTensor* in = &read;
+      graph::SubTensor shard_piece;
+      if (!stored.empty())
+        if (const auto shard = stored.find({t.id.value(), op.def->name}); shard != stored.end()) {
+          shard_piece = lower::stored_piece(*shard->second, op.device, t.shape);
+          in = &shard_piece;
+        }
+      key.assign({t.id.value(), in->value_chunk, in->value_chunks});
+      for (const graph::Range& range : in->ranges) key.insert(key.end(), {range.start, range.end});
       auto [it, fresh] = uses[r].try_emplace(key, 0.0, 0);
       auto& u = it->second;
-      u.first = static_cast<double>(numel(in.shape()) * 4);
+      const int64_t elements = planner::piece_elements(*in);
+      u.first = static_cast<double>(elements * 4);
       ++u.second;
       if (fresh) {
-        h.params[r] += static_cast<double>(numel(in.shape()));
-        h.largest_piece[r] =
-            std::max(h.largest_piece[r], static_cast<double>(numel(in.shape()) * 4));
+        h.params[r] += static_cast<double>(elements);
+        h.largest_piece[r] = std::max(h.largest_piece[r], static_cast<double>(elements * 4));
       }
     }
   }
@@ -338,25 +343,36 @@ RankMemory memory_of(const Config& config, const Holdings& h, size_t r) {
 }  // namespace
 
 RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                             const CostModel& cost, bool on_gpu, planner::FlopsMemo* flops) {
+                             const CostModel& cost, bool on_gpu,
+                             const std::vector<double>* op_flops,
+                             const std::vector<bool>* fused_ops) {
   const size_t n = lowered.programs.size();
   RecomputeCost out{std::vector<double>(n, 0), std::vector<double>(n, 0),
                     std::vector<double>(n, 0)};
-  const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
+  std::vector<bool> own_fused;  // made when a rank recomputes and no fused_ops came
+  const std::vector<bool>* fused = fused_ops;
   std::optional<lower::AdapterReads> reads;  // made once, when a rank recomputes
-  planner::FlopsMemo own;
-  planner::FlopsMemo& counted = flops ? *flops : own;
+  std::vector<double> own_flops;             // counted when a rank recomputes and no op_flops came
+  const std::vector<double>* flops_of = op_flops;
   for (size_t r = 0; r < n; ++r) {
     const lower::Program& prog = lowered.programs[r];
     bool any = false;
     for (const auto& seg : prog.segments) any = any || !seg.recompute.empty();
     if (!any) continue;
     if (!reads) reads = lower::adapter_reads(lowered);
+    if (!fused) {
+      own_fused = lower::fused_into_next(planned, lowered);
+      fused = &own_fused;
+    }
+    if (!flops_of) {
+      own_flops = planner::graph_flops(planned);
+      flops_of = &own_flops;
+    }
     const lower::ProgramReaders readers(planned, lowered, *reads, prog);
     for (size_t s = 0; s < prog.segments.size(); ++s)
       for (const lower::RecomputeRegion& region : prog.segments[s].recompute) {
-        const RegionCost c = region_cost(planned, lowered, fused, readers, prog, s, region,
-                                         static_cast<int64_t>(r), on_gpu, counted);
+        const RegionCost c = region_cost(planned, lowered, *fused, readers, prog, s, region,
+                                         static_cast<int64_t>(r), on_gpu, *flops_of);
         out.dropped_bytes[r] += c.dropped_bytes;
         out.largest_region_bytes[r] = std::max(out.largest_region_bytes[r], c.dropped_bytes);
         if (cost.device_flops_per_s > 0) out.forward_s[r] += c.flops / cost.device_flops_per_s;
@@ -380,13 +396,15 @@ double shared_compute_seconds(std::vector<double> work_s, const CostModel& cost)
 }
 
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
-                                    const lower::Lowered& lowered, const RecomputeCost* recompute) {
+                                    const lower::Lowered& lowered, const ComputeCost* compute) {
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   // Only the bytes are read, which no cost model changes.
-  const Holdings h =
-      holdings(config, planned, lowered, world,
-               recompute ? *recompute
-                         : recompute_cost(planned, lowered, CostModel::builtin(), on_gpu(config)));
+  std::optional<ComputeCost> computed;
+  if (!compute)
+    computed = compute_cost(planned, lowered, CostModel::builtin(), on_gpu(config),
+                            planner::graph_flops(planned));
+  const ComputeCost& c = compute ? *compute : *computed;
+  const Holdings h = holdings(config, planned, lowered, world, c.recompute, c.fused);
   std::vector<RankMemory> out;
   for (size_t r = 0; r < static_cast<size_t>(world); ++r) out.push_back(memory_of(config, h, r));
   return out;
@@ -419,18 +437,30 @@ double Estimate::max_sent_bytes() const {
 
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
                                     const CostModel& cost, planner::FlopsMemo* flops) {
+  return forward_seconds(planned, world_size, cost, planner::graph_flops(planned, flops));
+}
+
+std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
+                                    const CostModel& cost, const std::vector<double>& op_flops) {
   std::vector<double> fwd(static_cast<size_t>(world_size), 0);
-  planner::FlopsMemo own;
-  planner::FlopsMemo& counted = flops ? *flops : own;
-  for (const auto& op : planned.ops())
-    fwd[static_cast<size_t>(op.device.value())] += counted(op) / cost.device_flops_per_s;
+  for (size_t i = 0; i < planned.ops().size(); ++i)
+    fwd[static_cast<size_t>(planned.ops()[i].device.value())] +=
+        op_flops[i] / cost.device_flops_per_s;
   return fwd;
+}
+
+ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
+                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops) {
+  ComputeCost out;
+  out.fused = lower::fused_into_next(planned, lowered);
+  out.forward_s =
+      forward_seconds(planned, static_cast<int64_t>(lowered.programs.size()), cost, op_flops);
+  out.recompute = recompute_cost(planned, lowered, cost, on_gpu, &op_flops, &out.fused);
+  return out;
 }
 
 namespace {
 
-// A rank's communication per step: each adapter's forward and gradient paths per micro-batch
-// (the steps this rank takes part in), and the gradient all-reduces once per step.
 // By tensor id: the share of a mixture of experts' slots buffer a balanced router fills (the
 // expert ops' `rows` of its c slots), what a ragged all-to-all sends of it
 // (runtime/path_runner.h); 1 for every other tensor.
@@ -447,21 +477,114 @@ std::vector<double> slot_fill(const graph::Graph& planned) {
   return fill;
 }
 
-void add_communication(const Config& config, const graph::Graph& planned,
-                       const lower::Lowered& lowered, const CostModel& cost, double m, size_t r,
-                       const std::vector<double>& fill, RankEstimate& re) {
-  const int64_t rank = static_cast<int64_t>(r);
+// Every rank's share of a communication path at once: what path_seconds and add_path_bytes give
+// each rank, in O(the path's devices) rather than O(world) per rank (a plan of a thousand ranks
+// has thousands of adapters, each path on a few of them). Each rank's figures are summed in the
+// same order as those functions sum them, so they are the same numbers.
+class PathShares {
+ public:
+  explicit PathShares(size_t world)
+      : seconds_(world, 0),
+        bytes_(world, 0),
+        piece_(world, 0),
+        seen_(world, 0),
+        listed_(world, 0) {}
+
+  // path_seconds(path, r, fill) of every rank r: seconds(r), nonzero only for ranks().
+  void time(const lower::CommPath& path, double fill) {
+    for (size_t r : ranks_) seconds_[r] = 0;
+    ranks_.clear();
+    ++path_mark_;
+    for (const lower::CommStep& st : path.steps) {
+      ++step_mark_;
+      const double c = st.cost_s * (lower::rule_of(st.primitive).ragged ? fill : 1.0);
+      for (const auto* layout : {&st.before, &st.after})
+        for (DeviceId d : layout->devices) {
+          const auto r = static_cast<size_t>(d.value());
+          if (seen_[r] == step_mark_) continue;
+          seen_[r] = step_mark_;
+          if (listed_[r] != path_mark_) listed_[r] = path_mark_, ranks_.push_back(r);
+          seconds_[r] += c;
+        }
+    }
+  }
+  const std::vector<size_t>& ranks() const { return ranks_; }
+  bool has(size_t r) const { return listed_[r] == path_mark_; }
+  double seconds(size_t r) const { return seconds_[r]; }
+
+  // add_path_bytes(path, shape, elem, r, times, ranks[r].sent, fill) for every rank r.
+  void add_bytes(const lower::CommPath& path, const Shape& shape, int64_t elem, double times,
+                 double fill, std::vector<RankEstimate>& ranks) {
+    std::vector<size_t> senders;
+    for (const lower::CommStep& st : path.steps) {
+      ++step_mark_;
+      senders.clear();
+      // Each rank of the layout before the step, at its last position (add_path_bytes').
+      for (size_t p = st.before.devices.size(); p-- > 0;) {
+        const auto r = static_cast<size_t>(st.before.devices[p].value());
+        if (seen_[r] == step_mark_) continue;
+        seen_[r] = step_mark_;
+        piece_[r] = static_cast<double>(
+            numel(st.before.piece(static_cast<int64_t>(p), TensorId(0), shape).shape()) * elem);
+        bytes_[r] = 0;
+        senders.push_back(r);
+      }
+      const lower::PrimitiveRule& rule = lower::rule_of(st.primitive);
+      for (const std::vector<DeviceId>& g : st.groups) {     // lower::bytes_sent, group by group
+        if (rule.kind == lower::PrimitiveKind::kTransfer) {  // pairs {from, to}
+          const auto r = static_cast<size_t>(g[0].value());
+          if (seen_[r] == step_mark_ && g[1] != g[0]) bytes_[r] += rule.bytes(2, piece_[r]);
+          continue;
+        }
+        for (DeviceId d : g) {
+          const auto r = static_cast<size_t>(d.value());
+          if (seen_[r] == step_mark_)
+            bytes_[r] += rule.bytes(static_cast<int64_t>(g.size()), piece_[r]);
+        }
+      }
+      for (size_t r : senders) {
+        const double bytes = bytes_[r] * (rule.ragged ? fill : 1.0);
+        if (bytes > 0) ranks[r].sent[rule.name] += bytes * times;
+      }
+    }
+  }
+
+ private:
+  std::vector<double> seconds_, bytes_, piece_;
+  std::vector<uint64_t> seen_;    // == step_mark_: met in the current step
+  std::vector<uint64_t> listed_;  // == path_mark_: in ranks_
+  std::vector<size_t> ranks_;
+  uint64_t step_mark_ = 0, path_mark_ = 0;
+};
+
+// Every rank's communication per step through the adapters: each adapter's forward and
+// gradient paths per micro-batch (the steps a rank takes part in), and a weight gathered again
+// for its backward. `fill`: slot_fill's.
+void add_adapter_communication(const graph::Graph& planned, const lower::Lowered& lowered, double m,
+                               const std::vector<double>& fill, std::vector<RankEstimate>& ranks) {
+  PathShares forward(ranks.size()), backward(ranks.size());
   for (const auto& a : lowered.adapters) {
     const double f = fill[static_cast<size_t>(a.tensor.value())];
-    re.comm_s += m * (path_seconds(a.forward, rank, f) + path_seconds(a.backward, rank, f));
+    forward.time(a.forward, f);
+    backward.time(a.backward, f);
+    for (size_t r : forward.ranks())
+      ranks[r].comm_s += m * (forward.seconds(r) + backward.seconds(r));
+    for (size_t r : backward.ranks())
+      if (!forward.has(r)) ranks[r].comm_s += m * (forward.seconds(r) + backward.seconds(r));
     const auto& t = planned.tensor(a.tensor);
-    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent, f);
-    add_path_bytes(a.backward, t.shape, size_bytes(t.dtype), rank, m, re.sent, f);
+    forward.add_bytes(a.forward, t.shape, size_bytes(t.dtype), m, f, ranks);
+    forward.add_bytes(a.backward, t.shape, size_bytes(t.dtype), m, f, ranks);
     if (!a.regather) continue;  // a linear's weight is gathered again for its backward
-    re.comm_s += m * path_seconds(a.forward, rank);
-    add_path_bytes(a.forward, t.shape, size_bytes(t.dtype), rank, m, re.sent);
+    forward.time(a.forward, 1.0);
+    for (size_t r : forward.ranks()) ranks[r].comm_s += m * forward.seconds(r);
+    forward.add_bytes(a.forward, t.shape, size_bytes(t.dtype), m, 1.0, ranks);
   }
-  // One all-reduce per bucket of the runtime's (a latency per bucket, not per tensor).
+}
+
+// A rank's gradient all-reduces, once per step: one per bucket of the runtime's (a latency per
+// bucket, not per tensor).
+void add_grad_sync(const Config& config, const lower::Lowered& lowered, const CostModel& cost,
+                   size_t r, RankEstimate& re) {
   const GradGroups groups = grad_groups(lowered, r);
   for (size_t k = 0; k < groups.devices.size(); ++k) {
     const auto members = static_cast<int64_t>(groups.devices[k].size());
@@ -508,21 +631,22 @@ void add_memory(const Config& config, const Holdings& h, size_t r, double in_fli
 
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
-                       const PipelineTimes& pipeline, const RecomputeCost* recompute,
-                       planner::FlopsMemo* flops) {
+                       const PipelineTimes& pipeline, const ComputeCost* compute) {
   const auto& par = config.parallel;
   const int64_t world = static_cast<int64_t>(lowered.programs.size());
   const size_t n = static_cast<size_t>(world);
   const double m = static_cast<double>(config.micro_batches());
   const int64_t ranks_per_stage = par.ranks_per_stage();
-  const std::vector<double> fwd = forward_seconds(planned, world, cost, flops);
   // One pass over the recomputed regions gives their seconds on `cost` and, on the run's
   // device, their bytes.
-  std::optional<RecomputeCost> computed;
-  if (!recompute) computed = recompute_cost(planned, lowered, cost, on_gpu(config), flops);
-  const RecomputeCost& rc = recompute ? *recompute : *computed;
+  std::optional<ComputeCost> computed;
+  if (!compute)
+    computed = compute_cost(planned, lowered, cost, on_gpu(config), planner::graph_flops(planned));
+  const std::vector<double>& fwd = compute ? compute->forward_s : computed->forward_s;
+  const RecomputeCost& rc = compute ? compute->recompute : computed->recompute;
   const std::vector<double>& refwd = rc.forward_s;
-  const Holdings h = holdings(config, planned, lowered, world, rc);
+  const Holdings h =
+      holdings(config, planned, lowered, world, rc, compute ? compute->fused : computed->fused);
   const bool pipelined = !pipeline.busy_s.empty();
 
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;
@@ -549,7 +673,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   Estimate e;
   e.bubble_ratio = pipeline.bubble_ratio;
   e.ranks.resize(n);
-  const std::vector<double> fill = slot_fill(planned);
+  add_adapter_communication(planned, lowered, m, slot_fill(planned), e.ranks);
   for (size_t r = 0; r < n; ++r) {
     RankEstimate& re = e.ranks[r];
     const size_t stage = stage_of(r);
@@ -562,7 +686,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
         re.bubble = 1 - pipeline.busy_s[stage] / pipeline.makespan_s;
     }
     re.compute_s = std::max(re.compute_s, node_s[static_cast<int64_t>(r) / cost.devices_per_node]);
-    add_communication(config, planned, lowered, cost, m, r, fill, re);
+    add_grad_sync(config, lowered, cost, r, re);
     re.step_s = re.compute_s + re.comm_s;
 
     const double in_flight = pipelined && stage < pipeline.peak_micro_batches.size()

@@ -63,18 +63,35 @@ struct Estimate {
 // `flops`: a memo of sub-ops' FLOPs to count with, kept across plans (one is made otherwise).
 std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
                                     const CostModel& cost, planner::FlopsMemo* flops = nullptr);
+// The same from each op's FLOPs (planner::graph_flops of `planned`).
+std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_size,
+                                    const CostModel& cost, const std::vector<double>& op_flops);
 
 // What parallel.recompute changes on each rank, per micro-batch (lower/recompute.h): the
 // activation bytes its regions do not keep (made and read only inside a region, and what an
 // attention core keeps for its backward), the largest of one region's (made again while that
 // region's backward runs), and the forward seconds run again in the backward. `on_gpu`: the run's
 // device is cuda (what attention keeps depends on its kernel, graph::fused_attention).
+// `op_flops` (planner::graph_flops of `planned`) and `fused` (lower::fused_into_next of the
+// plan): when the caller has them (made otherwise).
 struct RecomputeCost {
   std::vector<double> dropped_bytes, largest_region_bytes, forward_s;
 };
 RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
                              const CostModel& cost, bool on_gpu = false,
-                             planner::FlopsMemo* flops = nullptr);
+                             const std::vector<double>* op_flops = nullptr,
+                             const std::vector<bool>* fused = nullptr);
+
+// What a lowered plan computes per micro-batch on a cost model: each rank's forward seconds and
+// what recomputation changes. The estimate, the pipeline's simulation and the schedule search
+// read the same figures.
+struct ComputeCost {
+  std::vector<double> forward_s;
+  RecomputeCost recompute;
+  std::vector<bool> fused;  // lower::fused_into_next: ops that run fused into the next
+};
+ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
+                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops);
 
 // A rank's memory as estimate_plan counts it, split by what a pipeline schedule changes: what
 // the rank holds whatever runs, and what each micro-batch in flight adds.
@@ -84,19 +101,19 @@ struct RankMemory {
   double held_bytes = 0;
   double activation_bytes = 0;  // one micro-batch's saved tensors and adapter deliveries
 };
-// Per rank of a lowered plan (the schedule's order does not matter). `recompute`: the plan's
-// recompute_cost on the run's device, when the caller has it (it is computed otherwise).
+// Per rank of a lowered plan (the schedule's order does not matter). `compute`: the plan's
+// compute_cost on the run's device, when the caller has it (it is computed otherwise; only its
+// bytes are read).
 std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
                                     const lower::Lowered& lowered,
-                                    const RecomputeCost* recompute = nullptr);
+                                    const ComputeCost* compute = nullptr);
 
 // The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
-// `recompute`: the plan's recompute_cost on `cost` and the run's device, when the caller has it;
-// `flops` as forward_seconds'.
+// `compute`: the plan's compute_cost on `cost` and the run's device, when the caller has it
+// (computed otherwise).
 Estimate estimate_plan(const Config& config, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
-                       const PipelineTimes& pipeline, const RecomputeCost* recompute = nullptr,
-                       planner::FlopsMemo* flops = nullptr);
+                       const PipelineTimes& pipeline, const ComputeCost* compute = nullptr);
 
 // Seconds of the steps of `path` that `rank` takes part in (their cost-model cost).
 // `all_to_all_fill`: the share of an all-to-all's pieces that crosses (a ragged one's).

@@ -139,12 +139,11 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               planner::FlopsMemo* flops) {
   auto spec = PlanSpec::of(config);
   LOOM_CHECK(spec.ok()) << spec.error().to_string();  // the config a plan was made of
-  const RecomputeCost recompute =
-      recompute_cost(planned, lowered, cost, config.run.device == "cuda", flops);
-  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &recompute);
-  const std::vector<double> forward_s =
-      forward_seconds(planned, static_cast<int64_t>(memory.size()), cost, flops);
-  const std::vector<double>& recompute_s = recompute.forward_s;
+  const ComputeCost compute = compute_cost(planned, lowered, cost, config.run.device == "cuda",
+                                           planner::graph_flops(planned, flops));
+  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &compute);
+  const std::vector<double>& forward_s = compute.forward_s;
+  const std::vector<double>& recompute_s = compute.recompute.forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
   const int64_t world = static_cast<int64_t>(memory.size());
@@ -192,6 +191,44 @@ planner::FlopsMemo& PlanCache::flops() {
 void PlanCache::keep_model(const std::string& key, Model model) {
   std::lock_guard<std::mutex> guard(mutex_);
   models_.emplace(key, std::make_shared<const Model>(std::move(model)));
+}
+
+Result<std::shared_ptr<const PlanCache::Lowering>> PlanCache::lowering(const std::string& key,
+                                                                       const LoweringMaker& make) {
+  std::promise<std::shared_ptr<const Lowering>> made;
+  std::shared_future<std::shared_ptr<const Lowering>> kept;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (const auto& [k, l] : lowerings_)
+      if (k == key) kept = l;
+    if (!kept.valid()) {
+      lowerings_.emplace_back(key, made.get_future().share());
+      if (lowerings_.size() > kLoweringsKept) lowerings_.pop_front();
+    }
+  }
+  if (kept.valid()) {
+    if (std::shared_ptr<const Lowering> l = kept.get()) return l;
+  } else {
+    std::optional<Result<Lowering>> made_now;
+    ++lowerings_made_;
+    try {
+      made_now = make();
+    } catch (...) {  // a broken invariant: whoever waits for this key meets it too
+      made.set_exception(std::current_exception());
+      throw;
+    }
+    Result<Lowering>& lowering = *made_now;
+    if (!lowering.ok()) {
+      made.set_value(nullptr);
+      return lowering.error();
+    }
+    auto l = std::make_shared<const Lowering>(std::move(lowering).value());
+    made.set_value(l);
+    return l;
+  }
+  ++lowerings_made_;
+  LOOM_ASSIGN_OR_RETURN(Lowering own, make());  // the make waited for failed
+  return std::make_shared<const Lowering>(std::move(own));
 }
 
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
@@ -302,33 +339,97 @@ Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
   return Status::success();
 }
 
-// Lowers the planned graph to per-rank programs, ordering the pipeline once the adapters are
-// known: what they deliver counts in a stage's activations, which bound how many micro-batches
-// a searched schedule keeps in flight. Returns the order, whose schedule the plan simulates.
-Result<lower::PipelineOrder> order_and_lower(const Config& config, const PlanSpec& spec,
-                                             const CostModel& cost, lower::PlanFile& file,
-                                             sched::SearchMemo* searches,
-                                             planner::FlopsMemo& flops) {
-  lower::PipelineOrder pipeline;  // its ranks move into the lowering; the schedule stays
-  auto order =
-      [&](const lower::Lowered& lowered) -> Result<std::vector<std::vector<lower::ProgramBlock>>> {
-    lower::StageCosts costs;  // only the search reads them
-    if (spec.schedule.as_searched() && spec.mesh.pp() > 1) {
-      lower::Lowered marked = lowered;  // what a micro-batch holds depends on recomputation
-      lower::mark_recompute(file.graph, marked, spec.recompute);
-      costs = stage_costs(config, file.graph, marked, cost, &flops);
-    }
-    LOOM_ASSIGN_OR_RETURN(pipeline, lower::pipeline_order(config, spec.schedule,
-                                                          config.micro_batches(), costs, searches));
-    return std::move(pipeline.ranks);
-  };
-  lower::PathFinder paths(cost);
-  lower::LowerOptions options;
-  options.shard_parameters = spec.zero == 3;
-  options.check_deadlock = false;  // checked once the recomputed forwards are in place
-  LOOM_ASSIGN_OR_RETURN(file.lowered, lower::lower(file.graph, file.world_size,
-                                                   config.micro_batches(), paths, order, options));
+// The pipeline's order of `file`'s lowered programs (each rank's blocks), found once the
+// adapters are known: what they deliver counts in a stage's activations, which bound how many
+// micro-batches a searched schedule keeps in flight. Returns the order, whose schedule the plan
+// simulates (its ranks moved into the programs).
+Result<lower::PipelineOrder> order_pipeline(const Config& config, const PlanSpec& spec,
+                                            const CostModel& cost, lower::PlanFile& file,
+                                            sched::SearchMemo* searches,
+                                            planner::FlopsMemo& flops) {
+  lower::StageCosts costs;  // only the search reads them
+  if (spec.schedule.as_searched() && spec.mesh.pp() > 1) {
+    lower::Lowered marked = file.lowered;  // what a micro-batch holds depends on recomputation
+    lower::mark_recompute(file.graph, marked, spec.recompute);
+    costs = stage_costs(config, file.graph, marked, cost, &flops);
+  }
+  LOOM_ASSIGN_OR_RETURN(
+      lower::PipelineOrder pipeline,
+      lower::pipeline_order(config, spec.schedule, config.micro_batches(), costs, searches));
+  std::vector<std::vector<lower::ProgramBlock>>& blocks = pipeline.ranks;
+  if (!blocks.empty()) {
+    LOOM_CHECK(blocks.size() == file.lowered.programs.size())
+        << "an order for " << blocks.size() << " ranks, " << file.lowered.programs.size()
+        << " lowered";
+    for (size_t r = 0; r < blocks.size(); ++r)
+      file.lowered.programs[r].blocks = std::move(blocks[r]);
+  }
+  blocks.clear();
   return pipeline;
+}
+
+// The config as the policy and the lowering up to the pipeline's order see it, so that plans
+// differing only in what they do not read share one key: parallel.recompute (neither reads it),
+// parallel.zero 1 (only the estimate reads it; zero 3 stores parameters split) and the schedule,
+// but for chimera, whose two pipelines the policy places. A policy registered from code keeps
+// the schedule in the key: it may read it.
+std::string lowering_key(const Config& config, const PlanSpec& spec, int64_t world_size) {
+  static const std::vector<std::string> builtin =
+      planner::PolicyRegistry::with_builtin_policies().names();
+  Config c = config;
+  const ParallelConfig defaults;
+  c.parallel.recompute = defaults.recompute;
+  if (c.parallel.zero == 1) c.parallel.zero = 0;  // only zero 3 changes the lowering
+  const bool builtin_policy =
+      std::find(builtin.begin(), builtin.end(), c.parallel.policy) != builtin.end();
+  if (builtin_policy && !spec.schedule.is(sched::ScheduleKind::kChimera)) {
+    c.parallel.schedule = defaults.schedule;
+    c.parallel.schedule_csv = defaults.schedule_csv;
+  }
+  return std::to_string(world_size) + "\n" + to_yaml(c);
+}
+
+// The policy's graph of plan.model, verified when `proofs` ask, its lowering ordered by the
+// pipeline's schedule (the order is returned: the plan simulates its schedule) and its ops'
+// FLOPs (`op_flops`). The graph, the lowering before the order and the FLOPs come from `cache`
+// when a config with the same lowering_key was lowered there, else they are made and kept.
+Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec& spec,
+                                            const Registries& registries, const CostModel& cost,
+                                            const PlanProofs& proofs, PlanCache* cache,
+                                            planner::FlopsMemo& flops, Plan& plan,
+                                            std::vector<double>& op_flops) {
+  lower::PlanFile& file = plan.file;
+  bool verified = false;
+  auto make = [&]() -> Result<PlanCache::Lowering> {
+    PlanCache::Lowering out;
+    LOOM_ASSIGN_OR_RETURN(out.planned, planner::plan_graph(plan.model, {config, file.world_size},
+                                                           registries.policies));
+    if (proofs.verify_graph) LOOM_TRY(graph::verify(out.planned, registries.ops));
+    verified = proofs.verify_graph;
+    lower::PathFinder paths(cost);
+    lower::LowerOptions options;
+    options.shard_parameters = spec.zero == 3;
+    options.check_deadlock = false;  // checked once the recomputed forwards are in place
+    LOOM_ASSIGN_OR_RETURN(out.lowered,
+                          lower::lower(out.planned, file.world_size, config.micro_batches(), paths,
+                                       lower::BlockOrderFn{}, options));
+    out.op_flops = planner::graph_flops(out.planned, &flops);
+    return out;
+  };
+  if (cache) {
+    LOOM_ASSIGN_OR_RETURN(std::shared_ptr<const PlanCache::Lowering> kept,
+                          cache->lowering(lowering_key(config, spec, file.world_size), make));
+    file.graph = kept->planned;
+    file.lowered = kept->lowered;
+    op_flops = kept->op_flops;
+  } else {
+    LOOM_ASSIGN_OR_RETURN(PlanCache::Lowering made, make());
+    file.graph = std::move(made.planned);
+    file.lowered = std::move(made.lowered);
+    op_flops = std::move(made.op_flops);
+  }
+  if (proofs.verify_graph && !verified) LOOM_TRY(graph::verify(file.graph, registries.ops));
+  return order_pipeline(config, spec, cost, file, cache ? &cache->searches() : nullptr, flops);
 }
 
 }  // namespace
@@ -357,26 +458,22 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   file.world_size = world_size;
   file.micro_batches = config.micro_batches();
 
-  LOOM_ASSIGN_OR_RETURN(file.graph,
-                        planner::plan_graph(plan.model, {config, world_size}, registries.policies));
-  if (proofs.verify_graph) LOOM_TRY(graph::verify(file.graph, registries.ops));
+  std::vector<double> op_flops;  // of file.graph, by op index
   LOOM_ASSIGN_OR_RETURN(
       lower::PipelineOrder pipeline,
-      order_and_lower(config, spec, cost, file, cache ? &cache->searches() : nullptr, flops));
+      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, op_flops));
   LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
   LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
   lower::mark_recompute(file.graph, file.lowered, spec.recompute);
   // A recomputed forward repeats its collectives inside the backward.
   if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
-  const std::vector<double> forward_s = forward_seconds(file.graph, world_size, cost, &flops);
-  const RecomputeCost recomputed =
-      recompute_cost(file.graph, file.lowered, cost, config.run.device == "cuda", &flops);
-  LOOM_TRY(simulate_pipeline(spec, forward_s, recomputed.forward_s, pipeline, plan));
+  const ComputeCost compute =
+      compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda", op_flops);
+  LOOM_TRY(simulate_pipeline(spec, compute.forward_s, compute.recompute.forward_s, pipeline, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;
-  plan.estimate =
-      estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &recomputed, &flops);
+  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &compute);
   return plan;
 }
 

@@ -5,8 +5,11 @@
 // receives the Plan and runs it. LibTorch-free: a plan for thousands of ranks is made here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -92,9 +95,10 @@ struct PlanProofs {
 
 // What plans of one model made one after another share, made once: the single-device graph of
 // each distinct model config (what build_model reads: model.*, batch.micro, parallel.dp, tp, cp,
-// ep, policy, run.*) and each distinct schedule search. The auto-planner's candidates differ
-// in parallel.* only, so most of them find both here. Safe to share between threads; used with
-// one set of Registries.
+// ep, policy, run.*), each distinct schedule search, and the last few lowerings (what configs
+// that differ only in recomputation or the pipeline schedule share). The auto-planner's
+// candidates differ in parallel.* only, so most of their work is found here. Safe to share
+// between threads; used with one set of Registries.
 class PlanCache {
  public:
   // A single-device graph and its digest (lower::model_digest, what the plan file records).
@@ -105,6 +109,24 @@ class PlanCache {
   // The model built for `key`, or null.
   std::shared_ptr<const Model> model(const std::string& key) const;
   void keep_model(const std::string& key, Model model);
+
+  // A planned graph lowered to per-rank programs before the pipeline's order and recomputation
+  // are applied: what plans that differ only in parallel.recompute and in a schedule that does
+  // not change the stages' placement share.
+  struct Lowering {
+    graph::Graph planned;
+    lower::Lowered lowered;
+    std::vector<double> op_flops;  // planner::graph_flops of `planned`
+  };
+  // The lowering kept for `key`, made by `make` when none is: once, a caller asking for a key
+  // being made waits for it. `make`'s error goes to its caller; one waiting for a make that
+  // failed makes its own. Only the newest kLoweringsKept stay (a search asks for one shape's
+  // rungs and schedules close together, and a 256-rank lowering is tens of MB).
+  using LoweringMaker = std::function<Result<Lowering>()>;
+  Result<std::shared_ptr<const Lowering>> lowering(const std::string& key,
+                                                   const LoweringMaker& make);
+  int64_t lowerings_made() const { return lowerings_made_; }  // makes run through lowering()
+  static constexpr size_t kLoweringsKept = 8;
   sched::SearchMemo& searches() { return searches_; }
   // The calling thread's memo of sub-ops' FLOPs (each search thread counts into its own).
   planner::FlopsMemo& flops();
@@ -113,6 +135,10 @@ class PlanCache {
   mutable std::mutex mutex_;
   std::map<std::thread::id, std::unique_ptr<planner::FlopsMemo>> flops_;
   std::map<std::string, std::shared_ptr<const Model>> models_;
+  // Newest last; null once made by a make that failed.
+  std::deque<std::pair<std::string, std::shared_future<std::shared_ptr<const Lowering>>>>
+      lowerings_;
+  std::atomic<int64_t> lowerings_made_{0};
   sched::SearchMemo searches_;
 };
 

@@ -38,10 +38,25 @@ double FlopsMemo::operator()(const graph::Op& op) {
   return flops;
 }
 
+std::vector<double> graph_flops(const graph::Graph& g, FlopsMemo* memo) {
+  FlopsMemo own;
+  FlopsMemo& counted = memo ? *memo : own;
+  std::vector<double> out;
+  out.reserve(g.ops().size());
+  for (const graph::Op& op : g.ops()) out.push_back(counted(op));
+  return out;
+}
+
+int64_t piece_elements(const graph::SubTensor& piece) {
+  int64_t n = 1;
+  for (const graph::Range& r : piece.ranges) n *= r.size();
+  return n;
+}
+
 double op_output_bytes(const graph::Graph& graph, const graph::Op& op) {
   double bytes = 0;
   for (const auto& o : op.outputs)
-    bytes += static_cast<double>(numel(o.shape()) * size_bytes(graph.tensor(o.tensor).dtype));
+    bytes += static_cast<double>(piece_elements(o) * size_bytes(graph.tensor(o.tensor).dtype));
   return bytes;
 }
 

@@ -27,6 +27,11 @@ class FlopsMemo {
   std::map<Key, std::vector<std::pair<graph::Attrs, double>>> counted_;
   Key key_;
 };
+// Each op's FLOPs in `g`, by op index, counted through `memo` (one is made otherwise): what a
+// plan's estimates read op by op, counted once per planned graph.
+std::vector<double> graph_flops(const graph::Graph& g, FlopsMemo* memo = nullptr);
+// Elements of a piece (numel of its shape, without making the shape).
+int64_t piece_elements(const graph::SubTensor& piece);
 // Bytes of `op`'s outputs (the activations it adds while a micro-batch is in flight).
 double op_output_bytes(const graph::Graph& graph, const graph::Op& op);
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "lower/fusion.h"
 #include "models/model.h"
@@ -485,8 +486,17 @@ TEST(PlanCache, PlansAreTheSameWithAndWithoutIt) {
       search_config({"parallel.schedule=search-zb", "parallel.recompute=full"}),
       search_config({"parallel.schedule=zb-h1", "parallel.recompute=selective"}),
       search_config({"parallel.pp=2", "parallel.dp=2", "parallel.schedule=search-zb"}),
+      // One lowering shared by schedules that place the stages alike, recomputation levels and
+      // ZeRO 0 and 1; chimera, two chunks per device and ZeRO 3 lower apart.
+      search_config({"parallel.schedule=gpipe"}),
+      search_config({"parallel.schedule=1f1b", "parallel.recompute=selective"}),
+      search_config({"parallel.schedule=zb-h1", "parallel.zero=1"}),
+      search_config({"parallel.schedule=chimera"}),
+      search_config(
+          {"parallel.pp=2", "parallel.dp=2", "parallel.schedule=interleaved", "parallel.chunks=2"}),
       config(),
       config({"parallel.zero=1"}),
+      config({"parallel.zero=3"}),
       config({"batch.micro=1"}),
   };
   PlanCache cache;
@@ -511,6 +521,10 @@ TEST(PlanCache, PlansAreTheSameWithAndWithoutIt) {
       EXPECT_TRUE(prove(*cached, Registries{}).ok());
     }
   EXPECT_GT(cache.searches().searches(), 0);
+  // search_config's 4 stages: one lowering for seven of its configs, one for chimera; pp 2 x
+  // dp 2: one with a stage per device, one with two; config()'s: one for zero 0 and 1, one for
+  // zero 3, one for batch.micro 1 (more micro-batches). The second pass makes none.
+  EXPECT_EQ(cache.lowerings_made(), 7);
   // 8 stages of 6 layers: the model is in the cache (pp is no part of its key), the degree
   // checks refuse the config as without the cache.
   const Config bad = search_config({"parallel.pp=8"});
@@ -519,6 +533,34 @@ TEST(PlanCache, PlansAreTheSameWithAndWithoutIt) {
   ASSERT_FALSE(plain.ok());
   ASSERT_FALSE(cached.ok());
   EXPECT_EQ(cached.error().message, plain.error().message);
+}
+
+// Threads asking one cache for the same lowering at once: one makes it, the others wait for it
+// rather than make it again, and every plan is the plan made without the cache.
+TEST(PlanCache, ThreadsShareALoweringBeingMade) {
+  const std::vector<Config> configs = {
+      search_config({"parallel.schedule=1f1b"}),
+      search_config({"parallel.schedule=gpipe"}),
+      search_config({"parallel.schedule=zb-h1", "parallel.recompute=full"}),
+      search_config({"parallel.schedule=search-zb"}),
+  };
+  PlanCache cache;
+  std::vector<Result<Plan>> cached(configs.size(), Error::at("plan", "not made"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < configs.size(); ++i)
+    threads.emplace_back([&, i] {
+      cached[i] =
+          make_plan(configs[i], Registries{}, *resolve_cost_model(configs[i]), 0, {}, &cache);
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(cache.lowerings_made(), 1);
+  for (size_t i = 0; i < configs.size(); ++i) {
+    auto plain = make_plan(configs[i], Registries{}, *resolve_cost_model(configs[i]));
+    ASSERT_TRUE(plain.ok()) << plain.error().message;
+    ASSERT_TRUE(cached[i].ok()) << cached[i].error().message;
+    EXPECT_EQ(*lower::plan_to_json(cached[i]->file), *lower::plan_to_json(plain->file));
+    EXPECT_EQ(cached[i]->estimate.step_s, plain->estimate.step_s);
+  }
 }
 
 }  // namespace
