@@ -243,8 +243,12 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // its readers.
   std::vector<std::map<std::vector<int64_t>, std::pair<double, int>>> uses(n);
   std::vector<int64_t> key;
-  // A linear fused with its bias_add never materialises its own output (lower/fusion.h).
-  const std::vector<bool> fused = lower::fused_into_next(planned, lowered);
+  // A linear fused with its bias_add never materialises its own output, nor does a fused loss
+  // chain its inner values (lower/fusion.h). A fused chain keeps its log-probabilities for the
+  // backward where the unfused one keeps the logits: the same bytes, counted as the logits.
+  std::vector<bool> fused = lower::fused_into_next(planned, lowered);
+  for (const lower::FusedLoss& c : lower::fused_losses(planned, lowered))
+    for (int64_t inner : {c.group_lse, c.lse, c.pick}) fused[static_cast<size_t>(inner)] = true;
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
     const size_t r = static_cast<size_t>(op.device.value());
