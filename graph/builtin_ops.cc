@@ -79,7 +79,8 @@ void add_loss_pieces(OpRegistry& r) {
   //   pick:            the target's logit; a piece of the vocabulary gives 0 for targets it
   //                    does not hold, so pieces are partial sums
   //   nll:             sum over tokens of (lse - target logit) / normalizer
-  // Tensor parallelism splits the groups where they are (group_logsumexp, pick).
+  // Tensor parallelism splits the groups where they are (group_logsumexp, pick). A rank that
+  // holds the whole vocabulary runs the four as one cross-entropy (lower/fusion.h).
   struct LossPiece {
     const char* type;
     const char* annotation;

@@ -191,7 +191,8 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
   TensorId head =
       s.tied ? wte : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
   TensorId logits = b.op1("linear", "lm_head", {x, head}, Attrs{{"tp", std::string("column")}});
-  // The loss in vocabulary groups, so tensor parallelism splits it like the LM head.
+  // The loss in vocabulary groups, so tensor parallelism splits it like the LM head (a rank
+  // holding the whole vocabulary runs the four ops as one cross-entropy, lower/fusion.h).
   const Attrs groups{{"v", s.vocab / s.vocab_groups}};
   TensorId group_lse = b.op1("group_logsumexp", "loss.group_lse", {logits}, groups);
   TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});

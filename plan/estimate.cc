@@ -227,9 +227,9 @@ std::pair<double, double> gather_costs(const Config& config, const graph::Graph&
   return {forward, backward};
 }
 
-// `fused`: lower::fused_into_next of the plan.
+// `fused_next`: lower::fused_into_next of the plan.
 Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                  int64_t world, const RecomputeCost& rc, const std::vector<bool>& fused) {
+                  int64_t world, const RecomputeCost& rc, const std::vector<bool>& fused_next) {
   const size_t n = static_cast<size_t>(world);
   Holdings h;
   for (auto* v : {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer,
@@ -244,7 +244,12 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // its readers.
   std::vector<std::map<std::vector<int64_t>, std::pair<double, int>>> uses(n);
   std::vector<int64_t> key;
-  // A linear fused with its bias_add never materialises its own output (lower/fusion.h).
+  // A linear fused with its bias_add never materialises its own output, nor does a fused loss
+  // chain its inner values (lower/fusion.h). A fused chain keeps its log-probabilities for the
+  // backward where the unfused one keeps the logits: the same bytes, counted as the logits.
+  std::vector<bool> fused = fused_next;
+  for (const lower::FusedLoss& c : lower::fused_losses(planned, lowered))
+    for (int64_t inner : {c.group_lse, c.lse, c.pick}) fused[static_cast<size_t>(inner)] = true;
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
     const size_t r = static_cast<size_t>(op.device.value());

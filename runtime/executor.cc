@@ -158,17 +158,19 @@ void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>
       std::make_unique<GradBuckets>(std::move(params), std::move(groups), bucket_bytes, zero1);
 }
 
-// Resolves, once, where every input of every op of this rank's forward blocks comes from, and
-// which linear + bias_add pairs run fused.
-Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
-                          const std::vector<std::vector<int64_t>>& param_slots) {
-  const auto& ops = s.graph.ops();
+// Where an op's input comes from, on this rank.
+struct SourceOf {
+  const Executor::Impl& s;
+  const std::vector<std::vector<int64_t>>& param_slots;
   std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;  // (tensor, consumer) -> id
-  for (const Adapter& a : s.lowered.adapters)
-    for (const std::string& consumer : a.consumers) adapter_of[{a.tensor.value(), consumer}] = a.id;
-  const std::vector<bool> fused = lower::fused_into_next(s.graph, s.lowered);
 
-  auto source = [&](const graph::Op& op, size_t op_index, size_t k) -> Source {
+  SourceOf(const Executor::Impl& impl, const std::vector<std::vector<int64_t>>& slots)
+      : s(impl), param_slots(slots) {
+    for (const Adapter& a : s.lowered.adapters)
+      for (const std::string& consumer : a.consumers)
+        adapter_of[{a.tensor.value(), consumer}] = a.id;
+  }
+  Source operator()(const graph::Op& op, size_t op_index, size_t k) const {
     const graph::FullTensor& t = s.graph.tensor(op.inputs[k].tensor);
     if (t.role == graph::TensorRole::kInput) return {Source::Kind::kInput, t.id.value()};
     // An activation moved by an adapter, or a parameter gathered from its shards (zero 3).
@@ -179,7 +181,85 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
     const int64_t made_in = s.stage_of(t.id.value());
     return {made_in == op.stage.value() ? Source::Kind::kSameStage : Source::Kind::kStageLeaf,
             t.id.value()};
-  };
+  }
+};
+
+// The step of op item `i` of `seg`: its kernel and sources, a linear's weight deferred to the W
+// block or gathered again, a linear fused with its bias_add (then item i + 1 is taken too).
+Status op_step(const Executor::Impl& s, const KernelRegistry& kernels, const SourceOf& source,
+               const lower::Segment& seg, size_t& i, bool split_stage,
+               const std::vector<bool>& fused, ForwardStep& step) {
+  const auto& ops = s.graph.ops();
+  step.op = static_cast<size_t>(seg.items[i].index);
+  const graph::Op& op = ops[step.op];
+  step.kernel = kernels.find(op.type());
+  if (!step.kernel)
+    return Error::at(op.name(),
+                     "no kernel registered for op type '" + op.type() + "' (op " + op.name() + ")");
+  for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
+  step.reads = op.inputs;
+  step.deferred = split_stage && op.type() == "linear" && step.sources.size() == 2 &&
+                  step.sources[1].kind == Source::Kind::kParameter;
+  if (op.type() == "linear" && step.sources.size() == 2 &&
+      step.sources[1].kind == Source::Kind::kAdapter &&
+      s.lowered.adapters[static_cast<size_t>(step.sources[1].index)].regather) {
+    step.gathered = step.sources[1].index;
+    step.sources[1] = {Source::Kind::kParameter, s.shard_slot.at(step.gathered)};
+  }
+  if (fused[step.op]) {  // lower/fusion.h: the next item is its bias_add
+    step.fused_bias = seg.items[i + 1].index;
+    step.bias =
+        source(ops[static_cast<size_t>(step.fused_bias)], static_cast<size_t>(step.fused_bias), 1);
+    ++i;
+  }
+  return Status::success();
+}
+
+// The step of a fused loss chain (lower/fusion.h): LibTorch's cross-entropy on the chain's
+// logits and targets, with the nll's normalizer, making the nll's output. Its four items are
+// one step.
+void loss_step(const Executor::Impl& s, const Kernel& cross_entropy, const SourceOf& source,
+               const lower::FusedLoss& chain, size_t& i, ForwardStep& step) {
+  const auto& ops = s.graph.ops();
+  const auto group_lse = static_cast<size_t>(chain.group_lse);
+  const auto pick = static_cast<size_t>(chain.pick);
+  step.op = static_cast<size_t>(chain.nll);
+  step.kernel = &cross_entropy;
+  step.sources = {source(ops[group_lse], group_lse, 0), source(ops[pick], pick, 1)};
+  step.reads = {ops[group_lse].inputs[0], ops[pick].inputs[1]};
+  i += 3;
+}
+
+// What a step hands on: its outputs' dtypes, whether it makes the loss, an auxiliary loss's
+// weight in the step's metric.
+void finish_step(const Executor::Impl& s, ForwardStep& step) {
+  const auto& ops = s.graph.ops();
+  const graph::Op& last =
+      ops[step.fused_bias >= 0 ? static_cast<size_t>(step.fused_bias) : step.op];
+  for (const auto& out : last.outputs)
+    step.out_dtypes.push_back(s.dtype[static_cast<size_t>(out.tensor.value())]);
+  step.makes_loss = s.graph.tensor(last.outputs[0].tensor).role == graph::TensorRole::kLoss;
+  if (last.type() == graph::kMoeAuxLoss) {
+    int64_t holders = 0;
+    for (const graph::Op& other : ops)
+      holders += other.type() == graph::kMoeAuxLoss && other.outputs[0] == last.outputs[0];
+    step.metric_weight = 1.0 / static_cast<double>(holders);
+  }
+}
+
+// Resolves, once, where every input of every op of this rank's forward blocks comes from, and
+// which ops run fused (lower/fusion.h).
+Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
+                          const std::vector<std::vector<int64_t>>& param_slots) {
+  const SourceOf source(s, param_slots);
+  const std::vector<bool> fused = lower::fused_into_next(s.graph, s.lowered);
+  // Fused loss chains by their first op; a registry without the cross-entropy kernel runs them
+  // apart.
+  const Kernel* cross_entropy = kernels.find("cross_entropy");
+  std::map<int64_t, lower::FusedLoss> loss_chains;
+  if (cross_entropy)
+    for (const lower::FusedLoss& c : lower::fused_losses(s.graph, s.lowered))
+      loss_chains[c.first] = c;
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   std::set<int64_t> split_stages;  // stages with weight-gradient blocks
   for (const lower::ProgramBlock& b : prog.blocks)
@@ -207,38 +287,13 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
         s.forward_steps[g].push_back(std::move(step));
         continue;
       }
-      step.op = static_cast<size_t>(item.index);
-      const graph::Op& op = ops[step.op];
-      step.kernel = kernels.find(op.type());
-      if (!step.kernel)
-        return Error::at(op.name(), "no kernel registered for op type '" + op.type() + "' (op " +
-                                        op.name() + ")");
-      for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
-      step.deferred = split_stages.count(seg.stage.value()) && op.type() == "linear" &&
-                      step.sources.size() == 2 && step.sources[1].kind == Source::Kind::kParameter;
-      if (op.type() == "linear" && step.sources.size() == 2 &&
-          step.sources[1].kind == Source::Kind::kAdapter &&
-          s.lowered.adapters[static_cast<size_t>(step.sources[1].index)].regather) {
-        step.gathered = step.sources[1].index;
-        step.sources[1] = {Source::Kind::kParameter, s.shard_slot.at(step.gathered)};
+      if (auto c = loss_chains.find(item.index); c != loss_chains.end()) {
+        loss_step(s, *cross_entropy, source, c->second, i, step);
+      } else {
+        LOOM_TRY(op_step(s, kernels, source, seg, i, split_stages.count(seg.stage.value()) > 0,
+                         fused, step));
       }
-      if (fused[step.op]) {  // lower/fusion.h: the next item is its bias_add
-        step.fused_bias = seg.items[i + 1].index;
-        step.bias = source(ops[static_cast<size_t>(step.fused_bias)],
-                           static_cast<size_t>(step.fused_bias), 1);
-        ++i;
-      }
-      const graph::Op& last =
-          ops[static_cast<size_t>(step.fused_bias >= 0 ? step.fused_bias : item.index)];
-      for (const auto& out : last.outputs)
-        step.out_dtypes.push_back(s.dtype[static_cast<size_t>(out.tensor.value())]);
-      step.makes_loss = s.graph.tensor(last.outputs[0].tensor).role == graph::TensorRole::kLoss;
-      if (last.type() == graph::kMoeAuxLoss) {
-        int64_t holders = 0;
-        for (const graph::Op& other : ops)
-          holders += other.type() == graph::kMoeAuxLoss && other.outputs[0] == last.outputs[0];
-        step.metric_weight = 1.0 / static_cast<double>(holders);
-      }
+      finish_step(s, step);
       s.forward_steps[g].push_back(std::move(step));
     }
   }
@@ -385,8 +440,8 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
     }
     const graph::Op& op = ops[step.op];
     args.clear();
-    for (size_t k = 0; k < op.inputs.size(); ++k)
-      args.push_back(read(s, m, step.sources[k], op.inputs[k], mb, inputs));
+    for (size_t k = 0; k < step.sources.size(); ++k)
+      args.push_back(read(s, m, step.sources[k], step.reads[k], mb, inputs));
     std::vector<at::Tensor> outs;
     const graph::Op* made = step.fused_bias >= 0 ? &ops[static_cast<size_t>(step.fused_bias)] : &op;
     if (step.fused_bias >= 0 || step.deferred || step.gathered >= 0) {

@@ -88,13 +88,16 @@ struct Executor::Impl {
   };
   // One unit of a forward block: an adapter item, or an op (a linear whose only reader is the
   // bias_add that follows it runs with it as one at::linear; the IR keeps them apart so
-  // row-parallel splits stay partial sums).
+  // row-parallel splits stay partial sums; a loss chain that sees the whole vocabulary runs as
+  // one cross-entropy, lower/fusion.h).
   struct ForwardStep {
     int64_t item = 0;  // its (first) item in the segment
     const lower::SegmentItem* adapter = nullptr;
-    size_t op = 0;
+    size_t op = 0;  // a fused loss chain's: its nll (attributes and output)
     const Kernel* kernel = nullptr;
     std::vector<Source> sources;
+    // Per source, the piece it reads: the op's inputs; a fused loss chain's logits and targets.
+    std::vector<graph::SubTensor> reads;
     int64_t fused_bias = -1;  // op index of the fused bias_add
     // A linear reading a parameter in a stage whose backward is split (I and W blocks): its
     // weight gradient waits in the micro-batch's stash for the W block (deferred_linear.h).
