@@ -3,6 +3,7 @@
 #include "graph/op_registry.h"
 #include "graph/ops_context.h"
 #include "graph/ops_evoformer.h"
+#include "graph/ops_loss.h"
 #include "graph/ops_moe.h"
 #include "graph/ops_vision.h"
 
@@ -86,15 +87,15 @@ void add_loss_pieces(OpRegistry& r) {
     const char* annotation;
     bool vocab_parallel;
   };
-  for (const LossPiece& piece : {LossPiece{"group_logsumexp", "b s (g v^) -> b s g", true},
-                                 LossPiece{"logsumexp", "b s g^ -> b s", false},
-                                 LossPiece{"pick", "b s (g+ v^), b s -> b s", true}}) {
+  for (const LossPiece& piece : {LossPiece{kGroupLogSumExp, "b s (g v^) -> b s g", true},
+                                 LossPiece{kLogSumExp, "b s g^ -> b s", false},
+                                 LossPiece{kPick, "b s (g+ v^), b s -> b s", true}}) {
     OpSchema schema = OpSchema::simple(piece.type, piece.annotation);
     schema.fp32_outputs = true;
     if (piece.vocab_parallel) schema.rules.tensor_parallel = tp_split("g");
     must(std::move(schema));
   }
-  must(OpSchema::simple("nll", "b+ s+, b+ s+ -> "));
+  must(OpSchema::simple(kNll, "b+ s+, b+ s+ -> "));
 }
 
 }  // namespace
@@ -159,6 +160,15 @@ OpRegistry OpRegistry::with_builtin_ops() {
   add_moe_ops(r);
   add_vision_ops(r);
   return r;
+}
+
+TensorId vocab_group_loss(GraphBuilder& b, TensorId logits, TensorId targets, int64_t group_width,
+                          int64_t normalizer) {
+  const Attrs groups{{"v", group_width}};
+  const TensorId group_lse = b.op1(kGroupLogSumExp, "loss.group_lse", {logits}, groups);
+  const TensorId lse = b.op1(kLogSumExp, "loss.lse", {group_lse});
+  const TensorId target_logit = b.op1(kPick, "loss.target", {logits, targets}, groups);
+  return b.op1(kNll, "loss", {lse, target_logit}, Attrs{{"normalizer", normalizer}});
 }
 
 }  // namespace loom::graph

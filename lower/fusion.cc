@@ -5,6 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graph/ops_loss.h"
+
 namespace loom::lower {
 
 std::vector<bool> fused_into_next(const graph::Graph& planned, const Lowered& lowered) {
@@ -58,18 +60,18 @@ std::unordered_map<int64_t, int> readers_per_rank(const graph::Graph& g) {
 }
 
 // The chain in items [at, at + 4) of `seg`, when those four ops are one loss chain wired as
-// graph/builtin_ops.cc builds it; else nullopt.
+// graph::vocab_group_loss builds it; else nullopt.
 std::optional<FusedLoss> chain_at(const graph::Graph& g, const Segment& seg, size_t at) {
   FusedLoss c;
   for (size_t k = at; k < at + 4; ++k) {
     const SegmentItem& it = seg.items[k];
     if (it.kind != SegmentItem::Kind::kOp) return std::nullopt;
     const std::string& type = g.ops()[static_cast<size_t>(it.index)].type();
-    int64_t* slot = type == "group_logsumexp" ? &c.group_lse
-                    : type == "logsumexp"     ? &c.lse
-                    : type == "pick"          ? &c.pick
-                    : type == "nll"           ? &c.nll
-                                              : nullptr;
+    int64_t* slot = type == graph::kGroupLogSumExp ? &c.group_lse
+                    : type == graph::kLogSumExp    ? &c.lse
+                    : type == graph::kPick         ? &c.pick
+                    : type == graph::kNll          ? &c.nll
+                                                   : nullptr;
     if (!slot || *slot >= 0) return std::nullopt;
     *slot = it.index;
   }

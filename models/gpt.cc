@@ -5,6 +5,7 @@
 
 #include "core/strings.h"
 #include "graph/builder.h"
+#include "graph/ops_loss.h"
 #include "models/model.h"
 
 namespace loom::models {
@@ -193,11 +194,8 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
   TensorId logits = b.op1("linear", "lm_head", {x, head}, Attrs{{"tp", std::string("column")}});
   // The loss in vocabulary groups, so tensor parallelism splits it like the LM head (a rank
   // holding the whole vocabulary runs the four ops as one cross-entropy, lower/fusion.h).
-  const Attrs groups{{"v", s.vocab / s.vocab_groups}};
-  TensorId group_lse = b.op1("group_logsumexp", "loss.group_lse", {logits}, groups);
-  TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});
-  TensorId target_logit = b.op1("pick", "loss.target", {logits, targets}, groups);
-  TensorId loss = b.op1("nll", "loss", {lse, target_logit}, Attrs{{"normalizer", batch * s.seq}});
+  const TensorId loss =
+      graph::vocab_group_loss(b, logits, targets, s.vocab / s.vocab_groups, batch * s.seq);
   b.set_loss(add_aux_loss(b, loss, aux));
   return b.finish();
 }

@@ -4,6 +4,7 @@
 
 #include "core/strings.h"
 #include "graph/builder.h"
+#include "graph/ops_loss.h"
 #include "models/model.h"
 
 namespace loom::models {
@@ -299,11 +300,8 @@ Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
   TensorId head =
       s.tied ? embed : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
   TensorId logits = b.op1("linear", "lm_head", {x, head}, column);
-  const Attrs groups{{"v", s.vocab / s.vocab_groups}};
-  TensorId group_lse = b.op1("group_logsumexp", "loss.group_lse", {logits}, groups);
-  TensorId lse = b.op1("logsumexp", "loss.lse", {group_lse});
-  TensorId target_logit = b.op1("pick", "loss.target", {logits, targets}, groups);
-  TensorId loss = b.op1("nll", "loss", {lse, target_logit}, Attrs{{"normalizer", batch * s.seq}});
+  const TensorId loss =
+      graph::vocab_group_loss(b, logits, targets, s.vocab / s.vocab_groups, batch * s.seq);
   b.set_loss(add_aux_loss(b, loss, aux));
   return b.finish();
 }

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "graph/ops_context.h"
+#include "graph/ops_loss.h"
 #include "graph/precision.h"
 #include "runtime/attention_tiles.h"
 #include "runtime/kernels_evoformer.h"
@@ -408,10 +409,10 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
       {"seq_permute", seq_permute},
       {"seq_permute_rows", seq_permute_rows},
       {"cross_entropy", cross_entropy},
-      {"group_logsumexp", group_logsumexp},
-      {"logsumexp", logsumexp},
-      {"pick", pick},
-      {"nll", nll},
+      {graph::kGroupLogSumExp, group_logsumexp},
+      {graph::kLogSumExp, logsumexp},
+      {graph::kPick, pick},
+      {graph::kNll, nll},
   };
   for (const auto& [type, kernel] : builtin) {
     Status s = r.add(type, kernel);
