@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "runtime/linear.h"
+
 namespace loom::runtime {
 namespace {
 
@@ -19,7 +21,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     // and fails on an undefined one.
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->save_for_backward({x});
-    return {at::linear(x, weight, bias)};
+    return {linear_product(x, weight, bias.value_or(at::Tensor()))};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -27,7 +29,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     const at::Tensor weight = ctx->saved_data["weight"].toTensor();
     const at::Tensor& g = grads[0];
     at::Tensor gx, gb;
-    if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);
+    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, weight);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1))
       gb = g.reshape({-1, g.size(-1)}).sum(0);
     auto* stash = reinterpret_cast<WeightGradStash*>(ctx->saved_data["stash"].toInt());
@@ -51,9 +53,7 @@ std::map<int64_t, at::Tensor> WeightGradStash::take_weight_grads() {
   for (const Entry& e : entries_) {
     // gᵀ·x over every leading dimension: [out, rows] x [rows, in], in the compute dtype as
     // autograd computes it, then summed in float32.
-    const at::Tensor g = e.grad_output.reshape({-1, e.grad_output.size(-1)});
-    const at::Tensor x = e.input.reshape({-1, e.input.size(-1)});
-    at::Tensor gw = g.t().mm(x).to(at::kFloat);
+    at::Tensor gw = linear_weight_grad(e.grad_output, e.input).to(at::kFloat);
     auto it = out.find(e.param);
     if (it == out.end())
       out.emplace(e.param, std::move(gw));

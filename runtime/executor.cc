@@ -18,6 +18,7 @@
 #include "runtime/executor_impl.h"
 #include "runtime/grad_buckets.h"
 #include "runtime/init.h"
+#include "runtime/linear.h"
 #include "runtime/oracle.h"
 #include "runtime/path_runner.h"
 #include "runtime/step_trace.h"
@@ -455,7 +456,7 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
               ? deferred_linear(args[0], args[1], bias,
                                 s.micro[static_cast<size_t>(mb)].deferred[op.stage.value()],
                                 step.sources[1].index)
-              : at::linear(args[0], args[1], bias));
+              : runtime::linear(args[0], args[1], bias));
     } else {
       outs = (*step.kernel)(KernelContext{s.graph, op}, args);
       LOOM_CHECK(outs.size() == op.outputs.size())

@@ -18,6 +18,7 @@
 #include "runtime/kernels_evoformer.h"
 #include "runtime/kernels_moe.h"
 #include "runtime/kernels_vision.h"
+#include "runtime/linear.h"
 
 namespace loom::runtime {
 namespace {
@@ -79,7 +80,9 @@ Tensors layer_norm(const Ctx& ctx, const Tensors& in) {
   return {at::layer_norm(in[0].to(dtype), {in[0].size(-1)}, in[1].to(dtype), in[2].to(dtype), eps)};
 }
 
-Tensors linear(const Ctx&, const Tensors& in) { return {at::linear(in[0], in[1])}; }
+Tensors linear_kernel(const Ctx&, const Tensors& in) {
+  return {runtime::linear(in[0], in[1], at::Tensor())};
+}
 
 Tensors bias_add(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 
@@ -395,7 +398,7 @@ KernelRegistry KernelRegistry::with_builtin_kernels() {
       {"add", add_tensors},
       {"gelu", gelu},
       {"layer_norm", layer_norm},
-      {"linear", linear},
+      {"linear", linear_kernel},
       {"bias_add", bias_add},
       {"attention", attention},
       {"gqa_attention", grouped_attention},

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "runtime/executor_impl.h"
+#include "runtime/linear.h"
 
 namespace loom::runtime {
 namespace {
@@ -77,7 +78,7 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     // An optional, not an undefined tensor: autograd takes every tensor argument for a variable.
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->save_for_backward({x, shard});
-    return {at::linear(x, weight, bias)};
+    return {linear_product(x, weight, bias.value_or(at::Tensor()))};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -92,14 +93,14 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     if (const auto prev = s->previous_regather.find(a.id); prev != s->previous_regather.end())
       gather_ahead(*s, prev->second, mb);
     at::Tensor gx, gshard, gb;
-    if (ctx->needs_input_grad(0)) gx = at::matmul(g, weight);
+    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, weight);
     weight.reset();  // gone before the weight gradient is made and reduce-scattered
-    const at::Tensor g2 = g.reshape({-1, g.size(-1)});
     if (ctx->needs_input_grad(1)) {
-      at::Tensor gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
+      at::Tensor gw = linear_weight_grad(g, x);
       gshard = s->run_path(a.backward, a.tensor, std::move(gw), PathPart::kAll, s->tag(a, 1, mb));
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      gb = g.reshape({-1, g.size(-1)}).sum(0);
     return {gx, gshard, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

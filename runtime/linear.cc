@@ -1,0 +1,96 @@
+#include "runtime/linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <string_view>
+
+namespace loom::runtime {
+namespace {
+
+// mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars,
+// str? algorithm) -> Tensor Y: X·Wᵀ + B on 2-d X, any strides of W.
+using PointwiseLinear = at::Tensor(const at::Tensor&, const at::Tensor&,
+                                   const std::optional<at::Tensor>&, c10::string_view,
+                                   c10::List<std::optional<c10::Scalar>>,
+                                   std::optional<c10::string_view>);
+
+// The operator's handle, looked up once per process; empty where LibTorch has no oneDNN.
+const std::optional<c10::TypedOperatorHandle<PointwiseLinear>>& onednn_linear() {
+  static const std::optional<c10::TypedOperatorHandle<PointwiseLinear>> handle =
+      []() -> std::optional<c10::TypedOperatorHandle<PointwiseLinear>> {
+    if (!at::hasMKLDNN()) return std::nullopt;
+    auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return std::nullopt;
+    return op->typed<PointwiseLinear>();
+  }();
+  return handle;
+}
+
+bool on_onednn(const at::Tensor& a, const at::Tensor& weight) {
+  return a.device().is_cpu() && weight.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         weight.scalar_type() == at::kFloat && a.numel() > 0 && weight.numel() > 0 &&
+         onednn_linear().has_value();
+}
+
+// a·bᵀ (+ bias) over a's last dimension on oneDNN, b of any strides.
+at::Tensor onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
+  const at::Tensor a2 = a.reshape({-1, a.size(-1)});
+  const std::optional<at::Tensor> b_opt =
+      bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  at::Tensor out = onednn_linear()->call(a2, b, b_opt, "none",
+                                         c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+  std::vector<int64_t> shape = a.sizes().vec();
+  shape.back() = b.size(0);
+  return out.view(shape);
+}
+
+// at::linear's derivatives, with the products above. The bias travels as an optional: autograd
+// takes every tensor argument for a variable and fails on an undefined one.
+struct OnednnLinearFn : public torch::autograd::Function<OnednnLinearFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                                                at::Tensor weight, std::optional<at::Tensor> bias) {
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->save_for_backward({x, weight});
+    return {onednn_product(x, weight, bias.value_or(at::Tensor()))};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, saved[1]);
+    if (ctx->needs_input_grad(1)) gw = linear_weight_grad(g, saved[0]);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      gb = g.reshape({-1, g.size(-1)}).sum(0);
+    return {gx, gw, gb};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!on_onednn(x, weight)) return at::linear(x, weight, bias);
+  return OnednnLinearFn::apply(x, weight,
+                               bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt)[0];
+}
+
+at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return on_onednn(x, weight) ? onednn_product(x, weight, bias) : at::linear(x, weight, bias);
+}
+
+at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& weight) {
+  // g·W = g·(Wᵀ)ᵀ: oneDNN reads the transposed view as it is.
+  return on_onednn(grad_output, weight) ? onednn_product(grad_output, weight.t(), at::Tensor())
+                                        : at::matmul(grad_output, weight);
+}
+
+at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x) {
+  return grad_output.reshape({-1, grad_output.size(-1)}).t().mm(x.reshape({-1, x.size(-1)}));
+}
+
+bool linear_uses_onednn() { return onednn_linear().has_value(); }
+
+}  // namespace loom::runtime

@@ -1,0 +1,28 @@
+// A linear layer's matrix products, on the kernels that are fastest for the rank's device and
+// dtype. On the CPU in float32 the forward x·Wᵀ + b and the input gradient g·W run through
+// LibTorch's oneDNN matrix multiply (`mkldnn::_linear_pointwise`, the kernel torch.compile's
+// CPU backend calls), 7-13 % faster than at::linear's MKL sgemm on these CPUs; the weight
+// gradient gᵀ·x stays on MKL, as fast or faster there (bench/RESULTS.md, "linear products on
+// the CPU"). Everywhere else (GPUs, bf16, a LibTorch without oneDNN) at::linear's own kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace loom::runtime {
+
+// x·Wᵀ + b over x's last dimension (bias may be undefined), differentiable in x, weight and
+// bias like at::linear.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// The two products alone, outside autograd, for linears whose backward loom writes itself
+// (deferred and gathered weights): x·Wᵀ + b, and the input gradient g·W.
+at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& weight);
+
+// gᵀ·x summed over every leading dimension: the weight's gradient [out, in].
+at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x);
+
+// Whether the CPU float32 products run on oneDNN in this process (LibTorch built with it).
+bool linear_uses_onednn();
+
+}  // namespace loom::runtime
