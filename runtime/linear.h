@@ -3,7 +3,8 @@
 // LibTorch's oneDNN matrix multiply (`mkldnn::_linear_pointwise`, the kernel torch.compile's
 // CPU backend calls), 7-13 % faster than at::linear's MKL sgemm on these CPUs; the weight
 // gradient gᵀ·x stays on MKL, as fast or faster there (bench/RESULTS.md, "linear products on
-// the CPU"). Everywhere else (GPUs, bf16, a LibTorch without oneDNN) at::linear's own kernels.
+// the CPU"). Products under 2^24 multiply-adds, where oneDNN's cost per call outweighs its
+// kernel, and everywhere else (GPUs, bf16, a LibTorch without oneDNN) run at::linear's kernels.
 #pragma once
 
 #include <ATen/core/Tensor.h>
