@@ -227,9 +227,10 @@ std::pair<double, double> gather_costs(const Config& config, const graph::Graph&
   return {forward, backward};
 }
 
-// `fused_next`: lower::fused_into_next of the plan.
+// `c`: the plan's compute_cost (its recomputed regions and fused ops).
 Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                  int64_t world, const RecomputeCost& rc, const std::vector<bool>& fused_next) {
+                  int64_t world, const ComputeCost& c) {
+  const RecomputeCost& rc = c.recompute;
   const size_t n = static_cast<size_t>(world);
   Holdings h;
   for (auto* v : {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer,
@@ -247,9 +248,10 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // A linear fused with its bias_add never materialises its own output, nor does a fused loss
   // chain its inner values (lower/fusion.h). A fused chain keeps its log-probabilities for the
   // backward where the unfused one keeps the logits: the same bytes, counted as the logits.
-  std::vector<bool> fused = fused_next;
-  for (const lower::FusedLoss& c : lower::fused_losses(planned, lowered))
-    for (int64_t inner : {c.group_lse, c.lse, c.pick}) fused[static_cast<size_t>(inner)] = true;
+  std::vector<bool> fused = c.fused;
+  for (const lower::FusedLoss& loss : c.fused_loss)
+    for (int64_t inner : {loss.group_lse, loss.lse, loss.pick})
+      fused[static_cast<size_t>(inner)] = true;
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
     const size_t r = static_cast<size_t>(op.device.value());
@@ -409,7 +411,7 @@ std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& pl
     computed = compute_cost(planned, lowered, CostModel::builtin(), on_gpu(config),
                             planner::graph_flops(planned));
   const ComputeCost& c = compute ? *compute : *computed;
-  const Holdings h = holdings(config, planned, lowered, world, c.recompute, c.fused);
+  const Holdings h = holdings(config, planned, lowered, world, c);
   std::vector<RankMemory> out;
   for (size_t r = 0; r < static_cast<size_t>(world); ++r) out.push_back(memory_of(config, h, r));
   return out;
@@ -455,9 +457,16 @@ std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_s
 }
 
 ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops) {
+                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops,
+                         const lower::Fusion* fusion) {
   ComputeCost out;
-  out.fused = lower::fused_into_next(planned, lowered);
+  if (fusion) {
+    out.fused = fusion->into_next;
+    out.fused_loss = fusion->losses;
+  } else {
+    out.fused = lower::fused_into_next(planned, lowered);
+    out.fused_loss = lower::fused_losses(planned, lowered);
+  }
   out.forward_s =
       forward_seconds(planned, static_cast<int64_t>(lowered.programs.size()), cost, op_flops);
   out.recompute = recompute_cost(planned, lowered, cost, on_gpu, &op_flops, &out.fused);
@@ -650,8 +659,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const std::vector<double>& fwd = compute ? compute->forward_s : computed->forward_s;
   const RecomputeCost& rc = compute ? compute->recompute : computed->recompute;
   const std::vector<double>& refwd = rc.forward_s;
-  const Holdings h =
-      holdings(config, planned, lowered, world, rc, compute ? compute->fused : computed->fused);
+  const Holdings h = holdings(config, planned, lowered, world, compute ? *compute : *computed);
   const bool pipelined = !pipeline.busy_s.empty();
 
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;

@@ -13,6 +13,7 @@
 #include "core/cost_model.h"
 #include "core/strings.h"
 #include "graph/graph.h"
+#include "lower/fusion.h"
 #include "lower/path.h"
 #include "lower/program.h"
 #include "planner/cost.h"
@@ -85,13 +86,16 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
 // What a lowered plan computes per micro-batch on a cost model: each rank's forward seconds and
 // what recomputation changes. The estimate, the pipeline's simulation and the schedule search
 // read the same figures.
+// `fusion`: lower::fusion_of the plan, when the caller has it (found otherwise).
 struct ComputeCost {
   std::vector<double> forward_s;
   RecomputeCost recompute;
-  std::vector<bool> fused;  // lower::fused_into_next: ops that run fused into the next
+  std::vector<bool> fused;                   // lower::fused_into_next: ops fused into the next
+  std::vector<lower::FusedLoss> fused_loss;  // lower::fused_losses
 };
 ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops);
+                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops,
+                         const lower::Fusion* fusion = nullptr);
 
 // A rank's memory as estimate_plan counts it, split by what a pipeline schedule changes: what
 // the rank holds whatever runs, and what each micro-batch in flight adds.
