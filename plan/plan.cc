@@ -386,15 +386,15 @@ std::string lowering_key(const Config& config, const PlanSpec& spec, int64_t wor
 }
 
 // The policy's graph of plan.model, verified when `proofs` ask, its lowering ordered by the
-// pipeline's schedule (the order is returned: the plan simulates its schedule), its ops' FLOPs
-// (`op_flops`) and what runs fused (`fusion`). The graph, the lowering before the order, the
-// FLOPs and the fusion come from `cache` when a config with the same lowering_key was lowered
-// there, else they are made and kept.
+// pipeline's schedule (the order is returned: the plan simulates its schedule) and what the
+// plan reads of the lowering (`facts`). The graph, the lowering before the order and its facts
+// come from `cache` when a config with the same lowering_key was lowered there, else they are
+// made and kept.
 Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec& spec,
                                             const Registries& registries, const CostModel& cost,
                                             const PlanProofs& proofs, PlanCache* cache,
                                             planner::FlopsMemo& flops, Plan& plan,
-                                            std::vector<double>& op_flops, lower::Fusion& fusion) {
+                                            PlanCache::LoweringFacts& facts) {
   lower::PlanFile& file = plan.file;
   bool verified = false;
   auto make = [&]() -> Result<PlanCache::Lowering> {
@@ -410,8 +410,12 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
     LOOM_ASSIGN_OR_RETURN(out.lowered,
                           lower::lower(out.planned, file.world_size, config.micro_batches(), paths,
                                        lower::BlockOrderFn{}, options));
-    out.op_flops = planner::graph_flops(out.planned, &flops);
-    out.fusion = lower::fusion_of(out.planned, out.lowered);
+    PlanCache::LoweringFacts& f = out.facts;
+    f.op_flops = planner::graph_flops(out.planned, &flops);
+    f.fusion = lower::fusion_of(out.planned, out.lowered);
+    f.bytes = std::make_shared<const LoweredBytes>(
+        lowered_bytes(out.planned, out.lowered, f.fusion.into_next, f.fusion.losses,
+                      config.run.device == "cuda"));
     return out;
   };
   if (cache) {
@@ -419,18 +423,16 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
                           cache->lowering(lowering_key(config, spec, file.world_size), make));
     file.graph = kept->planned;
     file.lowered = kept->lowered;
-    op_flops = kept->op_flops;
-    fusion = kept->fusion;
+    facts = kept->facts;
   } else {
     LOOM_ASSIGN_OR_RETURN(PlanCache::Lowering made, make());
     file.graph = std::move(made.planned);
     file.lowered = std::move(made.lowered);
-    op_flops = std::move(made.op_flops);
-    fusion = std::move(made.fusion);
+    facts = std::move(made.facts);
   }
   if (proofs.verify_graph && !verified) LOOM_TRY(graph::verify(file.graph, registries.ops));
-  return order_pipeline(config, spec, cost, file, fusion, cache ? &cache->searches() : nullptr,
-                        flops);
+  return order_pipeline(config, spec, cost, file, facts.fusion,
+                        cache ? &cache->searches() : nullptr, flops);
 }
 
 }  // namespace
@@ -459,19 +461,19 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   file.world_size = world_size;
   file.micro_batches = config.micro_batches();
 
-  std::vector<double> op_flops;  // of file.graph, by op index
-  lower::Fusion fusion;
+  PlanCache::LoweringFacts facts;  // of file.graph and file.lowered
   LOOM_ASSIGN_OR_RETURN(
       lower::PipelineOrder pipeline,
-      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, op_flops, fusion));
+      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, facts));
   LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
   LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
-  lower::mark_recompute(file.graph, file.lowered, spec.recompute, &fusion.into_next);
+  lower::mark_recompute(file.graph, file.lowered, spec.recompute, &facts.fusion.into_next);
   // A recomputed forward repeats its collectives inside the backward.
   if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
-  const ComputeCost compute =
-      compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda", op_flops, &fusion);
+  ComputeCost compute = compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda",
+                                     facts.op_flops, &facts.fusion);
+  compute.bytes = facts.bytes;
   LOOM_TRY(simulate_pipeline(spec, compute.forward_s, compute.recompute.forward_s, pipeline, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;

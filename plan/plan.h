@@ -111,14 +111,19 @@ class PlanCache {
   std::shared_ptr<const Model> model(const std::string& key) const;
   void keep_model(const std::string& key, Model model);
 
+  // What a lowering's plans read of it besides their plan file, found once.
+  struct LoweringFacts {
+    std::vector<double> op_flops;               // planner::graph_flops of the planned graph
+    lower::Fusion fusion;                       // lower::fusion_of the lowering
+    std::shared_ptr<const LoweredBytes> bytes;  // lowered_bytes on the run's device
+  };
   // A planned graph lowered to per-rank programs before the pipeline's order and recomputation
   // are applied: what plans that differ only in parallel.recompute and in a schedule that does
   // not change the stages' placement share.
   struct Lowering {
     graph::Graph planned;
     lower::Lowered lowered;
-    std::vector<double> op_flops;  // planner::graph_flops of `planned`
-    lower::Fusion fusion;          // lower::fusion_of `planned` and `lowered`
+    LoweringFacts facts;
   };
   // The lowering kept for `key`, made by `make` when none is: once, a caller asking for a key
   // being made waits for it. `make`'s error goes to its caller; one waiting for a make that
