@@ -1,6 +1,7 @@
 // The graph: FullTensors and the ops over them, in a valid execution order.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -10,14 +11,23 @@
 
 namespace loom::graph {
 
+// A value: copies are independent. A copy shares its tensors and ops with the original until
+// either changes them (copy on write), because plans copy large planned graphs (a planned graph
+// of a thousand ranks holds hundreds of thousands of sub-ops) far more often than they change
+// them. A reference from tensors(), ops(), tensor() or op() stays valid while the graph lives
+// and is not changed; one from mutable_ops() or mutable_tensor() is for changes made before the
+// graph is next copied.
 class Graph {
  public:
   explicit Graph(std::string name = "graph") : name_(std::move(name)) {}
 
   const std::string& name() const { return name_; }
-  const std::vector<FullTensor>& tensors() const { return tensors_; }
-  const std::vector<Op>& ops() const { return ops_; }
-  std::vector<Op>& mutable_ops() { return ops_; }
+  const std::vector<FullTensor>& tensors() const;
+  const std::vector<Op>& ops() const;
+  std::vector<Op>& mutable_ops();
+  // The op list emptied for a rewrite that rebuilds it from another graph's ops (the tensors
+  // kept): what mutable_ops().clear() does, without copying ops a copy still shares.
+  std::vector<Op>& reset_ops();
   // Ids and names are fixed; everything else of a tensor (dtype, role) may change.
   FullTensor& mutable_tensor(TensorId id);
 
@@ -36,10 +46,16 @@ class Graph {
   void set_loss(TensorId id);
 
  private:
+  struct TensorTable {
+    std::vector<FullTensor> tensors;
+    std::unordered_map<std::string, TensorId> by_name;
+  };
+  TensorTable& own_tensors();  // this graph's own table: copied first if a copy shares it
+
   std::string name_;
-  std::vector<FullTensor> tensors_;
-  std::vector<Op> ops_;
-  std::unordered_map<std::string, TensorId> by_name_;
+  // Null until the first tensor (or op) is added: an empty table (list).
+  std::shared_ptr<TensorTable> tensors_;
+  std::shared_ptr<std::vector<Op>> ops_;
   TensorId loss_;
 };
 

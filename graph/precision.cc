@@ -11,11 +11,13 @@ Graph with_compute_dtype(Graph graph, DType compute, const OpRegistry& ops) {
     if (!schema || !schema->fp32_outputs) continue;
     for (const SubTensor& out : op.outputs) keep[static_cast<size_t>(out.tensor.value())] = true;
   }
+  std::vector<TensorId> lowered;  // found first: the first change may copy the tensors
   for (const FullTensor& t : graph.tensors()) {
-    const bool lowered = t.role == TensorRole::kActivation || t.role == TensorRole::kInput;
-    if (!lowered || !is_floating(t.dtype) || keep[static_cast<size_t>(t.id.value())]) continue;
-    graph.mutable_tensor(t.id).dtype = compute;
+    const bool activation = t.role == TensorRole::kActivation || t.role == TensorRole::kInput;
+    if (activation && is_floating(t.dtype) && !keep[static_cast<size_t>(t.id.value())])
+      lowered.push_back(t.id);
   }
+  for (TensorId id : lowered) graph.mutable_tensor(id).dtype = compute;
   return graph;
 }
 

@@ -133,4 +133,8 @@ std::vector<FusedLoss> fused_losses(const graph::Graph& planned, const Lowered& 
   return out;
 }
 
+Fusion fusion_of(const graph::Graph& planned, const Lowered& lowered) {
+  return {fused_into_next(planned, lowered), fused_losses(planned, lowered)};
+}
+
 }  // namespace loom::lower

@@ -34,4 +34,13 @@ struct FusedLoss {
 // The loss chains of `planned` that run fused, over every rank's program.
 std::vector<FusedLoss> fused_losses(const graph::Graph& planned, const Lowered& lowered);
 
+// Both of a lowered plan. They read the ops, the adapters and the segments' items, which
+// neither the pipeline's order nor recomputation changes: plans that share a lowering
+// (plan::PlanCache) share them.
+struct Fusion {
+  std::vector<bool> into_next;    // fused_into_next
+  std::vector<FusedLoss> losses;  // fused_losses
+};
+Fusion fusion_of(const graph::Graph& planned, const Lowered& lowered);
+
 }  // namespace loom::lower

@@ -77,9 +77,11 @@ std::vector<RecomputeRegion> selective_regions(const graph::Graph& g, const Segm
 
 }  // namespace
 
-void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mode) {
-  const std::vector<bool> fused =
-      mode == Recompute::kSelective ? fused_into_next(planned, lowered) : std::vector<bool>();
+void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mode,
+                    const std::vector<bool>* fused_ops) {
+  std::vector<bool> own_fused;
+  if (mode == Recompute::kSelective && !fused_ops) own_fused = fused_into_next(planned, lowered);
+  const std::vector<bool>& fused = fused_ops ? *fused_ops : own_fused;
   for (Program& prog : lowered.programs)
     for (Segment& seg : prog.segments) {
       switch (mode) {

@@ -26,7 +26,9 @@ Result<Recompute> parse_recompute(const std::string& text);
 //    are kept as they are). An adapter counts with the op after it; an adapter that sends,
 //    receives, or crosses stages ends a region, so a recomputed forward repeats only
 //    collectives among the ranks of its own stage, never a pipeline transfer.
-void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mode);
+// `fused`: fused_into_next of the plan, when the caller has it (found otherwise).
+void mark_recompute(const graph::Graph& planned, Lowered& lowered, Recompute mode,
+                    const std::vector<bool>* fused = nullptr);
 
 // Whether item `item` of `segment` lies in one of its regions.
 bool recomputed(const Segment& segment, int64_t item);

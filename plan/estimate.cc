@@ -227,14 +227,15 @@ std::pair<double, double> gather_costs(const Config& config, const graph::Graph&
   return {forward, backward};
 }
 
-// `fused_next`: lower::fused_into_next of the plan.
-Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
-                  int64_t world, const RecomputeCost& rc, const std::vector<bool>& fused_next) {
-  const size_t n = static_cast<size_t>(world);
-  Holdings h;
-  for (auto* v : {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.sync_buffer,
-                  &h.recompute_bytes, &h.largest_output, &h.state_params, &h.zero_segments,
-                  &h.zero_receive, &h.gather_forward, &h.gather_backward})
+}  // namespace
+
+LoweredBytes lowered_bytes(const graph::Graph& planned, const lower::Lowered& lowered,
+                           const std::vector<bool>& fused_next,
+                           const std::vector<lower::FusedLoss>& fused_loss, bool on_gpu) {
+  const size_t n = lowered.programs.size();
+  LoweredBytes h;
+  for (auto* v :
+       {&h.params, &h.acts, &h.largest_piece, &h.incoming, &h.largest_output, &h.sync_buffer})
     v->assign(n, 0);
   // Under parallel.zero 3 a rank holds the shards it stores, not the pieces its ops read.
   const auto stored = lower::parameter_adapters(lowered);
@@ -248,7 +249,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
   // chain its inner values (lower/fusion.h). A fused chain keeps its log-probabilities for the
   // backward where the unfused one keeps the logits: the same bytes, counted as the logits.
   std::vector<bool> fused = fused_next;
-  for (const lower::FusedLoss& c : lower::fused_losses(planned, lowered))
+  for (const lower::FusedLoss& c : fused_loss)
     for (int64_t inner : {c.group_lse, c.lse, c.pick}) fused[static_cast<size_t>(inner)] = true;
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
@@ -256,7 +257,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     const double output_bytes = planner::op_output_bytes(planned, op);
     if (!fused[i]) h.acts[r] += output_bytes;
     h.largest_output[r] = std::max(h.largest_output[r], output_bytes);
-    h.acts[r] += saved_extra_bytes(planned, op, config.run.device == "cuda");
+    h.acts[r] += saved_extra_bytes(planned, op, on_gpu);
     for (const auto& read : op.inputs) {
       const auto& t = planned.tensor(read.tensor);
       if (t.role != graph::TensorRole::kParameter) continue;
@@ -298,6 +299,32 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     for (int64_t id : lowered.programs[r].grad_syncs)
       h.sync_buffer[r] +=
           static_cast<double>(numel(lowered.grad_syncs[static_cast<size_t>(id)].piece.shape()) * 4);
+  return h;
+}
+
+namespace {
+
+// `c`: the plan's compute_cost (its recomputed regions, fused ops and, when kept, its
+// lowered_bytes).
+Holdings holdings(const Config& config, const graph::Graph& planned, const lower::Lowered& lowered,
+                  int64_t world, const ComputeCost& c) {
+  const RecomputeCost& rc = c.recompute;
+  const size_t n = static_cast<size_t>(world);
+  Holdings h;
+  for (auto* v : {&h.recompute_bytes, &h.state_params, &h.zero_segments, &h.zero_receive,
+                  &h.gather_forward, &h.gather_backward})
+    v->assign(n, 0);
+  {
+    LoweredBytes found;
+    if (!c.bytes) found = lowered_bytes(planned, lowered, c.fused, c.fused_loss, on_gpu(config));
+    const LoweredBytes& b = c.bytes ? *c.bytes : found;
+    h.params = b.params;
+    h.acts = b.acts;
+    h.largest_piece = b.largest_piece;
+    h.incoming = b.incoming;
+    h.largest_output = b.largest_output;
+    h.sync_buffer = b.sync_buffer;
+  }
   // Recomputed regions keep only what crosses their border; one region's activations come back
   // while its backward runs. Only the bytes are read here, which no cost model changes.
   h.recompute_bytes = rc.largest_region_bytes;
@@ -409,7 +436,7 @@ std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& pl
     computed = compute_cost(planned, lowered, CostModel::builtin(), on_gpu(config),
                             planner::graph_flops(planned));
   const ComputeCost& c = compute ? *compute : *computed;
-  const Holdings h = holdings(config, planned, lowered, world, c.recompute, c.fused);
+  const Holdings h = holdings(config, planned, lowered, world, c);
   std::vector<RankMemory> out;
   for (size_t r = 0; r < static_cast<size_t>(world); ++r) out.push_back(memory_of(config, h, r));
   return out;
@@ -455,9 +482,16 @@ std::vector<double> forward_seconds(const graph::Graph& planned, int64_t world_s
 }
 
 ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops) {
+                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops,
+                         const lower::Fusion* fusion) {
   ComputeCost out;
-  out.fused = lower::fused_into_next(planned, lowered);
+  if (fusion) {
+    out.fused = fusion->into_next;
+    out.fused_loss = fusion->losses;
+  } else {
+    out.fused = lower::fused_into_next(planned, lowered);
+    out.fused_loss = lower::fused_losses(planned, lowered);
+  }
   out.forward_s =
       forward_seconds(planned, static_cast<int64_t>(lowered.programs.size()), cost, op_flops);
   out.recompute = recompute_cost(planned, lowered, cost, on_gpu, &op_flops, &out.fused);
@@ -650,8 +684,7 @@ Estimate estimate_plan(const Config& config, const graph::Graph& planned,
   const std::vector<double>& fwd = compute ? compute->forward_s : computed->forward_s;
   const RecomputeCost& rc = compute ? compute->recompute : computed->recompute;
   const std::vector<double>& refwd = rc.forward_s;
-  const Holdings h =
-      holdings(config, planned, lowered, world, rc, compute ? compute->fused : computed->fused);
+  const Holdings h = holdings(config, planned, lowered, world, compute ? *compute : *computed);
   const bool pipelined = !pipeline.busy_s.empty();
 
   // Micro-batches whose activations a rank holds at once: the schedule's peak for pipelines;

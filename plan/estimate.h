@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "core/cost_model.h"
 #include "core/strings.h"
 #include "graph/graph.h"
+#include "lower/fusion.h"
 #include "lower/path.h"
 #include "lower/program.h"
 #include "planner/cost.h"
@@ -82,16 +84,34 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
                              const std::vector<double>* op_flops = nullptr,
                              const std::vector<bool>* fused = nullptr);
 
+// What each rank of a lowered plan holds whatever its recomputation, schedule and ZeRO 0/1:
+// the parameter elements its ops read, the largest piece and the gradients a piece read twice
+// receives (bytes), one micro-batch's op outputs, saved extras and adapter deliveries before
+// recomputation drops any (bytes), the largest op output and the gradient buckets' flat
+// buffers. It reads the ops, the adapters, the fused ops and the run's device only, so plans
+// sharing a lowering (PlanCache) share it. `fused`, `fused_loss`: lower::fusion_of the plan.
+struct LoweredBytes {
+  std::vector<double> params, acts, largest_piece, incoming, largest_output, sync_buffer;
+};
+LoweredBytes lowered_bytes(const graph::Graph& planned, const lower::Lowered& lowered,
+                           const std::vector<bool>& fused,
+                           const std::vector<lower::FusedLoss>& fused_loss, bool on_gpu);
+
 // What a lowered plan computes per micro-batch on a cost model: each rank's forward seconds and
 // what recomputation changes. The estimate, the pipeline's simulation and the schedule search
 // read the same figures.
+// `fusion`: lower::fusion_of the plan, when the caller has it (found otherwise).
 struct ComputeCost {
   std::vector<double> forward_s;
   RecomputeCost recompute;
-  std::vector<bool> fused;  // lower::fused_into_next: ops that run fused into the next
+  std::vector<bool> fused;                   // lower::fused_into_next: ops fused into the next
+  std::vector<lower::FusedLoss> fused_loss;  // lower::fused_losses
+  // lowered_bytes of the plan on the run's device, when the caller kept them (found otherwise).
+  std::shared_ptr<const LoweredBytes> bytes;
 };
 ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowered,
-                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops);
+                         const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops,
+                         const lower::Fusion* fusion = nullptr);
 
 // A rank's memory as estimate_plan counts it, split by what a pipeline schedule changes: what
 // the rank holds whatever runs, and what each micro-batch in flight adds.

@@ -85,13 +85,8 @@ std::vector<double> slowest_per_device(const std::vector<double>& per_rank, cons
 // of a stage chunk takes `unit_ms`, the rest sched::block_time of it, and the blocks that start a
 // backward (B, or I when split) `again_ms` more: the forward a recomputing backward runs again.
 Result<sched::Schedule> retimed(const sched::Schedule& s, double unit_ms, double again_ms) {
-  std::vector<sched::Block> blocks = s.workload().blocks();
-  std::vector<std::vector<int>> deps;
-  for (int i = 0; i < s.workload().size(); ++i) deps.push_back(s.workload().deps(i));
-  for (sched::Block& b : blocks) b.duration = sched::block_time(b.kind, unit_ms, again_ms);
-  LOOM_ASSIGN_OR_RETURN(auto workload, sched::Workload::create(s.workload().num_devices(),
-                                                               std::move(blocks), std::move(deps)));
-  return sched::Schedule::from_indices(std::move(workload), s.order(), s.name());
+  return s.with_durations(
+      [&](const sched::Block& b) { return sched::block_time(b.kind, unit_ms, again_ms); });
 }
 
 // Simulates the pipeline schedule the ranks run (order.schedule) at the cost model's block
@@ -136,11 +131,11 @@ Status simulate_pipeline(const PlanSpec& spec, const std::vector<double>& forwar
 
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost,
-                              planner::FlopsMemo* flops) {
+                              planner::FlopsMemo* flops, const lower::Fusion* fusion) {
   auto spec = PlanSpec::of(config);
   LOOM_CHECK(spec.ok()) << spec.error().to_string();  // the config a plan was made of
   const ComputeCost compute = compute_cost(planned, lowered, cost, config.run.device == "cuda",
-                                           planner::graph_flops(planned, flops));
+                                           planner::graph_flops(planned, flops), fusion);
   const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &compute);
   const std::vector<double>& forward_s = compute.forward_s;
   const std::vector<double>& recompute_s = compute.recompute.forward_s;
@@ -345,13 +340,14 @@ Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
 // simulates (its ranks moved into the programs).
 Result<lower::PipelineOrder> order_pipeline(const Config& config, const PlanSpec& spec,
                                             const CostModel& cost, lower::PlanFile& file,
+                                            const lower::Fusion& fusion,
                                             sched::SearchMemo* searches,
                                             planner::FlopsMemo& flops) {
   lower::StageCosts costs;  // only the search reads them
   if (spec.schedule.as_searched() && spec.mesh.pp() > 1) {
     lower::Lowered marked = file.lowered;  // what a micro-batch holds depends on recomputation
-    lower::mark_recompute(file.graph, marked, spec.recompute);
-    costs = stage_costs(config, file.graph, marked, cost, &flops);
+    lower::mark_recompute(file.graph, marked, spec.recompute, &fusion.into_next);
+    costs = stage_costs(config, file.graph, marked, cost, &flops, &fusion);
   }
   LOOM_ASSIGN_OR_RETURN(
       lower::PipelineOrder pipeline,
@@ -390,14 +386,15 @@ std::string lowering_key(const Config& config, const PlanSpec& spec, int64_t wor
 }
 
 // The policy's graph of plan.model, verified when `proofs` ask, its lowering ordered by the
-// pipeline's schedule (the order is returned: the plan simulates its schedule) and its ops'
-// FLOPs (`op_flops`). The graph, the lowering before the order and the FLOPs come from `cache`
-// when a config with the same lowering_key was lowered there, else they are made and kept.
+// pipeline's schedule (the order is returned: the plan simulates its schedule) and what the
+// plan reads of the lowering (`facts`). The graph, the lowering before the order and its facts
+// come from `cache` when a config with the same lowering_key was lowered there, else they are
+// made and kept.
 Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec& spec,
                                             const Registries& registries, const CostModel& cost,
                                             const PlanProofs& proofs, PlanCache* cache,
                                             planner::FlopsMemo& flops, Plan& plan,
-                                            std::vector<double>& op_flops) {
+                                            PlanCache::LoweringFacts& facts) {
   lower::PlanFile& file = plan.file;
   bool verified = false;
   auto make = [&]() -> Result<PlanCache::Lowering> {
@@ -413,7 +410,12 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
     LOOM_ASSIGN_OR_RETURN(out.lowered,
                           lower::lower(out.planned, file.world_size, config.micro_batches(), paths,
                                        lower::BlockOrderFn{}, options));
-    out.op_flops = planner::graph_flops(out.planned, &flops);
+    PlanCache::LoweringFacts& f = out.facts;
+    f.op_flops = planner::graph_flops(out.planned, &flops);
+    f.fusion = lower::fusion_of(out.planned, out.lowered);
+    f.bytes = std::make_shared<const LoweredBytes>(
+        lowered_bytes(out.planned, out.lowered, f.fusion.into_next, f.fusion.losses,
+                      config.run.device == "cuda"));
     return out;
   };
   if (cache) {
@@ -421,15 +423,16 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
                           cache->lowering(lowering_key(config, spec, file.world_size), make));
     file.graph = kept->planned;
     file.lowered = kept->lowered;
-    op_flops = kept->op_flops;
+    facts = kept->facts;
   } else {
     LOOM_ASSIGN_OR_RETURN(PlanCache::Lowering made, make());
     file.graph = std::move(made.planned);
     file.lowered = std::move(made.lowered);
-    op_flops = std::move(made.op_flops);
+    facts = std::move(made.facts);
   }
   if (proofs.verify_graph && !verified) LOOM_TRY(graph::verify(file.graph, registries.ops));
-  return order_pipeline(config, spec, cost, file, cache ? &cache->searches() : nullptr, flops);
+  return order_pipeline(config, spec, cost, file, facts.fusion,
+                        cache ? &cache->searches() : nullptr, flops);
 }
 
 }  // namespace
@@ -458,18 +461,19 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   file.world_size = world_size;
   file.micro_batches = config.micro_batches();
 
-  std::vector<double> op_flops;  // of file.graph, by op index
+  PlanCache::LoweringFacts facts;  // of file.graph and file.lowered
   LOOM_ASSIGN_OR_RETURN(
       lower::PipelineOrder pipeline,
-      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, op_flops));
+      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, facts));
   LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
   LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
-  lower::mark_recompute(file.graph, file.lowered, spec.recompute);
+  lower::mark_recompute(file.graph, file.lowered, spec.recompute, &facts.fusion.into_next);
   // A recomputed forward repeats its collectives inside the backward.
   if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
 
-  const ComputeCost compute =
-      compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda", op_flops);
+  ComputeCost compute = compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda",
+                                     facts.op_flops, &facts.fusion);
+  compute.bytes = facts.bytes;
   LOOM_TRY(simulate_pipeline(spec, compute.forward_s, compute.recompute.forward_s, pipeline, plan));
   plan.schedule.read_as = pipeline.csv_actions;
   file.schedule_csv = plan.schedule.csv;

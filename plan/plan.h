@@ -79,10 +79,11 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
 // What one micro-batch costs each pipeline device of a lowered plan, the block graph of
 // parallel.schedule search: its slowest rank's forward (forward_seconds) and, of the rank with
 // the least room for activations, what it holds and what a micro-batch adds (rank_memory).
-// `flops` as forward_seconds'.
+// `flops` as forward_seconds'; `fusion` as compute_cost's.
 lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost,
-                              planner::FlopsMemo* flops = nullptr);
+                              planner::FlopsMemo* flops = nullptr,
+                              const lower::Fusion* fusion = nullptr);
 
 // What make_plan proves of the plan it makes, besides refusing what cannot be planned: that
 // the policy's graph verifies and that the programs cannot deadlock. Both hold of every plan
@@ -110,13 +111,19 @@ class PlanCache {
   std::shared_ptr<const Model> model(const std::string& key) const;
   void keep_model(const std::string& key, Model model);
 
+  // What a lowering's plans read of it besides their plan file, found once.
+  struct LoweringFacts {
+    std::vector<double> op_flops;               // planner::graph_flops of the planned graph
+    lower::Fusion fusion;                       // lower::fusion_of the lowering
+    std::shared_ptr<const LoweredBytes> bytes;  // lowered_bytes on the run's device
+  };
   // A planned graph lowered to per-rank programs before the pipeline's order and recomputation
   // are applied: what plans that differ only in parallel.recompute and in a schedule that does
   // not change the stages' placement share.
   struct Lowering {
     graph::Graph planned;
     lower::Lowered lowered;
-    std::vector<double> op_flops;  // planner::graph_flops of `planned`
+    LoweringFacts facts;
   };
   // The lowering kept for `key`, made by `make` when none is: once, a caller asking for a key
   // being made waits for it. `make`'s error goes to its caller; one waiting for a make that

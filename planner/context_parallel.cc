@@ -181,7 +181,7 @@ CpOrder cp_order(const std::string& cp_kind) {
 
 Result<Graph> context_parallel_attention(const Graph& g, int64_t cp, CpOrder order) {
   Graph out = g;
-  out.mutable_ops().clear();
+  out.reset_ops();
   const int64_t seq = attention_sequence(g);
   const int64_t halves = cp > 1 && order == CpOrder::kZigzag && seq > 0 ? 2 * cp : 0;
   ZigzagInputs inputs(out, seq, halves);

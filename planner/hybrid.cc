@@ -192,8 +192,7 @@ Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
 
   const graph::Rewriter rw = request.rewriter(g);
   Graph out = g;
-  std::vector<Op>& ops = out.mutable_ops();
-  ops.clear();
+  std::vector<Op>& ops = out.reset_ops();
   ops.reserve(g.ops().size() * static_cast<size_t>(mesh.size()));
   for (size_t i = 0; i < g.ops().size(); ++i) {
     const Op& op = g.ops()[i];

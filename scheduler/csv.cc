@@ -41,14 +41,9 @@ std::string CsvCell::to_string() const {
 }
 
 Result<std::string> to_csv(const Schedule& s) {
-  std::vector<Block> blocks = s.workload().blocks();
-  std::vector<std::vector<int>> deps;
-  for (int i = 0; i < s.workload().size(); ++i) deps.push_back(s.workload().deps(i));
-  for (auto& b : blocks) b.duration = 1;
-  LOOM_ASSIGN_OR_RETURN(Workload unit,
-                        Workload::create(s.num_devices(), std::move(blocks), std::move(deps)));
-  LOOM_ASSIGN_OR_RETURN(Schedule steps, Schedule::from_indices(std::move(unit), s.order()));
-  LOOM_ASSIGN_OR_RETURN(Timeline t, simulate(steps));
+  SimOptions steps;
+  steps.unit_durations = true;
+  LOOM_ASSIGN_OR_RETURN(Timeline t, simulate(s, steps));
   const int columns = static_cast<int>(std::lround(t.makespan));
   std::ostringstream os;
   for (int d = 0; d < s.num_devices(); ++d) {

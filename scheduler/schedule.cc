@@ -24,6 +24,15 @@ Result<Schedule> Schedule::from_indices(Workload workload, std::vector<std::vect
   return s;
 }
 
+Result<Schedule> Schedule::with_durations(
+    const std::function<double(const Block&)>& duration) const {
+  Schedule s;
+  LOOM_ASSIGN_OR_RETURN(s.workload_, workload_.with_durations(duration));
+  s.order_ = order_;
+  s.name_ = name_;
+  return s;
+}
+
 std::vector<BlockId> Schedule::device_order(DeviceId d) const {
   std::vector<BlockId> out;
   for (int i : order_.at(d.value())) out.push_back(workload_.block(i).id());

@@ -2,6 +2,7 @@
 // what the executor consumes (device_order) and what the simulator times.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ class Schedule {
                                  std::string name = "");
   static Result<Schedule> from_indices(Workload workload, std::vector<std::vector<int>> order,
                                        std::string name = "");
+  // The same order of the same blocks, each taking `duration(block)` (Workload::with_durations):
+  // a predefined schedule re-timed at a plan's costs. The order is valid already.
+  Result<Schedule> with_durations(const std::function<double(const Block&)>& duration) const;
 
   const Workload& workload() const { return workload_; }
   int num_devices() const { return workload_.num_devices(); }

@@ -44,6 +44,7 @@ Result<Timeline> simulate(const Schedule& s, const SimOptions& opt) {
   for (const auto& dev : s.order())
     for (size_t k = 1; k < dev.size(); ++k) prev_on_device[dev[k]].push_back(dev[k - 1]);
   auto duration = [&](const Block& b) {
+    if (opt.unit_durations) return 1.0;
     const size_t d = b.devices.empty() ? 0 : static_cast<size_t>(b.devices.front().value());
     return d < opt.device_factor.size() ? b.duration * opt.device_factor[d] : b.duration;
   };

@@ -16,6 +16,9 @@ struct SimOptions {
   // Per device, the factor its blocks' durations are taken at (a device slower or faster than
   // the one the schedule was timed for); empty: 1 for every device.
   std::vector<double> device_factor;
+  // Every block takes one step, whatever its duration (the CSV's cells): the steps a schedule's
+  // order alone gives.
+  bool unit_durations = false;
 };
 
 // Memory of one device from `time` on (micro-batches of activations).

@@ -78,6 +78,16 @@ std::vector<int> Workload::blocks_on(DeviceId d) const {
   return out;
 }
 
+Result<Workload> Workload::with_durations(
+    const std::function<double(const Block&)>& duration) const {
+  Workload w = *this;
+  for (Block& b : w.blocks_) {
+    b.duration = duration(b);
+    if (!(b.duration >= 0)) return error("block " + b.id().describe() + " has a negative duration");
+  }
+  return w;
+}
+
 Status Workload::validate() const {
   if (num_devices_ < 1) return error("a workload needs at least one device");
   for (int i = 0; i < size(); ++i) {

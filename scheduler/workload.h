@@ -54,6 +54,10 @@ class Workload {
   Status validate() const;
   std::string to_string() const;
 
+  // The same blocks and dependencies, each block taking `duration(block)`: only the durations
+  // are checked (create's check), the rest holds already.
+  Result<Workload> with_durations(const std::function<double(const Block&)>& duration) const;
+
   friend bool operator==(const Workload& a, const Workload& b) {
     return a.num_devices_ == b.num_devices_ && a.blocks_ == b.blocks_ && a.deps_ == b.deps_;
   }

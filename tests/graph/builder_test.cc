@@ -64,6 +64,46 @@ TEST(GraphBuilder, RejectsNonScalarLossAndMissingLoss) {
   EXPECT_NE(b2.finish().error().message.find("has no loss"), std::string::npos);
 }
 
+// Copies share their tensors and ops until one changes (graph.h): every change stays in the
+// graph it was made to, and a moved-from graph reads as empty.
+TEST(Graph, CopiesAreIndependent) {
+  OpRegistry r = OpRegistry::with_builtin_ops();
+  auto built = tiny_mlp(r);
+  ASSERT_TRUE(built.ok()) << built.error().message;
+  const Graph g = *built;
+  const std::string before = dump(g);
+
+  Graph a = g;
+  a.mutable_ops()[0].device = DeviceId(3);
+  a.mutable_tensor(*a.find_tensor("fc")).dtype = DType::kBFloat16;
+  a.add_tensor(FullTensor{TensorId(), "extra", {2}, DType::kFloat32, TensorRole::kActivation});
+  a.add_op(a.ops()[1]);
+  EXPECT_EQ(dump(g), before);
+  EXPECT_EQ(a.ops().size(), 4u);
+  EXPECT_EQ(a.ops()[0].device, DeviceId(3));
+  EXPECT_TRUE(a.find_tensor("extra").has_value());
+  EXPECT_FALSE(g.find_tensor("extra").has_value());
+
+  Graph b = g;
+  b.reset_ops();
+  EXPECT_TRUE(b.ops().empty());
+  EXPECT_EQ(b.tensors().size(), g.tensors().size());
+  EXPECT_EQ(dump(g), before);
+
+  Graph c = g;
+  Graph d = c;  // c's copy, then c changes
+  c.set_loss(*c.find_tensor("act"));
+  EXPECT_EQ(dump(d), before);
+  EXPECT_EQ(dump(g), before);
+
+  Graph moved = g;
+  Graph into = std::move(moved);
+  EXPECT_EQ(dump(into), before);
+  EXPECT_TRUE(moved.ops().empty());  // NOLINT(bugprone-use-after-move): reads as empty
+  EXPECT_TRUE(moved.tensors().empty());
+  EXPECT_FALSE(moved.find_tensor("fc").has_value());
+}
+
 TEST(Verify, CatchesPiecesThatBreakTheAnnotation) {
   OpRegistry r = OpRegistry::with_builtin_ops();
   auto g = tiny_mlp(r);

@@ -513,10 +513,22 @@ TEST(PlanCache, PlansAreTheSameWithAndWithoutIt) {
       ASSERT_EQ(cached->estimate.ranks.size(), plain->estimate.ranks.size());
       EXPECT_EQ(cached->estimate.step_s, plain->estimate.step_s);
       EXPECT_EQ(cached->estimate.bubble_ratio, plain->estimate.bubble_ratio);
+      // The estimate from the plan file alone (the fusion and the lowering's bytes found again,
+      // not taken from what the lowering kept) is the plan's.
+      const Estimate found =
+          estimate_plan(c, plain->file.graph, plain->file.lowered, cost, plain->pipeline);
+      ASSERT_EQ(found.ranks.size(), plain->estimate.ranks.size());
       for (size_t r = 0; r < plain->estimate.ranks.size(); ++r) {
-        EXPECT_EQ(cached->estimate.ranks[r].peak_bytes, plain->estimate.ranks[r].peak_bytes);
-        EXPECT_EQ(cached->estimate.ranks[r].comm_s, plain->estimate.ranks[r].comm_s);
-        EXPECT_EQ(cached->estimate.ranks[r].compute_s, plain->estimate.ranks[r].compute_s);
+        const RankEstimate& p = plain->estimate.ranks[r];
+        EXPECT_EQ(cached->estimate.ranks[r].peak_bytes, p.peak_bytes);
+        EXPECT_EQ(cached->estimate.ranks[r].comm_s, p.comm_s);
+        EXPECT_EQ(cached->estimate.ranks[r].compute_s, p.compute_s);
+        EXPECT_EQ(cached->estimate.ranks[r].activation_bytes, p.activation_bytes);
+        EXPECT_EQ(found.ranks[r].peak_bytes, p.peak_bytes);
+        EXPECT_EQ(found.ranks[r].activation_bytes, p.activation_bytes);
+        EXPECT_EQ(found.ranks[r].parameters, p.parameters);
+        EXPECT_EQ(found.ranks[r].optimizer_bytes, p.optimizer_bytes);
+        EXPECT_EQ(found.ranks[r].step_s, p.step_s);
       }
       EXPECT_TRUE(prove(*cached, Registries{}).ok());
     }

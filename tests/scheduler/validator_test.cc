@@ -31,6 +31,28 @@ TEST(Validator, AcceptsPredefined) {
   EXPECT_TRUE(Schedule::create(f.w, f.order).ok());
 }
 
+// A schedule re-timed in place (Schedule::with_durations) equals the one rebuilt and validated
+// from its blocks at the new durations; a negative duration is refused as create refuses it.
+TEST(Validator, WithDurationsEqualsTheRebuiltSchedule) {
+  auto s = zb_h1(PipelineSpec::of(4, 8));
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto time_of = [](const Block& b) { return b.kind == BlockKind::kF ? 2.5 : 1.25; };
+  std::vector<Block> blocks = s->workload().blocks();
+  std::vector<std::vector<int>> deps;
+  for (int i = 0; i < s->workload().size(); ++i) deps.push_back(s->workload().deps(i));
+  for (Block& b : blocks) b.duration = time_of(b);
+  auto w = Workload::create(s->num_devices(), std::move(blocks), std::move(deps));
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  auto rebuilt = Schedule::from_indices(std::move(w).value(), s->order(), s->name());
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.error().message;
+  auto retimed = s->with_durations(time_of);
+  ASSERT_TRUE(retimed.ok()) << retimed.error().message;
+  EXPECT_EQ(*retimed, *rebuilt);
+  EXPECT_EQ(retimed->name(), rebuilt->name());
+  EXPECT_EQ(simulate(*retimed)->makespan, simulate(*rebuilt)->makespan);
+  EXPECT_FALSE(s->with_durations([](const Block&) { return -1.0; }).ok());
+}
+
 TEST(Validator, MissingBlock) {
   Fixture f = one_f_one_b_4x4();
   auto& d1 = f.order[1];
