@@ -76,7 +76,10 @@ TEST(Graph, CopiesAreIndependent) {
   Graph a = g;
   a.mutable_ops()[0].device = DeviceId(3);
   a.mutable_tensor(*a.find_tensor("fc")).dtype = DType::kBFloat16;
-  a.add_tensor(FullTensor{TensorId(), "extra", {2}, DType::kFloat32, TensorRole::kActivation});
+  FullTensor extra;
+  extra.name = "extra";
+  extra.shape = {2};
+  a.add_tensor(extra);
   a.add_op(a.ops()[1]);
   EXPECT_EQ(dump(g), before);
   EXPECT_EQ(a.ops().size(), 4u);
