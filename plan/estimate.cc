@@ -230,8 +230,7 @@ std::pair<double, double> gather_costs(const Config& config, const graph::Graph&
 }  // namespace
 
 LoweredBytes lowered_bytes(const graph::Graph& planned, const lower::Lowered& lowered,
-                           const std::vector<bool>& fused_next,
-                           const std::vector<lower::FusedLoss>& fused_loss, bool on_gpu) {
+                           const lower::Fusion& fusion, bool on_gpu) {
   const size_t n = lowered.programs.size();
   LoweredBytes h;
   for (auto* v :
@@ -248,8 +247,8 @@ LoweredBytes lowered_bytes(const graph::Graph& planned, const lower::Lowered& lo
   // A linear fused with its bias_add never materialises its own output, nor does a fused loss
   // chain its inner values (lower/fusion.h). A fused chain keeps its log-probabilities for the
   // backward where the unfused one keeps the logits: the same bytes, counted as the logits.
-  std::vector<bool> fused = fused_next;
-  for (const lower::FusedLoss& c : fused_loss)
+  std::vector<bool> fused = fusion.into_next;
+  for (const lower::FusedLoss& c : fusion.losses)
     for (int64_t inner : {c.group_lse, c.lse, c.pick}) fused[static_cast<size_t>(inner)] = true;
   for (size_t i = 0; i < planned.ops().size(); ++i) {
     const graph::Op& op = planned.ops()[i];
@@ -316,7 +315,7 @@ Holdings holdings(const Config& config, const graph::Graph& planned, const lower
     v->assign(n, 0);
   {
     LoweredBytes found;
-    if (!c.bytes) found = lowered_bytes(planned, lowered, c.fused, c.fused_loss, on_gpu(config));
+    if (!c.bytes) found = lowered_bytes(planned, lowered, c.fusion, on_gpu(config));
     const LoweredBytes& b = c.bytes ? *c.bytes : found;
     h.params = b.params;
     h.acts = b.acts;
@@ -485,16 +484,10 @@ ComputeCost compute_cost(const graph::Graph& planned, const lower::Lowered& lowe
                          const CostModel& cost, bool on_gpu, const std::vector<double>& op_flops,
                          const lower::Fusion* fusion) {
   ComputeCost out;
-  if (fusion) {
-    out.fused = fusion->into_next;
-    out.fused_loss = fusion->losses;
-  } else {
-    out.fused = lower::fused_into_next(planned, lowered);
-    out.fused_loss = lower::fused_losses(planned, lowered);
-  }
+  out.fusion = fusion ? *fusion : lower::fusion_of(planned, lowered);
   out.forward_s =
       forward_seconds(planned, static_cast<int64_t>(lowered.programs.size()), cost, op_flops);
-  out.recompute = recompute_cost(planned, lowered, cost, on_gpu, &op_flops, &out.fused);
+  out.recompute = recompute_cost(planned, lowered, cost, on_gpu, &op_flops, &out.fusion.into_next);
   return out;
 }
 

@@ -89,13 +89,12 @@ RecomputeCost recompute_cost(const graph::Graph& planned, const lower::Lowered& 
 // receives (bytes), one micro-batch's op outputs, saved extras and adapter deliveries before
 // recomputation drops any (bytes), the largest op output and the gradient buckets' flat
 // buffers. It reads the ops, the adapters, the fused ops and the run's device only, so plans
-// sharing a lowering (PlanCache) share it. `fused`, `fused_loss`: lower::fusion_of the plan.
+// sharing a lowering (PlanCache) share it. `fusion`: lower::fusion_of the plan.
 struct LoweredBytes {
   std::vector<double> params, acts, largest_piece, incoming, largest_output, sync_buffer;
 };
 LoweredBytes lowered_bytes(const graph::Graph& planned, const lower::Lowered& lowered,
-                           const std::vector<bool>& fused,
-                           const std::vector<lower::FusedLoss>& fused_loss, bool on_gpu);
+                           const lower::Fusion& fusion, bool on_gpu);
 
 // What a lowered plan computes per micro-batch on a cost model: each rank's forward seconds and
 // what recomputation changes. The estimate, the pipeline's simulation and the schedule search
@@ -104,8 +103,7 @@ LoweredBytes lowered_bytes(const graph::Graph& planned, const lower::Lowered& lo
 struct ComputeCost {
   std::vector<double> forward_s;
   RecomputeCost recompute;
-  std::vector<bool> fused;                   // lower::fused_into_next: ops fused into the next
-  std::vector<lower::FusedLoss> fused_loss;  // lower::fused_losses
+  lower::Fusion fusion;  // lower::fusion_of the plan
   // lowered_bytes of the plan on the run's device, when the caller kept them (found otherwise).
   std::shared_ptr<const LoweredBytes> bytes;
 };

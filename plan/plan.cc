@@ -414,8 +414,7 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
     f.op_flops = planner::graph_flops(out.planned, &flops);
     f.fusion = lower::fusion_of(out.planned, out.lowered);
     f.bytes = std::make_shared<const LoweredBytes>(
-        lowered_bytes(out.planned, out.lowered, f.fusion.into_next, f.fusion.losses,
-                      config.run.device == "cuda"));
+        lowered_bytes(out.planned, out.lowered, f.fusion, config.run.device == "cuda"));
     return out;
   };
   if (cache) {
