@@ -141,9 +141,10 @@ std::vector<std::string> model_types() { return zoo().names(); }
 Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
   LOOM_ASSIGN_OR_RETURN(graph::Graph g, type->build(config, registry));
-  if (config.parallel.cp == 1 || config.parallel.cp_kind == "all-to-all") return g;
-  auto ring = planner::context_parallel_attention(g, config.parallel.cp,
-                                                  planner::cp_order(config.parallel.cp_kind));
+  LOOM_ASSIGN_OR_RETURN(const planner::SpaceSpec space, planner::SpaceSpec::of(config));
+  if (!space.ring_attention()) return g;
+  auto ring =
+      planner::context_parallel_attention(g, space.mesh.cp(), planner::cp_order(space.cp_kind));
   if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
   return ring;
 }
@@ -189,10 +190,10 @@ Status check_parallel(const Config& config) {
 namespace {
 
 // parallel.cp_kind all-to-all gives each of the cp x tp ranks of a stage whole heads.
-Status check_all_to_all_heads(const Config& config, const std::string& key, int64_t heads) {
+Status check_all_to_all_heads(const Config& config, const planner::SpaceSpec& space,
+                              const std::string& key, int64_t heads) {
   const auto& p = config.parallel;
-  if (p.cp == 1 || p.cp_kind != "all-to-all" || heads % (p.cp * p.tp) == 0)
-    return Status::success();
+  if (!space.all_to_all_attention() || heads % (p.cp * p.tp) == 0) return Status::success();
   return config.error("parallel.cp_kind",
                       "all-to-all context parallelism gives each of the parallel.cp x "
                       "parallel.tp = " +
@@ -206,6 +207,7 @@ Status check_all_to_all_heads(const Config& config, const std::string& key, int6
 Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
                               const std::string& heads_key, int64_t heads) {
   const auto& p = config.parallel;
+  LOOM_ASSIGN_OR_RETURN(const planner::SpaceSpec space, planner::SpaceSpec::of(config));
   auto key = [&](const std::string& name) {
     return config.model.args.count(name) ? "model.args." + name
                                          : "model.preset (" + config.model.preset + ") " + name;
@@ -215,7 +217,7 @@ Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
                                            std::to_string(p.cp) + " chunks, but " + key("seq") +
                                            " (" + std::to_string(seq) + ") is not divisible by " +
                                            std::to_string(p.cp));
-  if (p.cp > 1 && planner::cp_order(p.cp_kind) == planner::CpOrder::kZigzag &&
+  if (space.ring_attention() && planner::cp_order(space.cp_kind) == planner::CpOrder::kZigzag &&
       seq % (2 * p.cp) != 0)
     return config.error("parallel.cp",
                         "context parallelism in zigzag order cuts the sequence into " +
@@ -226,7 +228,7 @@ Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
     return config.error(
         "parallel.cp",
         "context parallelism runs under parallel.policy hybrid, not '" + p.policy + "'");
-  LOOM_TRY(check_all_to_all_heads(config, key(heads_key), heads));
+  LOOM_TRY(check_all_to_all_heads(config, space, key(heads_key), heads));
   const int64_t stages = p.pp * p.chunks;
   if (stages > layers)
     return config.error("parallel.pp",
@@ -247,13 +249,6 @@ Error unknown_preset(const Config& config, const std::string& family,
 Result<SampleItems> items_per_sample(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
   return type->items ? type->items(config) : SampleItems{};
-}
-
-Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
-                                const planner::PolicyRegistry& policies, int64_t world_size) {
-  LOOM_ASSIGN_OR_RETURN(graph::Graph single, build_model(config, registry));
-  LOOM_TRY(check_parallel(config));
-  return planner::plan_graph(single, {config, world_size}, policies);
 }
 
 }  // namespace loom::models

@@ -86,9 +86,5 @@ Result<Spec> find_preset(const Config& config, const std::map<std::string, Spec>
   return unknown_preset(config, family, names);
 }
 Result<SampleItems> items_per_sample(const Config& config);
-// Builds the model, checks the parallel config against it and runs the configured policy for
-// `world_size` ranks (the planning chain without lowering: policy tests and plan_scale).
-Result<graph::Graph> build_plan(const Config& config, const graph::OpRegistry& registry,
-                                const planner::PolicyRegistry& policies, int64_t world_size);
 
 }  // namespace loom::models

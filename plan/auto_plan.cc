@@ -15,6 +15,7 @@
 #include "lower/program.h"
 #include "models/gpt.h"
 #include "models/llama.h"
+#include "plan/plan_spec.h"
 
 namespace loom::plan {
 namespace {
@@ -24,7 +25,7 @@ struct Shape {
   std::string policy;  // hybrid, or the model's own (window, dap) of degree tp
   // world = dp x cp x tp x pp; ep is carved out of dp (it divides dp).
   int64_t dp = 1, cp = 1, ep = 1, tp = 1, pp = 1, chunks = 1, micro = 1;
-  std::string schedule = "1f1b";
+  sched::ScheduleSpec schedule = sched::ScheduleSpec::predefined(sched::ScheduleKind::k1F1B);
   bool sp = false;
 
   // The ranks a parameter outside the experts is replicated over: ZeRO shards over them.
@@ -44,7 +45,7 @@ const char* const kRecompute[] = {"none", "selective", "full"};
 bool zero_applies(const Shape& s, int64_t zero) {
   if (zero > 0 && s.replicas() == 1) return false;
   // A split backward's weight gradients would need zero 3's gathers in the W blocks.
-  if (zero == 3 && (s.schedule == "zb-h1" || s.schedule == "search-zb")) return false;
+  if (zero == 3 && s.schedule.splits_backward()) return false;
   return true;
 }
 
@@ -58,7 +59,7 @@ std::vector<std::string> overrides_of(const Shape& s, const Rung& r, int64_t glo
           "parallel.pp=" + std::to_string(s.pp),
           "parallel.sp=" + std::string(s.sp ? "true" : "false"),
           "parallel.chunks=" + std::to_string(s.chunks),
-          "parallel.schedule=" + s.schedule,
+          "parallel.schedule=" + s.schedule.name(),
           "parallel.recompute=" + r.recompute,
           "parallel.zero=" + std::to_string(r.zero),
           "batch.micro=" + std::to_string(s.micro),
@@ -77,7 +78,7 @@ std::string label_of(const Shape& s, const Rung& r) {
   os << " pp" << s.pp;
   if (s.chunks > 1) os << "x" << s.chunks;
   os << " mb" << s.micro;
-  if (s.pp > 1) os << " " << s.schedule;
+  if (s.pp > 1) os << " " << s.schedule.name();
   if (r.recompute != "none") os << " recompute " << r.recompute;
   if (r.zero > 0) os << " zero" << r.zero;
   return os.str();
@@ -204,10 +205,17 @@ std::vector<Shape> variants(const Shape& skeleton, int64_t global) {
   std::vector<Shape> out;
   const int64_t micro_batches = global / (skeleton.dp * skeleton.micro);
   if (skeleton.pp > 1) {
-    std::vector<std::pair<int64_t, std::string>> orders = {
-        {1, "gpipe"}, {1, "zb-h1"}, {1, "search"}, {1, "search-zb"}};
-    if (skeleton.pp % 2 == 0 && micro_batches % 2 == 0) orders.push_back({1, "chimera"});
-    if (micro_batches % skeleton.pp == 0) orders.push_back({2, "interleaved"});
+    using sched::ScheduleKind;
+    using sched::ScheduleSpec;
+    std::vector<std::pair<int64_t, ScheduleSpec>> orders = {
+        {1, ScheduleSpec::predefined(ScheduleKind::kGPipe)},
+        {1, ScheduleSpec::predefined(ScheduleKind::kZbH1)},
+        {1, ScheduleSpec::searched(false)},
+        {1, ScheduleSpec::searched(true)}};
+    if (skeleton.pp % 2 == 0 && micro_batches % 2 == 0)
+      orders.push_back({1, ScheduleSpec::predefined(ScheduleKind::kChimera)});
+    if (micro_batches % skeleton.pp == 0)
+      orders.push_back({2, ScheduleSpec::predefined(ScheduleKind::kInterleaved)});
     for (const auto& [chunks, schedule] : orders) {
       Shape v = skeleton;
       v.chunks = chunks;
@@ -635,17 +643,19 @@ Result<AutoCandidate> plan_within_memory(const Config& config, const Registries&
            0,
            {},
            nullptr};
+  LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
+  const planner::DeviceMesh& mesh = spec.mesh();
   Shape shape;
-  shape.policy = config.parallel.policy;
-  shape.tp = config.parallel.tp;
-  shape.pp = config.parallel.pp;
-  shape.cp = config.parallel.cp;
-  shape.ep = config.parallel.ep;
+  shape.policy = spec.space.policy;
+  shape.tp = mesh.tp();
+  shape.pp = mesh.pp();
+  shape.cp = mesh.cp();
+  shape.ep = spec.space.ep;
   shape.dp = world_size / (shape.tp * shape.pp * shape.cp);
-  shape.chunks = config.parallel.chunks;
+  shape.chunks = spec.space.chunks;
   shape.micro = config.batch.micro;
-  shape.schedule = config.parallel.schedule;
-  shape.sp = config.parallel.sp;
+  shape.schedule = spec.schedule;
+  shape.sp = spec.space.sp;
   PlanCache cache;  // the rungs share the model and, with their recomputation, the search
   s.cache = &cache;
   AutoCandidate c;

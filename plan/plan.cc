@@ -73,7 +73,7 @@ std::string with_comm_track(const std::string& trace, const lower::Lowered& lowe
 
 // The largest of a per-rank figure over each pipeline device's ranks.
 std::vector<double> slowest_per_device(const std::vector<double>& per_rank, const PlanSpec& spec) {
-  std::vector<double> out(static_cast<size_t>(spec.mesh.pp()), 0.0);
+  std::vector<double> out(static_cast<size_t>(spec.mesh().pp()), 0.0);
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const size_t d = static_cast<size_t>(spec.pipeline_device(Rank(static_cast<int64_t>(r))));
     out[d] = std::max(out[d], per_rank[r]);
@@ -100,7 +100,7 @@ Status simulate_pipeline(const PlanSpec& spec, const std::vector<double>& forwar
   double unit_s = 0;                              // the slowest stage's forward per micro-batch
   for (double f : forward_s) unit_s = std::max(unit_s, f);
   // The renderer draws one time unit as 1 ms: simulate in milliseconds.
-  const double chunks = static_cast<double>(spec.chunks);
+  const double chunks = static_cast<double>(spec.space.chunks);
   const double unit_ms = std::max(unit_s / chunks, 1e-15) * 1e3;
   double again_s = 0;  // the forward a recomputing backward runs again
   for (double f : recompute_s) again_s = std::max(again_s, f);
@@ -142,7 +142,7 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
   const int64_t world = static_cast<int64_t>(memory.size());
-  costs.devices.resize(static_cast<size_t>(spec->mesh.pp()));
+  costs.devices.resize(static_cast<size_t>(spec->mesh().pp()));
   // How tight a rank is: the share of its room that one micro-batch takes (without a device
   // memory, its bytes); no room at all is the tightest.
   auto tightness = [&](const RankMemory& m) {
@@ -228,6 +228,7 @@ Result<std::shared_ptr<const PlanCache::Lowering>> PlanCache::lowering(const std
 
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
                                  int64_t world_size) {
+  LOOM_ASSIGN_OR_RETURN(const planner::SpaceSpec space, planner::SpaceSpec::of(config));
   graph::Graph model;
   if (registries.model) {
     LOOM_ASSIGN_OR_RETURN(model, registries.model(config, registries.ops));
@@ -243,9 +244,9 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
     model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
   // Context parallelism rewrites attention as ring steps before any split (its new tensors stay
   // float32 whatever the precision).
-  if (config.parallel.cp > 1 && config.parallel.cp_kind != "all-to-all") {
-    auto ring = planner::context_parallel_attention(model, config.parallel.cp,
-                                                    planner::cp_order(config.parallel.cp_kind));
+  if (space.ring_attention()) {
+    auto ring = planner::context_parallel_attention(model, space.mesh.cp(),
+                                                    planner::cp_order(space.cp_kind));
     if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
     model = std::move(ring).value();
   }
@@ -307,7 +308,7 @@ Result<PlanCache::Model> cached_model(const Config& config, const Registries& re
 // when its bucket was flushed: refused until that combination is made to work.
 Status check_cp_schedule(const Config& config, const PlanSpec& spec,
                          const lower::Lowered& lowered) {
-  if (spec.mesh.cp() == 1 || spec.recompute != lower::Recompute::kFull) return Status::success();
+  if (spec.mesh().cp() == 1 || spec.recompute != lower::Recompute::kFull) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
       if (b.kind == lower::BlockKind::kWeightGrad)
@@ -344,7 +345,7 @@ Result<lower::PipelineOrder> order_pipeline(const Config& config, const PlanSpec
                                             sched::SearchMemo* searches,
                                             planner::FlopsMemo& flops) {
   lower::StageCosts costs;  // only the search reads them
-  if (spec.schedule.as_searched() && spec.mesh.pp() > 1) {
+  if (spec.schedule.as_searched() && spec.mesh().pp() > 1) {
     lower::Lowered marked = file.lowered;  // what a micro-batch holds depends on recomputation
     lower::mark_recompute(file.graph, marked, spec.recompute, &fusion.into_next);
     costs = stage_costs(config, file.graph, marked, cost, &flops, &fusion);
@@ -399,8 +400,9 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
   bool verified = false;
   auto make = [&]() -> Result<PlanCache::Lowering> {
     PlanCache::Lowering out;
-    LOOM_ASSIGN_OR_RETURN(out.planned, planner::plan_graph(plan.model, {config, file.world_size},
-                                                           registries.policies));
+    LOOM_ASSIGN_OR_RETURN(out.planned,
+                          planner::plan_graph(plan.model, {config, spec.space, file.world_size},
+                                              registries.policies));
     if (proofs.verify_graph) LOOM_TRY(graph::verify(out.planned, registries.ops));
     verified = proofs.verify_graph;
     lower::PathFinder paths(cost);
@@ -478,6 +480,14 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   file.schedule_csv = plan.schedule.csv;
   plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &compute);
   return plan;
+}
+
+Result<graph::Graph> planned_graph(const Config& config, const graph::OpRegistry& ops,
+                                   const planner::PolicyRegistry& policies, int64_t world_size) {
+  LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
+  LOOM_ASSIGN_OR_RETURN(graph::Graph single, models::build_model(config, ops));
+  LOOM_TRY(models::check_parallel(config));
+  return planner::plan_graph(single, {config, spec.space, world_size}, policies);
 }
 
 Status prove(const Plan& plan, const Registries& registries, const PlanProofs& proofs) {

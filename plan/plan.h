@@ -76,6 +76,12 @@ ScheduleDrawings draw_schedule(const Plan& plan);
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
                                  int64_t world_size);
 
+// The policy's graph of `config` for `world_size` ranks: models::build_model, the parallel
+// degrees checked against the model, then the policy with the plan's space spec (the planning
+// chain without lowering: policy tests and bench/plan_scale).
+Result<graph::Graph> planned_graph(const Config& config, const graph::OpRegistry& ops,
+                                   const planner::PolicyRegistry& policies, int64_t world_size);
+
 // What one micro-batch costs each pipeline device of a lowered plan, the block graph of
 // parallel.schedule search: its slowest rank's forward (forward_seconds) and, of the rank with
 // the least room for activations, what it holds and what a micro-batch adds (rank_memory).

@@ -175,8 +175,8 @@ int64_t attention_sequence(const Graph& g) {
 
 }  // namespace
 
-CpOrder cp_order(const std::string& cp_kind) {
-  return cp_kind == "p2p-contiguous" ? CpOrder::kContiguous : CpOrder::kZigzag;
+CpOrder cp_order(CpKind kind) {
+  return kind == CpKind::kRingContiguous ? CpOrder::kContiguous : CpOrder::kZigzag;
 }
 
 Result<Graph> context_parallel_attention(const Graph& g, int64_t cp, CpOrder order) {

@@ -12,14 +12,15 @@
 
 #include "core/result.h"
 #include "graph/graph.h"
+#include "planner/space_spec.h"
 
 namespace loom::planner {
 
 // The order of the sequence over the cp ranks.
 enum class CpOrder { kContiguous, kZigzag };
-// The order parallel.cp_kind asks for: p2p-contiguous in order, p2p (ring attention, the
-// default) in zigzag order.
-CpOrder cp_order(const std::string& cp_kind);
+// The order of ring attention's sequence: p2p-contiguous in order, p2p (the default) in zigzag
+// order.
+CpOrder cp_order(CpKind kind);
 
 // Every causal attention op of the one-device graph `g` (attention, gqa_attention) replaced by
 // cp ring_attention_step ops (graph/ops_context.h), the first writing new float32 tensors, each

@@ -22,7 +22,7 @@ std::string label_at(const Op& op, int64_t dim) {
 
 Result<graph::Graph> dap_policy(const graph::Graph& g, const PlanRequest& request) {
   const Config& c = request.config;
-  if (c.parallel.sp)
+  if (request.space.sp)
     return c.error("parallel.sp",
                    "policy 'dap' splits the representations itself; parallel.sp must be false");
   for (const Op& op : g.ops()) {

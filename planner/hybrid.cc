@@ -74,14 +74,15 @@ std::vector<std::string> carried_from(const Graph& g, std::vector<int64_t> carri
 // their sequence label into cp chunks, chunk c on rank c; an op without a splittable sequence is
 // replicated.
 Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::string& sequence,
-                                                     const graph::Rewriter& rw, const Config& c) {
-  const int64_t cp = c.parallel.cp;
+                                                     const graph::Rewriter& rw,
+                                                     const PlanRequest& request) {
+  const int64_t cp = request.space.mesh.cp();
   if (cp == 1) return std::vector<std::pair<Op, int64_t>>{{op, 0}};
   const bool ring = op.type() == graph::kRingAttentionStep;
   // all-to-all (Ulysses): attention takes whole sequences of its share of the heads; the
   // lowering finds the all-to-alls between the sequence split around it and the heads split.
   std::string heads;
-  if (c.parallel.cp_kind == "all-to-all") heads = op.def->rules.context_heads;
+  if (request.space.cp_kind == CpKind::kAllToAll) heads = op.def->rules.context_heads;
   const bool splits = !sequence.empty() && op.annotation().kind_of(sequence) != LabelKind::kFrozen;
   auto parts =
       ring             ? rw.rewrite("ring attention", std::to_string(cp) + " query chunks", op,
@@ -90,8 +91,8 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
       : splits         ? rw.partition(op, sequence, cp)
                        : rw.replicate(op, cp);
   if (!parts.ok())
-    return c.error("parallel.cp",
-                   "context parallelism " + std::to_string(cp) + ": " + parts.error().message);
+    return request.config.error(
+        "parallel.cp", "context parallelism " + std::to_string(cp) + ": " + parts.error().message);
   std::vector<std::pair<Op, int64_t>> out;
   for (size_t j = 0; j < parts->size(); ++j)
     out.emplace_back(std::move((*parts)[j]), static_cast<int64_t>(j));
@@ -104,8 +105,9 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
 // other op splits its batch label over the dp ranks, or is replicated.
 Result<std::vector<Op>> dp_ep_parts(const Op& op, const std::string& batch,
                                     const std::string& expert, const graph::Rewriter& rw,
-                                    const Config& c) {
-  const int64_t dp = c.parallel.dp, ep = c.parallel.ep;
+                                    const PlanRequest& request) {
+  const Config& c = request.config;
+  const int64_t dp = request.space.mesh.dp(), ep = request.space.ep;
   auto split = [&](const Op& o, const std::string& label, int64_t n) {
     if (n == 1) return Result<std::vector<Op>>(std::vector<Op>{o});
     return label.empty() ? rw.replicate(o, n) : rw.partition(o, label, n);
@@ -158,37 +160,22 @@ std::string tp_label(const Op& op, bool sp) {
 }
 
 Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
-  const bool sp = request.config.parallel.sp;
+  const bool sp = request.space.sp;
   return hybrid_policy_with(g, request, [sp](const Op& op, int64_t) { return tp_label(op, sp); });
 }
 
 Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
                                  const SplitLabel& tp_split) {
   const Config& c = request.config;
-  const auto& p = c.parallel;
-  LOOM_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::make(p.dp, p.pp, p.tp, p.cp));
+  const SpaceSpec& space = request.space;
+  const DeviceMesh& mesh = space.mesh;
   const Graph& g = model;
-  if (p.cp > 1 && p.schedule == "chimera")
-    return c.error("parallel.cp",
-                   "context parallelism does not combine with chimera's two "
-                   "pipelines; choose another parallel.schedule");
-  const bool chimera = p.schedule == "chimera";
-  if (chimera && (p.pp < 2 || p.pp % 2 != 0))
-    return c.error(
-        "parallel.pp",
-        "chimera needs an even number of pipeline stages, got parallel.pp=" + std::to_string(p.pp));
-  if (chimera && p.chunks != 1)
-    return c.error("parallel.chunks",
-                   "chimera places one stage per pipeline rank in each direction, got "
-                   "parallel.chunks=" +
-                       std::to_string(p.chunks));
-  const int64_t stages = p.pp * p.chunks;
-  LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, stages, c));
+  LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, space, c));
   const std::vector<std::string> batch = carried_labels(g, 0);
   const std::vector<std::string> experts =
-      p.ep > 1 ? expert_labels(g) : std::vector<std::string>(g.ops().size());
+      space.ep > 1 ? expert_labels(g) : std::vector<std::string>(g.ops().size());
   const std::vector<std::string> sequence =
-      p.cp > 1 ? carried_labels(g, 1) : std::vector<std::string>(g.ops().size());
+      mesh.cp() > 1 ? carried_labels(g, 1) : std::vector<std::string>(g.ops().size());
 
   const graph::Rewriter rw = request.rewriter(g);
   Graph out = g;
@@ -197,20 +184,21 @@ Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
   for (size_t i = 0; i < g.ops().size(); ++i) {
     const Op& op = g.ops()[i];
     const int64_t s = stage_plan.stage_of_layer(op.layer());
-    const int64_t pp_rank = s % p.pp;  // looping placement when a device holds several stages
+    const int64_t pp_rank = s % mesh.pp();  // looping placement when a device holds several stages
 
-    LOOM_ASSIGN_OR_RETURN(std::vector<Op> dp_parts, dp_ep_parts(op, batch[i], experts[i], rw, c));
+    LOOM_ASSIGN_OR_RETURN(std::vector<Op> dp_parts,
+                          dp_ep_parts(op, batch[i], experts[i], rw, request));
     for (int64_t d = 0; d < static_cast<int64_t>(dp_parts.size()); ++d) {
       LOOM_ASSIGN_OR_RETURN(auto cp_split,
-                            cp_parts(dp_parts[static_cast<size_t>(d)], sequence[i], rw, c));
+                            cp_parts(dp_parts[static_cast<size_t>(d)], sequence[i], rw, request));
       for (auto& [cp_part, cp_rank] : cp_split) {
         std::vector<Op> tp_parts{cp_part};
-        if (p.tp > 1) {
-          const std::string label = tp_split(tp_parts[0], p.tp);
-          auto split = label.empty() ? rw.replicate(tp_parts[0], p.tp)
-                                     : rw.partition(tp_parts[0], label, p.tp);
+        if (mesh.tp() > 1) {
+          const std::string label = tp_split(tp_parts[0], mesh.tp());
+          auto split = label.empty() ? rw.replicate(tp_parts[0], mesh.tp())
+                                     : rw.partition(tp_parts[0], label, mesh.tp());
           if (!split.ok())
-            return c.error("parallel.tp", "tensor parallelism " + std::to_string(p.tp) + ": " +
+            return c.error("parallel.tp", "tensor parallelism " + std::to_string(mesh.tp()) + ": " +
                                               split.error().message);
           tp_parts = std::move(split).value();
         }
@@ -218,14 +206,14 @@ Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
           Op& sub = tp_parts[static_cast<size_t>(t)];
           LOOM_TRY(
               rw.assign(sub, DeviceId(mesh.rank({d, pp_rank, t, cp_rank}).value()), mesh.size()));
-          LOOM_TRY(rw.stage(sub, StageId(s), stages));
+          LOOM_TRY(rw.stage(sub, StageId(s), stage_plan.stages()));
           sub.id = OpId(static_cast<int64_t>(ops.size()));
           ops.push_back(std::move(sub));
         }
       }
     }
   }
-  if (chimera)
+  if (space.two_pipelines)
     return rw.apply("chimera's up pipeline", out,
                     [&mesh](const Graph& down) { return add_up_pipeline(down, mesh); });
   return out;

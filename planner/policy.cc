@@ -9,15 +9,16 @@ namespace {
 // hybrid restricted to one axis: a plan that needs another axis is told to use hybrid.
 Policy restricted(std::string name, std::vector<std::string> allowed) {
   return [name, allowed](const graph::Graph& g, const PlanRequest& r) -> Result<graph::Graph> {
-    const auto& p = r.config.parallel;
-    const std::pair<const char*, int64_t> axes[] = {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}};
+    const DeviceMesh& mesh = r.space.mesh;
+    const std::pair<const char*, int64_t> axes[] = {
+        {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}};
     for (const auto& [axis, degree] : axes) {
       if (degree == 1 || std::find(allowed.begin(), allowed.end(), axis) != allowed.end()) continue;
       return r.config.error("parallel.policy", "policy '" + name + "' does not use parallel." +
                                                    axis + " (" + std::to_string(degree) +
                                                    "); use policy 'hybrid'");
     }
-    if (name == "sp" && !p.sp)
+    if (name == "sp" && !r.space.sp)
       return r.config.error("parallel.policy", "policy 'sp' needs parallel.sp: true");
     return hybrid_policy(g, r);
   };
@@ -62,21 +63,21 @@ std::vector<std::string> PolicyRegistry::names() const {
 }
 
 graph::Rewriter PlanRequest::rewriter(const graph::Graph& graph) const {
-  return graph::Rewriter(graph, config.parallel.policy + " policy", verify);
+  return graph::Rewriter(graph, space.policy + " policy", verify);
 }
 
 Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& request,
                                 const PolicyRegistry& policies) {
   const Config& c = request.config;
-  const auto& p = c.parallel;
-  if (p.world_size() != request.world_size)
-    return c.error("parallel.dp", p.degrees() + " = " + std::to_string(p.world_size()) +
+  const SpaceSpec& space = request.space;
+  if (space.mesh.size() != request.world_size)
+    return c.error("parallel.dp", c.parallel.degrees() + " = " + std::to_string(space.mesh.size()) +
                                       ", but the world size is " +
                                       std::to_string(request.world_size));
-  const Policy* policy = policies.find(p.policy);
+  const Policy* policy = policies.find(space.policy);
   if (!policy) {
-    std::string msg = "unknown policy '" + p.policy + "'";
-    std::string close = closest_match(p.policy, policies.names());
+    std::string msg = "unknown policy '" + space.policy + "'";
+    std::string close = closest_match(space.policy, policies.names());
     if (!close.empty()) msg += " (did you mean '" + close + "'?)";
     return c.error("parallel.policy", msg + "; policies: " + join(policies.names(), ", "));
   }

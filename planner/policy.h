@@ -12,12 +12,16 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "graph/rewriter.h"
+#include "planner/space_spec.h"
 
 namespace loom::planner {
 
 struct PlanRequest {
+  // The run's config: what a policy reads of the model and optimizer, and where an error's key
+  // and line come from. The split itself is `space`'s.
   const Config& config;
-  int64_t world_size;  // the ranks the plan is for
+  const SpaceSpec& space;  // parallel.*, read once
+  int64_t world_size;      // the ranks the plan is for
   // Whether each transform a policy applies is checked as it runs (graph/rewriter.h): on in
   // debug builds and tests, off in release builds unless LOOM_VERIFY_EACH_TRANSFORM=1.
   graph::VerifyMode verify = graph::default_verify_mode();
@@ -42,14 +46,15 @@ class PolicyRegistry {
   std::map<std::string, Policy> policies_;
 };
 
-// Checks the world size against parallel.dp x tp x pp and runs the policy named by
-// parallel.policy. Errors name the config keys and the numbers involved.
+// Checks the world size against the mesh and runs the policy request.space names. Errors name
+// the config keys and the numbers involved.
 Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& request,
                                 const PolicyRegistry& policies);
 
 // The hybrid engine itself: stages by layer (balanced by FLOPs, or parallel.stages), the batch
-// split over dp, Megatron-style tensor parallelism (with sequence parallelism when parallel.sp)
-// over tp, each sub-operator placed on the mesh dp x pp x tp.
+// split over dp, Megatron-style tensor parallelism (with sequence parallelism when space.sp)
+// over tp, each sub-operator placed on the mesh dp x pp x tp; with space.two_pipelines,
+// chimera's second pipeline (planner/chimera.h).
 Result<graph::Graph> hybrid_policy(const graph::Graph& graph, const PlanRequest& request);
 
 // The label along which an op (after the data-parallel split) splits over the parallel.tp

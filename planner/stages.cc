@@ -14,7 +14,9 @@ int64_t StagePlan::stage_of_layer(int64_t layer) const {
   return stages() - 1;
 }
 
-Result<StagePlan> plan_stages(const graph::Graph& graph, int64_t stages, const Config& config) {
+Result<StagePlan> plan_stages(const graph::Graph& graph, const SpaceSpec& space,
+                              const Config& config) {
+  const int64_t stages = space.pipeline_stages();
   int64_t layers = 0;
   for (const auto& op : graph.ops())
     if (op.layer() >= 0 && op.layer() < graph::kPostLayers)
@@ -32,21 +34,21 @@ Result<StagePlan> plan_stages(const graph::Graph& graph, int64_t stages, const C
       cost[static_cast<size_t>(op.layer())] += f;
   }
   StagePlan plan;
-  const std::string what = "parallel.pp (" + std::to_string(config.parallel.pp) +
-                           ") x parallel.chunks (" + std::to_string(config.parallel.chunks) +
+  const std::string what = "parallel.pp (" + std::to_string(space.mesh.pp()) +
+                           ") x parallel.chunks (" + std::to_string(space.chunks) +
                            ") = " + std::to_string(stages) + " stages";
   if (stages > std::max<int64_t>(layers, 1))
     return config.error("parallel.pp",
                         what + ", but the model has only " + std::to_string(layers) + " layers");
 
-  const auto& given = config.parallel.stages;
+  const std::vector<StageRange>& given = space.stages;
   if (!given.empty()) {
     if (static_cast<int64_t>(given.size()) != stages)
       return config.error("parallel.stages",
                           "lists " + std::to_string(given.size()) + " stages but " + what);
     int64_t next = 0;
     for (size_t k = 0; k < given.size(); ++k) {
-      const int64_t a = given[k][0], b = given[k][1];
+      const int64_t a = given[k].first_layer, b = given[k].last_layer;
       const std::string entry =
           "entry " + std::to_string(k) + " [" + std::to_string(a) + ", " + std::to_string(b) + "]";
       if (a > b) return config.error("parallel.stages", entry + " ends before it starts");

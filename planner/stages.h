@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
+#include "planner/space_spec.h"
 
 namespace loom::planner {
 
@@ -21,7 +22,9 @@ struct StagePlan {
   int64_t stage_of_layer(int64_t layer) const;
 };
 
-// `stages` stages over the graph's layers (parallel.pp x parallel.chunks).
-Result<StagePlan> plan_stages(const graph::Graph& graph, int64_t stages, const Config& config);
+// space.pipeline_stages() stages over the graph's layers (pp x chunks): space.stages when
+// given, else balanced. Errors name the key of `config` that `space` was read from.
+Result<StagePlan> plan_stages(const graph::Graph& graph, const SpaceSpec& space,
+                              const Config& config);
 
 }  // namespace loom::planner

@@ -16,9 +16,9 @@ namespace {
 // Per model layer: true when the activations a replica's ops write outweigh what a weight
 // costs per rank (the weight, its gradient and the optimizer's state), so splitting
 // activations and replicating weights holds less per rank.
-std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const Config& config) {
-  const double per_element = training_state_bytes(config.optimizer).total();
-  const double dp = static_cast<double>(config.parallel.dp);
+std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const PlanRequest& request) {
+  const double per_element = training_state_bytes(request.config.optimizer).total();
+  const double dp = static_cast<double>(request.space.mesh.dp());
   std::map<int64_t, double> acts, weights;
   for (const auto& op : g.ops()) {
     acts[op.layer()] += op_output_bytes(g, op) / dp;
@@ -36,11 +36,10 @@ std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const Config& co
 }  // namespace
 
 Result<graph::Graph> window_policy(const graph::Graph& g, const PlanRequest& request) {
-  const auto heavy = activation_heavy(g, request.config);
+  const auto heavy = activation_heavy(g, request);
   return hybrid_policy_with(
       g, request,
-      [&heavy, sp = request.config.parallel.sp](const graph::Op& op,
-                                                int64_t degree) -> std::string {
+      [&heavy, sp = request.space.sp](const graph::Op& op, int64_t degree) -> std::string {
         const std::string wp = op.attrs().get_or<std::string>("wp", "");
         if (!wp.empty() && heavy.at(op.layer()) && graph::split_op(op, wp, degree).ok()) return wp;
         const std::string tp = tp_label(op, sp);

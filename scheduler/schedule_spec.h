@@ -40,6 +40,11 @@ class ScheduleSpec {
   const Searched* as_searched() const { return std::get_if<Searched>(&v_); }
   const Imported* as_imported() const { return std::get_if<Imported>(&v_); }
   bool is(ScheduleKind kind) const { return as_predefined() && as_predefined()->kind == kind; }
+  // Whether every backward runs as input- and weight-gradient blocks (zb-h1, search-zb); an
+  // imported schedule says so per block, not here.
+  bool splits_backward() const {
+    return is(ScheduleKind::kZbH1) || (as_searched() && as_searched()->split_backward);
+  }
 
   std::string name() const;  // as parse() reads it: "1f1b", "search-zb", "csv"
   bool operator==(const ScheduleSpec& o) const { return name() == o.name() && csv() == o.csv(); }

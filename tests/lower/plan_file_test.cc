@@ -13,6 +13,7 @@
 #include "lower/recompute.h"
 #include "lower/schedule_order.h"
 #include "models/model.h"
+#include "plan/plan.h"
 
 namespace loom::lower {
 namespace {
@@ -39,8 +40,8 @@ std::string digest(const Config& c) {
 PlanFile make(const std::vector<std::string>& overrides) {
   Config c = config_with(overrides);
   const int64_t world = c.parallel.world_size();
-  auto g = models::build_plan(c, graph::OpRegistry::with_builtin_ops(),
-                              planner::PolicyRegistry::with_builtin_policies(), world);
+  auto g = loom::plan::planned_graph(c, graph::OpRegistry::with_builtin_ops(),
+                                     planner::PolicyRegistry::with_builtin_policies(), world);
   EXPECT_TRUE(g.ok()) << g.error().message;
   auto order = pipeline_order(c, c.micro_batches());
   EXPECT_TRUE(order.ok());

@@ -7,6 +7,7 @@
 #include "lower/program.h"
 #include "models/evoformer.h"
 #include "models/model.h"
+#include "plan/plan.h"
 
 namespace loom {
 namespace {
@@ -19,8 +20,8 @@ Config config(const std::vector<std::string>& overrides) {
 }
 
 Result<graph::Graph> plan(const std::vector<std::string>& overrides, int64_t world) {
-  return models::build_plan(config(overrides), graph::OpRegistry::with_builtin_ops(),
-                            planner::PolicyRegistry::with_builtin_policies(), world);
+  return loom::plan::planned_graph(config(overrides), graph::OpRegistry::with_builtin_ops(),
+                                   planner::PolicyRegistry::with_builtin_policies(), world);
 }
 
 int count(const lower::Lowered& l, lower::Primitive p, bool backward = false) {
@@ -121,8 +122,8 @@ TEST(EvoformerPlan, DapOnAModelWithoutAxesNamesTheOp) {
   auto c = parse_config("model: {type: gpt, preset: tiny}\nparallel: {policy: dap, tp: 2}\n",
                         "gpt.yaml", {});
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
-                              planner::PolicyRegistry::with_builtin_policies(), 2);
+  auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
+                                     planner::PolicyRegistry::with_builtin_policies(), 2);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.error().message.find("parallel.policy"), std::string::npos) << g.error().message;
   EXPECT_NE(g.error().message.find("op 'embed.tok'"), std::string::npos) << g.error().message;

@@ -103,6 +103,13 @@ TEST(ContextParallelBalance, ZigzagNeedsTwoHalvesPerRankAndNoCapacity) {
   EXPECT_NE(s.error().message.find("parallel.cp"), std::string::npos) << s.error().message;
   EXPECT_NE(s.error().message.find("not divisible by 8"), std::string::npos) << s.error().message;
   EXPECT_TRUE(models::build_model(config("contiguous", 4, 36), ops).ok());
+  // All-to-all keeps the sequence in order: cp chunks are enough (seq 34 over cp 2: not 4
+  // halves).
+  Config all_to_all = config("zigzag", 2, 34);
+  EXPECT_FALSE(models::check_parallel(all_to_all).ok());
+  all_to_all.parallel.cp_kind = "all-to-all";
+  Status whole = models::check_parallel(all_to_all);
+  EXPECT_TRUE(whole.ok()) << whole.error().message;
 
   auto c = parse_config(
       "model: {type: llama, preset: tiny}\nbatch: {global: 2, micro: 2}\n"

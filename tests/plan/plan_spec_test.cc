@@ -19,7 +19,7 @@ TEST(PlanSpec, ReadsTheMeshScheduleAndMemoryFeatures) {
   auto spec = PlanSpec::of(
       config("{dp: 2, tp: 2, pp: 2, schedule: zb-h1, recompute: selective, zero: 1, chunks: 1}"));
   ASSERT_TRUE(spec.ok()) << spec.error().message;
-  EXPECT_EQ(spec->mesh.size(), 8);
+  EXPECT_EQ(spec->mesh().size(), 8);
   EXPECT_TRUE(spec->schedule.is(sched::ScheduleKind::kZbH1));
   EXPECT_EQ(spec->recompute, lower::Recompute::kSelective);
   EXPECT_EQ(spec->zero, 1);
@@ -40,7 +40,7 @@ TEST(PlanSpec, OneDeviceIsNotPipelined) {
   auto spec = PlanSpec::of(config("{dp: 1}"));
   ASSERT_TRUE(spec.ok()) << spec.error().message;
   EXPECT_FALSE(spec->pipelined());
-  EXPECT_EQ(spec->mesh.size(), 1);
+  EXPECT_EQ(spec->mesh().size(), 1);
 }
 
 }  // namespace

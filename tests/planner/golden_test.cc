@@ -8,6 +8,7 @@
 
 #include "graph/dump.h"
 #include "models/model.h"
+#include "plan/plan.h"
 
 namespace loom::planner {
 namespace {
@@ -17,8 +18,8 @@ void check_golden(const std::string& name, const std::vector<std::string>& overr
   auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 4, micro: 2}\n",
                         "g.yaml", overrides);
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto g = models::build_plan(*c, graph::OpRegistry::with_builtin_ops(),
-                              PolicyRegistry::with_builtin_policies(), world);
+  auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
+                                     PolicyRegistry::with_builtin_policies(), world);
   ASSERT_TRUE(g.ok()) << g.error().message;
   const std::string text = graph::dump(*g);
   const std::string path =

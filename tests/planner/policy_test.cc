@@ -4,6 +4,7 @@
 
 #include "graph/verify.h"
 #include "models/model.h"
+#include "plan/plan.h"
 #include "planner/stages.h"
 
 namespace loom::planner {
@@ -17,8 +18,8 @@ Config config(const std::vector<std::string>& overrides) {
 }
 
 Result<graph::Graph> plan(const Config& c, int64_t world) {
-  return models::build_plan(c, graph::OpRegistry::with_builtin_ops(),
-                            PolicyRegistry::with_builtin_policies(), world);
+  return loom::plan::planned_graph(c, graph::OpRegistry::with_builtin_ops(),
+                                   PolicyRegistry::with_builtin_policies(), world);
 }
 
 std::string plan_error(const std::vector<std::string>& overrides, int64_t world) {
@@ -99,7 +100,7 @@ TEST(Policy, UserPoliciesRegisterByName) {
                   .ok());
   EXPECT_FALSE(policies.add("hybrid", hybrid_policy).ok());
   Config c = config({"parallel.policy=everything-on-rank-0"});
-  auto g = models::build_plan(c, graph::OpRegistry::with_builtin_ops(), policies, 1);
+  auto g = loom::plan::planned_graph(c, graph::OpRegistry::with_builtin_ops(), policies, 1);
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(called);
 }
@@ -108,7 +109,12 @@ TEST(Stages, BalancedByFlopsAndExplicit) {
   auto g =
       models::build_model(config({"model.args.layers=6"}), graph::OpRegistry::with_builtin_ops());
   ASSERT_TRUE(g.ok());
-  auto even = plan_stages(*g, 3, config({"parallel.pp=3", "model.args.layers=6"}));
+  auto stages = [&g](const Config& c) {
+    auto space = SpaceSpec::of(c);
+    EXPECT_TRUE(space.ok()) << space.error().message;
+    return plan_stages(*g, *space, c);
+  };
+  auto even = stages(config({"parallel.pp=3", "model.args.layers=6"}));
   ASSERT_TRUE(even.ok()) << even.error().message;
   // The LM head and loss (vocabulary 256 x hidden 64) weigh on the last stage: it gets fewer
   // layers than the first.
@@ -118,8 +124,8 @@ TEST(Stages, BalancedByFlopsAndExplicit) {
   double worst = *std::max_element(even->flops.begin(), even->flops.end());
   double total = even->flops[0] + even->flops[1] + even->flops[2];
   EXPECT_LT(worst, total / 3 * 1.5);
-  auto given = plan_stages(
-      *g, 2, config({"parallel.pp=2", "model.args.layers=6", "parallel.stages=[[0,0],[1,5]]"}));
+  auto given =
+      stages(config({"parallel.pp=2", "model.args.layers=6", "parallel.stages=[[0,0],[1,5]]"}));
   ASSERT_TRUE(given.ok());
   EXPECT_EQ(given->stage_of_layer(0), 0);
   EXPECT_EQ(given->stage_of_layer(1), 1);

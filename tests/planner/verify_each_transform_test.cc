@@ -8,6 +8,7 @@
 #include "graph/transform.h"
 #include "graph/verify.h"
 #include "models/model.h"
+#include "plan/plan_spec.h"
 #include "planner/policy.h"
 
 namespace loom::planner {
@@ -23,12 +24,13 @@ Config config(const std::string& model, const std::vector<std::string>& override
   return *c;
 }
 
-// build_plan with the verification mode chosen here rather than by the build type.
+// plan::planned_graph with the verification mode chosen here rather than by the build type.
 Result<graph::Graph> plan(const Config& c, const PolicyRegistry& policies, VerifyMode mode) {
+  LOOM_ASSIGN_OR_RETURN(const loom::plan::PlanSpec spec, loom::plan::PlanSpec::of(c));
   LOOM_ASSIGN_OR_RETURN(graph::Graph single,
                         models::build_model(c, graph::OpRegistry::with_builtin_ops()));
   LOOM_TRY(models::check_parallel(c));
-  return plan_graph(single, PlanRequest{c, c.parallel.world_size(), mode}, policies);
+  return plan_graph(single, PlanRequest{c, spec.space, c.parallel.world_size(), mode}, policies);
 }
 
 TEST(VerifyEachTransform, EveryBuiltinPolicyPassesOnEveryModel) {

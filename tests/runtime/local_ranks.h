@@ -19,6 +19,7 @@
 #include "launch/planned_trainer.h"
 #include "lower/plan_file.h"
 #include "models/model.h"
+#include "plan/plan.h"
 #include "runtime/executor.h"
 #include "runtime/inputs.h"
 #include "runtime/oracle.h"
@@ -97,8 +98,8 @@ inline void expect_ops_correct(const Config& config) {
   ASSERT_TRUE(inputs.ok()) << inputs.error().message;
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> values = runtime::reference_values(*single, kernels, 11, *inputs);
-  auto plan = models::build_plan(config, ops, planner::PolicyRegistry::with_builtin_policies(),
-                                 config.parallel.world_size());
+  auto plan = loom::plan::planned_graph(
+      config, ops, planner::PolicyRegistry::with_builtin_policies(), config.parallel.world_size());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   Status v = graph::verify(*plan, ops);
   EXPECT_TRUE(v.ok()) << v.error().message;

@@ -54,7 +54,11 @@ Fixture make(const std::vector<std::string>& overrides) {
 
 graph::Graph planned(const Fixture& f) {
   auto policies = planner::PolicyRegistry::with_builtin_policies();
-  auto g = planner::plan_graph(f.single, {f.config, f.config.parallel.world_size()}, policies);
+  auto space = planner::SpaceSpec::of(f.config);
+  EXPECT_TRUE(space.ok()) << space.error().message;
+  if (!space.ok()) return f.single;
+  auto g =
+      planner::plan_graph(f.single, {f.config, *space, f.config.parallel.world_size()}, policies);
   EXPECT_TRUE(g.ok()) << g.error().message;
   return g.ok() ? *g : f.single;
 }

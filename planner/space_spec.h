@@ -1,0 +1,54 @@
+// The split in space a plan asks for: the part of parallel.* the policies read (the device
+// mesh, expert and sequence parallelism, context parallelism's kind, the stages), read once from
+// the config. plan::PlanSpec holds it with the schedule and the memory features, and says
+// whether the schedule runs two pipelines; policies read it, not the config's strings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/result.h"
+#include "planner/mesh.h"
+
+namespace loom::planner {
+
+// How context parallelism splits attention (parallel.cp_kind).
+enum class CpKind {
+  kRing,            // p2p (or ring): ring attention over the sequence in zigzag order
+  kRingContiguous,  // p2p-contiguous: ring attention, sequence chunk c in order on cp rank c
+  kAllToAll,        // all-to-all (Ulysses): attention on whole sequences of 1/cp of the heads
+};
+
+// The layers of one pipeline stage, both ends included (an entry of parallel.stages).
+struct StageRange {
+  int64_t first_layer = 0;
+  int64_t last_layer = 0;
+};
+
+struct SpaceSpec {
+  std::string policy = "hybrid";  // the registered policy that applies the split
+  DeviceMesh mesh;                // dp x pp x cp x tp ranks (planner/mesh.h's order)
+  int64_t ep = 1;                 // expert-parallel ranks, carved out of the dp ranks
+  bool sp = false;                // sequence parallelism over the tp ranks
+  CpKind cp_kind = CpKind::kRing;
+  int64_t chunks = 1;              // pipeline stages per pipeline device (looping placement)
+  std::vector<StageRange> stages;  // given stage boundaries; empty: balanced by FLOPs
+  // A second pipeline over the same devices in the other direction (chimera's placement,
+  // planner/chimera.h); the plan sets it from its schedule.
+  bool two_pipelines = false;
+
+  // parallel.* of `config`, with one pipeline; errors name the key.
+  static Result<SpaceSpec> of(const Config& config);
+
+  int64_t pipeline_stages() const { return mesh.pp() * chunks; }
+  // Whether attention becomes ring attention steps before any split (context_parallel.h).
+  bool ring_attention() const { return mesh.cp() > 1 && cp_kind != CpKind::kAllToAll; }
+  bool all_to_all_attention() const { return mesh.cp() > 1 && cp_kind == CpKind::kAllToAll; }
+};
+
+// The parallel.cp_kind value `kind` is read from ("p2p", "p2p-contiguous", "all-to-all").
+std::string to_string(CpKind kind);
+
+}  // namespace loom::planner
