@@ -30,8 +30,8 @@ void add(int64_t n) {
 
 // Each counted allocation carries a header in front of the data with its size, its capacity
 // (what the base allocator gave, header included) and the base allocator's deleter, so freeing
-// needs no shared table (no lock on the allocation path). 64 bytes keep the data at LibTorch's
-// CPU alignment.
+// needs no shared table (no lock for blocks under kCachedBlock). 64 bytes keep the data at
+// LibTorch's CPU alignment.
 constexpr size_t kHeader = 64;
 struct Header {
   int64_t bytes;
