@@ -96,8 +96,24 @@ at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& we
                                           : at::matmul(grad_output, weight);
 }
 
+// Up to this many elements, the weight gradient's transposed copy costs less than oneDNN gains
+// over MKL when it computes xᵀ·g (the copy of a 1024 x 256 block stays in the core's cache; one
+// of gpt2-124m's 3072 x 768 took 2.9 ms, more than the product gained).
+constexpr int64_t kTransposedGradMaxElements = int64_t{1} << 20;
+
 at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x) {
-  return grad_output.reshape({-1, grad_output.size(-1)}).t().mm(x.reshape({-1, x.size(-1)}));
+  const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const int64_t out = g.size(1), in = x2.size(1);
+  // gᵀ·x as oneDNN's product of gᵀ with the weight operand xᵀ: faster than MKL with more inputs
+  // than outputs (an MLP's second linear), slower otherwise (bench/RESULTS.md, "linear products
+  // on the CPU").
+  if (in > out && on_onednn(g.t(), x2.t())) return onednn_product(g.t(), x2.t(), at::Tensor());
+  // With more outputs than inputs oneDNN is faster computing xᵀ·g, the transpose of the
+  // gradient, which is then copied back into the weight's layout.
+  if (out > in && out * in <= kTransposedGradMaxElements && on_onednn(x2.t(), g.t()))
+    return onednn_product(x2.t(), g.t(), at::Tensor()).t().contiguous();
+  return g.t().mm(x2);
 }
 
 bool linear_uses_onednn() { return onednn_linear().has_value(); }

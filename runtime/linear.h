@@ -1,10 +1,11 @@
 // A linear layer's matrix products, on the kernels that are fastest for the rank's device and
 // dtype. On the CPU in float32 the forward x·Wᵀ + b and the input gradient g·W run through
 // LibTorch's oneDNN matrix multiply (`mkldnn::_linear_pointwise`, the kernel torch.compile's
-// CPU backend calls), 7-13 % faster than at::linear's MKL sgemm on these CPUs; the weight
-// gradient gᵀ·x stays on MKL, as fast or faster there (bench/RESULTS.md, "linear products on
-// the CPU"). Products under 2^24 multiply-adds, where oneDNN's cost per call outweighs its
-// kernel, and everywhere else (GPUs, bf16, a LibTorch without oneDNN) run at::linear's kernels.
+// CPU backend calls), 7-13 % faster than at::linear's MKL sgemm on these CPUs. The weight
+// gradient gᵀ·x runs there too where the weight is not square, in the operand order oneDNN is
+// fastest in, and on MKL otherwise (bench/RESULTS.md, "linear products on the CPU"). Products
+// under 2^24 multiply-adds, where oneDNN's cost per call outweighs its kernel, and everywhere
+// else (GPUs, bf16, a LibTorch without oneDNN) run at::linear's kernels.
 #pragma once
 
 #include <ATen/core/Tensor.h>

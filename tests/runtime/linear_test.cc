@@ -97,8 +97,9 @@ class OnednnCalls {
 };
 
 // Where LibTorch has oneDNN, a product of 2^24 multiply-adds runs on it, forward and input
-// gradient, and a smaller one does not. A LibTorch whose operator loom could not find (renamed,
-// or its signature changed) would silently run the slower kernel: this fails instead.
+// gradient (and the weight gradient of a non-square weight), and a smaller one does not. A LibTorch
+// whose operator loom could not find (renamed, or its signature changed) would silently run the
+// slower kernel: this fails instead.
 TEST(Linear, LargeFloat32ProductsRunOnOnednn) {
   if (!at::hasMKLDNN()) GTEST_SKIP() << "this LibTorch is built without oneDNN";
   ASSERT_TRUE(linear_uses_onednn());
@@ -111,6 +112,14 @@ TEST(Linear, LargeFloat32ProductsRunOnOnednn) {
   EXPECT_EQ(calls.take(), 0);
   linear(x.to(at::kBFloat16), w.to(at::kBFloat16), at::Tensor());
   EXPECT_EQ(calls.take(), 0);
+  // The weight gradient runs on oneDNN where inputs and outputs differ in number (as gᵀ·x with
+  // more inputs, as (xᵀ·g)ᵀ with more outputs), on MKL for a square weight.
+  at::Tensor rows = at::randn({512, 256}).requires_grad_(true);  // 2^24 multiply-adds at 128
+  for (const int64_t out : {128, 512, 256}) {
+    at::Tensor wide = at::randn({out, 256}).requires_grad_(true);
+    linear(rows, wide, at::Tensor()).sum().backward();
+    EXPECT_EQ(calls.take(), out == 256 ? 2 : 3) << out << " outputs";
+  }
 }
 
 }  // namespace

@@ -34,6 +34,33 @@ TEST(CpuMemory, LiveBytesFollowTensorsAndThePeakHolds) {
   EXPECT_EQ(peak_cpu_bytes(), before);
 }
 
+// A freed block of 1 MiB or more is taken back by the next allocation of about its size (so it
+// is not page-faulted in again), and counts as live only while a tensor holds it.
+TEST(CpuMemory, LargeFreedBlocksAreReusedAndNotCountedLive) {
+  track_cpu_memory();
+  const int64_t before = live_cpu_bytes();
+  constexpr int64_t kFloats = int64_t{40} << 20 >> 2;  // 40 MiB
+  void* first = nullptr;
+  {
+    at::Tensor a = at::empty({kFloats}, at::kFloat);
+    first = a.data_ptr();
+    EXPECT_EQ(live_cpu_bytes() - before, kFloats * 4);
+  }
+  EXPECT_EQ(live_cpu_bytes(), before);
+  const int64_t reuses = large_cpu_block_reuses();
+  {
+    at::Tensor b = at::ones({kFloats - 1000}, at::kFloat);  // a little smaller: the same block
+    EXPECT_EQ(b.data_ptr(), first);
+    EXPECT_EQ(large_cpu_block_reuses(), reuses + 1);
+    EXPECT_EQ(live_cpu_bytes() - before, (kFloats - 1000) * 4);
+    EXPECT_EQ(b.sum().item<double>(), static_cast<double>(kFloats - 1000));
+    // Half the size is not served by the 40 MiB block (it would waste more than an eighth).
+    at::Tensor c = at::empty({kFloats / 2}, at::kFloat);
+    EXPECT_EQ(large_cpu_block_reuses(), reuses + 1);
+  }
+  EXPECT_EQ(live_cpu_bytes(), before);
+}
+
 TEST(CpuMemory, AStepReportsAtLeastParametersGradientsAndAdamState) {
   auto c = parse_config(
       "run: {steps: 2}\nmodel: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 4}\n",
