@@ -32,16 +32,4 @@ Result<SpaceSpec> SpaceSpec::of(const Config& config) {
   return spec;
 }
 
-std::string to_string(CpKind kind) {
-  switch (kind) {
-    case CpKind::kRing:
-      return "p2p";
-    case CpKind::kRingContiguous:
-      return "p2p-contiguous";
-    case CpKind::kAllToAll:
-      return "all-to-all";
-  }
-  return "?";
-}
-
 }  // namespace loom::planner

@@ -48,7 +48,4 @@ struct SpaceSpec {
   bool all_to_all_attention() const { return mesh.cp() > 1 && cp_kind == CpKind::kAllToAll; }
 };
 
-// The parallel.cp_kind value `kind` is read from ("p2p", "p2p-contiguous", "all-to-all").
-std::string to_string(CpKind kind);
-
 }  // namespace loom::planner
