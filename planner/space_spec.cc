@@ -25,8 +25,8 @@ Result<SpaceSpec> SpaceSpec::of(const Config& config) {
   spec.chunks = p.chunks;
   for (size_t k = 0; k < p.stages.size(); ++k) {
     if (p.stages[k].size() != 2)
-      return config.error("parallel.stages", "entry " + std::to_string(k) +
-                                                 " must be [first_layer, last_layer]");
+      return config.error("parallel.stages",
+                          "entry " + std::to_string(k) + " must be [first_layer, last_layer]");
     spec.stages.push_back({p.stages[k][0], p.stages[k][1]});
   }
   return spec;

@@ -68,8 +68,8 @@ TEST(SpaceSpec, ChimeraSetsTwoPipelinesAndIsCheckedOnce) {
       config({"parallel.pp=2", "parallel.chunks=2", "parallel.schedule=chimera"}));
   ASSERT_FALSE(chunks.ok());
   EXPECT_NE(chunks.error().message.find("parallel.chunks"), std::string::npos);
-  auto cp = plan::PlanSpec::of(
-      config({"parallel.pp=2", "parallel.cp=2", "parallel.schedule=chimera"}));
+  auto cp =
+      plan::PlanSpec::of(config({"parallel.pp=2", "parallel.cp=2", "parallel.schedule=chimera"}));
   ASSERT_FALSE(cp.ok());
   EXPECT_NE(cp.error().message.find("parallel.cp"), std::string::npos);
 }
