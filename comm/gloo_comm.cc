@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/backend.h"
+#include "comm/shm_collectives.h"
 #include "comm/store.h"
 
 namespace loom::comm {
@@ -99,13 +100,14 @@ class GlooOp : public PendingOp {
 struct GlooWorld {
   std::shared_ptr<RendezvousStore> store;
   std::shared_ptr<::gloo::transport::Device> device;
+  bool shared_memory = true;  // comm.shared_memory
 };
 
 class GlooComm : public Comm {
  public:
   GlooComm(GroupSpec spec, std::shared_ptr<GlooWorld> world,
-           c10::intrusive_ptr<c10d::ProcessGroupGloo> pg)
-      : Comm(std::move(spec)), world_(std::move(world)), pg_(std::move(pg)) {}
+           c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, std::shared_ptr<ShmGroup> shm)
+      : Comm(std::move(spec)), world_(std::move(world)), pg_(std::move(pg)), shm_(std::move(shm)) {}
 
   ~GlooComm() override {
     // A process group with a call still in flight would block its destructor until gloo gives
@@ -114,6 +116,22 @@ class GlooComm : public Comm {
   }
 
   const char* backend_name() const override { return "gloo"; }
+
+  // The group's process group and, where its members share this host, its shared memory.
+  static Result<std::shared_ptr<Comm>> make(std::shared_ptr<GlooWorld> world, GroupSpec spec,
+                                            double timeout_s) {
+    LOOM_ASSIGN_OR_RETURN(auto pg, connect(*world, spec, timeout_s));
+    std::shared_ptr<ShmGroup> shm;
+    if (world->shared_memory && spec.world_ranks.size() > 1) {
+      // A member on another host cannot map the segment: the group then stays on sockets.
+      LOOM_ASSIGN_OR_RETURN(shm,
+                            ShmGroup::connect(*world->store, "loom/shm/" + spec.uid,
+                                              static_cast<int>(spec.rank.value()),
+                                              static_cast<int>(spec.world_ranks.size()), nullptr));
+    }
+    return std::shared_ptr<Comm>(
+        std::make_shared<GlooComm>(std::move(spec), std::move(world), pg, std::move(shm)));
+  }
 
   static Result<c10::intrusive_ptr<c10d::ProcessGroupGloo>> connect(const GlooWorld& world,
                                                                     const GroupSpec& spec,
@@ -155,6 +173,8 @@ class GlooComm : public Comm {
   }
 
   Started start_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    if (shm_ && ShmGroup::reduces(tensor.scalar_type()))
+      return shm_->all_reduce(tensor, op, deadline());
     std::vector<at::Tensor> v{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -167,6 +187,7 @@ class GlooComm : public Comm {
   // than an all-to-all of the same bytes (ZeRO-1's parameter gather, bench/RESULTS.md). The copies
   // it sends take a buffer of the output's size, as gloo's all-gather took for its flat output.
   Started start_all_gather(const at::Tensor& out_flat, const at::Tensor& in) override {
+    if (shm_) return shm_->all_gather(out_flat, in, deadline());
     at::Tensor send = flat_view(in).repeat({size()});
     std::vector<int64_t> counts;
     c10d::AllToAllOptions opts;
@@ -226,6 +247,7 @@ class GlooComm : public Comm {
   }
 
   Started start_broadcast(const at::Tensor& tensor, int root) override {
+    if (shm_) return shm_->broadcast(tensor, root, deadline());
     std::vector<at::Tensor> v{tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -244,22 +266,28 @@ class GlooComm : public Comm {
                                            Clock::time_point deadline) override {
     if (!spec.rank.valid()) return std::shared_ptr<Comm>();
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-    LOOM_ASSIGN_OR_RETURN(auto pg, connect(*world_, spec, std::max(0.001, left)));
-    return std::shared_ptr<Comm>(std::make_shared<GlooComm>(std::move(spec), world_, pg));
+    return make(world_, std::move(spec), std::max(0.001, left));
   }
 
  private:
+  Clock::time_point deadline() const {
+    return Clock::now() +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s()));
+  }
+
   std::shared_ptr<GlooWorld> world_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::shared_ptr<ShmGroup> shm_;  // null: every call goes through gloo
 };
 
 }  // namespace
 
 Result<std::shared_ptr<Comm>> make_gloo_comm(std::shared_ptr<RendezvousStore> store, int rank,
                                              int size, const std::string& master_addr,
-                                             double timeout_s) {
+                                             double timeout_s, bool shared_memory) {
   auto world = std::make_shared<GlooWorld>();
   world->store = std::move(store);
+  world->shared_memory = shared_memory;
   try {
     const std::string local =
         is_loopback(master_addr) ? "127.0.0.1" : local_address_towards(master_addr);
@@ -275,8 +303,7 @@ Result<std::shared_ptr<Comm>> make_gloo_comm(std::shared_ptr<RendezvousStore> st
   spec.rank = Rank(rank);
   spec.timeout_s = timeout_s;
   spec.arrivals = world->store->arrivals();
-  LOOM_ASSIGN_OR_RETURN(auto pg, GlooComm::connect(*world, spec, timeout_s));
-  return std::shared_ptr<Comm>(std::make_shared<GlooComm>(std::move(spec), world, pg));
+  return GlooComm::make(world, std::move(spec), timeout_s);
 }
 
 }  // namespace loom::comm

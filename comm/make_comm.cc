@@ -101,8 +101,8 @@ Result<std::shared_ptr<Comm>> make_gloo(const CommConfig& config, const EnvLooku
 #if LOOM_COMM_HAVE_GLOO
   LOOM_ASSIGN_OR_RETURN(ProcessWorld w, world_from_env(env, "gloo"));
   LOOM_ASSIGN_OR_RETURN(auto store, store_for(w, "gloo", config.timeout_s));
-  Result<std::shared_ptr<Comm>> comm =
-      make_gloo_comm(std::move(store), w.rank, w.size, w.addr, config.timeout_s);
+  Result<std::shared_ptr<Comm>> comm = make_gloo_comm(std::move(store), w.rank, w.size, w.addr,
+                                                      config.timeout_s, config.shared_memory);
   if (!comm.ok()) return backend_error("gloo", comm.error().message);
   return comm;
 #else

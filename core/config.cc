@@ -163,6 +163,7 @@ void visit_fields(Config& c, V& v) {
   v("comm", "backend", c.comm.backend, one_of({"auto", "gloo", "mpi", "nccl", "local"}));
   v("comm", "timeout_s", c.comm.timeout_s, positive_real());
   v("comm", "bucket_mb", c.comm.bucket_mb, positive_real());
+  v("comm", "shared_memory", c.comm.shared_memory, Check<bool>());
 
   v("checkpoint", "dir", c.checkpoint.dir, Check<std::string>());
   v("checkpoint", "every", c.checkpoint.every, non_negative());

@@ -115,6 +115,9 @@ struct CommConfig {
   double timeout_s = 300;
   // Gradient buckets all-reduced during backward: at most this many MiB each (DDP's default).
   double bucket_mb = 25;
+  // gloo: a group whose ranks all run on one host reduces, gathers and broadcasts through
+  // shared memory instead of sockets (comm/shm_collectives.h).
+  bool shared_memory = true;
 };
 
 // The run's cost model (core/cost_model.h): a preset of configs/cost-model.yaml (or of `file`),

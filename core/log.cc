@@ -21,4 +21,6 @@ Status init_logging(int rank, std::string_view level) {
   return Status::success();
 }
 
+void log_warning(std::string_view message) { spdlog::warn("{}", message); }
+
 }  // namespace loom

@@ -13,4 +13,8 @@ namespace loom {
 // Sets the line prefix and level ("debug", "info", "warn", "error"). rank < 0 omits the rank.
 Status init_logging(int rank, std::string_view level);
 
+// A warning through the same logger, for code that sees LibTorch's headers and so cannot
+// include spdlog itself.
+void log_warning(std::string_view message);
+
 }  // namespace loom

@@ -3,7 +3,8 @@
 //   comm_worker primitives [timeout_s]   every primitive and sub-group with closed-form values
 //   comm_worker kill [timeout_s]         three all_reduces, then the last rank is SIGKILLed while
 //                                        the others wait in all_reduce #4
-//   comm_worker latency                  prints the latency of small calls (by hand, not a test)
+//   comm_worker latency                  prints the latency of small calls and the time of a 16 MiB
+//                                        all_reduce (by hand, not a test)
 //   comm_worker skip [timeout_s]         the same, but the last rank stays alive and never calls #4
 //                                        (LOOM_TEST_VICTIM=r picks another rank)
 //
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -36,16 +38,28 @@ using loom::comm::Comm;
   std::_Exit(code);
 }
 
+// Whether this process maps one of loom's shared-memory segments (its name is gone from
+// /dev/shm by then, but /proc/self/maps still shows it).
+bool maps_loom_segment() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("/dev/shm/loom-") != std::string::npos) return true;
+  return false;
+}
+
 int primitives(Comm& comm) {
   Status s = loom::comm::testing::check_primitives(comm);
   if (s.ok()) s = loom::comm::testing::check_groups(comm);
+  if (s.ok()) s = loom::comm::testing::check_large(comm);
   if (!s.ok()) {
     std::printf("[rank %lld] FAIL %s\n", static_cast<long long>(comm.rank().value()),
                 s.error().message.c_str());
     leave(1);
   }
-  std::printf("[rank %lld] ok on %s\n", static_cast<long long>(comm.rank().value()),
-              comm.backend_name());
+  std::printf("[rank %lld] ok on %s; shared memory mapped: %s\n",
+              static_cast<long long>(comm.rank().value()), comm.backend_name(),
+              maps_loom_segment() ? "yes" : "no");
   return 0;
 }
 
@@ -104,9 +118,18 @@ int latency(Comm& comm) {
     if (!s.ok()) leave(1);
   }
   const double pp = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[rank %lld] %s: all_reduce %.1f us, send+recv round trip %.1f us\n",
-              static_cast<long long>(comm.rank().value()), comm.backend_name(), ar / n * 1e6,
-              pp / n * 1e6);
+  at::Tensor big = at::ones({int64_t{4} << 20});  // 16 MiB of float32
+  const int m = 20;
+  start = std::chrono::steady_clock::now();
+  for (int i = 0; i < m; ++i) {
+    if (Status s = comm.all_reduce(big); !s.ok()) leave(1);
+  }
+  const double bw = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "[rank %lld] %s: all_reduce %.1f us, send+recv round trip %.1f us, "
+      "all_reduce of 16 MiB %.2f ms\n",
+      static_cast<long long>(comm.rank().value()), comm.backend_name(), ar / n * 1e6, pp / n * 1e6,
+      bw / m * 1e3);
   return 0;
 }
 
@@ -121,6 +144,9 @@ int main(int argc, char** argv) {
   loom::CommConfig config;
   const char* backend = std::getenv("LOOM_TEST_BACKEND");
   config.backend = backend != nullptr ? backend : "auto";
+  // LOOM_TEST_SHARED_MEMORY=0: gloo's groups stay on sockets (comm.shared_memory: false).
+  const char* shared = std::getenv("LOOM_TEST_SHARED_MEMORY");
+  config.shared_memory = shared == nullptr || std::string(shared) != "0";
   // Starting several LibTorch processes on a loaded machine takes seconds: the rendezvous gets a
   // generous bound, the calls under test the scenario's timeout.
   config.timeout_s = std::max(30.0, timeout_s);

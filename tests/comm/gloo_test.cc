@@ -13,16 +13,23 @@ const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/comm_worker";
 const std::map<std::string, std::string> kEnv = {{"LOOM_TEST_BACKEND", "gloo"},
                                                  {"OMP_NUM_THREADS", "1"}};
 
-void expect_all_passed(int world_size) {
-  auto results = spawn_workers(kWorker, world_size, {"primitives", "20"}, 40, kEnv);
+// With shared memory (the default: the workers share this host) every worker must have mapped
+// a segment, and none without.
+void expect_all_passed(int world_size, bool shared_memory = true) {
+  auto env = kEnv;
+  env["LOOM_TEST_SHARED_MEMORY"] = shared_memory ? "1" : "0";
+  auto results = spawn_workers(kWorker, world_size, {"primitives", "20"}, 60, env);
+  const std::string want =
+      std::string("ok on gloo; shared memory mapped: ") + (shared_memory ? "yes" : "no");
   for (const auto& r : results) {
     EXPECT_TRUE(r.ok()) << describe(results);
-    EXPECT_NE(r.output.find("ok on gloo"), std::string::npos) << describe(results);
+    EXPECT_NE(r.output.find(want), std::string::npos) << describe(results);
   }
 }
 
 TEST(GlooProcesses, EveryPrimitiveTwoRanks) { expect_all_passed(2); }
 TEST(GlooProcesses, EveryPrimitiveThreeRanks) { expect_all_passed(3); }
+TEST(GlooProcesses, EveryPrimitiveOverSocketsOnly) { expect_all_passed(3, false); }
 
 // The survivors report all_reduce #4 naming rank 2, within the timeout plus a margin.
 void expect_rank_two_named(const std::string& scenario, double timeout_s) {

@@ -310,6 +310,47 @@ Status sum_of_world_ranks(Comm& group, const std::string& what, at::Device devic
 
 }  // namespace
 
+Status check_large(Comm& comm) {
+  const Filled filled{at::kCPU};
+  const int64_t s = comm.size(), r = comm.rank().value(), S = s * (s + 1) / 2;
+  // Small integers, so that every sum is exact in each dtype (bfloat16: up to 256).
+  auto value = [](int64_t i, at::ScalarType dtype) {
+    return static_cast<double>(i % (dtype == at::kBFloat16 ? 7 : 1009));
+  };
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kDouble, at::kLong}) {
+    const std::string name = std::string(" ") + c10::toString(dtype);
+    const int64_t n = 700001;  // 2.7 MiB of float32
+    auto mine = [&](int64_t i) { return static_cast<double>(r + 1) * value(i, dtype); };
+    at::Tensor t = filled(n, mine, dtype);
+    LOOM_TRY(comm.all_reduce(t, ReduceOp::kSum));
+    LOOM_TRY(expect("large all_reduce sum" + name, comm, t,
+                    [&](int64_t i) { return static_cast<double>(S) * value(i, dtype); }));
+    t = filled(n, mine, dtype);
+    LOOM_TRY(comm.all_reduce(t, ReduceOp::kMax));
+    LOOM_TRY(expect("large all_reduce max" + name, comm, t,
+                    [&](int64_t i) { return static_cast<double>(s) * value(i, dtype); }));
+
+    const int64_t m = 300007;
+    at::Tensor in_flat = filled(s * m, mine, dtype);
+    at::Tensor out = at::empty({m}, in_flat.options());
+    LOOM_TRY(comm.reduce_scatter_flat(out, in_flat, ReduceOp::kSum));
+    LOOM_TRY(expect("large reduce_scatter" + name, comm, out,
+                    [&](int64_t i) { return static_cast<double>(S) * value(r * m + i, dtype); }));
+
+    at::Tensor gathered = at::empty({s * m}, in_flat.options());
+    LOOM_TRY(comm.all_gather_flat(gathered, filled(m, mine, dtype)));
+    LOOM_TRY(expect("large all_gather" + name, comm, gathered, [&](int64_t i) {
+      return static_cast<double>(i / m + 1) * value(i % m, dtype);
+    }));
+
+    t = r == s - 1 ? filled(n, mine, dtype) : at::empty({n}, in_flat.options()).fill_(0);
+    LOOM_TRY(comm.broadcast(t, Rank(s - 1)));
+    LOOM_TRY(expect("large broadcast" + name, comm, t,
+                    [&](int64_t i) { return static_cast<double>(s) * value(i, dtype); }));
+  }
+  return Status::success();
+}
+
 Status check_primitives(Comm& comm, at::Device device) {
   if (comm.size() < 1 || comm.rank().value() < 0 || comm.rank().value() >= comm.size()) {
     return Error{"rank " + comm.rank().to_string() + " of " + std::to_string(comm.size()), {}};

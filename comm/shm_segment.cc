@@ -1,0 +1,168 @@
+#include "comm/shm_segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "core/log.h"
+
+namespace loom::comm {
+namespace {
+
+constexpr uint64_t kMagic = 0x6c6f6f6d73686d31;  // "loomshm1"
+constexpr size_t kPage = 4096;
+constexpr size_t kFlagBytes = 64;  // one cache line per member's flag: no false sharing
+
+struct Header {
+  uint64_t magic;
+  uint64_t token;
+  int64_t data_bytes;
+  int64_t members;
+};
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+size_t flags_offset() { return kPage; }
+size_t data_offset(int members) {
+  return round_up(flags_offset() + static_cast<size_t>(members) * kFlagBytes, kPage);
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// A process-shared futex (the segment is mapped by several processes).
+long futex(void* addr, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, addr, op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+std::atomic<uint32_t>& SharedSegment::flag(int member) const {
+  return *reinterpret_cast<std::atomic<uint32_t>*>(static_cast<std::byte*>(base_) + flags_offset() +
+                                                   member * kFlagBytes);
+}
+
+Result<std::unique_ptr<SharedSegment>> SharedSegment::create(int members, int64_t data_bytes,
+                                                             uint64_t token) {
+  std::unique_ptr<SharedSegment> s(new SharedSegment());
+  s->members_ = members;
+  s->data_bytes_ = data_bytes;
+  s->mapped_ = data_offset(members) + static_cast<size_t>(data_bytes);
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ token;
+  char name[64];
+  std::snprintf(name, sizeof name, "/loom-%d-%016llx", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(id));
+  s->name_ = name;
+  const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return Error{"shm_open(" + s->name_ + "): " + errno_text(errno), {}};
+  s->linked_ = true;
+  const int err = posix_fallocate(fd, 0, static_cast<off_t>(s->mapped_));
+  if (err != 0) {
+    close(fd);
+    log_warning("comm: /dev/shm has no room for a " + std::to_string(s->mapped_ >> 20) +
+                " MiB shared-memory segment (" + errno_text(err) +
+                "): a group's collectives go through gloo's sockets instead (slower)");
+    return Error{"posix_fallocate(" + s->name_ + "): " + errno_text(err), {}};
+  }
+  s->base_ = mmap(nullptr, s->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (s->base_ == MAP_FAILED) {
+    s->base_ = nullptr;
+    return Error{"mmap(" + s->name_ + "): " + errno_text(errno), {}};
+  }
+  for (int m = 0; m < members; ++m) new (&s->flag(m)) std::atomic<uint32_t>(0);
+  s->data_ = static_cast<std::byte*>(s->base_) + data_offset(members);
+  auto* header = static_cast<Header*>(s->base_);
+  header->token = token;
+  header->data_bytes = data_bytes;
+  header->members = members;
+  std::atomic_thread_fence(std::memory_order_release);
+  header->magic = kMagic;
+  return s;
+}
+
+Result<std::unique_ptr<SharedSegment>> SharedSegment::open(const std::string& name, int members,
+                                                           int64_t data_bytes, uint64_t token) {
+  std::unique_ptr<SharedSegment> s(new SharedSegment());
+  s->name_ = name;
+  s->members_ = members;
+  s->data_bytes_ = data_bytes;
+  s->mapped_ = data_offset(members) + static_cast<size_t>(data_bytes);
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return Error{"shm_open(" + name + "): " + errno_text(errno), {}};
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != s->mapped_) {
+    close(fd);
+    return Error{name + " is not a segment of the expected size", {}};
+  }
+  s->base_ = mmap(nullptr, s->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (s->base_ == MAP_FAILED) {
+    s->base_ = nullptr;
+    return Error{"mmap(" + name + "): " + errno_text(errno), {}};
+  }
+  const auto* header = static_cast<const Header*>(s->base_);
+  if (header->magic != kMagic || header->token != token || header->data_bytes != data_bytes ||
+      header->members != members)
+    return Error{name + " belongs to another group", {}};
+  s->data_ = static_cast<std::byte*>(s->base_) + data_offset(members);
+  return s;
+}
+
+SharedSegment::~SharedSegment() {
+  if (base_ != nullptr) munmap(base_, mapped_);
+  unlink();
+}
+
+void SharedSegment::unlink() {
+  if (linked_) shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+void SharedSegment::arrive(int me, uint32_t step) {
+  flag(me).store(step, std::memory_order_release);
+  futex(&flag(me), FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+SharedSegment::Wait SharedSegment::wait_all(int me, uint32_t step,
+                                            std::chrono::steady_clock::time_point deadline,
+                                            const std::atomic<bool>& stop) const {
+  for (int m = 0; m < members_; ++m) {
+    if (m == me) continue;
+    std::atomic<uint32_t>& f = flag(m);
+    for (int spins = 0;; ++spins) {
+      const uint32_t seen = f.load(std::memory_order_acquire);
+      if (static_cast<int32_t>(seen - step) >= 0) break;
+      // A peer a few microseconds behind is worth a short spin; then sleep in the kernel until
+      // it arrives (its arrive() wakes us) or the next check of the deadline.
+      if (spins < 64) continue;
+      if (stop.load(std::memory_order_relaxed)) return Wait::kStopped;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return Wait::kTimedOut;
+      const auto slice = std::min<std::chrono::steady_clock::duration>(
+          deadline - now, std::chrono::milliseconds(50));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      futex(&f, FUTEX_WAIT, seen, &ts);
+    }
+  }
+  return Wait::kDone;
+}
+
+std::string SharedSegment::missing(int me, uint32_t step) const {
+  std::string out;
+  for (int m = 0; m < members_; ++m)
+    if (m != me && static_cast<int32_t>(flag(m).load(std::memory_order_acquire) - step) < 0)
+      out += (out.empty() ? "" : ", ") + std::to_string(m);
+  return out;
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,64 @@
+// A POSIX shared-memory segment that the members of a group on one host map, and the step flags
+// they synchronise on inside it (one 32-bit counter per member, waited on with a futex, so a
+// waiting member sleeps instead of spinning on a core its peers need). LibTorch-free: the
+// collectives that use it live in shm_collectives.h.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/result.h"
+
+namespace loom::comm {
+
+class SharedSegment {
+ public:
+  enum class Wait { kDone, kTimedOut, kStopped };
+
+  // Creates and maps a segment of `data_bytes` after the flags of `members` members, reserving
+  // its pages up front (posix_fallocate: a full /dev/shm fails here, not later with SIGBUS).
+  // The name is random; `token` is written into the header so that opening checks it.
+  static Result<std::unique_ptr<SharedSegment>> create(int members, int64_t data_bytes,
+                                                       uint64_t token);
+  // Maps the segment another member created; fails when this host has no segment of that name
+  // (the member is on another host) or its header is not the expected one.
+  static Result<std::unique_ptr<SharedSegment>> open(const std::string& name, int members,
+                                                     int64_t data_bytes, uint64_t token);
+  ~SharedSegment();
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  // Removes the name: the memory stays until every member has unmapped it. Idempotent.
+  void unlink();
+
+  std::byte* data() const { return data_; }
+  int64_t data_bytes() const { return data_bytes_; }
+
+  // Member `me` has reached `step` (steps only grow, modulo 2^32) and wakes whoever waits on it.
+  void arrive(int me, uint32_t step);
+  // Waits until every member other than `me` has reached `step`, `deadline` passes, or `stop`
+  // becomes true (checked at least every 50 ms).
+  Wait wait_all(int me, uint32_t step, std::chrono::steady_clock::time_point deadline,
+                const std::atomic<bool>& stop) const;
+  // The members that have not reached `step` (for messages).
+  std::string missing(int me, uint32_t step) const;
+
+ private:
+  SharedSegment() = default;
+  std::atomic<uint32_t>& flag(int member) const;
+
+  std::string name_;
+  bool linked_ = false;
+  int members_ = 0;
+  void* base_ = nullptr;
+  size_t mapped_ = 0;
+  std::byte* data_ = nullptr;
+  int64_t data_bytes_ = 0;
+};
+
+}  // namespace loom::comm
