@@ -157,12 +157,4 @@ SharedSegment::Wait SharedSegment::wait_all(int me, uint32_t step,
   return Wait::kDone;
 }
 
-std::string SharedSegment::missing(int me, uint32_t step) const {
-  std::string out;
-  for (int m = 0; m < members_; ++m)
-    if (m != me && static_cast<int32_t>(flag(m).load(std::memory_order_acquire) - step) < 0)
-      out += (out.empty() ? "" : ", ") + std::to_string(m);
-  return out;
-}
-
 }  // namespace loom::comm

@@ -45,8 +45,6 @@ class SharedSegment {
   // becomes true (checked at least every 50 ms).
   Wait wait_all(int me, uint32_t step, std::chrono::steady_clock::time_point deadline,
                 const std::atomic<bool>& stop) const;
-  // The members that have not reached `step` (for messages).
-  std::string missing(int me, uint32_t step) const;
 
  private:
   SharedSegment() = default;
