@@ -350,11 +350,4 @@ std::shared_ptr<PendingOp> ShmGroup::broadcast(const at::Tensor& tensor, int roo
   });
 }
 
-std::shared_ptr<PendingOp> ShmGroup::barrier(Clock::time_point deadline) {
-  return impl_->submit([impl = impl_.get(), deadline]() -> Outcome {
-    if (auto failed = impl->sync(deadline)) return *failed;
-    return Outcome::done();
-  });
-}
-
 }  // namespace loom::comm

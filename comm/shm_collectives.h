@@ -5,8 +5,9 @@
 // several copies through the kernel and its CPU time. Results are the same on every member and
 // from run to run: each part is summed by one member, in rank order.
 //
-// The gloo backend runs all_reduce, all_gather, reduce_scatter, broadcast and barrier here when
-// its group is on one host (comm.shared_memory, on by default); point-to-point stays on gloo.
+// The gloo backend runs all_reduce, all_gather, reduce_scatter and broadcast here when its group
+// is on one host (comm.shared_memory, on by default); point-to-point, all-to-all and barriers
+// stay on gloo.
 // Operations run in order on one thread per group, each bounded by its deadline.
 #pragma once
 
@@ -47,7 +48,6 @@ class ShmGroup {
                                             ReduceOp op, Clock::time_point deadline);
   std::shared_ptr<PendingOp> broadcast(const at::Tensor& tensor, int root,
                                        Clock::time_point deadline);
-  std::shared_ptr<PendingOp> barrier(Clock::time_point deadline);
 
   struct Impl;
 
