@@ -311,8 +311,8 @@ Result<std::shared_ptr<ShmGroup>> ShmGroup::connect(RendezvousStore& store, cons
     if (said != "1" && refusal.empty())
       refusal = "member " + std::to_string(m) + ": " + said.substr(2);
   }
-  // Everyone that will ever map it has: the name can go now, so that no process that ends
-  // leaves a segment behind.
+  // Everyone that will ever map it has: member 0 closes the name, and the memory goes with the
+  // last mapping.
   if (impl->segment) impl->segment->unlink();
   if (!refusal.empty()) {
     if (why != nullptr) *why = refusal;

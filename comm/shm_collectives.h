@@ -3,7 +3,7 @@
 // its own slot of the segment, the members reduce disjoint parts of every chunk, and each copies
 // the results out: a few passes over memory per byte, where the loopback TCP path costs
 // several copies through the kernel and its CPU time. Results are the same on every member and
-// from run to run: each part is summed by one member, in rank order.
+// from run to run: each part is summed by one member, in a fixed order.
 //
 // The gloo backend runs all_reduce, all_gather, reduce_scatter and broadcast here when its group
 // is on one host (comm.shared_memory, on by default); point-to-point, all-to-all and barriers
@@ -28,7 +28,8 @@ class ShmGroup {
  public:
   // Collective over the group's `size` members (through `store`, keys under `key`): member 0
   // creates a segment and the others map it. nullptr, with the reason in `why`, when some member
-  // could not (it runs on another host, or /dev/shm has no room): every member then decides the
+  // could not (it runs on another host or in another PID namespace, or memory ran short): every
+  // member then decides the
   // same. Errors only for a store that failed.
   static Result<std::shared_ptr<ShmGroup>> connect(RendezvousStore& store, const std::string& key,
                                                    int rank, int size, std::string* why);

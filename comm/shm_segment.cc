@@ -11,7 +11,6 @@
 #include <climits>
 #include <cstring>
 #include <new>
-#include <random>
 
 #include "core/log.h"
 
@@ -55,25 +54,21 @@ Result<std::unique_ptr<SharedSegment>> SharedSegment::create(int members, int64_
   s->members_ = members;
   s->data_bytes_ = data_bytes;
   s->mapped_ = data_offset(members) + static_cast<size_t>(data_bytes);
-  std::random_device rd;
-  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ token;
-  char name[64];
-  std::snprintf(name, sizeof name, "/loom-%d-%016llx", static_cast<int>(getpid()),
-                static_cast<unsigned long long>(id));
-  s->name_ = name;
-  const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return Error{"shm_open(" + s->name_ + "): " + errno_text(errno), {}};
-  s->linked_ = true;
+  // An anonymous file: it has no name anywhere a killed process could leave it behind, and its
+  // memory goes when the last member unmaps it. The others open it through this process's
+  // /proc entry.
+  const int fd = memfd_create("loom-shm", MFD_CLOEXEC);
+  if (fd < 0) return Error{"memfd_create: " + errno_text(errno), {}};
+  s->fd_ = fd;
+  s->name_ = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
   const int err = posix_fallocate(fd, 0, static_cast<off_t>(s->mapped_));
   if (err != 0) {
-    close(fd);
-    log_warning("comm: /dev/shm has no room for a " + std::to_string(s->mapped_ >> 20) +
+    log_warning("comm: could not reserve a " + std::to_string(s->mapped_ >> 20) +
                 " MiB shared-memory segment (" + errno_text(err) +
                 "): a group's collectives go through gloo's sockets instead (slower)");
     return Error{"posix_fallocate(" + s->name_ + "): " + errno_text(err), {}};
   }
   s->base_ = mmap(nullptr, s->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (s->base_ == MAP_FAILED) {
     s->base_ = nullptr;
     return Error{"mmap(" + s->name_ + "): " + errno_text(errno), {}};
@@ -96,8 +91,8 @@ Result<std::unique_ptr<SharedSegment>> SharedSegment::open(const std::string& na
   s->members_ = members;
   s->data_bytes_ = data_bytes;
   s->mapped_ = data_offset(members) + static_cast<size_t>(data_bytes);
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return Error{"shm_open(" + name + "): " + errno_text(errno), {}};
+  const int fd = ::open(name.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Error{"open(" + name + "): " + errno_text(errno), {}};
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != s->mapped_) {
     close(fd);
@@ -123,8 +118,8 @@ SharedSegment::~SharedSegment() {
 }
 
 void SharedSegment::unlink() {
-  if (linked_) shm_unlink(name_.c_str());
-  linked_ = false;
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
 }
 
 void SharedSegment::arrive(int me, uint32_t step) {

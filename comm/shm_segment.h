@@ -1,7 +1,8 @@
-// A POSIX shared-memory segment that the members of a group on one host map, and the step flags
-// they synchronise on inside it (one 32-bit counter per member, waited on with a futex, so a
-// waiting member sleeps instead of spinning on a core its peers need). LibTorch-free: the
-// collectives that use it live in shm_collectives.h.
+// A shared-memory segment that the members of a group on one host map (an anonymous memfd of the
+// creating member, opened by the others through its /proc entry: nothing is left in /dev/shm by a
+// process that dies), and the step flags they synchronise on inside it (one 32-bit counter per
+// member, waited on with a futex, so a waiting member sleeps instead of spinning on a core its
+// peers need). LibTorch-free: the collectives that use it live in shm_collectives.h.
 #pragma once
 
 #include <atomic>
@@ -20,12 +21,13 @@ class SharedSegment {
   enum class Wait { kDone, kTimedOut, kStopped };
 
   // Creates and maps a segment of `data_bytes` after the flags of `members` members, reserving
-  // its pages up front (posix_fallocate: a full /dev/shm fails here, not later with SIGBUS).
-  // The name is random; `token` is written into the header so that opening checks it.
+  // its pages up front (posix_fallocate: a lack of memory fails here, not later with SIGBUS).
+  // `token` is written into the header so that opening checks it.
   static Result<std::unique_ptr<SharedSegment>> create(int members, int64_t data_bytes,
                                                        uint64_t token);
-  // Maps the segment another member created; fails when this host has no segment of that name
-  // (the member is on another host) or its header is not the expected one.
+  // Maps the segment another member created, by the name it published; fails when this process
+  // cannot open it (the member runs on another host or in another PID namespace) or its header
+  // is not the expected one.
   static Result<std::unique_ptr<SharedSegment>> open(const std::string& name, int members,
                                                      int64_t data_bytes, uint64_t token);
   ~SharedSegment();
@@ -33,7 +35,8 @@ class SharedSegment {
   SharedSegment& operator=(const SharedSegment&) = delete;
 
   const std::string& name() const { return name_; }
-  // Removes the name: the memory stays until every member has unmapped it. Idempotent.
+  // Closes the name (the creator's file descriptor): no member can open the segment any more,
+  // and the memory stays until every member has unmapped it. Idempotent.
   void unlink();
 
   std::byte* data() const { return data_; }
@@ -51,7 +54,7 @@ class SharedSegment {
   std::atomic<uint32_t>& flag(int member) const;
 
   std::string name_;
-  bool linked_ = false;
+  int fd_ = -1;  // the creator's, until unlink()
   int members_ = 0;
   void* base_ = nullptr;
   size_t mapped_ = 0;

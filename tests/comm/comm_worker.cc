@@ -38,13 +38,13 @@ using loom::comm::Comm;
   std::_Exit(code);
 }
 
-// Whether this process maps one of loom's shared-memory segments (its name is gone from
-// /dev/shm by then, but /proc/self/maps still shows it).
+// Whether this process maps one of loom's shared-memory segments (an anonymous memfd, which
+// /proc/self/maps shows by its name).
 bool maps_loom_segment() {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line))
-    if (line.find("/dev/shm/loom-") != std::string::npos) return true;
+    if (line.find("memfd:loom-shm") != std::string::npos) return true;
   return false;
 }
 
