@@ -79,8 +79,12 @@ class AllOp : public PendingOp {
   std::vector<std::shared_ptr<PendingOp>> ops_;
 };
 
-// `out` = op over `parts` in order (every part has out's element count); out may alias none.
+// `out` = op over `parts` in order, ((p0 op p1) op p2) ... (every part has out's element count),
+// with no temporary: out may be parts[0] itself and must not overlap any other part.
 void reduce_into(const at::Tensor& out, const std::vector<at::Tensor>& parts, ReduceOp op);
+
+// `start` plus `timeout_s` seconds (a negative timeout counts as none): a call's deadline.
+Clock::time_point deadline_after(Clock::time_point start, double timeout_s);
 
 // 1-D view of a contiguous tensor.
 at::Tensor flat_view(const at::Tensor& t);

@@ -1,5 +1,9 @@
 #include "comm/comm.h"
 
+#include <ATen/ops/add.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -35,11 +39,6 @@ constexpr double kGraceS = 1.0;
 
 double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-Clock::time_point deadline_after(Clock::time_point start, double timeout_s) {
-  return start + std::chrono::duration_cast<Clock::duration>(
-                     std::chrono::duration<double>(std::max(0.0, timeout_s)));
 }
 
 std::string shape_of(const at::Tensor& t) {
@@ -98,26 +97,32 @@ bool AllOp::test() {
   return true;
 }
 
+Clock::time_point deadline_after(Clock::time_point start, double timeout_s) {
+  return start + std::chrono::duration_cast<Clock::duration>(
+                     std::chrono::duration<double>(std::max(0.0, timeout_s)));
+}
+
 void reduce_into(const at::Tensor& out, const std::vector<at::Tensor>& parts, ReduceOp op) {
   LOOM_CHECK(!parts.empty()) << "reduce_into without parts";
-  at::Tensor acc = parts[0].reshape(out.sizes()).clone();
+  at::Tensor dst = out;  // the *_out kernels take a non-const handle
+  const at::Tensor first = parts[0].reshape(out.sizes());
+  if (parts.size() == 1 && first.data_ptr() != out.data_ptr()) dst.copy_(first);
+  // ((p0 op p1) op p2) ...: the order is the parts' order, whoever computes it.
   for (size_t i = 1; i < parts.size(); ++i) {
-    at::Tensor p = parts[i].reshape(out.sizes());
+    const at::Tensor& acc = i == 1 ? first : dst;
+    const at::Tensor p = parts[i].reshape(out.sizes());
     switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc.add_(p);
-        break;
       case ReduceOp::kMax:
-        acc = acc.maximum(p);
+        at::maximum_out(dst, acc, p);
         break;
       case ReduceOp::kMin:
-        acc = acc.minimum(p);
+        at::minimum_out(dst, acc, p);
         break;
+      default:
+        at::add_out(dst, acc, p);
     }
   }
-  if (op == ReduceOp::kAvg) acc.div_(static_cast<double>(parts.size()));
-  out.copy_(acc);
+  if (op == ReduceOp::kAvg) dst.div_(static_cast<double>(parts.size()));
 }
 
 at::Tensor flat_view(const at::Tensor& t) { return t.view({t.numel()}); }

@@ -270,10 +270,7 @@ class GlooComm : public Comm {
   }
 
  private:
-  Clock::time_point deadline() const {
-    return Clock::now() +
-           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s()));
-  }
+  Clock::time_point deadline() const { return deadline_after(Clock::now(), timeout_s()); }
 
   std::shared_ptr<GlooWorld> world_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;

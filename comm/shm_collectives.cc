@@ -66,28 +66,6 @@ at::Tensor view_of(std::byte* p, int64_t elements, at::ScalarType dtype) {
   return at::from_blob(p, {elements}, at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
-// out = first op rest[0] op rest[1] ...; `out` may be `first` itself.
-void reduce_parts(at::Tensor out, const at::Tensor& first, const std::vector<at::Tensor>& rest,
-                  ReduceOp op) {
-  if (rest.empty()) {
-    if (out.data_ptr() != first.data_ptr()) out.copy_(first);
-    return;
-  }
-  for (size_t j = 0; j < rest.size(); ++j) {
-    const at::Tensor& acc = j == 0 ? first : out;
-    switch (op) {
-      case ReduceOp::kMax:
-        at::maximum_out(out, acc, rest[j]);
-        break;
-      case ReduceOp::kMin:
-        at::minimum_out(out, acc, rest[j]);
-        break;
-      default:
-        at::add_out(out, acc, rest[j]);
-    }
-  }
-}
-
 }  // namespace
 
 struct ShmGroup::Impl {
@@ -178,11 +156,10 @@ struct ShmGroup::Impl {
       if (end > b) {
         // Part `rank` is always reduced here, starting from this member's own slot: the same
         // order on every run.
-        const at::Tensor own = view_of(slot(rank) + b * e, end - b, t.scalar_type());
-        std::vector<at::Tensor> others;
+        std::vector<at::Tensor> parts{view_of(slot(rank) + b * e, end - b, t.scalar_type())};
         for (int m = 0; m < size; ++m)
-          if (m != rank) others.push_back(view_of(slot(m) + b * e, end - b, t.scalar_type()));
-        reduce_parts(own, own, others, op);
+          if (m != rank) parts.push_back(view_of(slot(m) + b * e, end - b, t.scalar_type()));
+        reduce_into(parts[0], parts, op);
       }
       if (auto failed = sync(deadline)) return *failed;
       for (int m = 0; m < size; ++m) {
@@ -225,11 +202,10 @@ struct ShmGroup::Impl {
         std::memcpy(slot(rank) + j * share * e, src + (j * n + at) * e,
                     static_cast<size_t>(len * e));
       if (auto failed = sync(deadline)) return *failed;
-      std::vector<at::Tensor> rest;
-      for (int m = 1; m < size; ++m)
-        rest.push_back(view_of(slot(m) + rank * share * e, len, out.scalar_type()));
-      reduce_parts(view_of(dst + at * e, len, out.scalar_type()),
-                   view_of(slot(0) + rank * share * e, len, out.scalar_type()), rest, op);
+      std::vector<at::Tensor> parts;
+      for (int m = 0; m < size; ++m)
+        parts.push_back(view_of(slot(m) + rank * share * e, len, out.scalar_type()));
+      reduce_into(view_of(dst + at * e, len, out.scalar_type()), parts, op);
     }
     return Outcome::done();
   }

@@ -47,10 +47,7 @@ std::vector<std::shared_ptr<ShmGroup>> connect_all(const std::string& key, int s
   return groups;
 }
 
-Clock::time_point in_seconds(double s) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
+Clock::time_point in_seconds(double s) { return deadline_after(Clock::now(), s); }
 
 TEST(ShmCollectives, AllReduceAndReduceScatterOverChunksGiveEveryMemberTheSameBits) {
   const int size = 3;
