@@ -15,6 +15,7 @@
 #include "graph/ops_loss.h"
 #include "graph/precision.h"
 #include "runtime/attention_tiles.h"
+#include "runtime/causal_attention.h"
 #include "runtime/kernels_evoformer.h"
 #include "runtime/kernels_moe.h"
 #include "runtime/kernels_vision.h"
@@ -91,8 +92,12 @@ Tensors bias_add(const Ctx&, const Tensors& in) { return {in[0] + in[1]}; }
 // positions: the last s of t.
 at::Tensor causal_attention(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh) {
   const int64_t b = qh.size(0), h = qh.size(1), s = qh.size(2), d = qh.size(3), t = kh.size(2);
-  // SDPA where graph::fused_attention says (GPUs; float32 on the CPU), else explicit products.
+  // Where graph::fused_attention says (GPUs; float32 on the CPU) a kernel that keeps no
+  // probabilities: on the CPU loom's row blocks (runtime/causal_attention.h), faster there than
+  // SDPA's; else explicit products.
   if (graph::fused_attention(qh.scalar_type() == at::kBFloat16, qh.device().is_cuda())) {
+    if (qh.device().is_cpu() && qh.scalar_type() == at::kFloat)
+      return block_causal_attention(qh, kh, vh).transpose(1, 2).reshape({b, s, h * d});
     // The fused kernels (flash, memory-efficient) where the LibTorch has them; a query piece
     // that is not the whole sequence passes its mask (SDPA's is_causal aligns top-left): true
     // where a query may see a key. One mask per shape, device and thread.
