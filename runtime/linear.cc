@@ -1,11 +1,16 @@
 #include "runtime/linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <optional>
 #include <string_view>
+
+#include "runtime/small_gemm.h"
 
 namespace loom::runtime {
 namespace {
@@ -77,6 +82,46 @@ struct OnednnLinearFn : public torch::autograd::Function<OnednnLinearFn> {
   }
 };
 
+// The small-GEMM kernel (runtime/small_gemm.h) runs products whose operands are at most this
+// wide (k and n) at 106-116 GFLOP/s on one core of these CPUs with the data in cache, against
+// 97-110 for oneDNN's matmul and 93-103 for MKL's; wider ones lose its cache blocking (a
+// 4096-deep product: 69 GFLOP/s). Within a training step only the square weight gradient kept
+// an advantage (bench/RESULTS.md, "linear products on the CPU"), so only it runs there.
+constexpr int64_t kSmallGemmMaxWidth = 1024;
+
+bool row_major(const at::Tensor& x) { return x.dim() == 2 && x.stride(1) == 1; }
+
+// A new contiguous xᵀ of a float32 CPU matrix with unit-stride rows, in register tiles (2.4-3.7
+// times faster than LibTorch's blocked transposing copy at 1024 x 256 to 1024 x 4096).
+at::Tensor transposed(const at::Tensor& x) {
+  if (!row_major(x) || x.scalar_type() != at::kFloat || !x.device().is_cpu())
+    return x.t().contiguous();
+  at::Tensor out = at::empty({x.size(1), x.size(0)}, x.options());
+  transpose_rows(x.data_ptr<float>(), x.stride(0), out.data_ptr<float>(), x.size(0), x.size(0),
+                 x.size(1), 1.0f);
+  return out;
+}
+
+// a [m, k] · b [k, n] on the small-GEMM kernel, the rows of a split across LibTorch's threads.
+at::Tensor rows_product(const at::Tensor& a, const at::Tensor& b) {
+  RECORD_FUNCTION("loom::small_gemm", std::vector<c10::IValue>());
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  at::Tensor c = at::empty({m, n}, a.options());
+  const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>();
+  float* pc = c.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(64, m / std::max(1, at::get_num_threads()));
+  at::parallel_for(0, m, grain, [&](int64_t begin, int64_t end) {
+    gemm_rows(end - begin, n, k, pa + begin * a.stride(0), a.stride(0), pb, b.stride(0),
+              pc + begin * n, n, false);
+  });
+  return c;
+}
+
+// Whether a [m, k] · b [k, n] (any strides) suits the small-GEMM kernel.
+bool small_gemm_fits(const at::Tensor& a, const at::Tensor& b) {
+  return on_onednn(a, b.t()) && a.size(1) <= kSmallGemmMaxWidth && b.size(1) <= kSmallGemmMaxWidth;
+}
+
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -112,7 +157,10 @@ at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x
   // With more outputs than inputs oneDNN is faster computing xᵀ·g, the transpose of the
   // gradient, which is then copied back into the weight's layout.
   if (out > in && out * in <= kTransposedGradMaxElements && on_onednn(x2.t(), g.t()))
-    return onednn_product(x2.t(), g.t(), at::Tensor()).t().contiguous();
+    return transposed(onednn_product(x2.t(), g.t(), at::Tensor()));
+  // A square weight's gradient: gᵀ copied in register tiles, then gᵀ·x as the rows read.
+  if (out == in && small_gemm_fits(g.t(), x2) && row_major(g) && row_major(x2))
+    return rows_product(transposed(g), x2);
   return g.t().mm(x2);
 }
 

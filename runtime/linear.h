@@ -3,7 +3,8 @@
 // LibTorch's oneDNN matrix multiply (`mkldnn::_linear_pointwise`, the kernel torch.compile's
 // CPU backend calls), 7-13 % faster than at::linear's MKL sgemm on these CPUs. The weight
 // gradient gᵀ·x runs there too where the weight is not square, in the operand order oneDNN is
-// fastest in, and on MKL otherwise (bench/RESULTS.md, "linear products on the CPU"). Products
+// fastest in, and a square one (up to 1024 wide) on LibTorch's small-GEMM kernel from a
+// transposed copy of g (bench/RESULTS.md, "linear products on the CPU"). Products
 // under 2^24 multiply-adds, where oneDNN's cost per call outweighs its kernel, and everywhere
 // else (GPUs, bf16, a LibTorch without oneDNN) run at::linear's kernels.
 #pragma once
