@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "core/check.h"
 #include "graph/ops_context.h"
 #include "graph/ops_loss.h"
 #include "graph/precision.h"
@@ -337,12 +338,53 @@ Tensors seq_permute_rows(const Ctx& ctx, const Tensors& in) {
       0, positions(0, seq, seq, ctx.op.attrs().get<int64_t>("zigzag"), in[0].options()))};
 }
 
+// Cross-entropy of float32 CPU logits [n, v] against targets [n], summed: the forward keeps the
+// softmax probabilities and the backward turns them into the logits' gradient in place,
+// (p - one-hot) · g, one pass over the logits where log-softmax's and nll's backwards make three
+// (a zero fill, a scatter, and the exponential of the saved log-probabilities). Case 2 of
+// bench/vs_torch (1024 tokens, vocabulary 4096): 6.6 -> 4.1 ms per step.
+struct SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& targets) {
+    at::Tensor probs = at::_softmax(logits, -1, false);
+    const at::Tensor picked = probs.gather(1, targets.unsqueeze(1)).squeeze(1);
+    // -log p of the target; where p underflowed below float32's smallest normal number, the
+    // exact log-sum-exp minus the target's logit instead.
+    at::Tensor loss = picked.log().neg_();
+    if (picked.min().item<float>() < std::numeric_limits<float>::min()) {
+      const at::Tensor rows = (picked < std::numeric_limits<float>::min()).nonzero().squeeze(1);
+      const at::Tensor x = logits.index_select(0, rows);
+      loss.index_put_({rows},
+                      at::logsumexp(x, -1) -
+                          x.gather(1, targets.index_select(0, rows).unsqueeze(1)).squeeze(1));
+    }
+    ctx->saved_data["probs"] = probs;
+    ctx->save_for_backward({targets});
+    return loss.sum();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    at::Tensor probs = ctx->saved_data["probs"].toTensor();
+    LOOM_CHECK(probs.defined()) << "cross_entropy: its backward ran twice on one forward";
+    ctx->saved_data["probs"] = at::Tensor();  // the buffer becomes the gradient
+    const at::Tensor targets = ctx->get_saved_variables()[0];
+    const at::Tensor g = grads[0];
+    probs.mul_(g);
+    probs.index_put_({at::arange(probs.size(0), targets.options()), targets},
+                     g.neg().expand({probs.size(0)}), /*accumulate=*/true);
+    return {probs, at::Tensor()};
+  }
+};
+
 // Sum of the token losses of this piece over the full micro-batch's token count.
 Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
   const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
   const at::Tensor logits = in[0].to(at::kFloat);
-  at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                           in[1].reshape({-1}), {}, at::Reduction::Sum);
+  const at::Tensor flat = logits.reshape({-1, logits.size(-1)}), targets = in[1].reshape({-1});
+  // On the CPU loom's own (the host read of its underflow check costs nothing there).
+  at::Tensor loss = flat.device().is_cpu()
+                        ? SoftmaxCrossEntropy::apply(flat, targets)
+                        : at::cross_entropy_loss(flat, targets, {}, at::Reduction::Sum);
   return {loss / static_cast<double>(normalizer)};
 }
 

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "graph/builder.h"
 #include "runtime/kernels.h"
 
@@ -81,6 +83,21 @@ TEST(LossFusion, CrossEntropyEqualsTheVocabularyGroupChain) {
     // The gradient of a mean cross-entropy: each token's row sums to zero.
     EXPECT_LT(fused_grad.to(at::kFloat).sum(-1).abs().max().item<float>(), bf16 ? 1e-3 : 1e-6);
   }
+}
+
+// A target whose probability underflows float32 (its logit 200 below the others): the loss is
+// still the exact log-sum-exp minus the target's logit, log(95 + e^-200) + 200 = 204.554 (a
+// float32 ulp there is 1.5e-5), not the -log(0) = inf or a clamped value.
+TEST(LossFusion, CrossEntropyOfAnUnderflowedTargetIsExact) {
+  const auto ops = graph::OpRegistry::with_builtin_ops();
+  at::Tensor logits = at::zeros({kBatch, kSeq, kVocab});
+  const at::Tensor targets = at::zeros({kBatch, kSeq}, at::kLong);
+  logits.select(2, 0).fill_(-200.0);
+  const auto [loss, grad] = run(loss_graph(ops, DType::kFloat32, true), logits, targets);
+  EXPECT_NEAR(loss.item<double>(), std::log(static_cast<double>(kVocab - 1)) + 200.0, 1e-4);
+  // Each token's gradient: 1/95 on every other logit and -1 on the target, over 15 tokens.
+  EXPECT_NEAR(grad[0][0][0].item<double>(), -1.0 / (kBatch * kSeq), 1e-7);
+  EXPECT_NEAR(grad[0][0][1].item<double>(), 1.0 / (kVocab - 1) / (kBatch * kSeq), 1e-8);
 }
 
 }  // namespace
