@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ void for_each_head(int64_t b, int64_t h, const F& f) {
 // Every (batch, head) matrix of x [b, h, n, d] (unit-stride rows) transposed into a new
 // contiguous [b, h, d, n], times `scale`.
 at::Tensor transposed(const at::Tensor& x, double scale) {
+  RECORD_FUNCTION("loom::transpose_heads", std::vector<c10::IValue>());
   const int64_t n = x.size(2), d = x.size(3);
   at::Tensor out = at::empty({x.size(0), x.size(1), d, n}, x.options());
   for_each_head(x.size(0), x.size(1), [&](int64_t bi, int64_t hi) {
@@ -52,6 +54,7 @@ at::Tensor transposed(const at::Tensor& x, double scale) {
 
 // The inverse for the gradients: xt [b, h, d, n] -> [b, h, n, d] in the interleaved layout.
 at::Tensor untransposed(const at::Tensor& xt) {
+  RECORD_FUNCTION("loom::transpose_heads", std::vector<c10::IValue>());
   const int64_t b = xt.size(0), h = xt.size(1), d = xt.size(2), n = xt.size(3);
   at::Tensor out = at::empty({b, n, h, d}, xt.options()).transpose(1, 2);
   for_each_head(b, h, [&](int64_t bi, int64_t hi) {
@@ -185,6 +188,7 @@ at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, cons
   LOOM_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
              v.scalar_type() == at::kFloat && q.device().is_cpu())
       << "block_causal_attention: float32 CPU tensors only, got " << q.toString();
+  RECORD_FUNCTION("loom::block_causal_attention", std::vector<c10::IValue>());
   if (block_rows <= 0) {
     constexpr int64_t kBlockRows = 32;
     constexpr int64_t kBlockScores = int64_t{1} << 24;  // float32 scores: 64 MiB

@@ -96,6 +96,7 @@ bool row_major(const at::Tensor& x) { return x.dim() == 2 && x.stride(1) == 1; }
 at::Tensor transposed(const at::Tensor& x) {
   if (!row_major(x) || x.scalar_type() != at::kFloat || !x.device().is_cpu())
     return x.t().contiguous();
+  RECORD_FUNCTION("loom::transpose", std::vector<c10::IValue>());
   at::Tensor out = at::empty({x.size(1), x.size(0)}, x.options());
   transpose_rows(x.data_ptr<float>(), x.stride(0), out.data_ptr<float>(), x.size(0), x.size(0),
                  x.size(1), 1.0f);
