@@ -60,28 +60,6 @@ at::Tensor onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Te
   return out.view(shape);
 }
 
-// at::linear's derivatives, with the products above. The bias travels as an optional: autograd
-// takes every tensor argument for a variable and fails on an undefined one.
-struct OnednnLinearFn : public torch::autograd::Function<OnednnLinearFn> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
-                                                at::Tensor weight, std::optional<at::Tensor> bias) {
-    ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->save_for_backward({x, weight});
-    return {onednn_product(x, weight, bias.value_or(at::Tensor()))};
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& g = grads[0];
-    at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, saved[1]);
-    if (ctx->needs_input_grad(1)) gw = linear_weight_grad(g, saved[0]);
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
-      gb = g.reshape({-1, g.size(-1)}).sum(0);
-    return {gx, gw, gb};
-  }
-};
-
 // The small-GEMM kernel (runtime/small_gemm.h) runs products whose operands are at most this
 // wide (k and n) at 106-116 GFLOP/s on one core of these CPUs with the data in cache, against
 // 97-110 for oneDNN's matmul and 93-103 for MKL's; wider ones lose its cache blocking (a
@@ -104,42 +82,95 @@ at::Tensor transposed(const at::Tensor& x) {
 }
 
 // a [m, k] · b [k, n] on the small-GEMM kernel, the rows of a split across LibTorch's threads.
-at::Tensor rows_product(const at::Tensor& a, const at::Tensor& b) {
+// With a bias [n], every row of c starts from it.
+at::Tensor rows_product(const at::Tensor& a, const at::Tensor& b,
+                        const at::Tensor& bias = at::Tensor()) {
   RECORD_FUNCTION("loom::small_gemm", std::vector<c10::IValue>());
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  at::Tensor c = at::empty({m, n}, a.options());
+  at::Tensor c = bias.defined() ? bias.expand({m, n}).contiguous() : at::empty({m, n}, a.options());
   const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>();
   float* pc = c.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(64, m / std::max(1, at::get_num_threads()));
   at::parallel_for(0, m, grain, [&](int64_t begin, int64_t end) {
     gemm_rows(end - begin, n, k, pa + begin * a.stride(0), a.stride(0), pb, b.stride(0),
-              pc + begin * n, n, false);
+              pc + begin * n, n, bias.defined());
   });
   return c;
 }
 
-// Whether a [m, k] · b [k, n] (any strides) suits the small-GEMM kernel.
+// Whether a [m, k] · b [k, n] (any strides) suits the small-GEMM kernel: float32 on the CPU, at
+// most kSmallGemmMaxWidth deep and wide.
 bool small_gemm_fits(const at::Tensor& a, const at::Tensor& b) {
-  return on_onednn(a, b.t()) && a.size(1) <= kSmallGemmMaxWidth && b.size(1) <= kSmallGemmMaxWidth;
+  return a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && a.dim() == 2 && b.dim() == 2 && a.size(0) > 0 &&
+         a.size(1) <= kSmallGemmMaxWidth && b.size(1) <= kSmallGemmMaxWidth;
 }
+
+// A product under oneDNN's threshold that the small-GEMM kernel runs, its operands' rows read
+// as they lie: 10-28 % faster than MKL at case 1's 512 x 64 x 64 to 512 x 256 x 64, forward,
+// input and weight gradient, transposed copies included (bench/RESULTS.md, "linear products on
+// the CPU").
+bool small_product(const at::Tensor& a, const at::Tensor& b) {
+  return small_gemm_fits(a, b) && !on_onednn(a, b.t());
+}
+
+// at::linear's derivatives, with the products linear_product, linear_input_grad and
+// linear_weight_grad choose. The bias travels as an optional: autograd takes every tensor
+// argument for a variable and fails on an undefined one.
+struct CpuLinearFn : public torch::autograd::Function<CpuLinearFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                                                at::Tensor weight, std::optional<at::Tensor> bias) {
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->save_for_backward({x, weight});
+    return {linear_product(x, weight, bias.value_or(at::Tensor()))};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, saved[1]);
+    if (ctx->needs_input_grad(1)) gw = linear_weight_grad(g, saved[0]);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      gb = g.reshape({-1, g.size(-1)}).sum(0);
+    return {gx, gw, gb};
+  }
+};
 
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!on_onednn(x, weight)) return at::linear(x, weight, bias);
-  return OnednnLinearFn::apply(x, weight,
-                               bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt)[0];
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  if (!on_onednn(x, weight) &&
+      !(small_product(x2, weight.t()) && row_major(x2) && row_major(weight)))
+    return at::linear(x, weight, bias);
+  return CpuLinearFn::apply(x, weight,
+                            bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt)[0];
 }
 
 at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return on_onednn(x, weight) ? onednn_product(x, weight, bias) : at::linear(x, weight, bias);
+  if (on_onednn(x, weight)) return onednn_product(x, weight, bias);
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  // x·Wᵀ from a transposed copy of the weight (the product reads B's rows).
+  if (small_product(x2, weight.t()) && row_major(x2) && row_major(weight)) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return rows_product(x2, transposed(weight), bias).view(shape);
+  }
+  return at::linear(x, weight, bias);
 }
 
 at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& weight) {
   // g·W = g·(Wᵀ)ᵀ: oneDNN reads the transposed view as it is.
   const at::Tensor weight_t = weight.t();
-  return on_onednn(grad_output, weight_t) ? onednn_product(grad_output, weight_t, at::Tensor())
-                                          : at::matmul(grad_output, weight);
+  if (on_onednn(grad_output, weight_t)) return onednn_product(grad_output, weight_t, at::Tensor());
+  const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
+  if (small_product(g, weight) && row_major(g) && row_major(weight)) {
+    std::vector<int64_t> shape = grad_output.sizes().vec();
+    shape.back() = weight.size(1);
+    return rows_product(g, weight).view(shape);
+  }
+  return at::matmul(grad_output, weight);
 }
 
 // Up to this many elements, the weight gradient's transposed copy costs less than oneDNN gains
@@ -159,8 +190,10 @@ at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x
   // gradient, which is then copied back into the weight's layout.
   if (out > in && out * in <= kTransposedGradMaxElements && on_onednn(x2.t(), g.t()))
     return transposed(onednn_product(x2.t(), g.t(), at::Tensor()));
-  // A square weight's gradient: gᵀ copied in register tiles, then gᵀ·x as the rows read.
-  if (out == in && small_gemm_fits(g.t(), x2) && row_major(g) && row_major(x2))
+  // A square weight's gradient, and a product under oneDNN's threshold: gᵀ copied in register
+  // tiles, then gᵀ·x as the rows read.
+  if ((out == in || !on_onednn(g.t(), x2.t())) && small_gemm_fits(g.t(), x2) && row_major(g) &&
+      row_major(x2))
     return rows_product(transposed(g), x2);
   return g.t().mm(x2);
 }

@@ -4,9 +4,10 @@
 // CPU backend calls), 7-13 % faster than at::linear's MKL sgemm on these CPUs. The weight
 // gradient gᵀ·x runs there too where the weight is not square, in the operand order oneDNN is
 // fastest in, and a square one (up to 1024 wide) on LibTorch's small-GEMM kernel from a
-// transposed copy of g (bench/RESULTS.md, "linear products on the CPU"). Products
-// under 2^24 multiply-adds, where oneDNN's cost per call outweighs its kernel, and everywhere
-// else (GPUs, bf16, a LibTorch without oneDNN) run at::linear's kernels.
+// transposed copy of g (bench/RESULTS.md, "linear products on the CPU"). Products under 2^24
+// multiply-adds, where oneDNN's cost per call outweighs its kernel, run on the small-GEMM kernel
+// too where their operands are at most 1024 wide, from transposed copies of W (forward) and g
+// (weight gradient); everywhere else (GPUs, bf16, wider small products) at::linear's kernels.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -22,9 +22,10 @@ class MatmulCounter {
     handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(
         [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
           const std::string name = fn.name();
-          // runtime/linear.h's CPU float32 products run as oneDNN's linear.
+          // runtime/linear.h's CPU float32 products run as oneDNN's linear or on the small-GEMM
+          // kernel (recorded as loom::small_gemm).
           if (name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm" ||
-              name == "mkldnn::_linear_pointwise")
+              name == "mkldnn::_linear_pointwise" || name == "loom::small_gemm")
             ++count_;
           return nullptr;
         }));

@@ -57,7 +57,7 @@ void check_against_at_linear(const Case& c, at::ScalarType dtype) {
 }
 
 TEST(Linear, EqualsAtLinearWithItsGradients) {
-  // Products of 2^24 multiply-adds and more run on oneDNN, the last one on at::linear's kernel.
+  // Products of 2^24 multiply-adds and more run on oneDNN, the last one on the small-GEMM kernel.
   for (const Case& c :
        {Case{{256, 256}, 256}, Case{{2, 128, 256}, 384, false}, Case{{512, 384}, 96},
         Case{{128, 2, 256}, 320, true, true}, Case{{24, 2, 64}, 80}}) {
@@ -78,21 +78,25 @@ TEST(Linear, ProductsAloneEqualAtLinearOnes) {
       kTolerance);
 }
 
-// The oneDNN operator calls made on this thread while alive.
-class OnednnCalls {
+// The oneDNN operator calls and the small-GEMM products (recorded as loom::small_gemm) made on
+// this thread while alive.
+class ProductCalls {
  public:
-  OnednnCalls() {
+  ProductCalls() {
     handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(
         [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-          if (std::string(fn.name()) == "mkldnn::_linear_pointwise") ++count_;
+          const std::string name = fn.name();
+          if (name == "mkldnn::_linear_pointwise") ++onednn_;
+          if (name == "loom::small_gemm") ++small_;
           return nullptr;
         }));
   }
-  ~OnednnCalls() { at::removeCallback(handle_); }
-  int take() { return count_.exchange(0); }
+  ~ProductCalls() { at::removeCallback(handle_); }
+  int onednn() { return onednn_.exchange(0); }
+  int small() { return small_.exchange(0); }
 
  private:
-  static inline std::atomic<int> count_{0};
+  static inline std::atomic<int> onednn_{0}, small_{0};
   at::CallbackHandle handle_;
 };
 
@@ -103,23 +107,41 @@ class OnednnCalls {
 TEST(Linear, LargeFloat32ProductsRunOnOnednn) {
   if (!at::hasMKLDNN()) GTEST_SKIP() << "this LibTorch is built without oneDNN";
   ASSERT_TRUE(linear_uses_onednn());
-  OnednnCalls calls;
+  ProductCalls calls;
   at::Tensor x = at::randn({256, 256}).requires_grad_(true), w = at::randn({256, 256});
   linear(x, w, at::Tensor()).sum().backward();
-  EXPECT_EQ(calls.take(), 2);
+  EXPECT_EQ(calls.onednn(), 2);
   at::Tensor small = at::randn({255, 256}).requires_grad_(true);
   linear(small, w, at::Tensor()).sum().backward();
-  EXPECT_EQ(calls.take(), 0);
+  EXPECT_EQ(calls.onednn(), 0);
   linear(x.to(at::kBFloat16), w.to(at::kBFloat16), at::Tensor());
-  EXPECT_EQ(calls.take(), 0);
+  EXPECT_EQ(calls.onednn(), 0);
   // The weight gradient runs on oneDNN where inputs and outputs differ in number (as gᵀ·x with
-  // more inputs, as (xᵀ·g)ᵀ with more outputs), on MKL for a square weight.
+  // more inputs, as (xᵀ·g)ᵀ with more outputs), on the small-GEMM kernel for a square weight.
   at::Tensor rows = at::randn({512, 256}).requires_grad_(true);  // 2^24 multiply-adds at 128
   for (const int64_t out : {128, 512, 256}) {
     at::Tensor wide = at::randn({out, 256}).requires_grad_(true);
-    linear(rows, wide, at::Tensor()).sum().backward();
-    EXPECT_EQ(calls.take(), out == 256 ? 2 : 3) << out << " outputs";
+    calls.small();
+    // A dense upstream gradient (sum()'s is an expanded view, which the small-GEMM kernel does
+    // not read).
+    (linear(rows, wide, at::Tensor()) * at::randn({512, out})).sum().backward();
+    EXPECT_EQ(calls.onednn(), out == 256 ? 2 : 3) << out << " outputs";
+    EXPECT_EQ(calls.small(), out == 256 ? 1 : 0) << out << " outputs";
   }
+}
+
+// A float32 product under oneDNN's threshold runs on the small-GEMM kernel, forward, input and
+// weight gradient; one wider than 1024 on at::linear's.
+TEST(Linear, SmallFloat32ProductsRunOnTheSmallGemmKernel) {
+  ProductCalls calls;
+  at::Tensor x = at::randn({64, 96}).requires_grad_(true);
+  at::Tensor w = at::randn({80, 96}).requires_grad_(true), b = at::randn({80});
+  (linear(x, w, b) * at::randn({64, 80})).sum().backward();
+  EXPECT_EQ(calls.small(), 3);
+  EXPECT_EQ(calls.onednn(), 0);
+  at::Tensor deep = at::randn({4, 2048}).requires_grad_(true);
+  (linear(deep, at::randn({8, 2048}), at::Tensor()) * at::randn({4, 8})).sum().backward();
+  EXPECT_EQ(calls.small(), 0);
 }
 
 }  // namespace
