@@ -24,6 +24,9 @@ inline constexpr DebugEnvVar kDebugEnv[] = {
     {"LOOM_PROFILE_STEP",
      "N: record step N (1-based) with LibTorch's profiler: every op with its time and shapes, "
      "written as a chrome trace to <run.output_dir>/profile_step_N_rank_R.json"},
+    {"LOOM_DEBUG_NO_AVX2",
+     "1: loom's own CPU loops (attention's softmax and its backward, the register-tile "
+     "transposes) take their portable paths, as on a CPU without AVX2 and FMA"},
     {"LOOM_VERIFY_EACH_TRANSFORM",
      "1: the planner checks the graph after every transform a policy applies, in release "
      "builds too (debug builds and tests always do); 0: never, in debug builds too"},

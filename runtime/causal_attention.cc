@@ -10,6 +10,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "core/check.h"
 #include "runtime/small_gemm.h"
 
@@ -20,7 +24,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // One (batch, head) matrix of a [b, h, n, d] tensor whose rows have unit stride: its first
-// element, row stride and the address of row r.
+// element and row stride.
 struct Mat {
   float* base;
   int64_t ld;
@@ -31,57 +35,8 @@ Mat mat(const at::Tensor& x, int64_t bi, int64_t hi) {
   return {x.data_ptr<float>() + bi * x.stride(0) + hi * x.stride(1), x.stride(2)};
 }
 
-// Every (batch, head) pair of a [b, h, ...] tensor, split across LibTorch's intra-op threads.
-template <class F>
-void for_each_head(int64_t b, int64_t h, const F& f) {
-  at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) f(i / h, i % h);
-  });
-}
-
-// Every (batch, head) matrix of x [b, h, n, d] (unit-stride rows) transposed into a new
-// contiguous [b, h, d, n], times `scale`.
-at::Tensor transposed(const at::Tensor& x, double scale) {
-  RECORD_FUNCTION("loom::transpose_heads", std::vector<c10::IValue>());
-  const int64_t n = x.size(2), d = x.size(3);
-  at::Tensor out = at::empty({x.size(0), x.size(1), d, n}, x.options());
-  for_each_head(x.size(0), x.size(1), [&](int64_t bi, int64_t hi) {
-    const Mat from = mat(x, bi, hi), to = mat(out, bi, hi);
-    transpose_rows(from.base, from.ld, to.base, to.ld, n, d, static_cast<float>(scale));
-  });
-  return out;
-}
-
-// The inverse for the gradients: xt [b, h, d, n] -> [b, h, n, d] in the interleaved layout.
-at::Tensor untransposed(const at::Tensor& xt) {
-  RECORD_FUNCTION("loom::transpose_heads", std::vector<c10::IValue>());
-  const int64_t b = xt.size(0), h = xt.size(1), d = xt.size(2), n = xt.size(3);
-  at::Tensor out = at::empty({b, n, h, d}, xt.options()).transpose(1, 2);
-  for_each_head(b, h, [&](int64_t bi, int64_t hi) {
-    const Mat from = mat(xt, bi, hi), to = mat(out, bi, hi);
-    transpose_rows(from.base, from.ld, to.base, to.ld, d, n, 1.0f);
-  });
-  return out;
-}
-
-// A new [b, n, h, d] seen as [b, h, n, d]: the layout heads are merged from ([b, n, h * d]).
-at::Tensor interleaved_heads(int64_t b, int64_t h, int64_t n, int64_t d,
-                             const at::TensorOptions& options) {
-  return at::empty({b, n, h, d}, options).transpose(1, 2);
-}
-
-// Rows of unit stride, as the products above read them.
-at::Tensor unit_rows(const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
-
-// 0 where a query of a block sees a key of the block's diagonal tile, -inf above the diagonal.
-at::Tensor diagonal_bias(int64_t rows, const at::TensorOptions& options) {
-  return at::zeros({rows, rows}, options)
-      .masked_fill_(at::ones({rows, rows}, options.dtype(at::kBool)).triu(1),
-                    -std::numeric_limits<double>::infinity());
-}
-
 // Queries [r0, r0 + rows) sit at positions offset + r0.., so they see keys [0, keys) with
-// keys = offset + r0 + rows; the last `rows` of those form the block's diagonal tile.
+// keys = offset + r0 + rows; query r0 + i sees the first keys - rows + i + 1 of them.
 struct Block {
   int64_t r0, rows, keys;
 };
@@ -95,86 +50,231 @@ std::vector<Block> blocks(int64_t s, int64_t t, int64_t block_rows) {
   return out;
 }
 
-// A block's probabilities [b, h, rows, keys]: its queries against the keys they see, with the
-// keys already scaled by 1/sqrt(d) and transposed (kt: [b, h, d, t]).
-at::Tensor block_probs(const at::Tensor& q, const at::Tensor& kt, const Block& blk,
-                       const at::Tensor& bias) {
-  const int64_t b = q.size(0), h = q.size(1), d = q.size(3);
-  at::Tensor scores = at::empty({b, h, blk.rows, blk.keys}, q.options());
-  for_each_head(b, h, [&](int64_t bi, int64_t hi) {
-    const Mat qm = mat(q, bi, hi), km = mat(kt, bi, hi), sm = mat(scores, bi, hi);
-    gemm_rows(blk.rows, blk.keys, d, qm.row(blk.r0), qm.ld, km.base, km.ld, sm.base, sm.ld, false);
+// ---- one row of scores -> probabilities, and back ----------------------------------------------
+
+// p[j] = exp(x[j] - max) / sum for j < n, in place. With AVX2 and FMA the exponential is the
+// classic range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (within 2 float32 ulps);
+// otherwise std::exp.
+void softmax_row_scalar(float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - m);
+    sum += x[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  // x <= 0 here (scores minus their row's maximum); below -87 the result is under float32's
+  // smallest normal number and flushes to 0.
+  const __m256 lowest = _mm256_set1_ps(-87.0f);
+  const __m256 tiny = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) void softmax_row_avx2(float* x, int64_t n) {
+  int64_t j = 0;
+  __m256 m8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 s8 = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+    _mm256_storeu_ps(x + j, e);
+    s8 = _mm256_add_ps(s8, e);
+  }
+  _mm256_store_ps(lanes, s8);
+  float sum = 0.0f;
+  for (float l : lanes) sum += l;
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] - m);
+    sum += x[j];
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / sum);
+  for (j = 0; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
+  for (; j < n; ++j) x[j] *= 1.0f / sum;
+}
+#endif
+
+void softmax_row(float* x, int64_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_has_avx2_fma();
+  if (avx2) return softmax_row_avx2(x, n);
+#endif
+  softmax_row_scalar(x, n);
+}
+
+// The block's probabilities [rows, keys] (row stride keys) from its queries (rows of q) and the
+// head's scaled, transposed keys kt [d, t]: scores, then each row's softmax over the keys its
+// query sees, zeros after them.
+void block_probs(const Block& blk, const float* q, int64_t ldq, const float* kt, int64_t t,
+                 int64_t d, float* p) {
+  gemm_rows(blk.rows, blk.keys, d, q + blk.r0 * ldq, ldq, kt, t, p, blk.keys, false);
+  for (int64_t i = 0; i < blk.rows; ++i) {
+    float* row = p + i * blk.keys;
+    const int64_t visible = blk.keys - blk.rows + i + 1;
+    softmax_row(row, visible);
+    std::fill(row + visible, row + blk.keys, 0.0f);
+  }
+}
+
+// dS = P ∘ (dP - rowsum(P ∘ dP)), in place of dP, times `scale`; 8 lanes at a time with AVX2.
+void softmax_backward_scalar(const float* p, float* dp, int64_t rows, int64_t keys, float scale) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* pr = p + i * keys;
+    float* gr = dp + i * keys;
+    float dot = 0.0f;
+    for (int64_t j = 0; j < keys; ++j) dot += pr[j] * gr[j];
+    for (int64_t j = 0; j < keys; ++j) gr[j] = scale * pr[j] * (gr[j] - dot);
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void softmax_backward_avx2(const float* p, float* dp,
+                                                               int64_t rows, int64_t keys,
+                                                               float scale) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* pr = p + i * keys;
+    float* gr = dp + i * keys;
+    __m256 d8 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= keys; j += 8)
+      d8 = _mm256_fmadd_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(gr + j), d8);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, d8);
+    float dot = 0.0f;
+    for (float l : lanes) dot += l;
+    for (; j < keys; ++j) dot += pr[j] * gr[j];
+    const __m256 dv = _mm256_set1_ps(dot);
+    for (j = 0; j + 8 <= keys; j += 8) {
+      const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(gr + j), dv);
+      _mm256_storeu_ps(gr + j, _mm256_mul_ps(_mm256_mul_ps(sv, _mm256_loadu_ps(pr + j)), diff));
+    }
+    for (; j < keys; ++j) gr[j] = scale * pr[j] * (gr[j] - dot);
+  }
+}
+#endif
+
+void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t keys, float scale) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_has_avx2_fma();
+  if (avx2) return softmax_backward_avx2(p, dp, rows, keys, scale);
+#endif
+  softmax_backward_scalar(p, dp, rows, keys, scale);
+}
+
+// ---- the autograd function ---------------------------------------------------------------------
+
+// A new [b, n, h, d] seen as [b, h, n, d]: the layout heads are merged from ([b, n, h * d]).
+at::Tensor interleaved_heads(int64_t b, int64_t h, int64_t n, int64_t d,
+                             const at::TensorOptions& options) {
+  return at::empty({b, n, h, d}, options).transpose(1, 2);
+}
+
+// Rows of unit stride, as the products read them.
+at::Tensor unit_rows(const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
+
+// Every (batch, head) pair, split across LibTorch's intra-op threads; `f(bi, hi, scratch)` with
+// `floats` of scratch per thread.
+template <class F>
+void for_each_head(int64_t b, int64_t h, int64_t floats, const at::TensorOptions& options,
+                   const F& f) {
+  at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
+    at::Tensor scratch = at::empty({floats}, options);
+    for (int64_t i = begin; i < end; ++i) f(i / h, i % h, scratch.data_ptr<float>());
   });
-  scores.narrow(3, blk.keys - blk.rows, blk.rows)
-      .add_(bias.narrow(0, 0, blk.rows).narrow(1, 0, blk.rows));
-  return at::_softmax(scores, -1, false);
 }
 
 struct BlockCausalAttention : public torch::autograd::Function<BlockCausalAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                                const at::Tensor& v_in, int64_t block_rows) {
     const at::Tensor q = unit_rows(q_in), k = unit_rows(k_in), v = unit_rows(v_in);
-    const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    const at::Tensor kt = transposed(k, scale);
-    const at::Tensor bias = diagonal_bias(block_rows, q.options());
+    const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), t = k.size(2);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    // The keys, scaled and transposed per head, are kept for the backward.
+    at::Tensor kt = at::empty({b, h, d, t}, q.options());
     at::Tensor out = interleaved_heads(b, h, s, d, q.options());
-    for (const Block& blk : blocks(s, k.size(2), block_rows)) {
-      const at::Tensor probs = block_probs(q, kt, blk, bias);
-      for_each_head(b, h, [&](int64_t bi, int64_t hi) {
-        const Mat pm = mat(probs, bi, hi), vm = mat(v, bi, hi), om = mat(out, bi, hi);
-        gemm_rows(blk.rows, d, blk.keys, pm.base, pm.ld, vm.base, vm.ld, om.row(blk.r0), om.ld,
-                  false);
-      });
-    }
-    ctx->save_for_backward({q, k, v, kt, bias});
+    const std::vector<Block> all = blocks(s, t, block_rows);
+    for_each_head(b, h, block_rows * t, q.options(), [&](int64_t bi, int64_t hi, float* p) {
+      const Mat qm = mat(q, bi, hi), km = mat(k, bi, hi), vm = mat(v, bi, hi);
+      const Mat ktm = mat(kt, bi, hi), om = mat(out, bi, hi);
+      transpose_rows(km.base, km.ld, ktm.base, t, t, d, scale);
+      for (const Block& blk : all) {
+        block_probs(blk, qm.base, qm.ld, ktm.base, t, d, p);
+        gemm_rows(blk.rows, d, blk.keys, p, blk.keys, vm.base, vm.ld, om.row(blk.r0), om.ld, false);
+      }
+    });
+    ctx->save_for_backward({q, k, v, kt});
     ctx->saved_data["block_rows"] = block_rows;
     return {out};
   }
 
-  // Per block, with P recomputed: dS = softmax'(P, dO·Vᵀ), dQ = dS·K / sqrt(d), and, transposed
-  // so that every product reads rows, dVᵀ += dOᵀ·P and dKᵀ += (Qᵀ / sqrt(d))·dS. The last block
+  // Per head and block, with P recomputed: dS = softmax'(P, dO·Vᵀ) / sqrt(d), dQ = dS·K, and,
+  // transposed so that every product reads rows, dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS. The last block
   // sees every key, so it writes dKᵀ and dVᵀ whole and the others add to a prefix of columns.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &kt = saved[3], &bias = saved[4];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &kt = saved[3];
     const int64_t block_rows = ctx->saved_data["block_rows"].toInt();
     const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), t = k.size(2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    if (!grads[0].defined()) {
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    if (!grads[0].defined())
       return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), at::Tensor()};
-    }
     const at::Tensor g = unit_rows(grads[0]);
-    const at::Tensor vt = transposed(v, 1.0), gt = transposed(g, 1.0), qt = transposed(q, scale);
     at::Tensor dq = interleaved_heads(b, h, s, d, q.options());
-    at::Tensor dkt = at::empty({b, h, d, t}, q.options()), dvt = at::empty_like(dkt);
-    std::vector<Block> all = blocks(s, t, block_rows);
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      const Block& blk = *it;
-      const bool accumulate = blk.keys < t;  // the last block, first here, writes every column
-      const at::Tensor probs = block_probs(q, kt, blk, bias);
-      at::Tensor d_probs = at::empty_like(probs);
-      for_each_head(b, h, [&](int64_t bi, int64_t hi) {
-        const Mat gm = mat(g, bi, hi), vm = mat(vt, bi, hi), dm = mat(d_probs, bi, hi);
-        gemm_rows(blk.rows, blk.keys, d, gm.row(blk.r0), gm.ld, vm.base, vm.ld, dm.base, dm.ld,
+    at::Tensor dk = interleaved_heads(b, h, t, d, q.options());
+    at::Tensor dv = interleaved_heads(b, h, t, d, q.options());
+    const std::vector<Block> all = blocks(s, t, block_rows);
+    // Per thread: P and dP of a block, Vᵀ, dOᵀ, Qᵀ, dKᵀ and dVᵀ of a head.
+    const int64_t floats = 2 * block_rows * t + 3 * d * t + 2 * d * s;
+    for_each_head(b, h, floats, q.options(), [&](int64_t bi, int64_t hi, float* scratch) {
+      float *p = scratch, *dp = p + block_rows * t, *vt = dp + block_rows * t;
+      float *dkt = vt + d * t, *dvt = dkt + d * t, *gt = dvt + d * t, *qt = gt + d * s;
+      const Mat qm = mat(q, bi, hi), km = mat(k, bi, hi), vm = mat(v, bi, hi);
+      const Mat ktm = mat(kt, bi, hi), gm = mat(g, bi, hi);
+      const Mat dqm = mat(dq, bi, hi), dkm = mat(dk, bi, hi), dvm = mat(dv, bi, hi);
+      transpose_rows(vm.base, vm.ld, vt, t, t, d, 1.0f);
+      transpose_rows(gm.base, gm.ld, gt, s, s, d, 1.0f);
+      transpose_rows(qm.base, qm.ld, qt, s, s, d, 1.0f);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        const Block& blk = *it;
+        const bool accumulate = blk.keys < t;  // the last block, first here, writes every column
+        block_probs(blk, qm.base, qm.ld, ktm.base, t, d, p);
+        gemm_rows(blk.rows, blk.keys, d, gm.row(blk.r0), gm.ld, vt, t, dp, blk.keys, false);
+        gemm_rows(d, blk.keys, blk.rows, gt + blk.r0, s, p, blk.keys, dvt, t, accumulate);
+        softmax_backward_rows(p, dp, blk.rows, blk.keys, scale);
+        gemm_rows(blk.rows, d, blk.keys, dp, blk.keys, km.base, km.ld, dqm.row(blk.r0), dqm.ld,
                   false);
-      });
-      const at::Tensor d_scores = at::_softmax_backward_data(d_probs, probs, -1, at::kFloat);
-      for_each_head(b, h, [&](int64_t bi, int64_t hi) {
-        const Mat ds = mat(d_scores, bi, hi), pm = mat(probs, bi, hi);
-        const Mat km = mat(k, bi, hi), dqm = mat(dq, bi, hi);
-        gemm_rows(blk.rows, d, blk.keys, ds.base, ds.ld, km.base, km.ld, dqm.row(blk.r0), dqm.ld,
-                  false);
-        const Mat gtm = mat(gt, bi, hi), dvm = mat(dvt, bi, hi);
-        gemm_rows(d, blk.keys, blk.rows, gtm.base + blk.r0, gtm.ld, pm.base, pm.ld, dvm.base,
-                  dvm.ld, accumulate);
-        const Mat qtm = mat(qt, bi, hi), dkm = mat(dkt, bi, hi);
-        gemm_rows(d, blk.keys, blk.rows, qtm.base + blk.r0, qtm.ld, ds.base, ds.ld, dkm.base,
-                  dkm.ld, accumulate);
-      });
-    }
-    dq.mul_(scale);
-    return {dq, untransposed(dkt), untransposed(dvt), at::Tensor()};
+        gemm_rows(d, blk.keys, blk.rows, qt + blk.r0, s, dp, blk.keys, dkt, t, accumulate);
+      }
+      transpose_rows(dkt, t, dkm.base, dkm.ld, d, t, 1.0f);
+      transpose_rows(dvt, t, dvm.base, dvm.ld, d, t, 1.0f);
+    });
+    return {dq, dk, dv, at::Tensor()};
   }
 };
 
@@ -189,12 +289,7 @@ at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, cons
              v.scalar_type() == at::kFloat && q.device().is_cpu())
       << "block_causal_attention: float32 CPU tensors only, got " << q.toString();
   RECORD_FUNCTION("loom::block_causal_attention", std::vector<c10::IValue>());
-  if (block_rows <= 0) {
-    constexpr int64_t kBlockRows = 32;
-    constexpr int64_t kBlockScores = int64_t{1} << 24;  // float32 scores: 64 MiB
-    block_rows =
-        std::clamp<int64_t>(kBlockScores / (q.size(0) * q.size(1) * k.size(2)), 1, kBlockRows);
-  }
+  if (block_rows <= 0) block_rows = 32;
   return BlockCausalAttention::apply(q, k, v, std::min(block_rows, q.size(2)))[0];
 }
 

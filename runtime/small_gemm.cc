@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #endif
 
+#include "core/debug_env.h"
+
 namespace loom::runtime {
 namespace {
 
@@ -63,6 +65,18 @@ __attribute__((target("avx2"))) void transpose_avx2(const float* src, int64_t ld
 
 }  // namespace
 
+bool cpu_has_avx2_fma() {
+  static const bool yes = [] {
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           debug_env_int("LOOM_DEBUG_NO_AVX2", 0) != 1;
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
 void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, accumulate, a, b, c, false);
@@ -71,7 +85,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 void transpose_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
                     int64_t cols, float scale) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = cpu_has_avx2_fma();
   if (avx2) return transpose_avx2(src, lds, dst, ldd, rows, cols, scale);
 #endif
   transpose_edges(src, lds, dst, ldd, rows, cols, 0, 0, scale);

@@ -17,4 +17,8 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 void transpose_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
                     int64_t cols, float scale);
 
+// Whether loom's own vector loops take their AVX2 and FMA paths: the CPU has both and
+// LOOM_DEBUG_NO_AVX2 (core/debug_env.h) is not 1. Read once per process.
+bool cpu_has_avx2_fma();
+
 }  // namespace loom::runtime
