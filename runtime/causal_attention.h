@@ -5,7 +5,7 @@
 // brgemm). The forward keeps no probabilities (the backward recomputes each block's, as flash
 // attention does); q, k, v, the output and the gradients stay in the [b, n, h, d] layout of the
 // projections. One thread, head size 64, sequences 128 to 1024: forward and backward take
-// 0.60-0.70 of LibTorch's own CPU flash attention (bench/RESULTS.md, "attention in row blocks").
+// 0.47-0.64 of LibTorch's own CPU flash attention (bench/RESULTS.md, "attention in row blocks").
 #pragma once
 
 #include <ATen/core/Tensor.h>

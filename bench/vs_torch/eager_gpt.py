@@ -6,7 +6,8 @@ The baseline of bench/vs_torch: the same model, initial weights, data and optimi
 
   model      models/gpt.cc: token embedding + learned position embedding, pre-LN blocks
              (separate q/k/v linears with bias, causal attention by
-             F.scaled_dot_product_attention as loom's kernel does in float32, output projection,
+             F.scaled_dot_product_attention (loom's CPU kernel computes the same attention in
+             row blocks, runtime/causal_attention.h), output projection,
              exact-erf GELU MLP of ffn_hidden), final LN,
              LM head without bias (untied unless --tied), mean token cross-entropy.
   weights    runtime/init.cc: every parameter drawn from its own generator seeded with
