@@ -121,8 +121,7 @@ __attribute__((target("avx2,fma"))) void softmax_row_avx2(float* x, int64_t n) {
 
 void softmax_row(float* x, int64_t n) {
 #if defined(__x86_64__)
-  static const bool avx2 = cpu_has_avx2_fma();
-  if (avx2) return softmax_row_avx2(x, n);
+  if (cpu_has_avx2_fma()) return softmax_row_avx2(x, n);
 #endif
   softmax_row_scalar(x, n);
 }
@@ -181,8 +180,7 @@ __attribute__((target("avx2,fma"))) void softmax_backward_avx2(const float* p, f
 
 void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t keys, float scale) {
 #if defined(__x86_64__)
-  static const bool avx2 = cpu_has_avx2_fma();
-  if (avx2) return softmax_backward_avx2(p, dp, rows, keys, scale);
+  if (cpu_has_avx2_fma()) return softmax_backward_avx2(p, dp, rows, keys, scale);
 #endif
   softmax_backward_scalar(p, dp, rows, keys, scale);
 }

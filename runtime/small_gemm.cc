@@ -13,9 +13,8 @@
 namespace loom::runtime {
 namespace {
 
-// dst[c][r] = scale * src[r][c] for a rows x cols matrix, in tiles that stay in registers
-// (LibTorch's strided copy of a transposed view goes an element at a time): 8 x 8 with AVX2 where
-// the CPU has it, else 4 x 4 with SSE, the edges element by element.
+// dst[c][r] = scale * src[r][c] element by element: the portable path, and the edges the AVX2
+// path's 8 x 8 register tiles leave (rows from r_done and, above it, columns from c_done).
 void transpose_edges(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
                      int64_t cols, int64_t r_done, int64_t c_done, float scale) {
   for (int64_t r = 0; r < rows; ++r)
@@ -85,8 +84,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 void transpose_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
                     int64_t cols, float scale) {
 #if defined(__x86_64__)
-  static const bool avx2 = cpu_has_avx2_fma();
-  if (avx2) return transpose_avx2(src, lds, dst, ldd, rows, cols, scale);
+  if (cpu_has_avx2_fma()) return transpose_avx2(src, lds, dst, ldd, rows, cols, scale);
 #endif
   transpose_edges(src, lds, dst, ldd, rows, cols, 0, 0, scale);
 }
