@@ -3,6 +3,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -85,6 +86,38 @@ void visit_cost_fields(Config& c, V& v) {
   v("cost", "devices_per_node", c.cost.devices_per_node, non_negative());
 }
 
+// The data's and validation's keys (data.*, eval.*), part of the table below.
+template <class V>
+void visit_data_fields(Config& c, V& v) {
+  v("data", "type", c.data.type, one_of({"synthetic", "tokens", "indexed"}));
+  v("data", "path", c.data.path, Check<std::string>());
+  v("data", "token_bytes", c.data.token_bytes, Check<int64_t>([](int64_t b) {
+      if (b == 2 || b == 4) return std::string();
+      return "must be 2 (uint16 ids) or 4 (uint32 ids), got " + std::to_string(b);
+    }));
+  v("data", "blend", c.data.blend, Check<std::vector<BlendEntry>>([](const auto& blend) {
+      for (size_t i = 0; i < blend.size(); ++i) {
+        if (!(blend[i].weight > 0) || !std::isfinite(blend[i].weight))
+          return "entry " + std::to_string(i) + ": the weight must be a positive number";
+        if (blend[i].path.empty()) return "entry " + std::to_string(i) + ": no dataset prefix";
+      }
+      return std::string();
+    }));
+  v("data", "seed", c.data.seed, Check<int64_t>([](int64_t s) {
+      return s >= -1 ? std::string() : "must be -1 (run.seed) or a seed, got " + std::to_string(s);
+    }));
+  v("data", "shuffle", c.data.shuffle, Check<bool>());
+
+  v("eval", "every", c.eval.every, non_negative());
+  v("eval", "steps", c.eval.steps, positive());
+  v("eval", "data", c.eval.data, Check<std::string>());
+  v("eval", "split", c.eval.split, Check<double>([](double f) {
+      std::ostringstream os;
+      os << "must be a fraction of the documents in [0, 1), got " << f;
+      return f >= 0 && f < 1 ? std::string() : os.str();
+    }));
+}
+
 // The one table of config fields. Reading, writing and the list of known keys all walk it.
 template <class V>
 void visit_fields(Config& c, V& v) {
@@ -142,12 +175,7 @@ void visit_fields(Config& c, V& v) {
   v("optimizer", "schedule", c.optimizer.schedule, one_of({"constant", "cosine", "linear"}));
   v("optimizer", "min_lr", c.optimizer.min_lr, non_negative_real());
 
-  v("data", "type", c.data.type, one_of({"synthetic", "tokens"}));
-  v("data", "path", c.data.path, Check<std::string>());
-  v("data", "token_bytes", c.data.token_bytes, Check<int64_t>([](int64_t b) {
-      if (b == 2 || b == 4) return std::string();
-      return "must be 2 (uint16 ids) or 4 (uint32 ids), got " + std::to_string(b);
-    }));
+  visit_data_fields(c, v);
 
   v("logging", "every", c.logging.every, positive());
   v("logging", "level", c.logging.level, one_of({"debug", "info", "warn", "error"}));
@@ -179,6 +207,9 @@ std::string type_name(const bool*) { return "true or false"; }
 std::string type_name(const std::string*) { return "a string"; }
 std::string type_name(const std::vector<double>*) { return "a list of numbers"; }
 std::string type_name(const std::vector<int64_t>*) { return "a list of integers, e.g. [3, 10]"; }
+std::string type_name(const std::vector<BlendEntry>*) {
+  return "a list of [weight, PREFIX] pairs, e.g. [[0.7, data/web], [0.3, data/code]]";
+}
 std::string type_name(const std::vector<std::vector<int64_t>>*) {
   return "a list of [first, last] layer pairs";
 }
@@ -196,6 +227,15 @@ bool decode(const YAML::Node& node, T& out) {
       }
       if (!node.IsScalar()) return false;
       out = node.Scalar();
+    } else if constexpr (std::is_same_v<T, std::vector<BlendEntry>>) {
+      if (!node.IsSequence()) return false;
+      out.clear();
+      for (const auto& entry : node) {
+        if (!entry.IsSequence() || entry.size() != 2 || !entry[0].IsScalar() ||
+            !entry[1].IsScalar())
+          return false;
+        out.push_back(BlendEntry{entry[0].as<double>(), entry[1].Scalar()});
+      }
     } else if constexpr (std::is_same_v<T, std::vector<double>> ||
                          std::is_same_v<T, std::vector<int64_t>> ||
                          std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
@@ -272,7 +312,19 @@ struct Writer {
   YAML::Node root;
   template <class T>
   void operator()(const char* section, const char* key, T& field, const Check<T>&) {
-    root[section][key] = field;
+    if constexpr (std::is_same_v<T, std::vector<BlendEntry>>) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (const BlendEntry& e : field) {
+        YAML::Node pair(YAML::NodeType::Sequence);
+        pair.push_back(e.weight);
+        pair.push_back(e.path);
+        pair.SetStyle(YAML::EmitterStyle::Flow);
+        list.push_back(pair);
+      }
+      root[section][key] = list;
+    } else {
+      root[section][key] = field;
+    }
   }
 };
 
@@ -285,8 +337,8 @@ struct KeyLister {
 };
 
 std::vector<std::string> sections() {
-  return {"run",  "model",   "parallel", "batch",      "optimizer",
-          "data", "logging", "comm",     "checkpoint", "cost"};
+  return {"run",  "model",   "parallel", "batch",      "optimizer", "data",
+          "eval", "logging", "comm",     "checkpoint", "cost"};
 }
 
 // Rejects keys the loader does not know, suggesting the closest known one.
@@ -531,11 +583,53 @@ Status read_model_args(const YAML::Node& root,
   return Status::success();
 }
 
+// data.* and eval.* together: what reads which file.
+Status check_data(const Config& config) {
+  const DataConfig& d = config.data;
+  const EvalConfig& e = config.eval;
+  if (d.type == "tokens" && d.path.empty())
+    return config.error("data.path", "data.type is 'tokens' but no data.path is given");
+  if (d.type == "indexed" && d.path.empty() && d.blend.empty())
+    return config.error("data.path",
+                        "data.type is 'indexed' but neither data.path (a dataset PREFIX, its "
+                        "PREFIX.bin and PREFIX.idx) nor data.blend is given");
+  if (d.type == "indexed" && !d.path.empty() && !d.blend.empty())
+    return config.error("data.blend",
+                        "data.path and data.blend are both given; a blend names every dataset");
+  if (d.type == "synthetic" && !d.path.empty())
+    return config.error("data.path",
+                        "a data file is given but data.type is 'synthetic', which reads none; set "
+                        "data.type: tokens (a flat token file) or indexed (PREFIX.bin/.idx)");
+  if (d.type != "indexed" && !d.blend.empty())
+    return config.error("data.blend",
+                        "data.blend mixes indexed datasets; data.type is '" + d.type + "'");
+  const bool asked = !e.data.empty() || e.split > 0;
+  if (e.every == 0 && asked)
+    return config.error(e.data.empty() ? "eval.split" : "eval.data",
+                        "validation data is given but eval.every is 0; set eval.every to the "
+                        "steps between validations");
+  if (!e.data.empty() && e.split > 0)
+    return config.error("eval.split",
+                        "eval.data and eval.split are both given; validate on one of them");
+  if (e.every > 0 && d.type == "synthetic" && asked)
+    return config.error(e.data.empty() ? "eval.split" : "eval.data",
+                        "data.type synthetic validates on synthetic samples of their own; "
+                        "eval.data and eval.split need data.type tokens or indexed");
+  if (e.every > 0 && d.type == "tokens" && e.split > 0)
+    return config.error("eval.split",
+                        "eval.split holds out documents of an indexed dataset; a flat token file "
+                        "has none (give eval.data, a token file of its own)");
+  if (e.every > 0 && d.type != "synthetic" && !asked)
+    return config.error("eval.every",
+                        "eval.every is set but there is no validation data: give eval.data (a "
+                        "dataset of its own) or eval.split (a fraction of the documents held out)");
+  return Status::success();
+}
+
 // Relations between keys, once each key is valid on its own.
 Status check_relations(const Config& config) {
   const auto& b = config.batch;
   const auto& p = config.parallel;
-  const auto& d = config.data;
   int64_t product = 0;
   if (__builtin_mul_overflow(p.dp, p.tp, &product) ||
       __builtin_mul_overflow(product, p.pp, &product) ||
@@ -558,12 +652,7 @@ Status check_relations(const Config& config) {
     return config.error("parallel.sp",
                         "sequence parallelism needs parallel.tp > 1; parallel.tp is 1 (" +
                             config.where("parallel.tp") + ")");
-  if (d.type == "tokens" && d.path.empty())
-    return config.error("data.path", "data.type is 'tokens' but no data.path is given");
-  if (d.type != "tokens" && !d.path.empty())
-    return config.error("data.path",
-                        "a token file is given but data.type is '" + d.type +
-                            "', which reads none; set data.type: tokens to train on it");
+  LOOM_TRY(check_data(config));
   if (p.schedule == "csv" && p.schedule_csv.empty())
     return config.error("parallel.schedule_csv",
                         "parallel.schedule is 'csv' but no parallel.schedule_csv file is given");

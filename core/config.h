@@ -95,12 +95,36 @@ struct OptimizerConfig {
   double min_lr = 0.0;
 };
 
+// One dataset of a blend: its share of the samples (weights need not sum to 1) and its prefix.
+struct BlendEntry {
+  double weight = 0;
+  std::string path;
+  bool operator==(const BlendEntry& o) const { return weight == o.weight && path == o.path; }
+};
+
 struct DataConfig {
-  std::string type = "synthetic";  // synthetic | tokens
-  std::string path;                // tokens only: flat file of little-endian token ids
-  // Bytes per token id in the file: 2 (uint16, nanoGPT's .bin) or 4 (uint32, for vocabularies
-  // past 65536 such as Llama 3's 128256).
+  // synthetic | tokens (a flat file of ids, windows in file order) | indexed (Megatron-LM's
+  // indexed dataset, PREFIX.bin + PREFIX.idx: documents shuffled and sampled across, data/)
+  std::string type = "synthetic";
+  std::string path;  // tokens: the file; indexed: the PREFIX (or data.blend)
+  // Bytes per token id in a flat file: 2 (uint16, nanoGPT's .bin) or 4 (uint32, for
+  // vocabularies past 65536 such as Llama 3's 128256). An indexed dataset names its own dtype.
   int64_t token_bytes = 2;
+  // indexed: several datasets mixed by weight, [[weight, PREFIX], ...], instead of data.path.
+  std::vector<BlendEntry> blend;
+  int64_t seed = -1;    // the order's seed; -1: run.seed
+  bool shuffle = true;  // indexed: documents and samples in a seeded order, new each epoch
+};
+
+// Validation: every `every` steps (and after the last), `steps` global batches of held-out
+// samples run through the plan's forward alone; their mean token loss is `val_loss`.
+struct EvalConfig {
+  int64_t every = 0;  // 0: no validation
+  int64_t steps = 10;
+  // A dataset of its own (a PREFIX under data.type indexed, a token file under tokens) ...
+  std::string data;
+  // ... or this fraction of the training datasets' documents held out of training (indexed).
+  double split = 0;
 };
 
 struct LoggingConfig {
@@ -168,6 +192,7 @@ class Config {
   BatchConfig batch;
   OptimizerConfig optimizer;
   DataConfig data;
+  EvalConfig eval;
   LoggingConfig logging;
   CommConfig comm;
   CheckpointConfig checkpoint;
@@ -178,6 +203,10 @@ class Config {
   // An error for `key` whose message starts with where it came from.
   Error error(const std::string& key, const std::string& message) const;
 
+  // data.seed, or run.seed when it is not set.
+  uint64_t data_seed() const {
+    return static_cast<uint64_t>(data.seed >= 0 ? data.seed : run.seed);
+  }
   // Micro-batches per optimizer step on each data-parallel replica.
   int64_t micro_batches() const { return batch.global / (batch.micro * parallel.dp); }
 

@@ -22,5 +22,6 @@ int env_main(const Args& args);         // loom env: LibTorch, CPU kernels, BLAS
 int calibrate_main(
     const Args& args);              // loom calibrate [CONFIG] [--out FILE]: a measured cost model
 int verify_main(const Args& args);  // loom verify CONFIG [key=value ...] [--steps N] [--json FILE]
+int data_main(const Args& args);    // loom data prepare ... | inspect PREFIX [--doc K]
 
 }  // namespace loom::cli

@@ -126,11 +126,16 @@ Status record_step(const Config& config, RunOutput& out, const runtime::StepStat
                          {"lr", st.lr},
                          {"grad_norm", st.grad_norm},
                          {"step_time_s", st.step_time_s},
+                         {"data_time_s", st.data_time_s},
                          {"tokens_per_s", st.tokens_per_s},
                          {"peak_mem_bytes", st.peak_mem_bytes}};
   if (st.has_moe_aux) {
     line["moe_aux_loss"] = st.moe_aux_loss;
     line["moe_max_load"] = st.moe_max_load;
+  }
+  if (st.has_val) {
+    line["val_loss"] = st.val_loss;
+    line["val_ppl"] = std::exp(st.val_loss);
   }
   LOOM_TRY(out.metrics->append(line.dump()));
   if (out.tensorboard)
@@ -159,14 +164,24 @@ void report_progress(const Config& config, const runtime::StepStats& st, double 
     std::printf("\r  step %lld/%lld [%s] loss %.4f  %s %s  ETA %s  ",
                 static_cast<long long>(st.step), static_cast<long long>(total), bar.c_str(),
                 st.loss, format_rate(st.tokens_per_s).c_str(), rate, format_duration(eta).c_str());
+    if (st.has_val)
+      std::printf("\n  step %lld/%lld val_loss %.4f val_ppl %.2f (%.1fs)\n",
+                  static_cast<long long>(st.step), static_cast<long long>(total), st.val_loss,
+                  std::exp(st.val_loss), st.val_time_s);
     std::fflush(stdout);
-  } else if (st.step % config.logging.every == 0 || st.step == total) {
+    return;
+  }
+  if (st.step % config.logging.every == 0 || st.step == total) {
     std::printf("step %lld/%lld loss %.6f lr %.3g grad_norm %.4f %s %s step_time %.3fs ETA %s\n",
                 static_cast<long long>(st.step), static_cast<long long>(total), st.loss, st.lr,
                 st.grad_norm, format_rate(st.tokens_per_s).c_str(), rate, st.step_time_s,
                 format_duration(eta).c_str());
-    std::fflush(stdout);
   }
+  if (st.has_val)
+    std::printf("step %lld/%lld val_loss %.6f val_ppl %.4f val_time %.3fs\n",
+                static_cast<long long>(st.step), static_cast<long long>(total), st.val_loss,
+                std::exp(st.val_loss), st.val_time_s);
+  std::fflush(stdout);
 }
 
 // Ranks other than 0 train silently; rank 0 reports and writes the run directory.

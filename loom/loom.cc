@@ -92,7 +92,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& given, const Setu
 
 Result<StepStats> Trainer::step() {
   LOOM_ASSIGN_OR_RETURN(runtime::StepStats s, impl_->step());
-  StepStats out{s.step, s.loss, s.lr, s.grad_norm, s.step_time_s, s.tokens_per_s, s.peak_mem_bytes};
+  StepStats out{s.step,         s.loss,           s.lr,      s.grad_norm, s.step_time_s,
+                s.tokens_per_s, s.peak_mem_bytes, s.has_val, s.val_loss};
   for (const auto& hook : hooks_) hook(out);
   return out;
 }

@@ -47,6 +47,10 @@ struct StepStats {
   double step_time_s = 0;
   double tokens_per_s = 0;
   int64_t peak_mem_bytes = 0;  // most live CPU tensor bytes of this process during the step
+  // Validation (eval.every): whether this step validated, and the mean token loss of the
+  // validation batches through the plan's forward.
+  bool has_val = false;
+  double val_loss = 0;
 };
 
 // Builds the single-device graph of one micro-batch across all data-parallel replicas

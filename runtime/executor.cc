@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -618,7 +619,7 @@ void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
 // This rank's share of the step's sums: its loss pieces (weighted by the loss seed, so
 // replicated losses count once) and its gradients' squared norm (each piece divided by how
 // many ranks hold it, so every element counts once).
-at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
+at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog, bool with_grads) {
   // On the device the parameters live on, so the step reads the host once, at the end.
   const auto options = at::TensorOptions()
                            .dtype(at::kDouble)
@@ -628,7 +629,7 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
     if (m.loss.defined()) loss += m.loss.detach().to(at::kDouble) * prog.loss_seed;
   std::vector<at::Tensor> grads;
   std::vector<double> weights;
-  for (size_t i = 0; i < s.params.size(); ++i) {
+  for (size_t i = 0; i < s.params.size() && with_grads; ++i) {
     const at::Tensor& g = s.params[i].grad();
     if (!g.defined()) continue;
     // Under ZeRO-1 each element of a shared piece's summed gradient is on its owner only.
@@ -657,17 +658,30 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog) {
 
 }  // namespace
 
-Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
-                               double grad_scale) {
-  Impl& s = *impl_;
+namespace {
+
+// Runs the rank's program over `inputs`: every block, or with `forward_only` the forward blocks
+// alone in the program's order (a validation pass: no backward, no gradient, nothing the
+// optimizer reads is touched).
+Result<StepSums> run_program(Executor::Impl& s, const Inputs& inputs, double grad_scale,
+                             bool forward_only) {
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
-  s.micro.assign(inputs.size(), Impl::Micro{});
+  // Dropping the backward blocks keeps the forward blocks' order on every rank, and their
+  // sends and receives still pair up: forward messages only ever flow to later blocks.
+  std::vector<const lower::ProgramBlock*> blocks;
+  for (const lower::ProgramBlock& b : prog.blocks)
+    if (!forward_only || b.kind == lower::BlockKind::kForward) blocks.push_back(&b);
+  std::optional<at::NoGradGuard> no_grad;
+  if (forward_only) no_grad.emplace();
+  s.micro.assign(inputs.size(), Executor::Impl::Micro{});
   s.aux_total = at::Tensor();
   s.load_sum = at::Tensor();
   s.load_count = 0;
   for (auto& m : s.micro) m.env.resize(s.graph.tensors().size());
-  for (auto& p : s.params) p.mutable_grad() = at::Tensor();
-  if (s.buckets) s.buckets->begin_step();
+  if (!forward_only) {
+    for (auto& p : s.params) p.mutable_grad() = at::Tensor();
+    if (s.buckets) s.buckets->begin_step();
+  }
   const Inputs on_device = s.device.cuda() ? to_device(inputs, s.device) : Inputs();
   const Inputs& in = s.device.cuda() ? on_device : inputs;
   s.compute_params.clear();
@@ -676,14 +690,20 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
   // A micro-batch's tensors are released after its last block on this rank (only its loss
   // value stays for the step's total), so a rank holds only what its schedule has in flight.
   std::vector<size_t> last_block(inputs.size(), 0);
-  for (size_t i = 0; i < prog.blocks.size(); ++i)
-    last_block[static_cast<size_t>(prog.blocks[i].micro_batch.value())] = i;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    last_block[static_cast<size_t>(blocks[i]->micro_batch.value())] = i;
+  auto release = [&](int64_t mb) {
+    Executor::Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
+    at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();
+    m = Executor::Impl::Micro{};
+    m.loss = loss;
+  };
   try {
-    for (size_t block_index = 0; block_index < prog.blocks.size(); ++block_index) {
-      const lower::ProgramBlock& block = prog.blocks[block_index];
+    for (size_t block_index = 0; block_index < blocks.size(); ++block_index) {
+      const lower::ProgramBlock& block = *blocks[block_index];
       observe::TraceSpan span(s.tracer, [&] { return block_event(block); });
       if (block_index == 0) prepost_receives(s, block);
-      if (block_index + 1 < prog.blocks.size()) prepost_receives(s, prog.blocks[block_index + 1]);
+      if (block_index + 1 < blocks.size()) prepost_receives(s, *blocks[block_index + 1]);
       const int64_t mb = block.micro_batch.value();
       s.forwarding = block.kind == lower::BlockKind::kForward;
       auto seg = s.segment_of_stage.find(block.stage.value());
@@ -691,22 +711,18 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
           << "rank " << s.rank << " has no segment for stage " << block.stage;
       if (block.kind == lower::BlockKind::kForward) {
         run_forward(s, seg->second, mb, in);
+        if (forward_only && block_index == last_block[static_cast<size_t>(mb)]) release(mb);
         continue;
       }
       if (block.kind == lower::BlockKind::kWeightGrad)
         run_weight_grad(s, block, mb);
       else
         run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);
-      if (block_index == last_block[static_cast<size_t>(mb)]) {
-        Impl::Micro& m = s.micro[static_cast<size_t>(mb)];
-        at::Tensor loss = m.loss.defined() ? m.loss.detach() : at::Tensor();
-        m = Impl::Micro{};
-        m.loss = loss;
-      }
+      if (block_index == last_block[static_cast<size_t>(mb)]) release(mb);
     }
     check(s.runner->flush());
-    if (s.buckets) check(s.buckets->finish());
-    at::Tensor sums = local_sums(s, prog);
+    if (s.buckets && !forward_only) check(s.buckets->finish());
+    at::Tensor sums = local_sums(s, prog, /*with_grads=*/!forward_only);
     if (s.world->size() > 1) check(s.world->all_reduce(sums));
     sums = sums.cpu();  // the step's one host read
     s.compute_params.clear();
@@ -720,6 +736,32 @@ Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at:
     std::string what = e.what_without_backtrace();
     return Error::at("comm", what);
   }
+}
+
+}  // namespace
+
+Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
+                               double grad_scale) {
+  return run_program(*impl_, inputs, grad_scale, /*forward_only=*/false);
+}
+
+Result<StepSums> Executor::evaluate(
+    const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs) {
+  return run_program(*impl_, inputs, 0.0, /*forward_only=*/true);
+}
+
+std::map<int64_t, graph::Range> Executor::input_rows() const {
+  std::map<int64_t, graph::Range> rows;
+  for (const auto& segment : impl_->forward_steps)
+    for (const Impl::ForwardStep& step : segment)
+      for (size_t k = 0; k < step.sources.size(); ++k) {
+        if (step.sources[k].kind != Impl::Source::Kind::kInput) continue;
+        const graph::Range read = step.reads[k].ranges.at(0);
+        auto [it, fresh] = rows.emplace(step.sources[k].index, read);
+        if (!fresh)
+          it->second = {std::min(it->second.start, read.start), std::max(it->second.end, read.end)};
+      }
+  return rows;
 }
 
 const std::vector<at::Tensor>& Executor::parameters() const { return impl_->params; }

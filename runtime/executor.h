@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,14 @@ class Executor {
   // all-reduce and one host read for the returned sums.
   Result<StepSums> run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
                        double grad_scale);
+  // The forward blocks of the program alone, without recording for autograd: the loss summed
+  // over the micro-batches of `inputs` (a validation pass). Gradients, optimizer state and the
+  // parameters are left as they were; grad_norm_squared is 0.
+  Result<StepSums> evaluate(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs);
+
+  // The samples (rows of dimension 0) of each graph input this rank's ops read, as one range per
+  // input tensor id; an input it never reads is absent (a middle pipeline stage reads no tokens).
+  std::map<int64_t, graph::Range> input_rows() const;
 
   // This rank's parameter pieces, float32 on the device (leaves with gradients after run()).
   const std::vector<at::Tensor>& parameters() const;

@@ -61,33 +61,55 @@ Result<std::unique_ptr<InputFeeder>> InputFeeder::create(const Config& config,
     f->tokens_id_ = *tokens;
     f->targets_id_ = *targets;
     f->seq_ = graph.tensor(*tokens).shape.at(1);
-    LOOM_ASSIGN_OR_RETURN(f->tokens_, make_token_source(config, vocab_owner->shape[0], f->seq_));
+    LOOM_ASSIGN_OR_RETURN(f->tokens_, data::open_sources(config, vocab_owner->shape[0], f->seq_));
   }
+  f->validating_ = config.eval.every > 0;
   return f;
 }
 
-Result<std::unordered_map<int64_t, at::Tensor>> InputFeeder::micro_batch(int64_t first_sample) {
+graph::Range InputFeeder::rows_of(TensorId id) const {
+  if (!rows_read_) return {0, rows_};
+  auto it = rows_read_->find(id.value());
+  return it == rows_read_->end() ? graph::Range{0, 0} : it->second;
+}
+
+Result<std::unordered_map<int64_t, at::Tensor>> InputFeeder::micro_batch(int64_t first_sample,
+                                                                         bool validation) {
   std::unordered_map<int64_t, at::Tensor> out;
-  if (tokens_) {
+  if (tokens_.train) {
+    data::TokenSource& source = validation ? *tokens_.validation : *tokens_.train;
+    // A sample is read only when a row of the tokens or of the targets this rank reads is it.
+    const graph::Range want_tokens = rows_of(tokens_id_), want_targets = rows_of(targets_id_);
+    auto in = [](const graph::Range& r, int64_t row) { return row >= r.start && row < r.end; };
     buffer_.resize(static_cast<size_t>(seq_ + 1));
-    at::Tensor tokens = at::empty({rows_, seq_}, at::kLong);
-    at::Tensor targets = at::empty({rows_, seq_}, at::kLong);
+    at::Tensor tokens = at::zeros({rows_, seq_}, at::kLong);
+    at::Tensor targets = at::zeros({rows_, seq_}, at::kLong);
     for (int64_t r = 0; r < rows_; ++r) {
-      LOOM_TRY(tokens_->sample(first_sample + r, seq_, buffer_.data()));
+      if (!in(want_tokens, r) && !in(want_targets, r)) continue;
+      LOOM_TRY(source.sample(first_sample + r, buffer_.data()));
       std::copy(buffer_.begin(), buffer_.begin() + seq_, tokens.data_ptr<int64_t>() + r * seq_);
       std::copy(buffer_.begin() + 1, buffer_.end(), targets.data_ptr<int64_t>() + r * seq_);
     }
-    out[tokens_id_.value()] = tokens;
-    out[targets_id_.value()] = targets;
+    if (want_tokens.size() > 0) out[tokens_id_.value()] = tokens;
+    if (want_targets.size() > 0) out[targets_id_.value()] = targets;
   }
+  // Synthetic inputs of validation samples come from indices no training run reaches.
+  const int64_t synthetic_first = validation ? first_sample + (int64_t{1} << 50) : first_sample;
   for (const Synthetic& s : synthetic_) {
+    const graph::Range want = rows_of(s.id);
+    if (want.size() == 0) continue;
     // One generator per (run seed, tensor, sample): a sample's values do not depend on which
     // micro-batch or rank reads it.
     const uint64_t base = tensor_seed(seed_, s.name);
     std::vector<at::Tensor> rows;
     rows.reserve(static_cast<size_t>(rows_));
     for (int64_t r = 0; r < rows_; ++r) {
-      const uint64_t index = static_cast<uint64_t>(first_sample + r);
+      if (r < want.start || r >= want.end) {
+        rows.push_back(at::zeros(s.sample_shape,
+                                 at::TensorOptions().dtype(s.floating ? at::kFloat : at::kLong)));
+        continue;
+      }
+      const uint64_t index = static_cast<uint64_t>(synthetic_first + r);
       at::Generator gen =
           at::make_generator<at::CPUGeneratorImpl>(base ^ ((index + 1) * 0xD1B54A32D192ED03ull));
       if (s.floating)

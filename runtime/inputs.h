@@ -7,21 +7,24 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "core/config.h"
 #include "core/result.h"
+#include "data/sources.h"
 #include "graph/graph.h"
-#include "runtime/data.h"
 
 namespace loom::runtime {
 
 class InputFeeder {
  public:
   // A language model (inputs `tokens` and `targets` read by an `embedding`) takes its samples
-  // from the configured token source (data.*); every other input is synthetic and seeded:
+  // from the configured token sources (data.*, eval.*); every other input is synthetic and
+  // seeded:
   // floating inputs ~ N(0, 1), integer inputs uniform in [0, value_bound). Fails naming the
   // tensor when an input has no batch dimension, the inputs disagree on the micro-batch size,
   // or an integer input has no value bound.
@@ -30,8 +33,16 @@ class InputFeeder {
 
   // Samples per micro-batch (all data-parallel replicas): dimension 0 of every input.
   int64_t rows() const { return rows_; }
-  // The inputs of the micro-batch whose first sample has global index `first_sample`, by id.
-  Result<std::unordered_map<int64_t, at::Tensor>> micro_batch(int64_t first_sample);
+  // The inputs of the micro-batch whose first sample has global index `first_sample`, by id:
+  // training samples, or with `validation` the validation samples (eval.*).
+  Result<std::unordered_map<int64_t, at::Tensor>> micro_batch(int64_t first_sample,
+                                                              bool validation = false);
+  // Limits what micro_batch() makes to the rows of each input a rank's ops read (by tensor id,
+  // Executor::input_rows): other rows are zeros, an input no op reads is left out, and no sample
+  // is read that no row needs. Unset: every row of every input.
+  void read_only(std::map<int64_t, graph::Range> rows) { rows_read_ = std::move(rows); }
+  // Whether the run validates (eval.every > 0).
+  bool has_validation() const { return validating_; }
 
  private:
   InputFeeder() = default;
@@ -46,8 +57,13 @@ class InputFeeder {
   };
   uint64_t seed_ = 0;
   int64_t rows_ = 0;
-  // The token source of a language model; null otherwise.
-  std::unique_ptr<TokenSource> tokens_;
+  // The token sources of a language model; null otherwise.
+  data::DataSources tokens_;
+  bool validating_ = false;
+  std::optional<std::map<int64_t, graph::Range>> rows_read_;
+  // The rows of input `id` to make: [0, rows_) unless read_only() says otherwise; empty for an
+  // input no op reads.
+  graph::Range rows_of(TensorId id) const;
   TensorId tokens_id_, targets_id_;
   int64_t seq_ = 0;
   std::vector<int64_t> buffer_;

@@ -22,7 +22,6 @@
 #include "lower/plan_file.h"
 #include "lower/program.h"
 #include "runtime/checkpoint.h"
-#include "runtime/data.h"
 #include "runtime/debug_env.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
@@ -111,6 +110,20 @@ Status finish_profile(std::unique_ptr<StepProfile> p) {
   if (Status s = write_file_atomically(p->file, p->json.str()); !s.ok())
     return Error::at(p->file.string(), "LOOM_PROFILE_STEP: " + s.error().message);
   return Status::success();
+}
+
+// The micro-batches of the global batch whose first sample is `first_sample`. Every rank reads
+// each whole micro-batch (cheap) and cuts the pieces its ops read.
+Result<std::vector<std::unordered_map<int64_t, at::Tensor>>> global_batch(Trainer::Impl& s,
+                                                                          int64_t first_sample,
+                                                                          bool validation) {
+  std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
+  for (int64_t m = 0; m < s.config.micro_batches(); ++m) {
+    LOOM_ASSIGN_OR_RETURN(auto in,
+                          s.inputs->micro_batch(first_sample + m * s.inputs->rows(), validation));
+    inputs.push_back(std::move(in));
+  }
+  return inputs;
 }
 
 }  // namespace
@@ -220,6 +233,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
                        ExecutorOptions{static_cast<uint64_t>(config.run.seed), impl->device,
                                        bucket_bytes(config), config.parallel.zero == 1,
                                        /*seeded_init=*/config.checkpoint.init_from.empty()}));
+  // Each rank reads only the samples its ops read (none on a middle pipeline stage).
+  impl->inputs->read_only(impl->executor->input_rows());
   // Weight decay applies to matrices, not to biases and norm scales.
   std::vector<bool> decay;
   for (const auto& piece : impl->executor->parameter_pieces())
@@ -240,12 +255,9 @@ Result<StepStats> Trainer::step() {
   reset_peak_device_bytes(s.device);
   const int64_t micro = s.config.micro_batches();
   const int64_t first_sample = s.step * s.config.batch.global;
-  // Every rank reads the whole micro-batch (cheap) and cuts the pieces its ops read.
-  std::vector<std::unordered_map<int64_t, at::Tensor>> inputs;
-  for (int64_t m = 0; m < micro; ++m) {
-    LOOM_ASSIGN_OR_RETURN(auto in, s.inputs->micro_batch(first_sample + m * s.inputs->rows()));
-    inputs.push_back(std::move(in));
-  }
+  LOOM_ASSIGN_OR_RETURN(auto inputs, global_batch(s, first_sample, /*validation=*/false));
+  const double data_time_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const double scale = 1.0 / static_cast<double>(micro);
   LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale));
@@ -269,6 +281,7 @@ Result<StepStats> Trainer::step() {
   st.lr = lr;
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  st.data_time_s = data_time_s;
   st.tokens_per_s =
       static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
   st.peak_mem_bytes = peak_device_bytes(s.device);
@@ -278,7 +291,30 @@ Result<StepStats> Trainer::step() {
                                                               s.config.run.output_dir, s.estimate));
   }
   if (profile) LOOM_TRY(finish_profile(std::move(profile)));
+  const int64_t every = s.config.eval.every;
+  if (every > 0 && (s.step % every == 0 || s.step == s.config.run.steps)) {
+    const auto eval_start = std::chrono::steady_clock::now();
+    LOOM_ASSIGN_OR_RETURN(st.val_loss, validate());
+    st.has_val = true;
+    st.val_time_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+  }
   return st;
+}
+
+Result<double> Trainer::validate() {
+  Impl& s = *impl_;
+  if (!s.inputs->has_validation())
+    return s.config.error("eval.every", "the run has no validation (eval.every is 0)");
+  // The same batches every time, so validation losses of different steps compare.
+  double total = 0;
+  for (int64_t b = 0; b < s.config.eval.steps; ++b) {
+    LOOM_ASSIGN_OR_RETURN(auto inputs,
+                          global_batch(s, b * s.config.batch.global, /*validation=*/true));
+    LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->evaluate(inputs));
+    total += (sums.loss - sums.aux_loss) / static_cast<double>(inputs.size());
+  }
+  return total / static_cast<double>(s.config.eval.steps);
 }
 
 int64_t Trainer::steps_done() const { return impl_->step; }

@@ -45,11 +45,19 @@ struct StepStats {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double step_time_s = 0;
+  // Of step_time_s, the seconds spent reading the step's samples (data.*).
+  double data_time_s = 0;
   double tokens_per_s =
       0;  // items per second: tokens (GPT), images (Swin); see RunPlan::items_per_sample
   // Most live tensor bytes of this process's device during the step (the CUDA caching
   // allocator's peak on a GPU, the counting allocator's on the CPU).
   int64_t peak_mem_bytes = 0;
+  // Validation (eval.every): after this step's update, the mean token loss of eval.steps global
+  // batches of validation samples through the plan's forward (auxiliary losses excluded), and
+  // the seconds it took (not counted in step_time_s).
+  bool has_val = false;
+  double val_loss = 0;
+  double val_time_s = 0;
   // A traced step (logging.trace_steps), on rank 0: where its trace_step_N.json is and what it
   // measured against the plan's estimate (observe::summary_line); else empty.
   std::string trace_summary;
@@ -68,8 +76,12 @@ class Trainer {
                                                  const KernelRegistry* kernels = nullptr);
   ~Trainer();
 
-  // Runs one optimizer step over batch.global samples.
+  // Runs one optimizer step over batch.global samples, then validates when eval.every divides
+  // the step or it is the run's last (run.steps).
   Result<StepStats> step();
+  // The validation loss now: eval.steps global batches of validation samples through the
+  // plan's forward alone. Fails when the run has no validation data (eval.every is 0).
+  Result<double> validate();
 
   int64_t steps_done() const;
   // The checkpoint checkpoint.resume loaded (a step directory or a merged file); empty when the

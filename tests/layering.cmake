@@ -4,6 +4,7 @@
 cmake_minimum_required(VERSION 3.22)
 set(may_use_core core)
 set(may_use_checkpoint core checkpoint)
+set(may_use_data core data)
 set(may_use_observe core observe)
 set(may_use_graph core graph)
 set(may_use_planner core graph planner)
@@ -14,8 +15,8 @@ set(may_use_plan core graph planner scheduler models lower plan)
 set(may_use_comm core comm)
 # The runtime receives a Plan (lower's programs) and runs it; the block names of its traces are
 # the scheduler's.
-set(may_use_runtime core graph scheduler lower comm checkpoint observe runtime)
-set(folders core checkpoint observe graph planner scheduler models lower plan comm runtime)
+set(may_use_runtime core graph scheduler lower comm checkpoint data observe runtime)
+set(folders core checkpoint data observe graph planner scheduler models lower plan comm runtime)
 
 set(violations "")
 foreach(folder ${folders})

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "data/sources.h"
 #include "launch/planned_trainer.h"
 #include "models/gpt.h"
-#include "runtime/data.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 #include "tests/reference/gpt_reference.h"
@@ -63,7 +63,7 @@ void run_case(const Case& c) {
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(3e-4).weight_decay(0)));
   torch::optim::AdamW opt(groups);
-  auto data = loom::runtime::make_token_source(*config, spec->vocab, spec->seq);
+  auto data = loom::data::make_token_source(*config, spec->vocab, spec->seq);
   const int64_t global = config->batch.global, micro = config->batch.micro, seq = spec->seq;
   int64_t ref_step = 0;
   std::vector<int64_t> buf(seq + 1);
@@ -75,7 +75,7 @@ void run_case(const Case& c) {
       torch::Tensor tokens = torch::empty({micro, seq}, torch::kLong);
       torch::Tensor targets = torch::empty({micro, seq}, torch::kLong);
       for (int64_t r = 0; r < micro; ++r) {
-        (void)(*data)->sample(ref_step * global + m * micro + r, seq, buf.data());
+        (void)(*data)->sample(ref_step * global + m * micro + r, buf.data());
         std::memcpy(tokens.data_ptr<int64_t>() + r * seq, buf.data(), seq * sizeof(int64_t));
         std::memcpy(targets.data_ptr<int64_t>() + r * seq, buf.data() + 1, seq * sizeof(int64_t));
       }

@@ -295,12 +295,28 @@ TEST(ConfigErrors, SequenceParallelismNeedsTensorParallelism) {
 // A token file with synthetic data would be read by nothing.
 TEST(ConfigErrors, SyntheticDataReadsNoPath) {
   std::string e = error_of("data:\n  path: train.bin\n");
-  EXPECT_NE(e.find("t.yaml:2: data.path: a token file is given but data.type is 'synthetic'"),
+  EXPECT_NE(e.find("t.yaml:2: data.path: a data file is given but data.type is 'synthetic'"),
             std::string::npos)
       << e;
   EXPECT_NE(e.find("set data.type: tokens"), std::string::npos) << e;
   Config c = must_parse("data:\n  type: tokens\n  path: train.bin\n");
   EXPECT_EQ(c.data.path, "train.bin");
+}
+
+// data.blend and eval.* survive the resolved YAML `loom config` prints and a run directory keeps.
+TEST(Config, DataBlendAndEvalRoundTrip) {
+  Config c = must_parse(
+      "data:\n  type: indexed\n  blend: [[0.7, data/web], [0.3, data/code]]\n  seed: 9\n"
+      "eval: {every: 50, steps: 4, split: 0.01}\n");
+  ASSERT_EQ(c.data.blend.size(), 2u);
+  EXPECT_EQ(c.data.blend[1].path, "data/code");
+  EXPECT_EQ(c.data_seed(), 9u);
+  auto again = parse_config(to_yaml(c), "resolved.yaml");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->data.blend, c.data.blend);
+  EXPECT_EQ(again->eval.every, 50);
+  EXPECT_EQ(again->eval.split, 0.01);
+  EXPECT_EQ(must_parse("").data_seed(), 1234u);  // run.seed by default
 }
 
 TEST(ModelArgs, TypedAccessNamesTheLine) {

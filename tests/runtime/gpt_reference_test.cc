@@ -7,8 +7,8 @@
 
 #include <cmath>
 
+#include "data/sources.h"
 #include "launch/planned_trainer.h"
-#include "runtime/data.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 
@@ -50,13 +50,13 @@ double max_rel_error(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // Samples [first, first + rows) as tokens and targets, read from loom's data source.
-std::pair<torch::Tensor, torch::Tensor> batch(const runtime::TokenSource& data, int64_t first,
-                                              int64_t rows, int64_t seq) {
+std::pair<torch::Tensor, torch::Tensor> batch(data::TokenSource& data, int64_t first, int64_t rows,
+                                              int64_t seq) {
   torch::Tensor tokens = torch::empty({rows, seq}, torch::kLong);
   torch::Tensor targets = torch::empty({rows, seq}, torch::kLong);
   std::vector<int64_t> buf(seq + 1);
   for (int64_t r = 0; r < rows; ++r) {
-    EXPECT_TRUE(data.sample(first + r, seq, buf.data()).ok());
+    EXPECT_TRUE(data.sample(first + r, buf.data()).ok());
     for (int64_t t = 0; t < seq; ++t) {
       tokens[r][t] = buf[t];
       targets[r][t] = buf[t + 1];
@@ -71,7 +71,7 @@ TEST(GptReference, ForwardLossAndEveryGradientMatch) {
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   runtime::Executor& exec = (*trainer)->executor();
   reference::Gpt ref = make_reference(exec);
-  auto data = runtime::make_token_source(config, 256, 32);
+  auto data = data::make_token_source(config, 256, 32);
   auto [tokens, targets] = batch(**data, 0, 4, 32);
 
   const graph::Graph& g = (*trainer)->graph();
@@ -112,7 +112,7 @@ TEST(GptReference, TwentyStepsGiveTheSameLossCurve) {
   auto trainer = launch::create_trainer(config);
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
   reference::Gpt ref = make_reference((*trainer)->executor());
-  auto data = runtime::make_token_source(config, 256, 32);
+  auto data = data::make_token_source(config, 256, 32);
 
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : ref->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);

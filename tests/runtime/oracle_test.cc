@@ -6,10 +6,10 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include "data/sources.h"
 #include "graph/verify.h"
 #include "models/model.h"
 #include "planner/policy.h"
-#include "runtime/data.h"
 #include "runtime/executor.h"
 
 namespace loom {
@@ -34,12 +34,12 @@ Fixture make(const std::vector<std::string>& overrides) {
   f.single = *g;
   const int64_t rows = f.single.tensor(*f.single.find_tensor("tokens")).shape[0];
   const int64_t seq = f.single.tensor(*f.single.find_tensor("tokens")).shape[1];
-  auto data = runtime::make_token_source(f.config, 256, seq);
+  auto data = data::make_token_source(f.config, 256, seq);
   at::Tensor tokens = at::empty({rows, seq}, at::kLong),
              targets = at::empty({rows, seq}, at::kLong);
   std::vector<int64_t> buf(seq + 1);
   for (int64_t r = 0; r < rows; ++r) {
-    EXPECT_TRUE((*data)->sample(r, seq, buf.data()).ok());
+    EXPECT_TRUE((*data)->sample(r, buf.data()).ok());
     for (int64_t t = 0; t < seq; ++t) {
       tokens[r][t] = buf[t];
       targets[r][t] = buf[t + 1];

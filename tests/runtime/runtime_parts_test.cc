@@ -7,13 +7,15 @@
 #include <cstdio>
 #include <fstream>
 
-#include "runtime/data.h"
+#include "data/sources.h"
 #include "runtime/init.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer.h"
 
 namespace loom::runtime {
 namespace {
+
+using data::make_token_source;
 
 graph::FullTensor param(const std::string& name, Shape shape) {
   graph::FullTensor t;
@@ -50,9 +52,9 @@ TEST(Data, SyntheticIsDeterministicPerSample) {
   auto a = make_token_source(config({"run.seed=5"}), 100, 8);
   auto b = make_token_source(config({"run.seed=5"}), 100, 8);
   std::vector<int64_t> x(9), y(9), z(9);
-  ASSERT_TRUE((*a)->sample(17, 8, x.data()).ok());
-  ASSERT_TRUE((*b)->sample(17, 8, y.data()).ok());
-  ASSERT_TRUE((*a)->sample(18, 8, z.data()).ok());
+  ASSERT_TRUE((*a)->sample(17, x.data()).ok());
+  ASSERT_TRUE((*b)->sample(17, y.data()).ok());
+  ASSERT_TRUE((*a)->sample(18, z.data()).ok());
   EXPECT_EQ(x, y);
   EXPECT_NE(x, z);
   for (int64_t t : x) EXPECT_LT(t, 100);
@@ -75,7 +77,7 @@ TEST(Data, TokenFileWindows) {
   auto src = make_token_source(config({"data.type=tokens", "data.path=" + path}), 64, 8);
   ASSERT_TRUE(src.ok()) << src.error().message;
   std::vector<int64_t> x(9);
-  ASSERT_TRUE((*src)->sample(1, 8, x.data()).ok());
+  ASSERT_TRUE((*src)->sample(1, x.data()).ok());
   EXPECT_EQ(x[0], 8);
   EXPECT_EQ(x[8], 16);
 }
@@ -92,13 +94,13 @@ TEST(Data, TokenFileOfUint32Ids) {
       config({"data.type=tokens", "data.path=" + path, "data.token_bytes=4"}), 128256, 4);
   ASSERT_TRUE(src.ok()) << src.error().message;
   std::vector<int64_t> x(5);
-  ASSERT_TRUE((*src)->sample(1, 4, x.data()).ok());
+  ASSERT_TRUE((*src)->sample(1, x.data()).ok());
   EXPECT_EQ(x[0], 128004);
   EXPECT_EQ(x[4], 128008);
   // Read as uint16 the same bytes are other ids (here the high halves, 1, outside no vocabulary).
   auto narrow = make_token_source(config({"data.type=tokens", "data.path=" + path}), 128256, 4);
   ASSERT_TRUE(narrow.ok());
-  ASSERT_TRUE((*narrow)->sample(0, 4, x.data()).ok());
+  ASSERT_TRUE((*narrow)->sample(0, x.data()).ok());
   EXPECT_EQ(x[1], 1);
   auto bad = parse_config("data: {type: tokens, path: x.bin, token_bytes: 3}\n", "d.yaml", {});
   ASSERT_FALSE(bad.ok());

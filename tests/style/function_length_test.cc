@@ -16,9 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kMaxLines = 100;
-const char* const kFolders[] = {"core",      "checkpoint", "observe", "graph", "planner",
-                                "scheduler", "models",     "lower",   "plan",  "comm",
-                                "runtime",   "launch",     "loom",    "bench", "examples"};
+const char* const kFolders[] = {"core",      "checkpoint", "data",  "observe", "graph", "planner",
+                                "scheduler", "models",     "lower", "plan",    "comm",  "runtime",
+                                "launch",    "loom",       "bench", "examples"};
 
 bool ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
