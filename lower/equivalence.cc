@@ -49,8 +49,10 @@ Status check_structure(const graph::Graph& g, const Lowered& l, int64_t micro_ba
   const int64_t world = static_cast<int64_t>(l.programs.size());
   const int64_t ops = static_cast<int64_t>(g.ops().size());
   const int64_t tensors = static_cast<int64_t>(g.tensors().size());
-  auto check_layout = [&](const Layout& lay, const Shape& shape, const std::string& what) -> Status {
-    if (auto s = lay.validate(&shape); !s.ok()) return Error::at("plan", what + ": " + s.error().message);
+  auto check_layout = [&](const Layout& lay, const Shape& shape,
+                          const std::string& what) -> Status {
+    if (auto s = lay.validate(&shape); !s.ok())
+      return Error::at("plan", what + ": " + s.error().message);
     for (DeviceId d : lay.devices)
       if (d.value() < 0 || d.value() >= world)
         return Error::at("plan", what + " names rank " + d.to_string() + " outside the world of " +
@@ -100,9 +102,8 @@ Status check_structure(const graph::Graph& g, const Lowered& l, int64_t micro_ba
       if (!stages.insert(seg.stage.value()).second)
         return rank_error(r, "two segments of stage " + seg.stage.to_string());
       for (const SegmentItem& it : seg.items) {
-        const int64_t n = it.kind == SegmentItem::Kind::kOp
-                              ? ops
-                              : static_cast<int64_t>(l.adapters.size());
+        const int64_t n =
+            it.kind == SegmentItem::Kind::kOp ? ops : static_cast<int64_t>(l.adapters.size());
         if (it.index < 0 || it.index >= n)
           return rank_error(r, "stage " + seg.stage.to_string() + " runs item " +
                                    std::to_string(it.index) + ", which the plan does not have");
@@ -110,18 +111,18 @@ Status check_structure(const graph::Graph& g, const Lowered& l, int64_t micro_ba
     }
     for (const ProgramBlock& b : p.blocks) {
       if (!stages.count(b.stage.value()))
-        return rank_error(r, std::string("a block ") + block_letter(b.kind) +
-                                 b.stage.to_string() + "." + b.micro_batch.to_string() +
-                                 " of a stage it does not run");
+        return rank_error(r, std::string("a block ") + block_letter(b.kind) + b.stage.to_string() +
+                                 "." + b.micro_batch.to_string() + " of a stage it does not run");
       if (b.micro_batch.value() < 0 || b.micro_batch.value() >= micro_batches)
-        return rank_error(r, std::string("a block ") + block_letter(b.kind) +
-                                 b.stage.to_string() + "." + b.micro_batch.to_string() +
+        return rank_error(r, std::string("a block ") + block_letter(b.kind) + b.stage.to_string() +
+                                 "." + b.micro_batch.to_string() +
                                  " of a micro-batch outside the step's " +
                                  std::to_string(micro_batches));
     }
     for (int64_t s : p.grad_syncs)
       if (s < 0 || s >= static_cast<int64_t>(l.grad_syncs.size()))
-        return rank_error(r, "joins gradient sync " + std::to_string(s) + ", which the plan does not have");
+        return rank_error(
+            r, "joins gradient sync " + std::to_string(s) + ", which the plan does not have");
   }
   return Status::success();
 }
@@ -156,9 +157,9 @@ Status run_path(const graph::Graph& g, const Adapter& a, const CommPath& path, b
 // What one adapter delivers: its forward path, run on the regions the producers hold, gives
 // every consuming rank the region its ops read, whole; its gradient path, run from the
 // consumers' gradients (replicas' partials), gives every producer its gradient.
-Status check_adapter(const graph::Graph& g, const Lowered& l, const Adapter& a,
-                     const Writers& writers,
-                     const std::unordered_map<std::string, std::vector<const graph::Op*>>& by_name) {
+Status check_adapter(
+    const graph::Graph& g, const Lowered& l, const Adapter& a, const Writers& writers,
+    const std::unordered_map<std::string, std::vector<const graph::Op*>>& by_name) {
   const size_t world = l.programs.size();
   const graph::FullTensor& t = g.tensor(a.tensor);
   const std::string name = adapter_name(g, a);
@@ -173,19 +174,19 @@ Status check_adapter(const graph::Graph& g, const Lowered& l, const Adapter& a,
     for (const auto& [d, piece] : w->second) {
       const int64_t p = position(a.from, d);
       if (p < 0)
-        return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " +
-                                 name + " takes its producers from ranks " +
+        return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " + name +
+                                 " takes its producers from ranks " +
                                  devices_string(a.from.devices));
       const SubTensor expected = a.from.piece(p, a.tensor, t.shape);
       if (!(expected == *piece))
-        return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " +
-                                 name + " expects it to hold " + expected.ranges_string());
+        return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " + name +
+                                 " expects it to hold " + expected.ranges_string());
       state.set(d, Region::of(*piece));
     }
     for (DeviceId d : a.from.devices)
       if (!state.has(d.value()))
-        return rank_error(d.value(), "writes no piece of '" + t.name + "', but " + name +
-                                         " takes one from it");
+        return rank_error(
+            d.value(), "writes no piece of '" + t.name + "', but " + name + " takes one from it");
   }
   LOOM_TRY(run_path(g, a, a.forward, true, state));
   // Every consumer op on a rank of the consumers' layout reads exactly what arrived, whole.
@@ -220,7 +221,8 @@ Status check_adapter(const graph::Graph& g, const Lowered& l, const Adapter& a,
   const Layout gto = grad_layout(a.to), gfrom = grad_layout(a.from);
   DeviceRegions grad(world);
   for (size_t p = 0; p < gto.devices.size(); ++p)
-    grad.set(gto.devices[p].value(), Region::of(gto.piece(static_cast<int64_t>(p), a.tensor, t.shape)));
+    grad.set(gto.devices[p].value(),
+             Region::of(gto.piece(static_cast<int64_t>(p), a.tensor, t.shape)));
   LOOM_TRY(run_path(g, a, a.backward, false, grad));
   std::map<std::vector<int64_t>, std::pair<std::vector<Range>, ValueMix>> sums;
   for (size_t p = 0; p < gfrom.devices.size(); ++p) {
@@ -291,8 +293,7 @@ struct LocalDependency {
   }
 };
 Status walk_program(const graph::Graph& g, const Lowered& l, const ReadIndex& index, int64_t r,
-                    std::vector<int32_t>& op_seen,
-                    std::vector<std::set<int64_t>>& adapter_ranks,
+                    std::vector<int32_t>& op_seen, std::vector<std::set<int64_t>>& adapter_ranks,
                     std::set<LocalDependency>& local) {
   const Program& prog = l.programs[static_cast<size_t>(r)];
   // Per tensor: the pieces this rank wrote and in which stage.
@@ -307,8 +308,8 @@ Status walk_program(const graph::Graph& g, const Lowered& l, const ReadIndex& in
         const std::string& tname = g.tensor(a.tensor).name;
         if (!adapter_ranks[static_cast<size_t>(a.id)].insert(r * 2 + it.producer_side).second)
           return rank_error(r, "runs " + adapter_name(g, a) + " twice");
-        const bool stage_ok = it.producer_side ? a.producer_stage == seg.stage
-                                               : a.consumer_stage == seg.stage;
+        const bool stage_ok =
+            it.producer_side ? a.producer_stage == seg.stage : a.consumer_stage == seg.stage;
         if (!stage_ok)
           return rank_error(r, "runs " + adapter_name(g, a) + " in stage " + seg.stage.to_string());
         const bool produces = !a.parameter && holds(a.from, r) && (it.producer_side || !a.disjoint);
@@ -317,12 +318,13 @@ Status walk_program(const graph::Graph& g, const Lowered& l, const ReadIndex& in
         if (produces) {
           const auto m = made.find(a.tensor.value());
           const bool ready = m != made.end() &&
-                             std::any_of(m->second.begin(), m->second.end(),
-                                         [&](const auto& x) { return x.second == a.producer_stage.value(); });
+                             std::any_of(m->second.begin(), m->second.end(), [&](const auto& x) {
+                               return x.second == a.producer_stage.value();
+                             });
           if (!ready)
-            return rank_error(r, "item " + std::to_string(i) + " of stage " + seg.stage.to_string() +
-                                     " runs " + adapter_name(g, a) + " before any op writes '" +
-                                     tname + "' there");
+            return rank_error(r, "item " + std::to_string(i) + " of stage " +
+                                     seg.stage.to_string() + " runs " + adapter_name(g, a) +
+                                     " before any op writes '" + tname + "' there");
         }
         if (!it.producer_side) delivered.insert(a.id);
         continue;
@@ -346,7 +348,8 @@ Status walk_program(const graph::Graph& g, const Lowered& l, const ReadIndex& in
                                      " delivers it");
           continue;
         }
-        if (t.role != graph::TensorRole::kActivation && t.role != graph::TensorRole::kLoss) continue;
+        if (t.role != graph::TensorRole::kActivation && t.role != graph::TensorRole::kLoss)
+          continue;
         const auto m = made.find(in.tensor.value());
         const std::pair<const SubTensor*, int64_t>* src = nullptr;
         if (m != made.end())
@@ -394,12 +397,14 @@ Status check_blocks(const Program& prog, int64_t r, int64_t micro_batches,
       const bool whole = x[1] >= 0, split = x[2] >= 0 || x[3] >= 0;
       if (x[0] < 0 && !whole && !split) continue;
       mine[mb] = 1;
-      if (x[0] < 0) return rank_error(r, "runs the backward of " + where + " but never its forward F" + where);
+      if (x[0] < 0)
+        return rank_error(r, "runs the backward of " + where + " but never its forward F" + where);
       if (whole == split || (split && (x[2] < 0 || x[3] < 0)))
         return rank_error(r, "runs the backward of " + where +
                                  (whole ? " both whole and split" : " incompletely or never"));
       const int64_t back = whole ? x[1] : x[2];
-      if (back < x[0]) return rank_error(r, "runs the backward of " + where + " before its forward");
+      if (back < x[0])
+        return rank_error(r, "runs the backward of " + where + " before its forward");
       if (split && x[3] < x[2])
         return rank_error(r, "runs the weight gradient W" + where + " before its input gradient");
     }
@@ -468,7 +473,8 @@ Result<std::set<int64_t>> check_sharded(const graph::Graph& g, const Lowered& l)
                                    it->second->from.to_string() + " for " + it->second->consumer);
     if (!fresh) continue;
     std::vector<std::vector<Range>> boxes;
-    for (int64_t p = 0; p < a.from.size(); ++p) boxes.push_back(a.from.piece(p, a.tensor, t.shape).ranges);
+    for (int64_t p = 0; p < a.from.size(); ++p)
+      boxes.push_back(a.from.piece(p, a.tensor, t.shape).ranges);
     std::vector<Range> whole;
     for (int64_t n : t.shape) whole.push_back(Range{0, n});
     std::string why;
@@ -488,7 +494,8 @@ Status check_grad_syncs(const graph::Graph& g, const Lowered& l, const std::set<
   std::map<std::pair<int64_t, std::string>, std::pair<const SubTensor*, std::set<int64_t>>> readers;
   for (const graph::Op& op : g.ops())
     for (const SubTensor& in : op.inputs) {
-      if (g.tensor(in.tensor).role != graph::TensorRole::kParameter || sharded.count(in.tensor.value()))
+      if (g.tensor(in.tensor).role != graph::TensorRole::kParameter ||
+          sharded.count(in.tensor.value()))
         continue;
       auto& e = readers[{in.tensor.value(), in.ranges_string()}];
       e.first = &in;
@@ -501,9 +508,10 @@ Status check_grad_syncs(const graph::Graph& g, const Lowered& l, const std::set<
     const std::string what = "the gradient of '" + t.name + "' " + s.piece.ranges_string();
     const auto key = std::make_pair(s.tensor.value(), s.piece.ranges_string());
     if (!synced.emplace(key, static_cast<int64_t>(i)).second)
-      return Error::at(t.name, what + " is summed twice: two gradient syncs over ranks " +
-                                   devices_string(l.grad_syncs[static_cast<size_t>(synced[key])].devices) +
-                                   " and " + devices_string(s.devices));
+      return Error::at(t.name,
+                       what + " is summed twice: two gradient syncs over ranks " +
+                           devices_string(l.grad_syncs[static_cast<size_t>(synced[key])].devices) +
+                           " and " + devices_string(s.devices));
     const auto it = readers.find(key);
     if (it == readers.end() || it->second.second.size() < 2)
       return Error::at(t.name, what + " is summed over ranks " + devices_string(s.devices) +
@@ -515,19 +523,19 @@ Status check_grad_syncs(const graph::Graph& g, const Lowered& l, const std::set<
     std::set<int64_t> members;
     for (DeviceId d : s.devices)
       if (!members.insert(d.value()).second)
-        return Error::at(t.name, what + " counts rank " + d.to_string() + " twice in its sum over " +
-                                     devices_string(s.devices));
+        return Error::at(t.name, what + " counts rank " + d.to_string() +
+                                     " twice in its sum over " + devices_string(s.devices));
     if (members != it->second.second) {
       std::vector<std::string> missing, extra;
       for (int64_t d : it->second.second)
         if (!members.count(d)) missing.push_back(std::to_string(d));
       for (int64_t d : members)
         if (!it->second.second.count(d)) extra.push_back(std::to_string(d));
-      return Error::at(t.name, what + " is summed over ranks " + devices_string(s.devices) +
-                                   (missing.empty() ? "" : ", missing rank(s) " + join(missing, ",") +
-                                                               " that read it") +
-                                   (extra.empty() ? "" : ", with rank(s) " + join(extra, ",") +
-                                                             " that do not"));
+      return Error::at(
+          t.name,
+          what + " is summed over ranks " + devices_string(s.devices) +
+              (missing.empty() ? "" : ", missing rank(s) " + join(missing, ",") + " that read it") +
+              (extra.empty() ? "" : ", with rank(s) " + join(extra, ",") + " that do not"));
     }
     for (int64_t d : members) {
       const auto& mine = l.programs[static_cast<size_t>(d)].grad_syncs;
@@ -541,15 +549,18 @@ Status check_grad_syncs(const graph::Graph& g, const Lowered& l, const std::set<
       std::vector<DeviceId> ds;
       for (int64_t d : e.second) ds.push_back(DeviceId(d));
       return Error::at(g.tensor(TensorId(key.first)).name,
-                       "the gradient of '" + g.tensor(TensorId(key.first)).name + "' " + key.second +
-                           " is read on ranks " + devices_string(ds) + " and never summed");
+                       "the gradient of '" + g.tensor(TensorId(key.first)).name + "' " +
+                           key.second + " is read on ranks " + devices_string(ds) +
+                           " and never summed");
     }
   for (size_t r = 0; r < l.programs.size(); ++r)
     for (int64_t s : l.programs[r].grad_syncs)
-      if (!holds(Layout{1, 1, {}, l.grad_syncs[static_cast<size_t>(s)].devices}, static_cast<int64_t>(r)))
-        return rank_error(static_cast<int64_t>(r), "joins the gradient sum of '" +
-                                                       g.tensor(l.grad_syncs[static_cast<size_t>(s)].tensor).name +
-                                                       "' without being one of its ranks");
+      if (!holds(Layout{1, 1, {}, l.grad_syncs[static_cast<size_t>(s)].devices},
+                 static_cast<int64_t>(r)))
+        return rank_error(static_cast<int64_t>(r),
+                          "joins the gradient sum of '" +
+                              g.tensor(l.grad_syncs[static_cast<size_t>(s)].tensor).name +
+                              "' without being one of its ranks");
   return Status::success();
 }
 
@@ -569,12 +580,12 @@ Status check_loss(const graph::Graph& g, const Lowered& l, const Writers& writer
   for (size_t r = 0; r < l.programs.size(); ++r) {
     const double seed = l.programs[r].loss_seed;
     if (std::abs(seed - want[r]) > 1e-12 * std::max(1.0, want[r]))
-      return rank_error(static_cast<int64_t>(r),
-                        "seeds the loss's backward with " + std::to_string(seed) +
-                            (want[r] == 0 ? ", but it holds no piece of the loss"
-                                          : " where its piece of the loss counts " +
-                                                std::to_string(want[r]) +
-                                                " (1 / the ranks holding it)"));
+      return rank_error(
+          static_cast<int64_t>(r),
+          "seeds the loss's backward with " + std::to_string(seed) +
+              (want[r] == 0 ? ", but it holds no piece of the loss"
+                            : " where its piece of the loss counts " + std::to_string(want[r]) +
+                                  " (1 / the ranks holding it)"));
   }
   return Status::success();
 }
@@ -588,20 +599,19 @@ Status check_recompute(const graph::Graph& g, const Lowered& l) {
       for (const RecomputeRegion& region : seg.recompute) {
         if (region.begin < end || region.end <= region.begin ||
             region.end > static_cast<int64_t>(seg.items.size()))
-          return rank_error(p.rank.value(), "stage " + seg.stage.to_string() +
-                                                " recomputes items " + std::to_string(region.begin) +
-                                                ".." + std::to_string(region.end) +
-                                                ", not a region of its " +
-                                                std::to_string(seg.items.size()) +
-                                                " items after the last");
+          return rank_error(p.rank.value(),
+                            "stage " + seg.stage.to_string() + " recomputes items " +
+                                std::to_string(region.begin) + ".." + std::to_string(region.end) +
+                                ", not a region of its " + std::to_string(seg.items.size()) +
+                                " items after the last");
         end = region.end;
         for (int64_t i = region.begin; i < region.end; ++i) {
           const SegmentItem& it = seg.items[static_cast<size_t>(i)];
           if (it.kind != SegmentItem::Kind::kAdapter) continue;
           const Adapter& a = l.adapters[static_cast<size_t>(it.index)];
           if (it.producer_side || a.disjoint || a.cross_stage())
-            return rank_error(p.rank.value(), "stage " + seg.stage.to_string() +
-                                                  " recomputes " + adapter_name(g, a) +
+            return rank_error(p.rank.value(), "stage " + seg.stage.to_string() + " recomputes " +
+                                                  adapter_name(g, a) +
                                                   ", a transfer between stages");
         }
       }
@@ -620,6 +630,7 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
   LOOM_TRY(check_structure(planned, lowered, micro_batches));
   LOOM_TRY(proof::check_ops(single, planned, st));
 
+  LOOM_ASSIGN_OR_RETURN(const std::set<int64_t> sharded, check_sharded(planned, lowered));
   const Writers writers = writers_of(planned);
   std::unordered_map<std::string, std::vector<const graph::Op*>> by_name;
   for (const graph::Op& op : planned.ops()) by_name[op.def->name].push_back(&op);
@@ -644,9 +655,9 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
   for (size_t i = 0; i < op_seen.size(); ++i)
     if (op_seen[i] != 1) {
       const graph::Op& op = planned.ops()[i];
-      return Error::at(op.name(), "op '" + op.name() + "' (placed on rank " + op.device.to_string() +
-                                      ") runs " + std::to_string(op_seen[i]) +
-                                      " times over all ranks' programs, not once");
+      return Error::at(
+          op.name(), "op '" + op.name() + "' (placed on rank " + op.device.to_string() + ") runs " +
+                         std::to_string(op_seen[i]) + " times over all ranks' programs, not once");
     }
   for (const Adapter& a : lowered.adapters) {
     std::set<int64_t> want;
@@ -657,12 +668,13 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
     for (int64_t x : want)
       if (!got.count(x))
         return rank_error(x / 2, std::string("takes part in ") + adapter_name(planned, a) +
-                                     (x % 2 ? " as a sender" : "") + " but its program never runs it");
+                                     (x % 2 ? " as a sender" : "") +
+                                     " but its program never runs it");
     for (int64_t x : got)
       if (!want.count(x))
-        return rank_error(x / 2, "runs " + adapter_name(planned, a) + ", in which it takes no part");
+        return rank_error(x / 2,
+                          "runs " + adapter_name(planned, a) + ", in which it takes no part");
   }
-  LOOM_ASSIGN_OR_RETURN(const std::set<int64_t> sharded, check_sharded(planned, lowered));
   LOOM_TRY(check_grad_syncs(planned, lowered, sharded, st));
   LOOM_TRY(check_loss(planned, lowered, writers));
   LOOM_TRY(check_recompute(planned, lowered));

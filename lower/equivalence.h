@@ -31,19 +31,18 @@
 namespace loom::lower {
 
 struct ProofStats {
-  int64_t ops = 0;             // sub-operators checked against their single-device op
-  int64_t adapters = 0;        // adapters whose forward and gradient paths ran on regions
-  int64_t ranks = 0;           // programs walked
-  int64_t blocks = 0;          // program blocks checked
-  int64_t grad_syncs = 0;      // gradient syncs checked
-  double seconds = 0;          // wall time of the proof
+  int64_t ops = 0;         // sub-operators checked against their single-device op
+  int64_t adapters = 0;    // adapters whose forward and gradient paths ran on regions
+  int64_t ranks = 0;       // programs walked
+  int64_t blocks = 0;      // program blocks checked
+  int64_t grad_syncs = 0;  // gradient syncs checked
+  double seconds = 0;      // wall time of the proof
 };
 
 // Proves `lowered` (the programs of `planned`, `micro_batches` per step) equal to `single`, the
 // single-device model it was planned from. The error names the first difference: the rank, the
 // op or adapter, the tensor and the region, and what one device needs there.
 Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
-                        const Lowered& lowered, int64_t micro_batches,
-                        ProofStats* stats = nullptr);
+                        const Lowered& lowered, int64_t micro_batches, ProofStats* stats = nullptr);
 
 }  // namespace loom::lower

@@ -59,8 +59,8 @@ Status check_ring_step(const graph::Op& op, const std::map<std::string, Range>& 
 
 // The ranges every label of `op`'s annotation takes on its pieces, or an error naming the
 // piece and label that disagree with one device's op.
-Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned,
-                                                  const graph::Op& op, const SingleOp& single) {
+Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, const graph::Op& op,
+                                                  const SingleOp& single) {
   std::map<std::string, Range> at;
   std::map<std::string, std::string> where;  // label -> the piece that bound it
   const graph::Annotation& a = op.annotation();
@@ -110,13 +110,13 @@ Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned,
           if (fresh) {
             where[name] = "'" + tname + "' " + ranges_string(piece.ranges);
           } else if (it->second != lr) {
-            return op_error(
-                op, (side == 0 ? "reads '" : "writes '") + tname + "' " +
-                        ranges_string(piece.ranges) + ", label '" + name + "' at " +
-                        std::to_string(lr.start) + ":" + std::to_string(lr.end) + ", where " +
-                        where[name] + " puts it at " + std::to_string(it->second.start) + ":" +
-                        std::to_string(it->second.end) +
-                        ": one device's op needs the regions of one box of its labels");
+            return op_error(op, (side == 0 ? "reads '" : "writes '") + tname + "' " +
+                                    ranges_string(piece.ranges) + ", label '" + name + "' at " +
+                                    std::to_string(lr.start) + ":" + std::to_string(lr.end) +
+                                    ", where " + where[name] + " puts it at " +
+                                    std::to_string(it->second.start) + ":" +
+                                    std::to_string(it->second.end) +
+                                    ": one device's op needs the regions of one box of its labels");
           }
         }
       }
@@ -175,8 +175,7 @@ Status check_op(const graph::Graph& single_g, const graph::Graph& planned, const
     if (Frac::of(1, o.value_chunks) != share)
       return op_error(op, "writes '" + planned.tensor(o.tensor).name + "' " + o.ranges_string() +
                               " as " + ValueMix::chunk(o.value_chunk, o.value_chunks).to_string() +
-                              ", but it sums " + share.to_string() +
-                              " of one device's reduction" +
+                              ", but it sums " + share.to_string() + " of one device's reduction" +
                               (share == Frac{1, 1} ? ": the whole value" : ""));
   return Status::success();
 }
@@ -185,7 +184,8 @@ Status check_op(const graph::Graph& single_g, const graph::Graph& planned, const
 std::vector<Range> reduced_box(const graph::Op& op, const std::map<std::string, Range>& ranges) {
   std::vector<Range> box;
   for (const std::string& label : op.annotation().labels())
-    if (op.annotation().kind_of(label) == graph::LabelKind::kReduce) box.push_back(ranges.at(label));
+    if (op.annotation().kind_of(label) == graph::LabelKind::kReduce)
+      box.push_back(ranges.at(label));
   return box;
 }
 
@@ -221,9 +221,9 @@ Status check_cover(const graph::Graph& planned, const graph::Op& one, const Sing
       auto [c, added] = it->second.emplace(std::make_pair(s.value_chunk, s.value_chunks), i);
       if (!added && reduced[c->second] != reduced[i])
         return op_error(*subs[i], "writes '" + t.name + "' " + s.ranges_string() +
-                                      " summing the reduction over " +
-                                      ranges_string(reduced[i]) + " as op '" +
-                                      subs[c->second]->name() + "' writes the same partial sum over " +
+                                      " summing the reduction over " + ranges_string(reduced[i]) +
+                                      " as op '" + subs[c->second]->name() +
+                                      "' writes the same partial sum over " +
                                       ranges_string(reduced[c->second]));
     }
     std::string why;
@@ -247,14 +247,15 @@ Status check_cover(const graph::Graph& planned, const graph::Op& one, const Sing
       std::sort(intervals.begin(), intervals.end(),
                 [](const auto& a, const auto& b) { return a.first < b.first; });
       bool chain = intervals.front().first == Frac{0, 1} && intervals.back().second == Frac{1, 1};
-      for (size_t k = 1; k < intervals.size(); ++k) chain &= intervals[k].first == intervals[k - 1].second;
+      for (size_t k = 1; k < intervals.size(); ++k)
+        chain &= intervals[k].first == intervals[k - 1].second;
       if (!chain || total != Frac{1, 1})
-        return Error::at(one.def->name,
-                         "op '" + one.def->name + "': the partial sums its sub-operators write of '" +
-                             t.name + "' " + ranges_string(box) + " add up to " +
-                             total.to_string() + " of the value" +
-                             (total == Frac{1, 1} ? " with chunks overlapping" : "") +
-                             ": each partial must count exactly once");
+        return Error::at(
+            one.def->name,
+            "op '" + one.def->name + "': the partial sums its sub-operators write of '" + t.name +
+                "' " + ranges_string(box) + " add up to " + total.to_string() + " of the value" +
+                (total == Frac{1, 1} ? " with chunks overlapping" : "") +
+                ": each partial must count exactly once");
       if (!whole_reduction.empty() && !tiles_exactly(parts, whole_reduction, &why))
         return Error::at(one.def->name, "op '" + one.def->name + "': the partial sums of '" +
                                             t.name + "' " + ranges_string(box) +
@@ -275,8 +276,8 @@ Status check_ops(const graph::Graph& single, const graph::Graph& planned, ProofS
     for (const SubTensor& in : op.inputs) shapes.push_back(single.tensor(in.tensor).shape);
     auto sizes = graph::bind_labels(op.annotation(), shapes, op.attrs());
     if (!sizes.ok())
-      return Error::at(op.def->name, "one device's op '" + op.def->name + "': " +
-                                         sizes.error().message);
+      return Error::at(op.def->name,
+                       "one device's op '" + op.def->name + "': " + sizes.error().message);
     s.sizes = std::move(sizes).value();
     by_name.emplace(op.def->name, std::move(s));
   }

@@ -90,15 +90,12 @@ ValueMix ValueMix::operator+(const ValueMix& o) const {
   };
   ValueMix m;
   for (size_t i = 0; i + 1 < cuts.size(); ++i)
-    m.segs_.push_back(
-        {cuts[i], cuts[i + 1], coef_at(segs_, cuts[i]) + coef_at(o.segs_, cuts[i])});
+    m.segs_.push_back({cuts[i], cuts[i + 1], coef_at(segs_, cuts[i]) + coef_at(o.segs_, cuts[i])});
   m.normalise();
   return m;
 }
 
-bool ValueMix::is_whole() const {
-  return segs_.size() == 1 && segs_[0].coef == Frac{1, 1};
-}
+bool ValueMix::is_whole() const { return segs_.size() == 1 && segs_[0].coef == Frac{1, 1}; }
 
 bool ValueMix::operator==(const ValueMix& o) const {
   if (segs_.size() != o.segs_.size()) return false;
@@ -125,8 +122,9 @@ std::string ValueMix::to_string() const {
   }
   std::vector<std::string> parts;
   for (const Seg& s : segs_)
-    parts.push_back("[" + s.lo.to_string() + "," + s.hi.to_string() + ")x" + s.coef.to_string());
-  return "partial sums " + join(parts, " ");
+    parts.push_back("[" + s.lo.to_string() + "," + s.hi.to_string() + ") " + s.coef.to_string() +
+                    " time(s)");
+  return "the value's chunks counted " + join(parts, ", ");
 }
 
 Region Region::of(const graph::SubTensor& s) {
@@ -184,11 +182,12 @@ Status check_dim(const CommStep& st, int factor, size_t ndim) {
 Status run_transfer(const CommStep& st, DeviceRegions& s) {
   DeviceRegions next(s.held.size());
   for (const auto& pair : st.groups) {
-    if (pair.size() != 2) return step_error(st, &pair, "a send/recv pair of " +
-                                                           std::to_string(pair.size()) + " ranks");
+    if (pair.size() != 2)
+      return step_error(st, &pair, "a send/recv pair of " + std::to_string(pair.size()) + " ranks");
     const int64_t src = pair[0].value(), dst = pair[1].value();
     if (!s.has(src))
-      return step_error(st, &pair, "rank " + std::to_string(src) + " sends a piece it does not hold");
+      return step_error(st, &pair,
+                        "rank " + std::to_string(src) + " sends a piece it does not hold");
     if (next.has(dst))
       return step_error(st, &pair, "rank " + std::to_string(dst) + " receives two pieces");
     if (dst < 0 || dst >= static_cast<int64_t>(s.held.size()))
@@ -222,8 +221,8 @@ Status run_local(const CommStep& st, DeviceRegions& s) {
     } else if (st.primitive == Primitive::kChunk) {
       LOOM_TRY(check_dim(st, st.to_factor, r.ranges.size()));
       auto part = part_of(r.ranges[static_cast<size_t>(st.to_factor - 2)], sub, st.k);
-      if (!part.ok()) return step_error(st, nullptr, "rank " + std::to_string(d) + ": " +
-                                                         part.error().message);
+      if (!part.ok())
+        return step_error(st, nullptr, "rank " + std::to_string(d) + ": " + part.error().message);
       r.ranges[static_cast<size_t>(st.to_factor - 2)] = *part;
     } else {  // pad: the piece among k - 1 slices of zeros
       LOOM_TRY(check_dim(st, st.from_factor, r.ranges.size()));
@@ -239,8 +238,9 @@ Status run_local(const CommStep& st, DeviceRegions& s) {
 Status run_group(const CommStep& st, const std::vector<DeviceId>& g, DeviceRegions& s) {
   const int64_t k = static_cast<int64_t>(g.size());
   if (k != st.k)
-    return step_error(st, &g, "a group of " + std::to_string(k) + " ranks for a step moving " +
-                                  std::to_string(st.k));
+    return step_error(
+        st, &g,
+        "a group of " + std::to_string(k) + " ranks for a step moving " + std::to_string(st.k));
   std::vector<Region> in;
   for (DeviceId d : g) {
     if (!s.has(d.value()))
@@ -249,10 +249,10 @@ Status run_group(const CommStep& st, const std::vector<DeviceId>& g, DeviceRegio
   }
   const size_t ndim = in[0].ranges.size();
   auto unlike = [&](size_t j, const std::string& what) {
-    return step_error(st, &g, "rank " + std::to_string(g[j].value()) + " holds " +
-                                  in[j].to_string() + " where rank " +
-                                  std::to_string(g[0].value()) + " holds " + in[0].to_string() +
-                                  ": " + what);
+    return step_error(st, &g,
+                      "rank " + std::to_string(g[j].value()) + " holds " + in[j].to_string() +
+                          " where rank " + std::to_string(g[0].value()) + " holds " +
+                          in[0].to_string() + ": " + what);
   };
   std::vector<Region> out(static_cast<size_t>(k));
   if (st.primitive == Primitive::kAllReduce || st.primitive == Primitive::kReduceScatter) {

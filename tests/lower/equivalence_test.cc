@@ -27,6 +27,12 @@ constexpr const char* kGpt =
 constexpr const char* kLlama =
     "model: {type: llama, preset: tiny}\nbatch: {global: 8, micro: 2}\n"
     "optimizer: {type: sgd, lr: 0.05}\n";
+constexpr const char* kSwin =
+    "model: {type: swin, preset: tiny}\nbatch: {global: 8, micro: 4}\n"
+    "optimizer: {type: sgd, lr: 0.05}\n";
+constexpr const char* kEvoformer =
+    "model: {type: evoformer, preset: tiny}\nbatch: {global: 8, micro: 2}\n"
+    "optimizer: {type: sgd, lr: 0.05}\n";
 constexpr const char* kMoe =
     "model: {type: llama, preset: tiny-moe}\nbatch: {global: 8, micro: 2}\n"
     "optimizer: {type: sgd, lr: 0.05}\n";
@@ -51,13 +57,25 @@ std::vector<Case> cases() {
       {"gpt_recompute_selective", kGpt, {"parallel.tp=2", "parallel.recompute=selective"}},
       {"gpt_1f1b", kGpt, {"parallel.pp=2", "parallel.schedule=1f1b"}},
       {"gpt_zbh1", kGpt, {"parallel.pp=2", "parallel.schedule=zb-h1"}},
-      {"gpt_interleaved", kGpt,
-       {"parallel.pp=2", "parallel.chunks=2", "parallel.schedule=interleaved", "model.args.layers=4"}},
+      {"gpt_interleaved",
+       kGpt,
+       {"parallel.pp=2", "parallel.chunks=2", "parallel.schedule=interleaved",
+        "model.args.layers=4"}},
       {"gpt_chimera", kGpt, {"parallel.pp=2", "parallel.schedule=chimera"}},
       {"llama_tp2_pp2", kLlama, {"parallel.tp=2", "parallel.pp=2"}},
       {"llama_cp2", kLlama, {"parallel.cp=2"}},
       {"moe_ep2", kMoe, {"parallel.dp=2", "parallel.ep=2"}},
       {"moe_ep2_tp2", kMoe, {"parallel.dp=2", "parallel.ep=2", "parallel.tp=2"}},
+      {"llama_cp2_tp2_zero3", kLlama, {"parallel.cp=2", "parallel.tp=2", "parallel.zero=3"}},
+      {"llama_cp2_pp2_1f1b",
+       kLlama,
+       {"parallel.cp=2", "parallel.pp=2", "parallel.schedule=1f1b",
+        "parallel.recompute=selective"}},
+      {"gpt_search", kGpt, {"parallel.pp=2", "parallel.schedule=search"}},
+      {"swin_dp2_tp2", kSwin, {"parallel.dp=2", "parallel.tp=2"}},
+      {"swin_window2", kSwin, {"parallel.tp=2", "parallel.policy=window"}},
+      {"evoformer_dap2", kEvoformer, {"parallel.tp=2", "parallel.policy=dap"}},
+      {"evoformer_dp2_pp2", kEvoformer, {"parallel.dp=2", "parallel.pp=2"}},
   };
 }
 
