@@ -10,6 +10,7 @@
 
 #include "core/strings.h"
 #include "lower/equivalence_parts.h"
+#include "lower/grad_bucketing.h"
 #include "lower/region.h"
 
 namespace loom::lower {
@@ -189,7 +190,8 @@ Status check_adapter(
             d.value(), "writes no piece of '" + t.name + "', but " + name + " takes one from it");
   }
   LOOM_TRY(run_path(g, a, a.forward, true, state));
-  // Every consumer op on a rank of the consumers' layout reads exactly what arrived, whole.
+  // Every rank of the consumers' layout holds what the layout promises, whole, and every
+  // consumer op there reads exactly that.
   for (size_t p = 0; p < a.to.devices.size(); ++p) {
     const int64_t d = a.to.devices[p].value();
     const SubTensor want = a.to.piece(static_cast<int64_t>(p), a.tensor, t.shape);
@@ -197,23 +199,25 @@ Status check_adapter(
       return rank_error(d, name + " leaves it without its piece " + want.ranges_string() + " of '" +
                                t.name + "'");
     const Region& got = state.region[static_cast<size_t>(d)];
-    for (const std::string& consumer : a.consumers) {
-      const auto ops = by_name.find(consumer);
-      if (ops == by_name.end()) return Error::at(consumer, name + ": no op '" + consumer + "'");
-      for (const graph::Op* op : ops->second) {
-        if (op->device.value() != d) continue;
-        for (const SubTensor& in : op->inputs) {
-          if (in.tensor != a.tensor) continue;
-          if (got.ranges != in.ranges || !got.value.is_whole())
-            return rank_error(d, "op '" + op->name() + "' reads '" + t.name + "' " +
-                                     in.ranges_string() + " whole, but " + name + " delivers " +
-                                     got.to_string());
-        }
-      }
-    }
     if (got.ranges != want.ranges || !got.value.is_whole())
       return rank_error(d, name + " delivers '" + t.name + "' " + got.to_string() +
                                " where its layout promises " + want.ranges_string());
+  }
+  std::vector<char> in_to(world, 0);
+  for (DeviceId d : a.to.devices) in_to[static_cast<size_t>(d.value())] = 1;
+  for (const std::string& consumer : a.consumers) {
+    const auto ops = by_name.find(consumer);
+    if (ops == by_name.end()) return Error::at(consumer, name + ": no op '" + consumer + "'");
+    for (const graph::Op* op : ops->second) {
+      const int64_t d = op->device.value();
+      if (op->stage != a.consumer_stage || !in_to[static_cast<size_t>(d)]) continue;
+      const Region& got = state.region[static_cast<size_t>(d)];
+      for (const SubTensor& in : op->inputs)
+        if (in.tensor == a.tensor && in.ranges != got.ranges)
+          return rank_error(d, "op '" + op->name() + "' reads '" + t.name + "' " +
+                                   in.ranges_string() + ", but " + name + " delivers " +
+                                   got.to_string());
+    }
   }
   // The gradient: consumer replicas hold partial gradients (grad_layout(to)); each producer
   // must end with its piece's gradient, the V partials of each of its replicas summing to the
@@ -250,25 +254,31 @@ Status check_adapter(
   return Status::success();
 }
 
-// Per (tensor, reading op's name): the adapters an op reads through (one per consumer stage
-// and layout; the one whose consumers' layout holds the op's rank is its).
-using ReadIndex = std::map<std::pair<int64_t, std::string>, std::vector<int64_t>>;
-ReadIndex read_index(const Lowered& l) {
-  ReadIndex out;
-  for (const Adapter& a : l.adapters)
-    for (const std::string& c : a.consumers) out[{a.tensor.value(), c}].push_back(a.id);
-  return out;
-}
-
-const Adapter* adapter_for(const Lowered& l, const ReadIndex& index, int64_t tensor,
-                           const std::string& op, int64_t rank) {
-  const auto it = index.find({tensor, op});
-  if (it == index.end()) return nullptr;
-  for (int64_t id : it->second) {
-    const Adapter& a = l.adapters[static_cast<size_t>(id)];
-    if (holds(a.to, rank)) return &a;
+// Per op and input: the adapter it reads that input through (-1: none), an adapter serving the
+// ops named among its consumers, in its consumer stage, on the ranks of its consumers' layout.
+using ReadVia = std::vector<std::vector<int32_t>>;
+ReadVia read_via(const graph::Graph& g, const Lowered& l,
+                 const std::unordered_map<std::string, std::vector<const graph::Op*>>& by_name) {
+  const auto& ops = g.ops();
+  ReadVia out(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) out[i].assign(ops[i].inputs.size(), -1);
+  std::vector<char> in_to(l.programs.size(), 0);
+  for (const Adapter& a : l.adapters) {
+    for (DeviceId d : a.to.devices) in_to[static_cast<size_t>(d.value())] = 1;
+    for (const std::string& consumer : a.consumers) {
+      const auto it = by_name.find(consumer);
+      if (it == by_name.end()) continue;
+      for (const graph::Op* op : it->second) {
+        if (op->stage != a.consumer_stage || !in_to[static_cast<size_t>(op->device.value())])
+          continue;
+        const size_t i = static_cast<size_t>(op - ops.data());
+        for (size_t k = 0; k < op->inputs.size(); ++k)
+          if (op->inputs[k].tensor == a.tensor) out[i][k] = static_cast<int32_t>(a.id);
+      }
+    }
+    for (DeviceId d : a.to.devices) in_to[static_cast<size_t>(d.value())] = 0;
   }
-  return nullptr;
+  return out;
 }
 
 // Ranks taking part in an adapter's steps.
@@ -292,7 +302,7 @@ struct LocalDependency {
     return std::tie(from_stage, to_stage) < std::tie(o.from_stage, o.to_stage);
   }
 };
-Status walk_program(const graph::Graph& g, const Lowered& l, const ReadIndex& index, int64_t r,
+Status walk_program(const graph::Graph& g, const Lowered& l, const ReadVia& via, int64_t r,
                     std::vector<int32_t>& op_seen, std::vector<std::set<int64_t>>& adapter_ranks,
                     std::set<LocalDependency>& local) {
   const Program& prog = l.programs[static_cast<size_t>(r)];
@@ -337,10 +347,12 @@ Status walk_program(const graph::Graph& g, const Lowered& l, const ReadIndex& in
         return rank_error(r, "runs op '" + op.name() + "' in stage " + seg.stage.to_string() +
                                  ", its stage is " + op.stage.to_string());
       ++op_seen[static_cast<size_t>(it.index)];
-      for (const SubTensor& in : op.inputs) {
+      for (size_t k = 0; k < op.inputs.size(); ++k) {
+        const SubTensor& in = op.inputs[k];
         const graph::FullTensor& t = g.tensor(in.tensor);
-        const Adapter* a = adapter_for(l, index, in.tensor.value(), op.def->name, r);
-        if (a) {
+        const int32_t through = via[static_cast<size_t>(it.index)][k];
+        if (through >= 0) {
+          const Adapter* a = &l.adapters[static_cast<size_t>(through)];
           if (!delivered.count(a->id))
             return rank_error(r, "op '" + op.name() + "' (item " + std::to_string(i) +
                                      " of stage " + seg.stage.to_string() + ") reads '" + t.name +
@@ -564,6 +576,41 @@ Status check_grad_syncs(const graph::Graph& g, const Lowered& l, const std::set<
   return Status::success();
 }
 
+// parallel.zero 1 splits each gradient group's buckets over its members (lower/
+// grad_bucketing.h, made at run time from comm.bucket_mb): for the plan's own groups, at the
+// default bucket size and at one that cuts pieces across buckets, the members' owned parts
+// tile every piece once, so each element's optimizer state is updated by exactly one rank.
+Status check_zero1_split(const graph::Graph& g, const Lowered& l) {
+  std::map<std::vector<DeviceId>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < l.grad_syncs.size(); ++i) groups[l.grad_syncs[i].devices].push_back(i);
+  for (const auto& [devices, syncs] : groups) {
+    std::vector<int64_t> numel;
+    for (size_t i : syncs) numel.push_back(loom::numel(l.grad_syncs[i].piece.shape()));
+    const int64_t members = static_cast<int64_t>(devices.size());
+    for (int64_t bucket_bytes : {int64_t{25} << 20, int64_t{4096}})
+      for (const BucketPlan& b : plan_buckets(numel, 4, bucket_bytes, members, true))
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const int64_t n = numel[b.params[j]];
+          std::vector<std::pair<int64_t, int64_t>> parts;
+          for (int64_t m = 0; m < members; ++m) {
+            const auto part = b.owned(j, n, m);
+            if (part.second > part.first) parts.push_back(part);
+          }
+          std::sort(parts.begin(), parts.end());
+          int64_t reach = 0;
+          for (const auto& [lo, hi] : parts) reach = lo == reach ? hi : -1;
+          if (reach != n) {
+            const GradSync& s = l.grad_syncs[syncs[b.params[j]]];
+            return Error::at(g.tensor(s.tensor).name,
+                             "ZeRO-1 splits the optimizer state of '" + g.tensor(s.tensor).name +
+                                 "' " + s.piece.ranges_string() + " over ranks " +
+                                 devices_string(devices) + " with a gap or an overlap");
+          }
+        }
+  }
+  return Status::success();
+}
+
 // The loss counts once: each rank holding a piece seeds its backward with 1 / its replicas.
 Status check_loss(const graph::Graph& g, const Lowered& l, const Writers& writers) {
   std::vector<double> want(l.programs.size(), 0.0);
@@ -639,14 +686,14 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
     ++st.adapters;
   }
 
-  const ReadIndex index = read_index(lowered);
+  const ReadVia via = read_via(planned, lowered, by_name);
   std::vector<int32_t> op_seen(planned.ops().size(), 0);
   std::vector<std::set<int64_t>> adapter_ranks(lowered.adapters.size());
   std::vector<std::map<int64_t, std::vector<char>>> runs(lowered.programs.size());
   for (size_t r = 0; r < lowered.programs.size(); ++r) {
     std::set<LocalDependency> local;
     const int64_t rank = static_cast<int64_t>(r);
-    LOOM_TRY(walk_program(planned, lowered, index, rank, op_seen, adapter_ranks, local));
+    LOOM_TRY(walk_program(planned, lowered, via, rank, op_seen, adapter_ranks, local));
     LOOM_TRY(check_blocks(lowered.programs[r], rank, micro_batches, local, runs[r]));
     st.blocks += static_cast<int64_t>(lowered.programs[r].blocks.size());
     ++st.ranks;
@@ -676,6 +723,7 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
                           "runs " + adapter_name(planned, a) + ", in which it takes no part");
   }
   LOOM_TRY(check_grad_syncs(planned, lowered, sharded, st));
+  LOOM_TRY(check_zero1_split(planned, lowered));
   LOOM_TRY(check_loss(planned, lowered, writers));
   LOOM_TRY(check_recompute(planned, lowered));
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

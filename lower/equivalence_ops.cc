@@ -62,7 +62,7 @@ Status check_ring_step(const graph::Op& op, const std::map<std::string, Range>& 
 Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, const graph::Op& op,
                                                   const SingleOp& single) {
   std::map<std::string, Range> at;
-  std::map<std::string, std::string> where;  // label -> the piece that bound it
+  std::map<std::string, const SubTensor*> where;  // label -> the piece that bound it
   const graph::Annotation& a = op.annotation();
   // A ring attention step's queries and keys are cut by the ring, not by the annotation.
   const bool ring_step = op.type() == graph::kRingAttentionStep;
@@ -71,7 +71,7 @@ Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, c
     const auto& pieces = side == 0 ? op.inputs : op.outputs;
     for (size_t t = 0; t < specs.size(); ++t) {
       const SubTensor& piece = pieces[t];
-      const std::string& tname = planned.tensor(piece.tensor).name;
+      const std::string& tname = planned.tensor(piece.tensor).name;  // for messages
       if (piece.ranges.size() != specs[t].dims.size())
         return op_error(op, "its piece of '" + tname + "' has " +
                                 std::to_string(piece.ranges.size()) + " ranges for " +
@@ -98,7 +98,7 @@ Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, c
             lr = Range{r.start / tail, r.end / tail};
           }
           const bool whole = lr.start == 0 && lr.end == size;
-          const std::string name = l.kind == graph::LabelKind::kFixed ? "" : l.name;
+          const std::string& name = l.name;  // empty for a fixed size
           const bool ring = ring_step && i == 0 && (l.name == "s" || l.name == "t");
           if (!whole && !ring &&
               (l.kind == graph::LabelKind::kFixed || l.kind == graph::LabelKind::kFrozen || i > 0))
@@ -108,12 +108,13 @@ Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, c
           if (name.empty()) continue;
           auto [it, fresh] = at.emplace(name, lr);
           if (fresh) {
-            where[name] = "'" + tname + "' " + ranges_string(piece.ranges);
+            where[name] = &piece;
           } else if (it->second != lr) {
             return op_error(op, (side == 0 ? "reads '" : "writes '") + tname + "' " +
                                     ranges_string(piece.ranges) + ", label '" + name + "' at " +
                                     std::to_string(lr.start) + ":" + std::to_string(lr.end) +
-                                    ", where " + where[name] + " puts it at " +
+                                    ", where '" + planned.tensor(where[name]->tensor).name +
+                                    "' " + where[name]->ranges_string() + " puts it at " +
                                     std::to_string(it->second.start) + ":" +
                                     std::to_string(it->second.end) +
                                     ": one device's op needs the regions of one box of its labels");
@@ -138,11 +139,15 @@ Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, c
 
 // The sub-op against its single-device op: same definition and tensors, one box of labels,
 // whole inputs, and outputs holding exactly the partial sum of its reduced labels' ranges.
-Status check_op(const graph::Graph& single_g, const graph::Graph& planned, const graph::Op& op,
-                const SingleOp& single) {
+Result<std::map<std::string, Range>> check_op(const graph::Graph& single_g,
+                                              const graph::Graph& planned, const graph::Op& op,
+                                              const SingleOp& single) {
   const graph::Op& one = *single.op;
-  if (op.type() != one.type() || !(op.annotation() == one.annotation()) ||
-      !(op.attrs() == one.attrs()))
+  // A plan made in this process shares its ops' definitions with the model; one read from a
+  // file has its own, compared in full.
+  const bool same_def = op.def == one.def;
+  if (!same_def && (op.type() != one.type() || !(op.annotation() == one.annotation()) ||
+                    !(op.attrs() == one.attrs())))
     return op_error(op, "is not one device's op '" + one.def->name + "' (" + one.type() + " '" +
                             one.annotation().to_string() + "' " + one.attrs().to_string() + ")");
   if (op.inputs.size() != one.inputs.size() || op.outputs.size() != one.outputs.size())
@@ -177,7 +182,7 @@ Status check_op(const graph::Graph& single_g, const graph::Graph& planned, const
                               " as " + ValueMix::chunk(o.value_chunk, o.value_chunks).to_string() +
                               ", but it sums " + share.to_string() + " of one device's reduction" +
                               (share == Frac{1, 1} ? ": the whole value" : ""));
-  return Status::success();
+  return ranges;
 }
 
 // The reduced labels' ranges of `op`, in annotation order.
@@ -287,8 +292,7 @@ Status check_ops(const graph::Graph& single, const graph::Graph& planned, ProofS
     const auto it = by_name.find(one_device_name(op.def->name));
     if (it == by_name.end())
       return op_error(op, "one device's model has no op '" + op.def->name + "'");
-    LOOM_TRY(check_op(single, planned, op, it->second));
-    LOOM_ASSIGN_OR_RETURN(auto ranges, label_ranges(planned, op, it->second));
+    LOOM_ASSIGN_OR_RETURN(auto ranges, check_op(single, planned, op, it->second));
     subs[op.def->name].push_back(&op);
     reduced[op.def->name].push_back(reduced_box(op, ranges));
     ++stats.ops;
