@@ -637,8 +637,10 @@ Status check_loss(const graph::Graph& g, const Lowered& l, const Writers& writer
   return Status::success();
 }
 
-// Recomputed regions: inside their segment, in order, disjoint, and repeating no transfer
-// between stages (a repeated send would deliver a stale value twice).
+// Recomputed regions: inside their segment, in order, disjoint, repeating no transfer between
+// stages (a repeated send would deliver a stale value twice) and not making the loss. What a
+// region reads from outside is kept by the executor whatever the region's bounds, so a region
+// that leaves out an op changes memory, not values.
 Status check_recompute(const graph::Graph& g, const Lowered& l) {
   for (const Program& p : l.programs)
     for (const Segment& seg : p.segments) {
@@ -654,7 +656,16 @@ Status check_recompute(const graph::Graph& g, const Lowered& l) {
         end = region.end;
         for (int64_t i = region.begin; i < region.end; ++i) {
           const SegmentItem& it = seg.items[static_cast<size_t>(i)];
-          if (it.kind != SegmentItem::Kind::kAdapter) continue;
+          if (it.kind == SegmentItem::Kind::kOp) {
+            const graph::Op& op = g.ops()[static_cast<size_t>(it.index)];
+            for (const SubTensor& o : op.outputs)
+              if (g.tensor(o.tensor).role == graph::TensorRole::kLoss)
+                return rank_error(p.rank.value(), "stage " + seg.stage.to_string() +
+                                                      " recomputes op '" + op.name() +
+                                                      "', which makes the loss: its backward "
+                                                      "starts there and has nothing to recompute");
+            continue;
+          }
           const Adapter& a = l.adapters[static_cast<size_t>(it.index)];
           if (it.producer_side || a.disjoint || a.cross_stage())
             return rank_error(p.rank.value(), "stage " + seg.stage.to_string() + " recomputes " +
@@ -681,11 +692,6 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
   const Writers writers = writers_of(planned);
   std::unordered_map<std::string, std::vector<const graph::Op*>> by_name;
   for (const graph::Op& op : planned.ops()) by_name[op.def->name].push_back(&op);
-  for (const Adapter& a : lowered.adapters) {
-    LOOM_TRY(check_adapter(planned, lowered, a, writers, by_name));
-    ++st.adapters;
-  }
-
   const ReadVia via = read_via(planned, lowered, by_name);
   std::vector<int32_t> op_seen(planned.ops().size(), 0);
   std::vector<std::set<int64_t>> adapter_ranks(lowered.adapters.size());
@@ -721,6 +727,11 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
       if (!want.count(x))
         return rank_error(x / 2,
                           "runs " + adapter_name(planned, a) + ", in which it takes no part");
+  }
+  // Each op is where it should be and reads what is there: now what arrives through adapters.
+  for (const Adapter& a : lowered.adapters) {
+    LOOM_TRY(check_adapter(planned, lowered, a, writers, by_name));
+    ++st.adapters;
   }
   LOOM_TRY(check_grad_syncs(planned, lowered, sharded, st));
   LOOM_TRY(check_zero1_split(planned, lowered));

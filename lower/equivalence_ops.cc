@@ -113,8 +113,8 @@ Result<std::map<std::string, Range>> label_ranges(const graph::Graph& planned, c
             return op_error(op, (side == 0 ? "reads '" : "writes '") + tname + "' " +
                                     ranges_string(piece.ranges) + ", label '" + name + "' at " +
                                     std::to_string(lr.start) + ":" + std::to_string(lr.end) +
-                                    ", where '" + planned.tensor(where[name]->tensor).name +
-                                    "' " + where[name]->ranges_string() + " puts it at " +
+                                    ", where '" + planned.tensor(where[name]->tensor).name + "' " +
+                                    where[name]->ranges_string() + " puts it at " +
                                     std::to_string(it->second.start) + ":" +
                                     std::to_string(it->second.end) +
                                     ": one device's op needs the regions of one box of its labels");
@@ -219,10 +219,14 @@ Status check_cover(const graph::Graph& planned, const graph::Op& one, const Sing
                        RangesHash>
         by_box;
     std::vector<std::vector<Range>> boxes;
+    std::vector<size_t> box_writer;  // a sub-op writing each box
     for (size_t i = 0; i < subs.size(); ++i) {
       const SubTensor& s = subs[i]->outputs[o];
       auto [it, fresh] = by_box.try_emplace(s.ranges);
-      if (fresh) boxes.push_back(s.ranges);
+      if (fresh) {
+        boxes.push_back(s.ranges);
+        box_writer.push_back(i);
+      }
       auto [c, added] = it->second.emplace(std::make_pair(s.value_chunk, s.value_chunks), i);
       if (!added && reduced[c->second] != reduced[i])
         return op_error(*subs[i], "writes '" + t.name + "' " + s.ranges_string() +
@@ -232,16 +236,25 @@ Status check_cover(const graph::Graph& planned, const graph::Op& one, const Sing
                                       ranges_string(reduced[c->second]));
     }
     std::string why;
+    size_t culprit = 0;
     std::vector<Range> whole;
     for (int64_t n : t.shape) whole.push_back(Range{0, n});
-    if (!tiles_exactly(boxes, whole, &why))
+    if (!tiles_exactly(boxes, whole, &why, &culprit)) {
+      if (culprit < boxes.size())
+        return op_error(*subs[box_writer[culprit]],
+                        "writes '" + t.name + "' " + ranges_string(boxes[culprit]) +
+                            ", where the sub-operators of '" + one.def->name + "' " + why +
+                            ": each region of its output must be written once");
       return Error::at(one.def->name, "op '" + one.def->name + "': its sub-operators write '" +
                                           t.name + "' so that " + why);
+    }
     for (const auto& [box, chunks] : by_box) {
       std::vector<std::vector<Range>> parts;
+      std::vector<size_t> part_writer;
       Frac total{0, 1};
       for (const auto& [cm, i] : chunks) {
         parts.push_back(reduced[i]);
+        part_writer.push_back(i);
         total = total + Frac::of(1, cm.second);
       }
       // Chunks c of m are disjoint intervals; they tile [0, 1) when their lengths sum to 1 and
@@ -261,10 +274,17 @@ Status check_cover(const graph::Graph& planned, const graph::Op& one, const Sing
                 "' " + ranges_string(box) + " add up to " + total.to_string() + " of the value" +
                 (total == Frac{1, 1} ? " with chunks overlapping" : "") +
                 ": each partial must count exactly once");
-      if (!whole_reduction.empty() && !tiles_exactly(parts, whole_reduction, &why))
+      if (!whole_reduction.empty() && !tiles_exactly(parts, whole_reduction, &why, &culprit)) {
+        if (culprit < parts.size())
+          return op_error(*subs[part_writer[culprit]],
+                          "writes a partial sum of '" + t.name + "' " + ranges_string(box) +
+                              " over " + ranges_string(parts[culprit]) +
+                              " of the reduction, where the partial sums of '" + one.def->name +
+                              "' " + why + ": each part of the reduction must count once");
         return Error::at(one.def->name, "op '" + one.def->name + "': the partial sums of '" +
                                             t.name + "' " + ranges_string(box) +
                                             " sum the reduction so that " + why);
+      }
     }
   }
   return Status::success();

@@ -322,11 +322,14 @@ Status run_step(const CommStep& st, DeviceRegions& state) {
 }
 
 bool tiles_exactly(const std::vector<std::vector<Range>>& boxes, const std::vector<Range>& whole,
-                   std::string* why) {
+                   std::string* why, size_t* culprit) {
+  if (culprit) *culprit = boxes.size();
   const size_t ndim = whole.size();
   std::vector<std::vector<int64_t>> cuts(ndim);
   for (size_t d = 0; d < ndim; ++d) cuts[d] = {whole[d].start, whole[d].end};
-  for (const auto& b : boxes) {
+  for (size_t bi = 0; bi < boxes.size(); ++bi) {
+    const auto& b = boxes[bi];
+    if (culprit) *culprit = bi;
     if (b.size() != ndim) {
       if (why) *why = "a piece of " + std::to_string(b.size()) + " dimensions";
       return false;
@@ -350,7 +353,9 @@ bool tiles_exactly(const std::vector<std::vector<Range>>& boxes, const std::vect
   std::vector<uint8_t> count(cells, 0);
   std::vector<size_t> stride(ndim, 1);
   for (size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * (cuts[d].size() - 1);
-  for (const auto& b : boxes) {
+  for (size_t bi = 0; bi < boxes.size(); ++bi) {
+    const auto& b = boxes[bi];
+    if (culprit) *culprit = bi;
     std::vector<size_t> lo(ndim), hi(ndim), at(ndim);
     for (size_t d = 0; d < ndim; ++d) {
       lo[d] = static_cast<size_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), b[d].start) -
@@ -377,6 +382,7 @@ bool tiles_exactly(const std::vector<std::vector<Range>>& boxes, const std::vect
       if (done) break;
     }
   }
+  if (culprit) *culprit = boxes.size();
   for (size_t c = 0; c < cells; ++c)
     if (count[c] == 0) {
       std::vector<Range> gap(ndim);

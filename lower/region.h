@@ -91,9 +91,11 @@ struct DeviceRegions {
 Status run_step(const CommStep& step, DeviceRegions& state);
 
 // Whether the boxes tile the box `whole` exactly once (no gap, no overlap); when not, `why`
-// says where.
+// says where and `culprit` is the index of the box that overlaps another or lies outside
+// (boxes.size() for a gap).
 bool tiles_exactly(const std::vector<std::vector<graph::Range>>& boxes,
-                   const std::vector<graph::Range>& whole, std::string* why);
+                   const std::vector<graph::Range>& whole, std::string* why,
+                   size_t* culprit = nullptr);
 
 std::string ranges_string(const std::vector<graph::Range>& ranges);
 

@@ -292,6 +292,16 @@ TEST(Mutation, RecomputedRegionsOverlap) {
                 {"rank 0", "recomputes items"});
 }
 
+TEST(Mutation, RecomputationOverTheLoss) {
+  expect_caught(kGpt, {"parallel.recompute=full"},
+                [](plan::Plan& p) {
+                  Segment& seg = p.file.lowered.programs[0].segments[0];
+                  ASSERT_FALSE(seg.recompute.empty());
+                  seg.recompute.back().end = static_cast<int64_t>(seg.items.size());
+                },
+                {"rank 0", "which makes the loss"});
+}
+
 TEST(Mutation, LossScaledTwice) {
   expect_caught(kGpt, kHybrid,
                 [](plan::Plan& p) {
