@@ -60,11 +60,27 @@ Status check_structure(const graph::Graph& g, const Lowered& l, int64_t micro_ba
                                      std::to_string(world));
     return Status::success();
   };
-  for (const graph::Op& op : g.ops())
+  for (const graph::Op& op : g.ops()) {
     if (op.device.value() < 0 || op.device.value() >= world)
       return Error::at(op.name(), "op '" + op.name() + "' is placed on rank " +
                                       op.device.to_string() + " outside the world of " +
                                       std::to_string(world));
+    for (const auto* pieces : {&op.inputs, &op.outputs})
+      for (const SubTensor& p : *pieces)
+        if (p.tensor.value() < 0 || p.tensor.value() >= tensors ||
+            p.ranges.size() != g.tensor(p.tensor).shape.size() || p.value_chunks < 1 ||
+            p.value_chunk < 0 || p.value_chunk >= p.value_chunks)
+          return Error::at(op.name(), "op '" + op.name() + "' has a piece " + p.ranges_string() +
+                                          " that is no piece of a tensor of the plan");
+        else
+          for (size_t d = 0; d < p.ranges.size(); ++d)
+            if (p.ranges[d].start < 0 || p.ranges[d].start >= p.ranges[d].end ||
+                p.ranges[d].end > g.tensor(p.tensor).shape[d])
+              return Error::at(op.name(), "rank " + op.device.to_string() + ", op '" + op.name() +
+                                              "': its piece " + p.ranges_string() + " of '" +
+                                              g.tensor(p.tensor).name + "' lies outside its " +
+                                              loom::to_string(g.tensor(p.tensor).shape));
+  }
   for (const Adapter& a : l.adapters) {
     if (a.tensor.value() < 0 || a.tensor.value() >= tensors)
       return Error::at("plan", "adapter " + std::to_string(a.id) + " names no tensor");

@@ -13,11 +13,14 @@
 //  - programs: each op on exactly one rank, its own, in its stage's segment; each value made or
 //    delivered before an op reads it, in item order; every rank of an adapter's steps runs it
 //    once; per stage and micro-batch one forward before one backward (or input- then
-//    weight-gradient); values read across stages on one rank made in an earlier block;
+//    weight-gradient); values read across stages on one rank made in an earlier block; each
+//    micro-batch through exactly one copy of the model (Chimera's two pipelines are two);
 //  - gradients: each parameter piece read on several ranks summed over exactly those ranks,
 //    once; parallel.zero 3 shards tiling each parameter once, their gathers and reduce-scatters
-//    proven as adapters; the loss seeded 1 / its replicas on exactly the ranks holding it;
-//  - recomputation: regions inside their segment, disjoint, repeating no pipeline transfer.
+//    proven as adapters; the ZeRO-1 split of every gradient group owning each element once;
+//    the loss seeded 1 / its replicas on exactly the ranks holding it;
+//  - recomputation: regions inside their segment, disjoint, repeating no pipeline transfer and
+//    not making the loss (what a region reads from outside is kept whatever its bounds).
 // It does not prove kernels or numerics (that is the run-based `loom verify`), nor the data
 // each replica reads, nor the order of floating-point sums. LibTorch-free.
 #pragma once
