@@ -28,8 +28,9 @@ inline constexpr DebugEnvVar kDebugEnv[] = {
      "1: loom's own CPU loops (attention's softmax and its backward, the register-tile "
      "transposes) take their portable paths, as on a CPU without AVX2 and FMA"},
     {"LOOM_VERIFY_EACH_TRANSFORM",
-     "1: the planner checks the graph after every transform a policy applies, in release "
-     "builds too (debug builds and tests always do); 0: never, in debug builds too"},
+     "1: the planner checks the graph after every transform a policy applies and make_plan "
+     "proves every plan equal to one device (lower/equivalence.h), in release builds too "
+     "(debug builds and tests always do); 0: never, in debug builds too"},
 };
 
 // The integer value of a variable of kDebugEnv; `fallback` when unset or not a number.

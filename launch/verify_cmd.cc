@@ -1,3 +1,8 @@
+// loom verify --static CONFIG [key=value ...] [--plan FILE] [--world-size N]: the config's plan
+// (or FILE's, judged as written even when its seal does not match) proven equal to the
+// single-device model without running it (lower/equivalence.h): exit 0 when proven, 1 naming
+// the first difference, 2 for a user mistake. LibTorch-free: a 1024-rank plan is judged here.
+//
 // loom verify CONFIG [key=value ...] [--steps N] [--ranks local|launched] [--json FILE]: the
 // config's plan (ranks as threads in this process, or one rank per process under loomrun,
 // torchrun or mpirun) against the single-device run of the same config, for a few steps
@@ -16,6 +21,9 @@
 #include "launch/cli_parse.h"
 #include "launch/command.h"
 #include "launch/config_file.h"
+#include "lower/equivalence.h"
+#include "lower/plan_file.h"
+#include "plan/plan.h"
 
 #if LOOM_HAVE_RUNTIME
 #include "comm/make_comm.h"
@@ -28,6 +36,65 @@ namespace {
 int bad_input(const std::string& message) {
   std::fprintf(stderr, "loom verify: error: %s\n", message.c_str());
   return kExitBadInput;
+}
+
+// The static proof of `config`'s plan for `world_size` ranks (0: the config's), or of the plan
+// in `plan_path`, against the single-device model the config builds.
+int verify_static(const Config& config, const std::string& plan_path, int64_t world_size) {
+  const plan::Registries registries;
+  auto cost = resolve_cost_model(config);
+  if (!cost.ok()) return bad_input(cost.error().to_string());
+  plan::Plan made;
+  const lower::PlanFile* file = nullptr;
+  lower::PlanFile loaded;
+  std::string what;
+  if (plan_path.empty()) {
+    plan::PlanProofs proofs;
+    proofs.equivalent = false;  // proven below, timed and reported
+    auto p = plan::make_plan(config, registries, *cost, world_size, proofs);
+    if (!p.ok()) return bad_input(p.error().to_string());
+    made = std::move(p).value();
+    file = &made.file;
+    what = "the plan of " + config.source + " (" + std::to_string(file->world_size) + " ranks)";
+  } else {
+    lower::SealState seal = lower::SealState::kMatches;
+    auto p = lower::load_plan_file(plan_path, &seal);
+    if (!p.ok()) return bad_input(p.error().to_string());
+    loaded = std::move(p).value();
+    file = &loaded;
+    if (world_size > 0 && world_size != file->world_size)
+      return bad_input("--world-size " + std::to_string(world_size) + ", but " + plan_path +
+                       " is a plan for " + std::to_string(file->world_size) + " ranks");
+    if (seal != lower::SealState::kMatches)
+      std::printf("loom verify: note: %s %s; judging its content as written\n", plan_path.c_str(),
+                  seal == lower::SealState::kMissing
+                      ? "has no seal"
+                      : "was changed after `loom plan` sealed it (its seal does not match)");
+    what = plan_path + " (" + std::to_string(file->world_size) + " ranks)";
+  }
+  auto model = plan::build_model(config, registries, file->world_size);
+  if (!model.ok()) return bad_input(model.error().to_string());
+  if (!plan_path.empty() && lower::model_digest(*model) != file->model_digest)
+    std::printf(
+        "loom verify: note: %s was made from another model than %s builds; judging it "
+        "against %s's\n",
+        plan_path.c_str(), config.source.c_str(), config.source.c_str());
+  lower::ProofStats stats;
+  Status proven =
+      lower::prove_equivalent(*model, file->graph, file->lowered, file->micro_batches, &stats);
+  if (!proven.ok()) {
+    std::printf("loom verify --static: %s is NOT equal to one device:\n  %s\n", what.c_str(),
+                proven.error().message.c_str());
+    return kExitFailure;
+  }
+  std::printf(
+      "loom verify --static: %s is equal to one device: %lld sub-operators, %lld adapters "
+      "(forward and gradient paths), %lld gradient syncs, %lld blocks over %lld ranks proven "
+      "in %.2f s\n",
+      what.c_str(), static_cast<long long>(stats.ops), static_cast<long long>(stats.adapters),
+      static_cast<long long>(stats.grad_syncs), static_cast<long long>(stats.blocks),
+      static_cast<long long>(stats.ranks), stats.seconds);
+  return kExitOk;
 }
 
 #if LOOM_HAVE_RUNTIME
@@ -129,8 +196,16 @@ int verify_main(const Args& args) {
       "loom verify"};
   std::string config_path, json_path, ranks = "auto";
   std::vector<std::string> overrides;
-  int64_t steps = 3;
+  int64_t steps = 3, world_size = 0;
+  bool static_proof = false;
+  std::string plan_path;
   app.add_option("config", config_path, "the run's YAML config")->required();
+  app.add_flag("--static", static_proof,
+               "prove the plan equal to one device without running it (any world size)");
+  app.add_option("--plan", plan_path,
+                 "with --static: judge this plan.json (even one whose seal does not match) "
+                 "instead of planning the config");
+  app.add_option("--world-size", world_size, "with --static: plan for this many ranks");
   app.add_option("overrides", overrides, "key=value overrides, e.g. parallel.tp=2");
   app.add_option("--steps", steps, "optimizer steps to compare (default 3)");
   app.add_option("--ranks", ranks,
@@ -143,8 +218,13 @@ int verify_main(const Args& args) {
   if (ranks != "local" && ranks != "launched" && ranks != "auto")
     return bad_input("--ranks must be local, launched or auto, got '" + ranks + "'");
 
+  if (!static_proof && (!plan_path.empty() || world_size != 0))
+    return bad_input("--plan and --world-size go with --static");
+  if (world_size < 0) return bad_input("--world-size must be positive");
+
   auto loaded = load_config_file(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
+  if (static_proof) return verify_static(*loaded, plan_path, world_size);
 #if LOOM_HAVE_RUNTIME
   launch::VerifyOptions options;
   options.steps = steps;

@@ -434,7 +434,8 @@ std::string seal_plan_json(const std::string& json) {
   return std::string(kSealOpen) + seal_of(unsealed) + "\"," + unsealed.substr(1);
 }
 
-Result<PlanFile> plan_from_json(const std::string& json, const std::string& source) {
+Result<PlanFile> plan_from_json(const std::string& json, const std::string& source,
+                                SealState* seal) {
   Reader reader(source);
   pb::Plan p;
   google::protobuf::util::JsonParseOptions options;
@@ -456,11 +457,15 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
                                  "; make the plan again with this loom's `loom plan`");
   // Checked before any field is used: an edited plan would otherwise run as the original plan
   // (most fields are not read back against the config) or fail deep in the runtime.
-  if (text.seal.empty())
+  if (seal)
+    *seal = text.seal.empty()                 ? SealState::kMissing
+            : seal_of(text.json) != text.seal ? SealState::kMismatch
+                                              : SealState::kMatches;
+  if (text.seal.empty() && !seal)
     return Error::at(source, source +
                                  ": plan has no seal (written by an older loom or rewritten by "
                                  "another tool); make it again with `loom plan`");
-  if (const std::string actual = seal_of(text.json); actual != text.seal)
+  if (const std::string actual = seal_of(text.json); actual != text.seal && !seal)
     return Error::at(source, source + ": plan was edited after `loom plan` wrote it (its seal " +
                                  text.seal + " does not match its content, " + actual +
                                  "); a plan is not edited by hand: make it again with `loom plan`");
@@ -487,12 +492,12 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
   return plan;
 }
 
-Result<PlanFile> load_plan_file(const std::string& path) {
+Result<PlanFile> load_plan_file(const std::string& path, SealState* seal) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Error::at(path, "cannot read plan file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
-  return plan_from_json(text.str(), path);
+  return plan_from_json(text.str(), path, seal);
 }
 
 Status check_plan_current(const PlanFile& plan, const std::string& source, const Config& config,

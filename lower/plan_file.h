@@ -53,13 +53,20 @@ Result<std::string> plan_to_json(const PlanFile& plan);
 // text without it, trailing whitespace aside. A sealed text is sealed again over its content.
 std::string seal_plan_json(const std::string& json);
 
+// What a plan's seal says of its text: it matches, the text has none, or the text was changed
+// after the seal was made.
+enum class SealState { kMatches, kMissing, kMismatch };
+
 // Reads plan.json text; `source` names the file in messages. Malformed JSON, an unknown format
 // or version, a missing seal or one that does not match (the file was edited after `loom plan`
-// wrote it), and ids out of range are errors naming the file and the field.
-Result<PlanFile> plan_from_json(const std::string& json, const std::string& source);
+// wrote it), and ids out of range are errors naming the file and the field. With `seal` given,
+// a missing or mismatched seal is recorded there instead of refused: for reading a hand-edited
+// or third-party plan to judge it (`loom verify --static --plan`), never to run it.
+Result<PlanFile> plan_from_json(const std::string& json, const std::string& source,
+                                SealState* seal = nullptr);
 
-// Reads a plan file from disk.
-Result<PlanFile> load_plan_file(const std::string& path);
+// Reads a plan file from disk (`seal` as plan_from_json's).
+Result<PlanFile> load_plan_file(const std::string& path, SealState* seal = nullptr);
 
 // Refuses a stale plan: its hash must equal `expected_hash`. The error names the file and what
 // differs (the first config keys with both values, the code fingerprint, or the model).

@@ -368,7 +368,7 @@ Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t&
     ++planned;
     // A proxy's plan is estimated and dropped: the proofs are left to the whole plans kept.
     PlanProofs proofs;
-    proofs.verify_graph = proofs.deadlock_free = s.whole;
+    proofs.verify_graph = proofs.deadlock_free = proofs.equivalent = s.whole;
     Result<Plan> plan = config.ok()
                             ? make_plan(*config, s.registries, s.cost, ranks, proofs, s.cache)
                             : Result<Plan>(config.error());
@@ -533,7 +533,7 @@ WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxi
     auto c = with_overrides(s.yaml, proxy.overrides);
     if (!c.ok()) return;
     PlanProofs unproved;
-    unproved.verify_graph = unproved.deadlock_free = false;
+    unproved.verify_graph = unproved.deadlock_free = unproved.equivalent = false;
     auto plan = make_plan(*c, s.registries, s.cost, s.world, unproved, s.cache);
     ++planned;
     if (!plan.ok()) return;

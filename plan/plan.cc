@@ -8,7 +8,9 @@
 #include <set>
 
 #include "graph/precision.h"
+#include "graph/rewriter.h"
 #include "graph/verify.h"
+#include "lower/equivalence.h"
 #include "lower/recompute.h"
 #include "lower/schedule_order.h"
 #include "plan/plan_spec.h"
@@ -255,6 +257,21 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
 
 namespace {
 
+// The static equivalence proof of a plan loom made, where debug builds and tests check each
+// transform: a failure is loom's bug, named as such.
+Status prove_equivalent(const Plan& plan, const PlanProofs& proofs) {
+  if (!proofs.equivalent || graph::default_verify_mode() != graph::VerifyMode::kEachTransform)
+    return Status::success();
+  Status s = lower::prove_equivalent(plan.model, plan.file.graph, plan.file.lowered,
+                                     plan.file.micro_batches);
+  if (!s.ok())
+    return Error::at("plan",
+                     "internal error: the plan loom made is not equal to one device (a "
+                     "bug in loom's planner or lowering): " +
+                         s.error().message);
+  return Status::success();
+}
+
 // The config as build_model's graph sees it: the keys no model builder, verification,
 // precision or context-parallel rewrite reads set to their defaults (pipeline degree and order,
 // recomputation, ZeRO, sequence parallelism, the global batch), so configs that differ only in
@@ -471,6 +488,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
   lower::mark_recompute(file.graph, file.lowered, spec.recompute, &facts.fusion.into_next);
   // A recomputed forward repeats its collectives inside the backward.
   if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  LOOM_TRY(prove_equivalent(plan, proofs));
 
   ComputeCost compute = compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda",
                                      facts.op_flops, &facts.fusion);
@@ -494,7 +512,7 @@ Status prove(const Plan& plan, const Registries& registries, const PlanProofs& p
   if (proofs.verify_graph) LOOM_TRY(graph::verify(plan.file.graph, registries.ops));
   if (proofs.deadlock_free)
     LOOM_TRY(lower::check_deadlock_free(plan.file.graph, plan.file.lowered));
-  return Status::success();
+  return prove_equivalent(plan, proofs);
 }
 
 ScheduleDrawings draw_schedule(const Plan& plan) {

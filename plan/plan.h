@@ -92,12 +92,15 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
                               const lower::Fusion* fusion = nullptr);
 
 // What make_plan proves of the plan it makes, besides refusing what cannot be planned: that
-// the policy's graph verifies and that the programs cannot deadlock. Both hold of every plan
-// loom makes (a failure is loom's bug); the auto-planner's proxies, estimated and discarded,
-// skip them, and what it keeps is planned whole with them.
+// the policy's graph verifies, that the programs cannot deadlock and, in debug builds and tests
+// (graph::default_verify_mode(): LOOM_VERIFY_EACH_TRANSFORM), that the lowered programs compute
+// the single-device model (lower/equivalence.h; `loom verify --static` runs it on any plan).
+// All hold of every plan loom makes (a failure is loom's bug); the auto-planner's proxies,
+// estimated and discarded, skip them, and what it keeps is planned whole with them.
 struct PlanProofs {
   bool verify_graph = true;
   bool deadlock_free = true;
+  bool equivalent = true;  // where graph::default_verify_mode() checks each transform
 };
 
 // What plans of one model made one after another share, made once: the single-device graph of

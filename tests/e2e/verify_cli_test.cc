@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -201,6 +202,87 @@ TEST(VerifyCli, BadConfigExitsTwoNamingTheKey) {
   Outcome r = run("verify " + config_file("gpt", kGptSgd) + " parallel.tp=3");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("parallel.tp"), std::string::npos) << r.output;
+}
+
+// `loom verify --static`: the plan proven equal to one device without running it
+// (lower/equivalence.h). A config's plan exits 0; a plan.json edited after `loom plan` wrote it
+// is judged as written (saying its seal does not match) and exits 1 naming the rank and op;
+// bad input exits 2.
+TEST(VerifyCli, StaticProvesAConfigsPlan) {
+  Outcome r = run("verify --static " + config_file("gpt", kGptSgd) +
+                  " parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.zero=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("(8 ranks) is equal to one device"), std::string::npos) << r.output;
+}
+
+// `loom plan` of GPT tiny tp2 x pp2, its plan.json changed in one place by `edit`, judged.
+Outcome verify_edited(const std::function<void(nlohmann::ordered_json&)>& edit) {
+  const std::string config = config_file("gpt", kGptSgd);
+  const fs::path dir = own_file("plan");
+  fs::remove_all(dir);
+  Outcome planned = run("plan " + config + " parallel.tp=2 parallel.pp=2 --out " + dir.string());
+  EXPECT_EQ(planned.code, 0) << planned.output;
+  const fs::path file = dir / "plan.json";
+  nlohmann::ordered_json plan;
+  {
+    std::ifstream in(file);
+    plan = nlohmann::ordered_json::parse(in);
+  }
+  if (edit) {  // else the file stays as `loom plan` wrote and sealed it
+    edit(plan);
+    std::ofstream(file) << plan.dump();
+  }
+  return run("verify --static " + config + " parallel.tp=2 parallel.pp=2 --plan " + file.string());
+}
+
+TEST(VerifyCli, StaticJudgesAnUneditedPlanFile) {
+  Outcome r = verify_edited(nullptr);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("seal"), std::string::npos) << r.output;
+}
+
+TEST(VerifyCli, StaticNamesAnOpMovedToAnotherRank) {
+  // The first crash: an op of rank 0 moved to rank 1 (a segmentation fault in training).
+  std::string moved;
+  Outcome r = verify_edited([&](nlohmann::ordered_json& plan) {
+    for (auto& op : plan["graph"]["ops"])
+      if (!op.contains("device")) {  // rank 0 (zero is left out)
+        op["device"] = "1";
+        return;
+      }
+  });
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("seal does not match"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NOT equal to one device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank "), std::string::npos) << r.output;
+  std::printf("%s", r.output.c_str());  // the message a user reads
+}
+
+TEST(VerifyCli, StaticNamesAnInputRangeShiftedByOne) {
+  // The silent one: an op's input range shifted by one element trained to exit 0.
+  Outcome r = verify_edited([](nlohmann::ordered_json& plan) {
+    for (auto& op : plan["graph"]["ops"])
+      for (auto& in : op["inputs"])
+        for (auto& range : in["ranges"])
+          if (range.contains("start") && range.contains("end")) {
+            range["start"] = std::to_string(std::stoll(range["start"].get<std::string>()) - 1);
+            range["end"] = std::to_string(std::stoll(range["end"].get<std::string>()) - 1);
+            return;
+          }
+  });
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("NOT equal to one device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("op '"), std::string::npos) << r.output;
+  std::printf("%s", r.output.c_str());
+}
+
+TEST(VerifyCli, StaticBadInputExitsTwo) {
+  const std::string config = config_file("gpt", kGptSgd);
+  Outcome missing = run("verify --static " + config + " --plan /nonexistent/plan.json");
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  Outcome without = run("verify " + config + " --plan plan.json");
+  EXPECT_EQ(without.code, 2) << without.output;
+  EXPECT_NE(without.output.find("--static"), std::string::npos) << without.output;
 }
 
 }  // namespace

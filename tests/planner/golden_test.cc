@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "graph/dump.h"
+#include "lower/equivalence.h"
 #include "models/model.h"
 #include "plan/plan.h"
 
@@ -21,6 +22,12 @@ void check_golden(const std::string& name, const std::vector<std::string>& overr
   auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
                                      PolicyRegistry::with_builtin_policies(), world);
   ASSERT_TRUE(g.ok()) << g.error().message;
+  // The golden plan, lowered, is proven equal to one device (lower/equivalence.h).
+  auto plan = loom::plan::make_plan(*c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  Status proven = lower::prove_equivalent(plan->model, plan->file.graph, plan->file.lowered,
+                                          plan->file.micro_batches);
+  EXPECT_TRUE(proven.ok()) << proven.error().message;
   const std::string text = graph::dump(*g);
   const std::string path =
       std::string(LOOM_SOURCE_DIR) + "/tests/planner/golden/gpt-tiny-" + name + ".txt";
