@@ -140,7 +140,7 @@ Result<std::shared_ptr<const IndexedDataset>> IndexedDataset::open(const std::st
     return Error::at(file, file + ": " + what);
   };
   LOOM_ASSIGN_OR_RETURN(d->idx_, MappedFile::open(idx));
-  LOOM_ASSIGN_OR_RETURN(d->bin_, MappedFile::open(bin));
+  LOOM_ASSIGN_OR_RETURN(d->bin_, MappedFile::open(bin, /*map=*/false));
   const uint8_t* h = d->idx_->bytes();
   const int64_t idx_size = d->idx_->size();
   if (idx_size < kHeaderBytes)
@@ -224,8 +224,12 @@ int64_t IndexedDataset::document_length(int64_t doc) const {
 }
 
 void IndexedDataset::read_sequence(int64_t seq, int64_t offset, int64_t count, int64_t* out) const {
-  const uint8_t* src = bin_->bytes() + pointer(seq) + offset * width_;
-  widen(dtype_, src, count, out);
+  thread_local std::vector<uint8_t> bytes;
+  bytes.resize(static_cast<size_t>(count * width_));
+  // Every pointer and length was checked against the file's size when it was opened.
+  LOOM_CHECK(bin_->read(pointer(seq) + offset * width_, count * width_, bytes.data()))
+      << bin_path() << ": shorter than when it was opened";
+  widen(dtype_, bytes.data(), count, out);
 }
 
 void IndexedDataset::read_document(int64_t doc, int64_t offset, int64_t count, int64_t* out) const {

@@ -10,7 +10,7 @@
 
 namespace loom::data {
 
-Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path, bool map) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error::at(path, path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
@@ -20,7 +20,7 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   }
   const int64_t size = st.st_size;
   const uint8_t* bytes = nullptr;
-  if (size > 0) {
+  if (size > 0 && map) {
     void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       const std::string why = std::strerror(errno);
@@ -32,6 +32,18 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
     bytes = static_cast<const uint8_t*>(p);
   }
   return std::unique_ptr<MappedFile>(new MappedFile(path, fd, bytes, size));
+}
+
+bool MappedFile::read(int64_t offset, int64_t size, uint8_t* out) const {
+  while (size > 0) {
+    const ssize_t got = ::pread(fd_, out, static_cast<size_t>(size), offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    out += got;
+    offset += got;
+    size -= got;
+  }
+  return true;
 }
 
 MappedFile::~MappedFile() {

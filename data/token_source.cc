@@ -150,7 +150,7 @@ Result<std::unique_ptr<TokenFileSource>> TokenFileSource::open(const std::string
     return Error::at(path, "'" + path +
                                "' is a directory; a token file holds the ids of the whole corpus, "
                                "data.token_bytes each");
-  auto file = MappedFile::open(path);
+  auto file = MappedFile::open(path, /*map=*/false);
   if (!file.ok())
     return Error::at(path, "cannot read token file '" + path + "': " + file.error().message);
   s->file_ = std::move(*file);
@@ -182,7 +182,11 @@ Result<std::unique_ptr<TokenFileSource>> TokenFileSource::open(const std::string
 
 Status TokenFileSource::sample(int64_t index, int64_t* out) {
   const int64_t offset = (index % windows_) * seq_;
-  widen(dtype_, file_->bytes() + offset * width_of(dtype_), seq_ + 1, out);
+  const int64_t width = width_of(dtype_);
+  std::vector<uint8_t> bytes(static_cast<size_t>((seq_ + 1) * width));
+  if (!file_->read(offset * width, (seq_ + 1) * width, bytes.data()))
+    return Error::at(file_->path(), file_->path() + ": shorter than when it was opened");
+  widen(dtype_, bytes.data(), seq_ + 1, out);
   return Status::success();
 }
 
