@@ -183,10 +183,10 @@ Result<std::unique_ptr<TokenFileSource>> TokenFileSource::open(const std::string
 Status TokenFileSource::sample(int64_t index, int64_t* out) {
   const int64_t offset = (index % windows_) * seq_;
   const int64_t width = width_of(dtype_);
-  std::vector<uint8_t> bytes(static_cast<size_t>((seq_ + 1) * width));
-  if (!file_->read(offset * width, (seq_ + 1) * width, bytes.data()))
+  bytes_.resize(static_cast<size_t>((seq_ + 1) * width));
+  if (!file_->read(offset * width, (seq_ + 1) * width, bytes_.data()))
     return Error::at(file_->path(), file_->path() + ": shorter than when it was opened");
-  widen(dtype_, bytes.data(), seq_ + 1, out);
+  widen(dtype_, bytes_.data(), seq_ + 1, out);
   return Status::success();
 }
 

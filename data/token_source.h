@@ -109,6 +109,7 @@ class TokenFileSource : public TokenSource {
   std::unique_ptr<MappedFile> file_;
   TokenDtype dtype_ = TokenDtype::kUint16;
   int64_t seq_ = 0, windows_ = 0;
+  std::vector<uint8_t> bytes_;  // one sample's ids as read, reused
 };
 
 // Seeded arithmetic sequences (start + stride * t mod vocab): learnable, so the loss falls.

@@ -115,6 +115,21 @@ TEST(DataRun, ValidationUnderDp2Zero3EqualsOneDevice) {
   expect_equal_curves(train(config({"parallel.dp=2", "parallel.zero=3"}), 2, 4), single_device());
 }
 
+// bf16 (compute in bf16, float32 masters) over the same plan: validation still equals one device
+// run in bf16, within the suite's bf16 loss tolerance (runtime/tolerance.h: 2e-4, measured 1.5e-5
+// for a plan's other summation order; a misread batch moves a loss by 1e-2).
+TEST(DataRun, Bf16ValidationUnderTp2Pp2EqualsOneDevice) {
+  const Curves one = train(config({"run.precision=bf16"}), 1, 4);
+  const Curves got = train(config({"run.precision=bf16", "parallel.tp=2", "parallel.pp=2"}), 4, 4);
+  ASSERT_EQ(one.val[0].size(), 2u);
+  for (size_t r = 0; r < got.val.size(); ++r) {
+    ASSERT_EQ(got.val[r].size(), 2u) << "rank " << r;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(got.val[r][i], one.val[0][i], runtime::kBf16LossRelTolerance * one.val[0][i])
+          << "rank " << r << " validation " << i + 1;
+  }
+}
+
 // Validating changes nothing training does: the same losses and parameters, bit for bit.
 TEST(DataRun, ValidationLeavesTrainingUntouched) {
   const Curves with = train(config({"eval.every=1"}), 1, 3);
