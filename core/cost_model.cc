@@ -169,6 +169,14 @@ std::vector<std::string> cost_model_keys() {
   return keys;
 }
 
+std::string cost_model_values(const CostModel& model) {
+  std::ostringstream out;
+  out.precision(17);
+  for (const auto& f : real_fields()) out << f.key << "=" << model.*f.field << "\n";
+  out << kDevicesPerNode << "=" << model.devices_per_node << "\n";
+  return out.str();
+}
+
 Result<CostModel> CostModel::parse(const std::string& yaml, const std::string& source) {
   LOOM_ASSIGN_OR_RETURN(YAML::Node root, load_yaml(yaml, source));
   CostModel m = builtin();

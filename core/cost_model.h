@@ -70,6 +70,9 @@ struct CostModel {
 
 // The keys of a cost model, as they appear in the file and as `cost.<key>` config keys.
 std::vector<std::string> cost_model_keys();
+// Every value of `model` as "key=value" lines in cost_model_keys() order (what a plan's hash
+// covers of its cost model; the name is left out).
+std::string cost_model_values(const CostModel& model);
 
 // The presets of a cost-model file (`default:` and `presets:`) or, for a flat mapping, its one
 // model (named "custom"); a key a model leaves out keeps CostModel::builtin()'s value; `source`

@@ -4,7 +4,7 @@
 // (planner/window_policy.cc).
 #pragma once
 
-#include "core/config.h"
+#include "core/run_spec.h"
 
 namespace loom {
 
@@ -19,9 +19,9 @@ struct TrainingStateBytes {
   double total() const { return weight + grad + optimizer; }
 };
 
-inline TrainingStateBytes training_state_bytes(const OptimizerConfig& optimizer) {
+inline TrainingStateBytes training_state_bytes(OptimizerKind optimizer) {
   TrainingStateBytes b;
-  b.optimizer = optimizer.type == "adamw" ? 2 * b.weight : b.weight;
+  b.optimizer = optimizer == OptimizerKind::kAdamw ? 2 * b.weight : b.weight;
   return b;
 }
 

@@ -10,7 +10,8 @@
 #include "comm/comm.h"
 #include "comm/make_comm.h"
 #include "models/model.h"
-#include "plan/auto_plan.h"
+#include "plan/plan_for.h"
+#include "plan/plan_hash.h"
 
 namespace loom::launch {
 namespace {
@@ -24,26 +25,6 @@ observe::EstimateFigures estimate_figures(const plan::Estimate& estimate, const 
   return f;
 }
 
-// parallel.policy auto: every rank searches the same plan (a pure function of the config and
-// the cost model); rank 0 says what it chose.
-Result<plan::AutoPlan> search_plan(const Config& config, const plan::Registries& registries,
-                                   const comm::Comm* world) {
-  const comm::EnvLookup env = comm::process_env();
-  int64_t ranks = 1, rank = 0;
-  if (world) {
-    ranks = world->size();
-    rank = world->world_rank().value();
-  } else {
-    if (std::optional<std::string> v = env("WORLD_SIZE")) ranks = std::atoll(v->c_str());
-    if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
-  }
-  LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
-  LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen,
-                        plan::auto_plan(config, registries, cost, std::max<int64_t>(ranks, 1)));
-  if (rank == 0) std::fputs(plan::describe(chosen).c_str(), stderr);
-  return chosen;
-}
-
 // A plan.json for this run: refused when stale for this config and code, of another world
 // size or micro-batch count, or not deadlock-free.
 Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
@@ -51,8 +32,8 @@ Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
   const int64_t world_size = config.parallel.world_size();
   plan::Plan plan;
   LOOM_ASSIGN_OR_RETURN(plan.model, plan::build_model(config, registries, world_size));
-  LOOM_TRY(lower::check_plan_current(
-      file, file.source, config, lower::model_digest(plan.model),
+  LOOM_TRY(plan::check_plan_current(
+      file, config, lower::model_digest(plan.model),
       lower::code_fingerprint(registries.ops.types(), registries.policies.names())));
   if (file.world_size != world_size)
     return Error::at(file.source, file.source + ": the plan is for " +
@@ -69,6 +50,27 @@ Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
 }
 
 }  // namespace
+
+// Under parallel.policy auto every rank searches the same plan (a pure function of the config
+// and the cost model).
+Result<plan::PlanChoice> plan_run(const Config& config, const plan::Registries& registries,
+                                  const comm::Comm* world) {
+  const comm::EnvLookup env = comm::process_env();
+  int64_t ranks = config.parallel.world_size(), rank = 0;
+  if (world) {
+    rank = world->world_rank().value();
+    if (config.parallel.policy == "auto") ranks = world->size();
+  } else {
+    if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
+    if (std::optional<std::string> v = env("WORLD_SIZE"); v && config.parallel.policy == "auto")
+      ranks = std::atoll(v->c_str());
+  }
+  LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
+  LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen,
+                        plan::plan_for(config, registries, cost, std::max<int64_t>(ranks, 1)));
+  if (rank == 0) std::fputs(chosen.search.c_str(), stderr);
+  return chosen;
+}
 
 Result<runtime::RunPlan> run_plan(const Config& config, plan::Plan plan,
                                   const plan::Registries& registries) {
@@ -106,13 +108,9 @@ Result<std::unique_ptr<runtime::Trainer>> create_trainer(
     LOOM_ASSIGN_OR_RETURN(plan::Plan plan, read_plan(config, *plan_file, registries));
     return create_trainer(config, std::move(plan), std::move(world), std::move(extensions));
   }
-  if (config.parallel.policy == "auto") {
-    LOOM_ASSIGN_OR_RETURN(plan::AutoPlan chosen, search_plan(config, registries, world.get()));
-    return create_trainer(chosen.config, std::move(chosen.plan), std::move(world),
-                          std::move(extensions));
-  }
-  LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, registries));
-  return create_trainer(config, std::move(plan), std::move(world), std::move(extensions));
+  LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen, plan_run(config, registries, world.get()));
+  return create_trainer(chosen.config, std::move(chosen.plan), std::move(world),
+                        std::move(extensions));
 }
 
 }  // namespace loom::launch

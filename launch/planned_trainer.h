@@ -10,6 +10,7 @@
 #include "launch/extensions.h"
 #include "lower/plan_file.h"
 #include "plan/plan.h"
+#include "plan/plan_for.h"
 #include "runtime/trainer.h"
 
 namespace loom::comm {
@@ -17,6 +18,12 @@ class Comm;
 }  // namespace loom::comm
 
 namespace loom::launch {
+
+// The plan of `config` for this run's ranks (plan::plan_for): parallel.dp x cp x tp x pp of
+// them, or under parallel.policy auto the world's (`world`'s size, else WORLD_SIZE), whose
+// search rank 0 (`world`'s rank, else RANK) prints to stderr.
+Result<plan::PlanChoice> plan_run(const Config& config, const plan::Registries& registries,
+                                  const comm::Comm* world = nullptr);
 
 // What the runtime receives of `plan`, made of `config` with `registries`.
 Result<runtime::RunPlan> run_plan(const Config& config, plan::Plan plan,

@@ -36,6 +36,13 @@
 namespace loom::cli {
 namespace {
 
+// What a throughput figure of the config's model type counts (tokens, images), from the zoo.
+Result<models::SampleItems> sample_items(const Config& config) {
+  const models::ModelRegistry zoo = models::ModelRegistry::with_builtin_models();
+  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, zoo.of(config));
+  return type->items ? type->items(config) : models::SampleItems{};
+}
+
 int bad_input(const std::string& message) {
   std::fprintf(stderr, "loom train: error: %s\n", message.c_str());
   return kExitBadInput;
@@ -231,7 +238,7 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
         out.metrics->path().string().c_str());
   std::fflush(stdout);
   double elapsed = 0, first_loss = 0, last_loss = 0;
-  const auto items = models::items_per_sample(config);
+  const auto items = sample_items(config);
   const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
   for (int64_t i = resumed_at; i < total; ++i) {
     auto st = trainer.step();

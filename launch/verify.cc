@@ -367,6 +367,71 @@ std::vector<LossDifference> loss_differences(const SingleDeviceRun& single,
   return out;
 }
 
+// The plan's ranks stepping against the single-device run: each rank's losses, and its pieces
+// compared with the single-device run's.
+struct RankRuns {
+  const Config& config;
+  const plan::Plan& plan;
+  const std::shared_ptr<const Extensions>& extensions;
+  const SingleDeviceRun& single;
+  const MeasuredRounding& measured;
+  const VerifyOptions& options;
+  std::mutex mu;
+  std::vector<std::vector<double>> losses;
+
+  Status run(std::shared_ptr<comm::Comm> comm, TensorTable& into) {
+    LOOM_ASSIGN_OR_RETURN(auto trainer, create_trainer(config, plan, comm, extensions));
+    const auto rank = static_cast<size_t>(comm->world_rank().value());
+    for (int64_t s = 1; s <= options.steps; ++s) {
+      LOOM_ASSIGN_OR_RETURN(StepStats st, trainer->step());
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        losses[rank].push_back(st.loss);
+      }
+      compare_pieces(*trainer, single, measured, s, options.noise, into);
+    }
+    return Status::success();
+  }
+};
+
+// Launched: each rank runs its part, then every rank gathers every rank's losses and
+// differences, so all reach the same verdict. Returns the first rank's error, or "".
+std::string run_launched(RankRuns& runs, const Launched& launched, TensorTable& table) {
+  const auto rank = static_cast<size_t>(launched.world->rank().value());
+  TensorTable mine;
+  const Status ran = runs.run(launched.world, mine);
+  const nlohmann::json part = {{"error", ran.ok() ? "" : ran.error().to_string()},
+                               {"losses", runs.losses[rank]},
+                               {"table", mine.to_json()}};
+  auto parts = all_gather_text(*launched.world, launched.device, part.dump());
+  if (!parts.ok())
+    return "rank " + std::to_string(rank) + ": " +
+           (ran.ok() ? parts.error().to_string() : ran.error().to_string());
+  for (size_t r = 0; r < parts->size(); ++r) {
+    const nlohmann::json got = nlohmann::json::parse((*parts)[r]);
+    if (const std::string e = got.at("error").get<std::string>(); !e.empty())
+      return "rank " + std::to_string(r) + ": " + e;
+    runs.losses[r] = got.at("losses").get<std::vector<double>>();
+    table.merge(got.at("table"));
+  }
+  return "";
+}
+
+// The plan's ranks as threads, each with one intra-op thread so they do not oversubscribe.
+// Returns the first rank's error, or "".
+std::string run_threads(RankRuns& runs, int world_size, double timeout_s, TensorTable& table) {
+  comm::LocalWorld world(world_size, timeout_s);
+  const std::vector<Status> statuses = world.run([&](comm::Comm& comm) -> Status {
+    at::set_num_threads(1);
+    return runs.run(comm.shared_from_this(), table);
+  });
+  for (int r = 0; r < world_size; ++r)
+    if (!statuses[static_cast<size_t>(r)].ok())
+      return "rank " + std::to_string(r) + ": " +
+             statuses[static_cast<size_t>(r)].error().to_string();
+  return "";
+}
+
 }  // namespace
 
 Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& options) {
@@ -398,63 +463,15 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
 
   const int world_size = static_cast<int>(plan.world_size());
   TensorTable table;
-  std::mutex mu;
-  std::vector<std::vector<double>> losses(static_cast<size_t>(world_size));
-  // One rank's steps: its losses, and its pieces against the single-device run.
-  auto run_rank = [&](std::shared_ptr<comm::Comm> comm, TensorTable& into) -> Status {
-    LOOM_ASSIGN_OR_RETURN(auto trainer, create_trainer(config, plan, comm, extensions));
-    const auto rank = static_cast<size_t>(comm->world_rank().value());
-    for (int64_t s = 1; s <= options.steps; ++s) {
-      LOOM_ASSIGN_OR_RETURN(StepStats st, trainer->step());
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        losses[rank].push_back(st.loss);
-      }
-      compare_pieces(*trainer, single, measured, s, options.noise, into);
-    }
-    return Status::success();
-  };
-  if (launched) {
-    // Each rank runs its part, then every rank gathers every rank's losses and differences, so
-    // all reach the same verdict; rank 0 prints it.
-    const auto rank = static_cast<size_t>(launched->world->rank().value());
-    report.prints = rank == 0;
-    TensorTable mine;
-    const Status ran = run_rank(launched->world, mine);
-    const nlohmann::json part = {{"error", ran.ok() ? "" : ran.error().to_string()},
-                                 {"losses", losses[rank]},
-                                 {"table", mine.to_json()}};
-    auto parts = all_gather_text(*launched->world, launched->device, part.dump());
-    if (!parts.ok()) {
-      report.run_error = "rank " + std::to_string(rank) + ": " +
-                         (ran.ok() ? parts.error().to_string() : ran.error().to_string());
-      return report;
-    }
-    for (size_t r = 0; r < parts->size(); ++r) {
-      const nlohmann::json got = nlohmann::json::parse((*parts)[r]);
-      if (const std::string e = got.at("error").get<std::string>(); !e.empty()) {
-        report.run_error = "rank " + std::to_string(r) + ": " + e;
-        return report;
-      }
-      losses[r] = got.at("losses").get<std::vector<double>>();
-      table.merge(got.at("table"));
-    }
-  } else {
-    // The plan's ranks as threads, each with one intra-op thread so they do not oversubscribe.
-    comm::LocalWorld world(world_size, options.comm_timeout_s);
-    const std::vector<Status> statuses = world.run([&](comm::Comm& comm) -> Status {
-      at::set_num_threads(1);
-      return run_rank(comm.shared_from_this(), table);
-    });
-    for (int r = 0; r < world_size; ++r)
-      if (!statuses[static_cast<size_t>(r)].ok()) {
-        report.run_error = "rank " + std::to_string(r) + ": " +
-                           statuses[static_cast<size_t>(r)].error().to_string();
-        return report;
-      }
-  }
+  RankRuns runs{config, plan, extensions, single, measured, options, {}, {}};
+  runs.losses.resize(static_cast<size_t>(world_size));
+  // Launched, rank 0 prints the verdict.
+  if (launched) report.prints = launched->world->rank().value() == 0;
+  report.run_error = launched ? run_launched(runs, *launched, table)
+                              : run_threads(runs, world_size, options.comm_timeout_s, table);
+  if (!report.run_error.empty()) return report;
 
-  report.losses = loss_differences(single, losses, bounds);
+  report.losses = loss_differences(single, runs.losses, bounds);
   report.tensors = table.rows();
   report.tensors_compared = table.compared();
   // Each sub-op against the one-device values, both in float32 on the host (kOracleTolerance says

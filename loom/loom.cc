@@ -9,6 +9,8 @@
 #include "loom/kernel.h"
 #include "models/hf_config.h"
 #include "plan/plan.h"
+#include "plan/plan_dump.h"
+#include "plan/plan_for.h"
 #include "runtime/trainer.h"
 
 namespace loom {
@@ -38,7 +40,13 @@ Status Setup::add_policy(const std::string& name, planner::Policy policy) {
 }
 Status Setup::add_model(const std::string& name, ModelBuilder builder,
                         std::function<Status(const Config&)> check_parallel) {
-  return ext_->models.add({name, std::move(builder), std::move(check_parallel), {}});
+  models::ModelType type{name, std::move(builder), {}, {}};
+  if (check_parallel)
+    type.check_parallel = [check = std::move(check_parallel)](const Config& config,
+                                                              const planner::SpaceSpec&) {
+      return check(config);
+    };
+  return ext_->models.add(std::move(type));
 }
 void Setup::set_model(ModelBuilder builder) { ext_->model = std::move(builder); }
 const graph::OpRegistry& Setup::ops() const { return ext_->ops; }
@@ -55,8 +63,8 @@ Status add_kernel(Setup& setup, const std::string& type, Kernel kernel) {
 
 Result<lower::PlanFile> make_plan(const Config& given, const Setup& setup) {
   LOOM_ASSIGN_OR_RETURN(Config config, with_hf_args(given));
-  LOOM_ASSIGN_OR_RETURN(plan::Plan plan, plan::make_plan(config, *setup.shared()));
-  return std::move(plan.file);
+  LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen, launch::plan_run(config, *setup.shared()));
+  return std::move(chosen.plan.file);
 }
 
 Status write_plan(const lower::PlanFile& plan, const std::string& dir) {
@@ -72,8 +80,9 @@ Status write_plan(const lower::PlanFile& plan, const std::string& dir) {
   return Status::success();
 }
 
-Trainer::Trainer(std::unique_ptr<runtime::Trainer> impl, Setup setup)
-    : impl_(std::move(impl)), setup_(std::move(setup)) {}
+Trainer::Trainer(std::unique_ptr<runtime::Trainer> impl, Setup setup,
+                 std::shared_ptr<const plan::PlanChoice> plan)
+    : impl_(std::move(impl)), setup_(std::move(setup)), plan_(std::move(plan)) {}
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::from_file(const std::string& config_path,
@@ -85,9 +94,11 @@ Result<std::unique_ptr<Trainer>> Trainer::from_file(const std::string& config_pa
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& given, const Setup& setup) {
   LOOM_ASSIGN_OR_RETURN(Config config, with_hf_args(given));
-  LOOM_ASSIGN_OR_RETURN(auto impl,
-                        launch::create_trainer(config, nullptr, nullptr, setup.shared()));
-  return std::unique_ptr<Trainer>(new Trainer(std::move(impl), setup));
+  LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen, launch::plan_run(config, *setup.shared()));
+  auto held = std::make_shared<const plan::PlanChoice>(chosen);
+  LOOM_ASSIGN_OR_RETURN(auto impl, launch::create_trainer(chosen.config, std::move(chosen.plan),
+                                                          nullptr, setup.shared()));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl), setup, std::move(held)));
 }
 
 Result<StepStats> Trainer::step() {
@@ -108,11 +119,12 @@ void Trainer::on_step(std::function<void(const StepStats&)> hook) {
   hooks_.push_back(std::move(hook));
 }
 
-Result<lower::PlanFile> Trainer::plan() const { return make_plan(impl_->config(), setup_); }
+const lower::PlanFile& Trainer::plan() const { return plan_->plan.file; }
 
 Status Trainer::dump_plan(const std::string& dir) const {
-  LOOM_ASSIGN_OR_RETURN(lower::PlanFile plan, this->plan());
-  return write_plan(plan, dir);
+  Result<std::string> summary = plan::write_plan_dump(dir, plan_->config, plan_->plan);
+  if (!summary.ok()) return summary.error();
+  return Status::success();
 }
 
 int64_t Trainer::rank() const { return impl_->rank(); }

@@ -34,6 +34,9 @@ namespace loom {
 namespace launch {
 struct Extensions;
 }  // namespace launch
+namespace plan {
+struct PlanChoice;
+}  // namespace plan
 namespace runtime {
 class Trainer;
 }  // namespace runtime
@@ -87,8 +90,9 @@ class Setup {
   std::shared_ptr<launch::Extensions> ext_;
 };
 
-// Plans `config` for parallel.dp x tp x pp ranks without processes or LibTorch: the planned
-// graph, every rank's program and the schedule, as `loom plan` writes to plan.json.
+// Plans `config` for parallel.dp x tp x pp ranks without processes or LibTorch (the
+// auto-planner's choice under parallel.policy auto): the planned graph, every rank's program and
+// the schedule, as `loom plan` writes to plan.json.
 Result<lower::PlanFile> make_plan(const Config& config, const Setup& setup = {});
 // Writes DIR/plan.json and DIR/programs/rank_K.txt.
 Status write_plan(const lower::PlanFile& plan, const std::string& dir);
@@ -108,8 +112,10 @@ class Trainer {
   // Called after every step with its figures, in the order added.
   void on_step(std::function<void(const StepStats&)> hook);
 
-  // The plan this trainer's config makes (computed on request; what every rank runs).
-  Result<lower::PlanFile> plan() const;
+  // The plan this trainer runs (what every rank runs).
+  const lower::PlanFile& plan() const;
+  // The plan dump `loom plan` writes, into `dir`: every rank's program, plan.json, the schedule
+  // files and the estimate per rank (summary.txt, summary.json).
   Status dump_plan(const std::string& dir) const;
 
   int64_t rank() const;        // 0 in single-process runs
@@ -118,9 +124,11 @@ class Trainer {
   const Config& config() const;
 
  private:
-  Trainer(std::unique_ptr<runtime::Trainer> impl, Setup setup);
+  Trainer(std::unique_ptr<runtime::Trainer> impl, Setup setup,
+          std::shared_ptr<const plan::PlanChoice> plan);
   std::unique_ptr<runtime::Trainer> impl_;
   Setup setup_;
+  std::shared_ptr<const plan::PlanChoice> plan_;  // the plan impl_ runs, and its config
   std::vector<std::function<void(const StepStats&)>> hooks_;
 };
 

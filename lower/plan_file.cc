@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <map>
-#include <set>
 #include <sstream>
 #include <string_view>
 
@@ -78,49 +76,6 @@ Unsealed unseal(const std::string& text) {
 std::string seal_of(std::string_view unsealed) {
   size_t end = unsealed.find_last_not_of(" \t\r\n");
   return hex(fnv1a(unsealed.substr(0, end == std::string_view::npos ? 0 : end + 1)));
-}
-
-// "section.key: value" for every leaf of to_yaml's output (block style, two-space indent).
-std::map<std::string, std::string> flatten_yaml(const std::string& yaml) {
-  std::map<std::string, std::string> out;
-  std::vector<std::pair<size_t, std::string>> path;  // (indent, key)
-  std::istringstream in(yaml);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t indent = line.find_first_not_of(' ');
-    if (indent == std::string::npos) continue;
-    while (!path.empty() && path.back().first >= indent) path.pop_back();
-    std::string prefix;
-    for (const auto& [i, k] : path) prefix += (prefix.empty() ? "" : ".") + k;
-    const std::string body = line.substr(indent);
-    const size_t colon = body.find(':');
-    if (body.rfind("- ", 0) == 0 || colon == std::string::npos) {
-      out[prefix] += (out[prefix].empty() ? "" : ", ") + body;  // list items join their key
-      continue;
-    }
-    const std::string key = body.substr(0, colon);
-    const std::string value = colon + 1 < body.size() ? body.substr(colon + 2) : "";
-    const std::string full = prefix.empty() ? key : prefix + "." + key;
-    if (value.empty())
-      path.emplace_back(indent, key);
-    else
-      out[full] = value;
-  }
-  return out;
-}
-
-// The config keys a plan is made from (the cost model chooses the communication paths).
-bool shapes_plan(const std::string& key) {
-  for (const char* section : {"model.", "parallel.", "batch.", "cost."})
-    if (key.rfind(section, 0) == 0) return true;
-  return false;
-}
-
-std::string planned_keys(const std::string& yaml) {
-  std::string text;
-  for (const auto& [k, v] : flatten_yaml(yaml))
-    if (shapes_plan(k)) text += k + "=" + v + "\n";
-  return text;
 }
 
 // ---- from proto: every index is checked, so a damaged file is an error, not a crash ---------
@@ -411,10 +366,7 @@ std::string model_digest(const graph::Graph& model) {
   return hex(h);
 }
 
-std::string plan_hash(const Config& config, const std::string& digest,
-                      const std::string& fingerprint) {
-  return hex(fnv1a(planned_keys(to_yaml(config)) + "\nmodel " + digest + "\ncode " + fingerprint));
-}
+std::string digest16(std::string_view text) { return hex(fnv1a(text)); }
 
 Result<std::string> plan_to_json(const PlanFile& plan) {
   // The text is written after room for the seal's member and sealed in place: the seal covers
@@ -498,45 +450,6 @@ Result<PlanFile> load_plan_file(const std::string& path, SealState* seal) {
   std::stringstream text;
   text << in.rdbuf();
   return plan_from_json(text.str(), path, seal);
-}
-
-Status check_plan_current(const PlanFile& plan, const std::string& source, const Config& config,
-                          const std::string& digest, const std::string& fingerprint) {
-  const std::string expected = plan_hash(config, digest, fingerprint);
-  if (plan.hash == expected) return Status::success();
-  std::string what;
-  const auto then = flatten_yaml(plan.config_yaml), now = flatten_yaml(to_yaml(config));
-  int listed = 0;
-  std::set<std::string> keys;
-  for (const auto& [k, v] : then) keys.insert(k);
-  for (const auto& [k, v] : now) keys.insert(k);
-  for (const auto& k : keys) {
-    if (!shapes_plan(k)) continue;
-    auto a = then.find(k), b = now.find(k);
-    const std::string va = a == then.end() ? "(unset)" : a->second,
-                      vb = b == now.end() ? "(unset)" : b->second;
-    if (va == vb) continue;
-    if (listed++ < 4)
-      what += (what.empty() ? "" : "; ") + k + " was " + va + " in the plan, is " + vb + " now";
-  }
-  if (listed > 4) what += "; and " + std::to_string(listed - 4) + " more keys";
-  // The precision is not a planning key, but it sets every activation's dtype in the graph.
-  for (const char* k : {"run.precision"}) {
-    auto a = then.find(k), b = now.find(k);
-    if (a == then.end() || b == now.end() || a->second == b->second) continue;
-    what += (what.empty() ? "" : "; ") + std::string(k) + " was " + a->second +
-            " in the plan, is " + b->second + " now";
-    ++listed;
-  }
-  if (plan.code_fingerprint != fingerprint)
-    what += std::string(what.empty() ? "" : "; ") + "made by another loom build ('" +
-            plan.code_fingerprint + "'; this is '" + fingerprint + "')";
-  if (plan.model_digest != digest && listed == 0)
-    what += std::string(what.empty() ? "" : "; ") +
-            "the model graph differs (model code or model.* changed)";
-  if (what.empty())
-    what = "its hash " + plan.hash + " does not match " + expected + " (the file was edited)";
-  return Error::at(source, source + ": stale plan: " + what + "; make it again with `loom plan`");
 }
 
 }  // namespace loom::lower

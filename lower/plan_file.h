@@ -1,16 +1,15 @@
 // plan.json: the whole plan of a run (planned graph, lowered programs, schedule) serialised
 // as core/plan.proto in Protobuf JSON (written directly, lower/plan_json_writer.h; read with
 // Protobuf's parser), so `loom train --plan` runs exactly the
-// plan `loom plan` wrote. A plan carries a hash of what it was made from: the config keys that
-// shape a plan (model.*, parallel.*, batch.*, cost.*), the single-device model graph, and the code
-// fingerprint (loom version, plan format, op types, policies). A plan whose hash differs from
-// the one computed for this run is stale and refused, naming what differs.
+// plan `loom plan` wrote. A plan carries a hash of what it was made from (plan/plan_hash.h: the
+// plan's spec and cost model, the single-device model graph, and the code fingerprint); a plan
+// whose hash differs from the one computed for this run is stale and refused.
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
 #include "lower/program.h"
@@ -42,9 +41,8 @@ std::string code_fingerprint(const std::vector<std::string>& op_types,
 // names, attributes and annotations, in order. A changed model builder changes it.
 std::string model_digest(const graph::Graph& model);
 
-// The hash a plan for `config` made by this code from `model` carries (16 hex digits).
-std::string plan_hash(const Config& config, const std::string& model_digest,
-                      const std::string& code_fingerprint);
+// FNV-1a 64 of `text` as 16 hex digits: stable across builds and platforms (a plan's hash).
+std::string digest16(std::string_view text);
 
 // plan.json text (compact Protobuf JSON), sealed. Fails only on an internal error.
 Result<std::string> plan_to_json(const PlanFile& plan);
@@ -67,10 +65,5 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
 
 // Reads a plan file from disk (`seal` as plan_from_json's).
 Result<PlanFile> load_plan_file(const std::string& path, SealState* seal = nullptr);
-
-// Refuses a stale plan: its hash must equal `expected_hash`. The error names the file and what
-// differs (the first config keys with both values, the code fingerprint, or the model).
-Status check_plan_current(const PlanFile& plan, const std::string& source, const Config& config,
-                          const std::string& model_digest, const std::string& code_fingerprint);
 
 }  // namespace loom::lower

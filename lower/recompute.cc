@@ -13,6 +13,18 @@ Result<Recompute> parse_recompute(const std::string& text) {
   return Error::at("parallel.recompute", "must be none, selective or full, got '" + text + "'");
 }
 
+const char* name(Recompute mode) {
+  switch (mode) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "none";
+}
+
 namespace {
 
 constexpr int64_t kNoLayer = graph::kPreLayers;

@@ -19,6 +19,8 @@ namespace loom::lower {
 enum class Recompute { kNone, kSelective, kFull };
 // "none" | "selective" | "full"; the error names parallel.recompute.
 Result<Recompute> parse_recompute(const std::string& text);
+// The spelling parse_recompute reads.
+const char* name(Recompute mode);
 
 // Marks `lowered`'s segments (replacing earlier marks):
 //  - selective: every attention-core op (graph::OpDef::attention_core) alone;

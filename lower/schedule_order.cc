@@ -46,13 +46,13 @@ Result<sched::Schedule> at_stage_costs(const sched::Schedule& found, const Stage
 // parallel.pp x chunks stages placed as the planner places them (stage s on pipeline rank
 // s mod pp) and the step's micro-batches. Errors name
 // parallel.schedule_csv, the file and, where there is one, the cell.
-Result<sched::CsvSchedule> csv_schedule(const Config& config, int pp, int m, int v) {
-  const std::string& file = config.parallel.schedule_csv;
+Result<sched::CsvSchedule> csv_schedule(const PipelineRequest& request, int pp, int m, int v) {
+  const std::string& file = request.schedule.as_imported()->csv;
   auto fail = [&](const std::string& message) {
-    return config.error("parallel.schedule_csv", file + ": " + message);
+    return Error::at("parallel.schedule_csv", file + ": " + message);
   };
   std::ifstream in(file);
-  if (!in) return config.error("parallel.schedule_csv", "cannot read schedule file '" + file + "'");
+  if (!in) return Error::at("parallel.schedule_csv", "cannot read schedule file '" + file + "'");
   std::stringstream text;
   text << in.rdbuf();
   // At the units the plan simulates in (sched::block_time of a forward of 1).
@@ -70,10 +70,8 @@ Result<sched::CsvSchedule> csv_schedule(const Config& config, int pp, int m, int
                 std::to_string(v) + " = " + std::to_string(pp * v));
   if (read->micro_batches != m)
     return fail("the schedule has " + std::to_string(read->micro_batches) +
-                " micro-batches, a step has " + std::to_string(m) + " (batch.global " +
-                std::to_string(config.batch.global) + " / (batch.micro " +
-                std::to_string(config.batch.micro) + " x parallel.dp " +
-                std::to_string(config.parallel.dp) + "))");
+                " micro-batches, a step has " + std::to_string(m) + " (" + request.batch.formula() +
+                ")");
   // The first offending block in reading order, so the message points where a reader looks.
   std::optional<sched::CsvCell> off_rank;
   std::string off_rank_what;
@@ -113,9 +111,9 @@ BlockKind program_kind(sched::BlockKind kind) {
   return BlockKind::kBackward;
 }
 
-Result<sched::Placement> search_placement(const Config& config, bool split_backward,
+Result<sched::Placement> search_placement(int64_t pipeline_devices, bool split_backward,
                                           const StageCosts& costs) {
-  const int pp = static_cast<int>(config.parallel.pp);
+  const int pp = static_cast<int>(pipeline_devices);
   const sched::Placement v =
       split_backward ? sched::Placement::v_shape_split(pp) : sched::Placement::v_shape(pp);
   if (costs.devices.empty()) return v;
@@ -132,7 +130,7 @@ Result<sched::Placement> search_placement(const Config& config, bool split_backw
       const StageCost& c = costs.devices[d];
       const double room = costs.device_memory_bytes - c.held_bytes;
       if (room < c.activation_bytes)
-        return config.error(
+        return Error::at(
             "parallel.schedule",
             "search: pipeline device " + std::to_string(d) + " has " +
                 gib(costs.device_memory_bytes) +
@@ -163,24 +161,23 @@ Result<sched::Placement> search_placement(const Config& config, bool split_backw
 namespace {
 
 // The searched schedule's order (its blocks at the stage costs' durations).
-Result<sched::Schedule> searched_order(const Config& config, bool split_backward, int m, int v,
+Result<sched::Schedule> searched_order(int pp, bool split_backward, int m, int v,
                                        const StageCosts& costs, sched::SearchMemo* searches) {
   if (v != 1)
-    return config.error("parallel.chunks", "the searched schedule places one stage per device");
-  LOOM_ASSIGN_OR_RETURN(sched::Placement placement,
-                        search_placement(config, split_backward, costs));
+    return Error::at("parallel.chunks", "the searched schedule places one stage per device");
+  LOOM_ASSIGN_OR_RETURN(sched::Placement placement, search_placement(pp, split_backward, costs));
   sched::SearchOptions options;
   options.node_limit = kSearchNodeLimit;
   auto found = searches ? searches->search(placement, m, options)
                         : sched::search_schedule(placement, m, options);
-  if (!found.ok()) return config.error("parallel.schedule", found.error().message);
+  if (!found.ok()) return Error::at("parallel.schedule", found.error().message);
   auto searched = at_stage_costs(found->schedule, costs);
   LOOM_CHECK(searched.ok()) << searched.error().to_string();
   return std::move(searched).value();
 }
 
 // A predefined kind's schedule at sched::block_time of a forward of 1 per device share.
-Result<sched::Schedule> predefined_order(const Config& config, sched::ScheduleKind kind, int pp,
+Result<sched::Schedule> predefined_order(const BatchSpec& batch, sched::ScheduleKind kind, int pp,
                                          int m, int v) {
   sched::PipelineSpec spec = sched::PipelineSpec::of(pp, m, v);
   if (kind == sched::ScheduleKind::kZbH1) {  // its spec's bwd is the split backward's I
@@ -189,12 +186,10 @@ Result<sched::Schedule> predefined_order(const Config& config, sched::ScheduleKi
   }
   auto built = sched::build_predefined(kind, spec);
   if (!built.ok())
-    return config.error("parallel.schedule",
-                        built.error().message + " (m: the micro-batches per step, batch.global " +
-                            std::to_string(config.batch.global) + " / (batch.micro " +
-                            std::to_string(config.batch.micro) + " x parallel.dp " +
-                            std::to_string(config.parallel.dp) + ") = " + std::to_string(m) +
-                            "; p: parallel.pp " + std::to_string(pp) + ")");
+    return Error::at("parallel.schedule", built.error().message +
+                                              " (m: the micro-batches per step, " +
+                                              batch.formula() + " = " + std::to_string(m) +
+                                              "; p: parallel.pp " + std::to_string(pp) + ")");
   return std::move(built).value();
 }
 
@@ -202,50 +197,41 @@ Result<sched::Schedule> predefined_order(const Config& config, sched::ScheduleKi
 
 // Each rank's order of pipeline blocks for `schedule`, from the scheduler: rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism.
-Result<PipelineOrder> pipeline_order(const Config& config, const sched::ScheduleSpec& schedule,
-                                     int64_t micro_batches, const StageCosts& costs,
+Result<PipelineOrder> pipeline_order(const PipelineRequest& request, const StageCosts& costs,
                                      sched::SearchMemo* searches) {
-  const auto& p = config.parallel;
+  const sched::ScheduleSpec& schedule = request.schedule;
   PipelineOrder result;
-  if (p.pp == 1 && p.chunks == 1) return result;
-  const int pp = static_cast<int>(p.pp), m = static_cast<int>(micro_batches),
-            v = static_cast<int>(p.chunks);
+  if (request.pp == 1 && request.chunks == 1) return result;
+  const int pp = static_cast<int>(request.pp), m = static_cast<int>(request.micro_batches),
+            v = static_cast<int>(request.chunks);
   sched::Schedule built;
   if (const auto* searched = schedule.as_searched()) {
     LOOM_ASSIGN_OR_RETURN(built,
-                          searched_order(config, searched->split_backward, m, v, costs, searches));
+                          searched_order(pp, searched->split_backward, m, v, costs, searches));
   } else if (schedule.as_imported()) {
-    LOOM_ASSIGN_OR_RETURN(sched::CsvSchedule imported, csv_schedule(config, pp, m, v));
+    LOOM_ASSIGN_OR_RETURN(sched::CsvSchedule imported, csv_schedule(request, pp, m, v));
     result.csv_actions = imported.actions;
     built = std::move(imported.schedule);
   } else {
-    LOOM_ASSIGN_OR_RETURN(built,
-                          predefined_order(config, schedule.as_predefined()->kind, pp, m, v));
+    LOOM_ASSIGN_OR_RETURN(
+        built, predefined_order(request.batch, schedule.as_predefined()->kind, pp, m, v));
   }
   const std::vector<std::vector<sched::BlockId>> orders = built.device_orders();
   result.schedule = std::make_shared<const sched::Schedule>(std::move(built));
   // Ranks are laid out tp fastest, then cp, then dp, then pp (planner/mesh.h).
-  const int64_t world = p.world_size();
+  const int64_t world = request.pp * request.ranks_per_stage;
   std::vector<std::vector<ProgramBlock>>& out = result.ranks;
   out.resize(static_cast<size_t>(world));
   // Chimera's up pipeline (odd micro-batches) runs its own replica of stage s, numbered p + s by
   // the planner (planner/chimera.h).
   const bool chimera = schedule.is(sched::ScheduleKind::kChimera);
   for (int64_t r = 0; r < world; ++r)
-    for (const sched::BlockId& b : orders[static_cast<size_t>(r / p.ranks_per_stage())]) {
+    for (const sched::BlockId& b : orders[static_cast<size_t>(r / request.ranks_per_stage)]) {
       const bool up = chimera && b.mb.value() % 2 == 1;
       const StageId stage = up ? StageId(pp + b.stage.value()) : b.stage;
       out[static_cast<size_t>(r)].push_back({program_kind(b.kind), stage, b.mb});
     }
   return result;
-}
-
-Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
-                                     const StageCosts& costs) {
-  auto schedule =
-      sched::ScheduleSpec::parse(config.parallel.schedule, config.parallel.schedule_csv);
-  if (!schedule.ok()) return config.error("parallel.schedule", schedule.error().message);
-  return pipeline_order(config, *schedule, micro_batches, costs);
 }
 
 }  // namespace loom::lower

@@ -5,8 +5,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/config.h"
 #include "core/result.h"
+#include "core/run_spec.h"
 #include "lower/program.h"
 #include "scheduler/csv.h"
 #include "scheduler/placement.h"
@@ -48,6 +48,17 @@ struct PipelineOrder {
   std::optional<sched::CsvActions> csv_actions;
 };
 
+// What a pipeline's order is made from (plan::PlanSpec::pipeline() of the plan's spec).
+struct PipelineRequest {
+  sched::ScheduleSpec schedule = sched::ScheduleSpec::predefined(sched::ScheduleKind::k1F1B);
+  int64_t pp = 1;               // pipeline devices (parallel.pp)
+  int64_t chunks = 1;           // stages per pipeline device (parallel.chunks)
+  BatchSpec batch;              // where a step's micro-batches come from (for messages)
+  int64_t ranks_per_stage = 1;  // dp x cp x tp: the ranks of one pipeline device
+  // Micro-batches per step (batch.micro_batches() unless a caller orders fewer).
+  int64_t micro_batches = 1;
+};
+
 // The search's input for parallel.schedule search: one micro-batch's V-shaped block graph
 // (stage d on device d; for search-zb ZB-H1's, each backward split into I and W) with spans from
 // `costs` in units of the slowest forward (rounded to 1/kSearchGrid of it: the search branches over
@@ -61,24 +72,21 @@ constexpr int kSearchGrid = 4;
 // completion's list-scheduled and baseline candidates still compete (scheduler/repetend.h).
 constexpr int64_t kSearchNodeLimit = 100'000;
 // `split_backward`: search-zb's placement, each backward split into I and W.
-Result<sched::Placement> search_placement(const Config& config, bool split_backward,
-                                          const StageCosts& costs);
+// Errors carry their config key (Error::at).
+Result<sched::Placement> search_placement(int64_t pp, bool split_backward, const StageCosts& costs);
 
 // The program's kind of a schedule's block: F, B, I and W map one to one.
 BlockKind program_kind(sched::BlockKind kind);
 
-// Each rank's blocks for parallel.schedule with `micro_batches` micro-batches; rank r runs the
+// Each rank's blocks for request.schedule with its micro-batches; rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism. Chimera's
 // up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1's split backward runs as I and W
 // blocks. csv runs the rows of parallel.schedule_csv (errors name the key, the file and the
-// cell). Only the search reads `costs` (empty: uniform stages, pp micro-batches in flight);
-// predefined schedules follow their own rules. `searches`, when given, answers a search it has
-// made before (plans of the same pipeline share it).
-Result<PipelineOrder> pipeline_order(const Config& config, const sched::ScheduleSpec& schedule,
-                                     int64_t micro_batches, const StageCosts& costs = {},
+// cell; Error::at: the caller adds where the key came from). Only the search reads `costs`
+// (empty: uniform stages, pp micro-batches in flight); predefined schedules follow their own
+// rules. `searches`, when given, answers a search it has made before (plans of the same pipeline
+// share it).
+Result<PipelineOrder> pipeline_order(const PipelineRequest& request, const StageCosts& costs = {},
                                      sched::SearchMemo* searches = nullptr);
-// The same for parallel.schedule as `config` gives it.
-Result<PipelineOrder> pipeline_order(const Config& config, int64_t micro_batches,
-                                     const StageCosts& costs = {});
 
 }  // namespace loom::lower

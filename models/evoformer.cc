@@ -256,22 +256,23 @@ Result<graph::Graph> build_evoformer(const EvoformerSpec& s, int64_t batch,
   return b.finish();
 }
 
-Status check_evoformer_parallel(const Config& config, const EvoformerSpec& spec) {
-  const auto& p = config.parallel;
-  if (p.tp > 1 && p.policy == "dap") {
+Status check_evoformer_parallel(const Config& config, const planner::SpaceSpec& space,
+                                const EvoformerSpec& spec) {
+  if (space.mesh.tp() > 1 && space.policy == "dap") {
     const std::pair<const char*, int64_t> axes[] = {{"seqs", spec.seqs},
                                                     {"residues", spec.residues}};
     for (const auto& [name, value] : axes)
-      if (value % p.tp != 0)
-        return config.error("parallel.tp", "dynamic axial parallelism " + std::to_string(p.tp) +
-                                               " needs " + name + " (" + std::to_string(value) +
-                                               ") to be divisible by " + std::to_string(p.tp));
+      if (value % space.mesh.tp() != 0)
+        return config.error("parallel.tp",
+                            "dynamic axial parallelism " + std::to_string(space.mesh.tp()) +
+                                " needs " + name + " (" + std::to_string(value) +
+                                ") to be divisible by " + std::to_string(space.mesh.tp()));
   }
-  const int64_t stages = p.pp * p.chunks;
+  const int64_t stages = space.mesh.pp() * space.chunks;
   if (stages > spec.blocks)
     return config.error(
-        "parallel.pp", "parallel.pp (" + std::to_string(p.pp) + ") x parallel.chunks (" +
-                           std::to_string(p.chunks) + ") = " + std::to_string(stages) +
+        "parallel.pp", "parallel.pp (" + std::to_string(space.mesh.pp()) + ") x parallel.chunks (" +
+                           std::to_string(space.chunks) + ") = " + std::to_string(stages) +
                            " stages, but the model has " + std::to_string(spec.blocks) + " blocks");
   return Status::success();
 }

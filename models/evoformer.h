@@ -20,6 +20,7 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "planner/space_spec.h"
 
 namespace loom::models {
 
@@ -53,6 +54,7 @@ Result<graph::Graph> build_evoformer(const EvoformerSpec& spec, int64_t batch,
                                      const graph::OpRegistry& registry);
 // Checks parallel degrees against the model: DAP (parallel.tp under policy dap) must divide the
 // sequences and the residues, pipeline stages must not outnumber the blocks.
-Status check_evoformer_parallel(const Config& config, const EvoformerSpec& spec);
+Status check_evoformer_parallel(const Config& config, const planner::SpaceSpec& space,
+                                const EvoformerSpec& spec);
 
 }  // namespace loom::models

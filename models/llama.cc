@@ -184,9 +184,9 @@ Result<LlamaSpec> llama_spec(const Config& config) {
   return s;
 }
 
-Status check_llama_parallel(const Config& config) {
+Status check_llama_parallel(const Config& config, const planner::SpaceSpec& space) {
   LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(config));
-  const int64_t tp = config.parallel.tp;
+  const int64_t tp = space.mesh.tp();
   auto key = [&](const std::string& name) {
     return config.model.args.count(name) ? "model.args." + name
                                          : "model.preset (" + config.model.preset + ") " + name;
@@ -199,22 +199,22 @@ Status check_llama_parallel(const Config& config) {
                                                   {"ffn_hidden", spec.ffn_hidden}};
   for (const auto& [name, value] : dims)
     if (value % tp != 0) return refuse(name, value, "to be divisible by " + std::to_string(tp));
-  LOOM_TRY(check_vocab_split(config, spec.vocab, spec.vocab_groups));
+  LOOM_TRY(check_vocab_split(config, space, spec.vocab, spec.vocab_groups));
   if (spec.moe.enabled() && spec.moe.ffn_hidden % tp != 0)
     return refuse("moe.ffn_hidden", spec.moe.ffn_hidden,
                   "to be divisible by " + std::to_string(tp));
-  LOOM_TRY(check_expert_parallel(config, spec.moe));
+  LOOM_TRY(check_expert_parallel(config, space, spec.moe));
   if (spec.kv_heads % tp != 0 && tp % spec.kv_heads != 0)
     return refuse("kv_heads", spec.kv_heads,
                   "to divide it or be divisible by it (kv heads are split, or repeated on the "
                   "ranks that share one)");
-  if (config.parallel.cp > 1 && tp > spec.kv_heads)
+  if (space.mesh.cp() > 1 && tp > spec.kv_heads)
     return config.error("parallel.cp",
                         "context parallelism needs the kv heads split with their query heads, but "
                         "parallel.tp (" +
                             std::to_string(tp) + ") exceeds " + key("kv_heads") + " (" +
                             std::to_string(spec.kv_heads) + ")");
-  return check_decoder_parallel(config, spec.layers, spec.seq, "kv_heads", spec.kv_heads);
+  return check_decoder_parallel(config, space, spec.layers, spec.seq, "kv_heads", spec.kv_heads);
 }
 
 Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,

@@ -48,7 +48,7 @@ Result<LlamaSpec> llama_spec(const Config& config);
 // tp, pp and chunks against the spec: heads, ffn_hidden and vocab_groups divisible by tp; kv
 // heads divisible by tp, or tp a multiple of them (each kv head is then repeated on the tp ranks
 // that share it, as Megatron does).
-Status check_llama_parallel(const Config& config);
+Status check_llama_parallel(const Config& config, const planner::SpaceSpec& space);
 // The graph of one micro-batch of `batch` sequences for tensor parallelism `tp` (which decides
 // whether kv heads are split or repeated).
 Result<graph::Graph> build_llama(const LlamaSpec& spec, int64_t batch, int64_t tp,

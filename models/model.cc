@@ -11,9 +11,9 @@
 namespace loom::models {
 namespace {
 
-Status check_gpt_parallel(const Config& config) {
+Status check_gpt_parallel(const Config& config, const planner::SpaceSpec& space) {
   LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(config));
-  const int64_t tp = config.parallel.tp;
+  const int64_t tp = space.mesh.tp();
   auto key = [&](const std::string& name) {
     return config.model.args.count(name) ? "model.args." + name
                                          : "model.preset (" + config.model.preset + ") " + name;
@@ -25,14 +25,14 @@ Status check_gpt_parallel(const Config& config) {
       return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                              key(name) + " (" + std::to_string(value) +
                                              ") to be divisible by " + std::to_string(tp));
-  LOOM_TRY(check_vocab_split(config, spec.vocab, spec.vocab_groups));
+  LOOM_TRY(check_vocab_split(config, space, spec.vocab, spec.vocab_groups));
   if (spec.moe.enabled() && spec.moe.ffn_hidden % tp != 0)
     return config.error("parallel.tp", "tensor parallelism " + std::to_string(tp) + " needs " +
                                            key("moe.ffn_hidden") + " (" +
                                            std::to_string(spec.moe.ffn_hidden) +
                                            ") to be divisible by " + std::to_string(tp));
-  LOOM_TRY(check_expert_parallel(config, spec.moe));
-  return check_decoder_parallel(config, spec.layers, spec.seq, "heads", spec.heads);
+  LOOM_TRY(check_expert_parallel(config, space, spec.moe));
+  return check_decoder_parallel(config, space, spec.layers, spec.seq, "heads", spec.heads);
 }
 
 int64_t replicas_batch(const Config& config) { return config.batch.micro * config.parallel.dp; }
@@ -48,7 +48,8 @@ ModelType gpt_type() {
             LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(c));
             return SampleItems{spec.seq, "tokens", "tok/s"};
           },
-          /*context_parallel=*/true};
+          /*context_parallel=*/true,
+          /*experts=*/true};
 }
 
 ModelType evoformer_type() {
@@ -57,9 +58,9 @@ ModelType evoformer_type() {
             LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
             return build_evoformer(spec, replicas_batch(c), ops);
           },
-          [](const Config& c) -> Status {
+          [](const Config& c, const planner::SpaceSpec& space) -> Status {
             LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
-            return check_evoformer_parallel(c, spec);
+            return check_evoformer_parallel(c, space, spec);
           },
           [](const Config& c) -> Result<SampleItems> {
             LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
@@ -78,7 +79,8 @@ ModelType llama_type() {
             LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(c));
             return SampleItems{spec.seq, "tokens", "tok/s"};
           },
-          /*context_parallel=*/true};
+          /*context_parallel=*/true,
+          /*experts=*/true};
 }
 
 ModelType swin_type() {
@@ -91,11 +93,6 @@ ModelType swin_type() {
           [](const Config&) -> Result<SampleItems> {
             return SampleItems{1, "images", "img/s"};
           }};
-}
-
-const ModelRegistry& zoo() {
-  static const ModelRegistry kZoo = ModelRegistry::with_builtin_models();
-  return kZoo;
 }
 
 }  // namespace
@@ -136,21 +133,9 @@ Result<const ModelType*> ModelRegistry::of(const Config& config) const {
   return config.error("model.type", msg + "; types: " + join(names(), ", "));
 }
 
-std::vector<std::string> model_types() { return zoo().names(); }
-
-Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry) {
-  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
-  LOOM_ASSIGN_OR_RETURN(graph::Graph g, type->build(config, registry));
-  LOOM_ASSIGN_OR_RETURN(const planner::SpaceSpec space, planner::SpaceSpec::of(config));
-  if (!space.ring_attention()) return g;
-  auto ring =
-      planner::context_parallel_attention(g, space.mesh.cp(), planner::cp_order(space.cp_kind));
-  if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
-  return ring;
-}
-
-Status check_vocab_split(const Config& config, int64_t vocab, int64_t vocab_groups) {
-  const int64_t tp = config.parallel.tp;
+Status check_vocab_split(const Config& config, const planner::SpaceSpec& space, int64_t vocab,
+                         int64_t vocab_groups) {
+  const int64_t tp = space.mesh.tp();
   if (vocab_groups % tp == 0) return Status::success();
   const std::string t = "tensor parallelism " + std::to_string(tp);
   if (config.model.args.count("vocab_groups"))
@@ -168,23 +153,22 @@ Status check_vocab_split(const Config& config, int64_t vocab, int64_t vocab_grou
                                          ", a multiple of 64, as Megatron does)");
 }
 
-Status check_context_parallel(const Config& config, const ModelType& type) {
-  if (config.parallel.cp > 1 && !type.context_parallel)
-    return config.error("parallel.cp",
-                        "context parallelism splits a language model's sequence; "
-                        "model.type '" +
-                            type.name + "' has none to split (parallel.cp must be 1)");
+Status check_context_parallel(const planner::SpaceSpec& space, const ModelType& type) {
+  if (space.mesh.cp() > 1 && !type.context_parallel)
+    return Error::at("parallel.cp",
+                     "context parallelism splits a language model's sequence; "
+                     "model.type '" +
+                         type.name + "' has none to split (parallel.cp must be 1)");
   return Status::success();
 }
 
-Status check_parallel(const Config& config) {
-  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
-  LOOM_TRY(check_context_parallel(config, *type));
-  if (config.parallel.ep > 1 && type->name != "gpt" && type->name != "llama")
-    return config.error(
-        "parallel.ep", "expert parallelism splits a mixture of experts; model.type '" + type->name +
-                           "' has none (parallel.ep must be 1)");
-  return type->check_parallel ? type->check_parallel(config) : Status::success();
+Status check_parallel(const Config& config, const planner::SpaceSpec& space,
+                      const ModelType& type) {
+  LOOM_TRY(check_context_parallel(space, type));
+  if (space.ep > 1 && !type.experts)
+    return Error::at("parallel.ep", "expert parallelism splits a mixture of experts; model.type '" +
+                                        type.name + "' has none (parallel.ep must be 1)");
+  return type.check_parallel ? type.check_parallel(config, space) : Status::success();
 }
 
 namespace {
@@ -192,49 +176,49 @@ namespace {
 // parallel.cp_kind all-to-all gives each of the cp x tp ranks of a stage whole heads.
 Status check_all_to_all_heads(const Config& config, const planner::SpaceSpec& space,
                               const std::string& key, int64_t heads) {
-  const auto& p = config.parallel;
-  if (!space.all_to_all_attention() || heads % (p.cp * p.tp) == 0) return Status::success();
+  const int64_t cp = space.mesh.cp(), tp = space.mesh.tp();
+  if (!space.all_to_all_attention() || heads % (cp * tp) == 0) return Status::success();
   return config.error("parallel.cp_kind",
                       "all-to-all context parallelism gives each of the parallel.cp x "
                       "parallel.tp = " +
-                          std::to_string(p.cp * p.tp) + " ranks whole heads, but " + key + " (" +
+                          std::to_string(cp * tp) + " ranks whole heads, but " + key + " (" +
                           std::to_string(heads) + ") is not divisible by " +
-                          std::to_string(p.cp * p.tp));
+                          std::to_string(cp * tp));
 }
 
 }  // namespace
 
-Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
-                              const std::string& heads_key, int64_t heads) {
-  const auto& p = config.parallel;
-  LOOM_ASSIGN_OR_RETURN(const planner::SpaceSpec space, planner::SpaceSpec::of(config));
+Status check_decoder_parallel(const Config& config, const planner::SpaceSpec& space, int64_t layers,
+                              int64_t seq, const std::string& heads_key, int64_t heads) {
   auto key = [&](const std::string& name) {
     return config.model.args.count(name) ? "model.args." + name
                                          : "model.preset (" + config.model.preset + ") " + name;
   };
-  if (p.cp > 1 && seq % p.cp != 0)
+  if (space.mesh.cp() > 1 && seq % space.mesh.cp() != 0)
     return config.error("parallel.cp", "context parallelism cuts the sequence into " +
-                                           std::to_string(p.cp) + " chunks, but " + key("seq") +
-                                           " (" + std::to_string(seq) + ") is not divisible by " +
-                                           std::to_string(p.cp));
+                                           std::to_string(space.mesh.cp()) + " chunks, but " +
+                                           key("seq") + " (" + std::to_string(seq) +
+                                           ") is not divisible by " +
+                                           std::to_string(space.mesh.cp()));
   if (space.ring_attention() && planner::cp_order(space.cp_kind) == planner::CpOrder::kZigzag &&
-      seq % (2 * p.cp) != 0)
+      seq % (2 * space.mesh.cp()) != 0)
     return config.error("parallel.cp",
                         "context parallelism in zigzag order cuts the sequence into " +
-                            std::to_string(2 * p.cp) + " halves, but " + key("seq") + " (" +
-                            std::to_string(seq) + ") is not divisible by " +
-                            std::to_string(2 * p.cp) + " (or set parallel.cp_kind=p2p-contiguous)");
-  if (p.cp > 1 && p.policy != "hybrid")
+                            std::to_string(2 * space.mesh.cp()) + " halves, but " + key("seq") +
+                            " (" + std::to_string(seq) + ") is not divisible by " +
+                            std::to_string(2 * space.mesh.cp()) +
+                            " (or set parallel.cp_kind=p2p-contiguous)");
+  if (space.mesh.cp() > 1 && space.policy != "hybrid")
     return config.error(
         "parallel.cp",
-        "context parallelism runs under parallel.policy hybrid, not '" + p.policy + "'");
+        "context parallelism runs under parallel.policy hybrid, not '" + space.policy + "'");
   LOOM_TRY(check_all_to_all_heads(config, space, key(heads_key), heads));
-  const int64_t stages = p.pp * p.chunks;
+  const int64_t stages = space.mesh.pp() * space.chunks;
   if (stages > layers)
-    return config.error("parallel.pp",
-                        "parallel.pp (" + std::to_string(p.pp) + ") x parallel.chunks (" +
-                            std::to_string(p.chunks) + ") = " + std::to_string(stages) +
-                            " stages, but the model has " + std::to_string(layers) + " layers");
+    return config.error(
+        "parallel.pp", "parallel.pp (" + std::to_string(space.mesh.pp()) + ") x parallel.chunks (" +
+                           std::to_string(space.chunks) + ") = " + std::to_string(stages) +
+                           " stages, but the model has " + std::to_string(layers) + " layers");
   return Status::success();
 }
 
@@ -244,11 +228,6 @@ Error unknown_preset(const Config& config, const std::string& family,
   const std::string close = closest_match(config.model.preset, names);
   if (!close.empty()) msg += " (did you mean '" + close + "'?)";
   return config.error("model.preset", msg + "; presets: " + join(names, ", "));
-}
-
-Result<SampleItems> items_per_sample(const Config& config) {
-  LOOM_ASSIGN_OR_RETURN(const ModelType* type, zoo().of(config));
-  return type->items ? type->items(config) : SampleItems{};
 }
 
 }  // namespace loom::models

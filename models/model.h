@@ -1,6 +1,7 @@
 // The model registry: each model family (model.type) is one entry that builds its graph from a
-// config, checks the parallel degrees against it and says what its throughput counts. loom's
-// zoo (GPT, Swin Transformer, the AlphaFold2 Evoformer) registers here like a user's model.
+// config's model.*, checks the split in space against it and says what its throughput counts.
+// loom's zoo (GPT, Llama, Swin Transformer, the AlphaFold2 Evoformer) registers here like a
+// user's model.
 #pragma once
 
 #include <functional>
@@ -28,14 +29,17 @@ struct ModelType {
   std::string name;  // the model.type that selects it
   // The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
   std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)> build;
-  // Checks that the parallel degrees fit the model (e.g. tensor parallelism divides the heads),
-  // naming the keys and numbers. Empty: any degrees the policy accepts.
-  std::function<Status(const Config&)> check_parallel;
+  // Checks that the split in space fits the model of the config's model.* (e.g. tensor
+  // parallelism divides the heads), naming the keys and numbers. Empty: any split the policy
+  // accepts.
+  std::function<Status(const Config&, const planner::SpaceSpec&)> check_parallel;
   // Empty: samples.
   std::function<Result<SampleItems>(const Config&)> items;
   // Whether parallel.cp may split its sequence (a language model's causal attention); others
   // refuse parallel.cp above 1.
   bool context_parallel = false;
+  // Whether the model may hold a mixture of experts (parallel.ep above 1); others refuse it.
+  bool experts = false;
 };
 
 class ModelRegistry {
@@ -53,24 +57,23 @@ class ModelRegistry {
   std::vector<ModelType> types_;
 };
 
-// The zoo's types (ModelRegistry::with_builtin_models().names()).
-std::vector<std::string> model_types();
-// The zoo's entry for config.model.type: its graph, its parallel check, its items.
-Result<graph::Graph> build_model(const Config& config, const graph::OpRegistry& registry);
-Status check_parallel(const Config& config);
+// The split in space against `type`'s model: context and expert parallelism where the type
+// allows them, then the type's own check. Errors name the keys.
+Status check_parallel(const Config& config, const planner::SpaceSpec& space, const ModelType& type);
 // parallel.cp above 1 only for a type that declares context_parallel, naming the type.
-Status check_context_parallel(const Config& config, const ModelType& type);
+Status check_context_parallel(const planner::SpaceSpec& space, const ModelType& type);
 // What a decoder (GPT, Llama) needs of parallel.cp and parallel.pp: the sequence `seq` in cp
 // equal chunks under the hybrid policy, `heads` (named `heads_key`: the heads all-to-all splits)
 // whole on each of cp x tp ranks under cp_kind all-to-all, and no more stages than `layers`.
 // Errors name the keys, the preset's where model.args does not set them.
-Status check_decoder_parallel(const Config& config, int64_t layers, int64_t seq,
-                              const std::string& heads_key, int64_t heads);
+Status check_decoder_parallel(const Config& config, const planner::SpaceSpec& space, int64_t layers,
+                              int64_t seq, const std::string& heads_key, int64_t heads);
 
 // Tensor parallelism splits a language model's vocabulary in its loss's `vocab_groups` groups:
 // tp must divide them. Where vocab_groups is the default (the largest power of two up to 64
 // dividing the vocabulary), says to pad the vocabulary and to what.
-Status check_vocab_split(const Config& config, int64_t vocab, int64_t vocab_groups);
+Status check_vocab_split(const Config& config, const planner::SpaceSpec& space, int64_t vocab,
+                         int64_t vocab_groups);
 
 // "unknown <family> preset 'x' (did you mean 'y'?); presets: ...", naming model.preset.
 Error unknown_preset(const Config& config, const std::string& family,
@@ -85,6 +88,5 @@ Result<Spec> find_preset(const Config& config, const std::map<std::string, Spec>
   for (const auto& [name, spec] : presets) names.push_back(name);
   return unknown_preset(config, family, names);
 }
-Result<SampleItems> items_per_sample(const Config& config);
 
 }  // namespace loom::models

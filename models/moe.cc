@@ -79,17 +79,18 @@ Result<MoeSpec> moe_spec(const Config& config, MoeSpec m, int64_t dense_ffn) {
   return m;
 }
 
-Status check_expert_parallel(const Config& config, const MoeSpec& moe) {
-  const int64_t ep = config.parallel.ep;
+Status check_expert_parallel(const Config& config, const planner::SpaceSpec& space,
+                             const MoeSpec& moe) {
+  const int64_t ep = space.ep;
   if (ep == 1) return Status::success();
   if (!moe.enabled())
     return config.error("parallel.ep", "expert parallelism " + std::to_string(ep) +
                                            " needs a mixture of experts (model.args.moe.experts)");
-  if (config.parallel.policy != "hybrid")
+  if (space.policy != "hybrid")
     return config.error("parallel.ep",
                         "expert parallelism is part of the hybrid policy; "
                         "parallel.policy is '" +
-                            config.parallel.policy + "'");
+                            space.policy + "'");
   if (moe.experts % ep != 0)
     return config.error("parallel.ep", "expert parallelism " + std::to_string(ep) +
                                            " must divide the experts (" +

@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "core/result.h"
 #include "graph/builder.h"
+#include "planner/space_spec.h"
 
 namespace loom::models {
 
@@ -41,7 +42,8 @@ Result<MoeSpec> moe_spec(const Config& config, MoeSpec preset, int64_t dense_ffn
 // The model.args names moe_spec reads ("moe.experts", ...).
 std::vector<std::string> moe_arg_names();
 // parallel.ep against the experts: ep divides them; ep above 1 needs experts. Errors name keys.
-Status check_expert_parallel(const Config& config, const MoeSpec& moe);
+Status check_expert_parallel(const Config& config, const planner::SpaceSpec& space,
+                             const MoeSpec& moe);
 
 // What the MoE MLP of one layer adds to the graph.
 struct MoeOutput {

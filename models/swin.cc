@@ -153,11 +153,11 @@ Result<SwinSpec> swin_spec(const Config& config) {
   return s;
 }
 
-Status check_swin_parallel(const Config& config) {
+Status check_swin_parallel(const Config& config, const planner::SpaceSpec& space) {
   LOOM_ASSIGN_OR_RETURN(SwinSpec s, swin_spec(config));
-  const int64_t tp = config.parallel.tp;
+  const int64_t tp = space.mesh.tp();
   auto n = [](int64_t v) { return std::to_string(v); };
-  if (config.parallel.policy != "window")
+  if (space.policy != "window")
     for (int64_t i = 0; i < s.stages(); ++i)
       for (auto [what, value] : std::vector<std::pair<const char*, int64_t>>{
                {"heads", s.heads[static_cast<size_t>(i)]}, {"MLP width", s.mlp_ratio * s.dim(i)}})
@@ -166,10 +166,10 @@ Status check_swin_parallel(const Config& config) {
                                                  " of stage " + n(i) + " (" + n(value) +
                                                  ") of model.preset (" + config.model.preset +
                                                  ") to be divisible by " + n(tp));
-  const int64_t stages = config.parallel.pp * config.parallel.chunks;
+  const int64_t stages = space.mesh.pp() * space.chunks;
   if (stages > s.blocks())
-    return config.error("parallel.pp", "parallel.pp (" + n(config.parallel.pp) +
-                                           ") x parallel.chunks (" + n(config.parallel.chunks) +
+    return config.error("parallel.pp", "parallel.pp (" + n(space.mesh.pp()) +
+                                           ") x parallel.chunks (" + n(space.chunks) +
                                            ") = " + n(stages) + " stages, but the model has " +
                                            n(s.blocks()) + " blocks");
   return Status::success();

@@ -11,6 +11,7 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
+#include "planner/space_spec.h"
 
 namespace loom::models {
 
@@ -45,7 +46,7 @@ Result<SwinSpec> swin_spec(const Config& config);
 // Checks the parallel config against the model: tensor parallelism (policy hybrid or tp) must
 // divide every stage's heads and MLP width; pipeline stages must not outnumber the blocks.
 // Window parallelism (policy `window`, degree parallel.tp) falls back per op where it cannot split.
-Status check_swin_parallel(const Config& config);
+Status check_swin_parallel(const Config& config, const planner::SpaceSpec& space);
 // The graph of one micro-batch of `batch` images. Ops carry hints for the policies: `tp`
 // (Megatron split of heads and MLP) and `wp` (the label that window parallelism splits).
 Result<graph::Graph> build_swin(const SwinSpec& spec, int64_t batch,

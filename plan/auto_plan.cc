@@ -1,3 +1,36 @@
+// How the search runs:
+//
+// - Skeletons first: every policy, tp (within a node), cp, pp, dp, ep and micro-batch size
+//   (world = dp x cp x tp x pp), in 1F1B order with sequence parallelism on tp. Then the best
+//   `expand` skeletons again under every other schedule (GPipe, ZB-H1, interleaved, Chimera, the
+//   repetend search with and without the split backward) and tp without sp.
+// - Context parallelism (cp_kind p2p, the hybrid policy, model types that declare it: GPT and
+//   Llama) is searched from the start for sequences of 8192 tokens or more, cutting them into
+//   chunks of at least 1024 tokens: below that a sample's activations are small next to the
+//   weights, and a ring sending key/value chunks in every attention layer would only multiply
+//   the shapes with losers. When nothing fits the memory, every other cut of the sequence is
+//   searched in a second pass, whatever its length.
+// - Expert parallelism (models with experts: GPT's and Llama's model.args.moe) is carved out of
+//   dp: ep runs over the divisors of dp that divide the experts; the world size is unchanged.
+// - Memory prunes first: a shape whose weights, gradients and optimizer state alone exceed the
+//   limit at best (split over every rank) is not planned. Otherwise it takes the first rung of
+//   its memory ladder that fits: for each recomputation level (none, selective, full) in turn
+//   ZeRO 0 then 1 (free in time), and only then ZeRO 3 at each level (its gathers cost more than
+//   recomputing). ZeRO shards over dp x cp, the ranks a parameter is replicated on, as the
+//   lowering does. One plan per recomputation level tells which ZeRO level fits; the rung chosen
+//   is then planned itself.
+// - Large worlds (more ranks than `exact_ranks`) are searched on data-parallel proxies: the plan
+//   of one replica (dp 1, the same micro-batches per replica; cp, tp and pp as the shape has
+//   them), with the gradient all-reduce over dp x cp (or ZeRO-3's gathers) in place of the
+//   proxy's own over cp, and the ZeRO shares, added from the cost model. ep cannot be expressed
+//   with dp 1, so a shape with ep keeps one ep group: its proxy has dp = ep (every expert, and
+//   the all-to-all that reaches it, as in the whole plan), and its ZeRO shares count the experts'
+//   replicas (dp / ep x cp), not dp x cp, so a proxy never promises memory an expert rank lacks.
+//   Proxies with cp or ep stay within tp's node times 32 stages ranks, the largest proxy without
+//   them. The best `top` are then planned whole and ranked on their own estimates. What a proxy
+//   does not see: a mixture's router statistics (its load-balancing loss) are all-reduced over
+//   dp in every micro-batch, over the proxy's own ep ranks only on a proxy (nowhere with ep 1),
+//   so mixtures' proxies underestimate those small all-reduces; the whole plans carry them.
 #include "plan/auto_plan.h"
 
 #include <algorithm>
@@ -64,6 +97,27 @@ std::vector<std::string> overrides_of(const Shape& s, const Rung& r, int64_t glo
           "parallel.zero=" + std::to_string(r.zero),
           "batch.micro=" + std::to_string(s.micro),
           "batch.global=" + std::to_string(global)};
+}
+
+// The spec of shape `s` at rung `r` with `global` samples per step, the rest as `user`'s.
+PlanSpec spec_of(const PlanSpec& user, const Shape& s, const Rung& r, int64_t global) {
+  PlanSpec spec = user;
+  auto mesh = planner::DeviceMesh::make(s.dp, s.pp, s.tp, s.cp);
+  LOOM_CHECK(mesh.ok()) << mesh.error().message;  // the search makes positive degrees only
+  spec.space.mesh = *mesh;
+  spec.space.policy = s.policy;
+  spec.space.ep = s.ep;
+  spec.space.sp = s.sp;
+  spec.space.cp_kind = planner::CpKind::kRing;
+  spec.space.chunks = s.chunks;
+  spec.schedule = s.schedule;
+  spec.space.two_pipelines = s.schedule.is(sched::ScheduleKind::kChimera);
+  auto recompute = lower::parse_recompute(r.recompute);
+  LOOM_CHECK(recompute.ok()) << recompute.error().message;
+  spec.recompute = *recompute;
+  spec.zero = r.zero;
+  spec.batch = BatchSpec{global, s.micro, s.dp};
+  return spec;
 }
 
 std::string label_of(const Shape& s, const Rung& r) {
@@ -245,10 +299,6 @@ AutoCandidate figures(const Estimate& e) {
   return c;
 }
 
-Result<Config> with_overrides(const std::string& yaml, const std::vector<std::string>& overrides) {
-  return parse_config(yaml, "parallel.policy auto", overrides);
-}
-
 // What config's model offers cp and ep: the sequence of a type that declares context
 // parallelism (GPT, Llama), the routed experts of GPT's and Llama's mixtures. A model built by
 // Registries::model is searched without either.
@@ -273,7 +323,7 @@ Result<ModelSplits> model_splits(const Config& config, const Registries& registr
 // The search's state: the user's config, what is searched with.
 struct Search {
   const Config& config;
-  std::string yaml;  // the user's config, resolved
+  PlanSpec user;  // the user's config's spec, what a candidate's spec starts from
   const Registries& registries;
   const CostModel& cost;
   int64_t world = 0;
@@ -363,15 +413,13 @@ Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t&
   auto plan_of = [&](const std::string& recompute) -> const Result<Plan>& {
     auto it = base.find(recompute);
     if (it != base.end()) return it->second;
-    auto config =
-        with_overrides(s.yaml, overrides_of(planned_shape, {recompute, 0}, planned_global));
+    const Config config =
+        with_spec(s.config, spec_of(s.user, planned_shape, {recompute, 0}, planned_global));
     ++planned;
     // A proxy's plan is estimated and dropped: the proofs are left to the whole plans kept.
     PlanProofs proofs;
     proofs.verify_graph = proofs.deadlock_free = proofs.equivalent = s.whole;
-    Result<Plan> plan = config.ok()
-                            ? make_plan(*config, s.registries, s.cost, ranks, proofs, s.cache)
-                            : Result<Plan>(config.error());
+    Result<Plan> plan = make_plan(config, s.registries, s.cost, ranks, proofs, s.cache);
     return base.emplace(recompute, std::move(plan)).first->second;
   };
   bool any_valid = false;
@@ -389,15 +437,15 @@ Outcome ladder(const Search& s, const Shape& shape, AutoCandidate& out, int64_t&
         if (c.peak_bytes > s.limit) continue;
         const Rung rung{recompute, zero};
         if (s.whole && zero != 0) {  // its own plan, its own figures
-          auto config = with_overrides(s.yaml, overrides_of(shape, rung, global));
+          const Config config = with_spec(s.config, spec_of(s.user, shape, rung, global));
           ++planned;
-          auto exact = config.ok() ? make_plan(*config, s.registries, s.cost, s.world, {}, s.cache)
-                                   : Result<Plan>(config.error());
+          auto exact = make_plan(config, s.registries, s.cost, s.world, {}, s.cache);
           if (!exact.ok()) continue;
           c = figures(exact->estimate);
           if (c.peak_bytes > s.limit) continue;
         }
         c.overrides = overrides_of(shape, rung, global);
+        c.spec = spec_of(s.user, shape, rung, global);
         c.label = label_of(shape, rung);
         c.whole = s.whole;
         out = std::move(c);
@@ -517,24 +565,22 @@ WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxi
   // one of each layout is planned first, so that no thread waits for a lowering another makes
   // while there is a layout left to lower.
   std::vector<int64_t> order, later;
-  std::set<std::vector<std::string>> layouts;
+  std::set<std::vector<std::pair<std::string, std::string>>> layouts;
   for (int64_t i = 0; i < n; ++i) {
-    std::vector<std::string> layout;
-    for (const std::string& o : proxies[static_cast<size_t>(i)].overrides)
-      if (o.rfind("parallel.schedule=", 0) != 0 && o.rfind("parallel.recompute=", 0) != 0 &&
-          o.rfind("parallel.zero=", 0) != 0)
-        layout.push_back(o);
-    (layouts.insert(layout).second ? order : later).push_back(i);
+    PlanSpec layout = proxies[static_cast<size_t>(i)].spec;
+    layout.schedule = sched::ScheduleSpec::predefined(sched::ScheduleKind::k1F1B);
+    layout.recompute = lower::Recompute::kNone;
+    layout.zero = 0;
+    (layouts.insert(layout.plan_fields()).second ? order : later).push_back(i);
   }
   order.insert(order.end(), later.begin(), later.end());
   parallel_for(n, threads, [&](int64_t task) {
     const int64_t i = order[static_cast<size_t>(task)];
     const AutoCandidate& proxy = proxies[static_cast<size_t>(i)];
-    auto c = with_overrides(s.yaml, proxy.overrides);
-    if (!c.ok()) return;
+    const Config c = with_spec(s.config, proxy.spec);
     PlanProofs unproved;
     unproved.verify_graph = unproved.deadlock_free = unproved.equivalent = false;
-    auto plan = make_plan(*c, s.registries, s.cost, s.world, unproved, s.cache);
+    auto plan = make_plan(c, s.registries, s.cost, s.world, unproved, s.cache);
     ++planned;
     if (!plan.ok()) return;
     if (i == 0) {  // only this thread writes these, read after parallel_for joins it
@@ -544,6 +590,7 @@ WholeRanking rank_whole(const Search& s, const std::vector<AutoCandidate>& proxi
     AutoCandidate w = figures(plan->estimate);
     if (w.peak_bytes > s.limit) return;
     w.overrides = proxy.overrides;
+    w.spec = proxy.spec;
     w.label = proxy.label;
     w.whole = true;
     std::lock_guard<std::mutex> guard(lock);
@@ -563,11 +610,11 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
                            const CostModel& cost, int64_t world_size, const AutoOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   AutoPlan result;
-  result.memory_limit_bytes = config.parallel.memory_limit_gb > 0
-                                  ? config.parallel.memory_limit_gb * 1e9
-                                  : cost.device_memory_bytes;
+  LOOM_ASSIGN_OR_RETURN(const PlanSpec asked, PlanSpec::of(config));
+  result.memory_limit_bytes =
+      asked.memory_limit_gb > 0 ? asked.memory_limit_gb * 1e9 : cost.device_memory_bytes;
   Search s{config,
-           to_yaml(config),
+           asked,
            registries,
            cost,
            world_size,
@@ -579,7 +626,7 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
            nullptr};
   PlanCache cache;
   s.cache = &cache;
-  s.bytes_per_parameter = training_state_bytes(config.optimizer).total();
+  s.bytes_per_parameter = training_state_bytes(asked.optimizer).total();
   LOOM_ASSIGN_OR_RETURN(s.model, model_splits(config, registries));
   {
     LOOM_ASSIGN_OR_RETURN(const graph::Graph model, build_model(config, registries, 1));
@@ -613,7 +660,11 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
   if (static_cast<int64_t>(fits.size()) > options.top)
     fits.resize(static_cast<size_t>(options.top));
   result.top = fits;
-  LOOM_ASSIGN_OR_RETURN(result.config, with_overrides(s.yaml, fits[0].overrides));
+  result.config = with_spec(config, fits[0].spec);
+  for (const std::string& o : fits[0].overrides) {
+    result.config.overrides.push_back(o);
+    result.config.where_[o.substr(0, o.find('='))] = "parallel.policy auto (" + o + ")";
+  }
   if (whole.best_plan && whole.best.label == fits[0].label) {
     result.plan = std::move(*whole.best_plan);
     if (whole.first_label == fits[0].label) {
@@ -631,19 +682,14 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
 
 Result<AutoCandidate> plan_within_memory(const Config& config, const Registries& registries,
                                          const CostModel& cost, int64_t world_size) {
-  Search s{config,
-           to_yaml(config),
-           registries,
-           cost,
-           world_size,
-           config.parallel.memory_limit_gb > 0 ? config.parallel.memory_limit_gb * 1e9
-                                               : cost.device_memory_bytes,
-           true,
-           0,
-           0,
-           {},
-           nullptr};
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
+  Search s{
+      config,     spec,
+      registries, cost,
+      world_size, spec.memory_limit_gb > 0 ? spec.memory_limit_gb * 1e9 : cost.device_memory_bytes,
+      true,       0,
+      0,          {},
+      nullptr};
   const planner::DeviceMesh& mesh = spec.mesh();
   Shape shape;
   shape.policy = spec.space.policy;
@@ -653,7 +699,7 @@ Result<AutoCandidate> plan_within_memory(const Config& config, const Registries&
   shape.ep = spec.space.ep;
   shape.dp = world_size / (shape.tp * shape.pp * shape.cp);
   shape.chunks = spec.space.chunks;
-  shape.micro = config.batch.micro;
+  shape.micro = spec.batch.micro;
   shape.schedule = spec.schedule;
   shape.sp = spec.space.sp;
   PlanCache cache;  // the rungs share the model and, with their recomputation, the search

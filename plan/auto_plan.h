@@ -1,43 +1,9 @@
-// parallel.policy: auto. The planner chooses the plan: data, context, expert, tensor (or the
-// model's own: window, DAP), sequence and pipeline degrees, chunks, micro-batch size, pipeline
-// schedule (every predefined one and the repetend search at the plan's own block costs),
-// recomputation and ZeRO level, searched together on the one cost model under a per-device
-// memory limit.
-//
-// Every candidate is a config (the user's with parallel.* and batch.micro replaced) planned by
-// make_plan, so what the search compares is what `loom plan` prints for that config.
-//
-// - Skeletons first: every policy, tp (within a node), cp, pp, dp, ep and micro-batch size
-//   (world = dp x cp x tp x pp), in 1F1B order with sequence parallelism on tp. Then the best
-//   `expand` skeletons again under every other schedule (GPipe, ZB-H1, interleaved, Chimera, the
-//   repetend search with and without the split backward) and tp without sp.
-// - Context parallelism (cp_kind p2p, the hybrid policy, model types that declare it: GPT and
-//   Llama) is searched from the start for sequences of 8192 tokens or more, cutting them into
-//   chunks of at least 1024 tokens: below that a sample's activations are small next to the
-//   weights, and a ring sending key/value chunks in every attention layer would only multiply
-//   the shapes with losers. When nothing fits the memory, every other cut of the sequence is
-//   searched in a second pass, whatever its length.
-// - Expert parallelism (models with experts: GPT's and Llama's model.args.moe) is carved out of
-//   dp: ep runs over the divisors of dp that divide the experts; the world size is unchanged.
-// - Memory prunes first: a shape whose weights, gradients and optimizer state alone exceed the
-//   limit at best (split over every rank) is not planned. Otherwise it takes the first rung of
-//   its memory ladder that fits: for each recomputation level (none, selective, full) in turn
-//   ZeRO 0 then 1 (free in time), and only then ZeRO 3 at each level (its gathers cost more than
-//   recomputing). ZeRO shards over dp x cp, the ranks a parameter is replicated on, as the
-//   lowering does. One plan per recomputation level tells which ZeRO level fits; the rung chosen
-//   is then planned itself.
-// - Large worlds (more ranks than `exact_ranks`) are searched on data-parallel proxies: the plan
-//   of one replica (dp 1, the same micro-batches per replica; cp, tp and pp as the shape has
-//   them), with the gradient all-reduce over dp x cp (or ZeRO-3's gathers) in place of the
-//   proxy's own over cp, and the ZeRO shares, added from the cost model. ep cannot be expressed
-//   with dp 1, so a shape with ep keeps one ep group: its proxy has dp = ep (every expert, and
-//   the all-to-all that reaches it, as in the whole plan), and its ZeRO shares count the experts'
-//   replicas (dp / ep x cp), not dp x cp, so a proxy never promises memory an expert rank lacks.
-//   Proxies with cp or ep stay within tp's node times 32 stages ranks, the largest proxy without
-//   them. The best `top` are then planned whole and ranked on their own estimates. What a proxy
-//   does not see: a mixture's router statistics (its load-balancing loss) are all-reduced over
-//   dp in every micro-batch, over the proxy's own ep ranks only on a proxy (nowhere with ep 1),
-//   so mixtures' proxies underestimate those small all-reduces; the whole plans carry them.
+// parallel.policy: auto. The planner chooses the plan (degrees, chunks, micro-batch size,
+// schedule, recomputation and ZeRO level) on the one cost model under a per-device memory limit.
+// Each candidate is a PlanSpec planned by make_plan, so what the search compares is what
+// `loom plan` prints for it. How the search runs (skeletons, context and expert parallelism,
+// the memory ladder, data-parallel proxies for large worlds) is said next to each step in
+// auto_plan.cc.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +23,8 @@ struct AutoOptions {
 
 // One plan the search considered.
 struct AutoCandidate {
-  std::vector<std::string> overrides;  // what makes it of the user's config
+  std::vector<std::string> overrides;  // what makes it of the user's config, as key=value
+  PlanSpec spec;                       // the candidate's split, schedule, memory features, batch
   std::string label;                   // "dp2 tp2 pp2 mb2 1f1b", "dp4 ep2 cp2 tp1 pp1 mb1"
   double step_s = 0;
   double peak_bytes = 0;  // the busiest rank's

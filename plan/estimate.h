@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "core/cost_model.h"
 #include "core/strings.h"
 #include "graph/graph.h"
 #include "lower/fusion.h"
 #include "lower/path.h"
 #include "lower/program.h"
+#include "plan/plan_spec.h"
 #include "planner/cost.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
@@ -122,14 +122,14 @@ struct RankMemory {
 // Per rank of a lowered plan (the schedule's order does not matter). `compute`: the plan's
 // compute_cost on the run's device, when the caller has it (it is computed otherwise; only its
 // bytes are read).
-std::vector<RankMemory> rank_memory(const Config& config, const graph::Graph& planned,
+std::vector<RankMemory> rank_memory(const PlanSpec& spec, const graph::Graph& planned,
                                     const lower::Lowered& lowered,
                                     const ComputeCost* compute = nullptr);
 
 // The estimate of a lowered plan; `pipeline` from simulating its schedule (empty without one).
 // `compute`: the plan's compute_cost on `cost` and the run's device, when the caller has it
 // (computed otherwise).
-Estimate estimate_plan(const Config& config, const graph::Graph& planned,
+Estimate estimate_plan(const PlanSpec& spec, const graph::Graph& planned,
                        const lower::Lowered& lowered, const CostModel& cost,
                        const PipelineTimes& pipeline, const ComputeCost* compute = nullptr);
 

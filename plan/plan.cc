@@ -13,6 +13,7 @@
 #include "lower/equivalence.h"
 #include "lower/recompute.h"
 #include "lower/schedule_order.h"
+#include "plan/plan_hash.h"
 #include "plan/plan_spec.h"
 #include "planner/context_parallel.h"
 #include "scheduler/csv.h"
@@ -131,20 +132,18 @@ Status simulate_pipeline(const PlanSpec& spec, const std::vector<double>& forwar
 
 }  // namespace
 
-lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
+lower::StageCosts stage_costs(const PlanSpec& spec, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost,
                               planner::FlopsMemo* flops, const lower::Fusion* fusion) {
-  auto spec = PlanSpec::of(config);
-  LOOM_CHECK(spec.ok()) << spec.error().to_string();  // the config a plan was made of
-  const ComputeCost compute = compute_cost(planned, lowered, cost, config.run.device == "cuda",
+  const ComputeCost compute = compute_cost(planned, lowered, cost, spec.on_gpu(),
                                            planner::graph_flops(planned, flops), fusion);
-  const std::vector<RankMemory> memory = rank_memory(config, planned, lowered, &compute);
+  const std::vector<RankMemory> memory = rank_memory(spec, planned, lowered, &compute);
   const std::vector<double>& forward_s = compute.forward_s;
   const std::vector<double>& recompute_s = compute.recompute.forward_s;
   lower::StageCosts costs;
   costs.device_memory_bytes = cost.device_memory_bytes;
   const int64_t world = static_cast<int64_t>(memory.size());
-  costs.devices.resize(static_cast<size_t>(spec->mesh().pp()));
+  costs.devices.resize(static_cast<size_t>(spec.mesh().pp()));
   // How tight a rank is: the share of its room that one micro-batch takes (without a device
   // memory, its bytes); no room at all is the tightest.
   auto tightness = [&](const RankMemory& m) {
@@ -152,15 +151,15 @@ lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
     const double room = cost.device_memory_bytes - m.held_bytes;
     return room > 0 ? m.activation_bytes / room : std::numeric_limits<double>::infinity();
   };
-  const std::vector<double> slowest_forward = slowest_per_device(forward_s, *spec);
-  const std::vector<double> slowest_recompute = slowest_per_device(recompute_s, *spec);
+  const std::vector<double> slowest_forward = slowest_per_device(forward_s, spec);
+  const std::vector<double> slowest_recompute = slowest_per_device(recompute_s, spec);
   for (size_t d = 0; d < costs.devices.size(); ++d) {
     costs.devices[d].forward_s = slowest_forward[d];
     costs.devices[d].recompute_s = slowest_recompute[d];
   }
   std::vector<double> tightest(costs.devices.size(), -1);
   for (int64_t r = 0; r < world; ++r) {
-    const size_t d = static_cast<size_t>(spec->pipeline_device(Rank(r)));
+    const size_t d = static_cast<size_t>(spec.pipeline_device(Rank(r)));
     lower::StageCost& c = costs.devices[d];
     const RankMemory& m = memory[static_cast<size_t>(r)];
     if (tightness(m) > tightest[d]) {
@@ -228,34 +227,43 @@ Result<std::shared_ptr<const PlanCache::Lowering>> PlanCache::lowering(const std
   return std::make_shared<const Lowering>(std::move(own));
 }
 
-Result<graph::Graph> build_model(const Config& config, const Registries& registries,
-                                 int64_t world_size) {
-  LOOM_ASSIGN_OR_RETURN(const planner::SpaceSpec space, planner::SpaceSpec::of(config));
+namespace {
+
+// The model type's checks of the split in space: context parallelism always (a type without a
+// sequence refuses it), the type's own where the plan has several ranks.
+Status check_model_parallel(const Config& config, const PlanSpec& spec,
+                            const Registries& registries, int64_t world_size) {
+  if (world_size <= 1) return Status::success();
+  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+  return models::check_parallel(config, spec.space, *type);
+}
+
+Result<graph::Graph> build_model(const Config& config, const PlanSpec& spec,
+                                 const Registries& registries, int64_t world_size) {
+  const planner::SpaceSpec& space = spec.space;
   graph::Graph model;
   if (registries.model) {
     LOOM_ASSIGN_OR_RETURN(model, registries.model(config, registries.ops));
   } else {
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
-    LOOM_TRY(models::check_context_parallel(config, *type));
+    LOOM_TRY(models::check_context_parallel(space, *type));
     LOOM_ASSIGN_OR_RETURN(model, type->build(config, registries.ops));
-    if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
+    LOOM_TRY(check_model_parallel(config, spec, registries, world_size));
   }
   LOOM_TRY(graph::verify(model, registries.ops));
   // run.precision is a property of the graph: byte counts, estimates and buffers follow it.
-  if (config.run.precision == "bf16")
+  if (spec.precision == Precision::kBf16)
     model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
   // Context parallelism rewrites attention as ring steps before any split (its new tensors stay
   // float32 whatever the precision).
   if (space.ring_attention()) {
     auto ring = planner::context_parallel_attention(model, space.mesh.cp(),
                                                     planner::cp_order(space.cp_kind));
-    if (!ring.ok()) return config.error("parallel.cp", ring.error().message);
+    if (!ring.ok()) return Error::at("parallel.cp", ring.error().message);
     model = std::move(ring).value();
   }
   return model;
 }
-
-namespace {
 
 // The static equivalence proof of a plan loom made, where debug builds and tests check each
 // transform: a failure is loom's bug, named as such.
@@ -272,44 +280,41 @@ Status prove_equivalent(const Plan& plan, const PlanProofs& proofs) {
   return Status::success();
 }
 
-// The config as build_model's graph sees it: the keys no model builder, verification,
-// precision or context-parallel rewrite reads set to their defaults (pipeline degree and order,
-// recomputation, ZeRO, sequence parallelism, the global batch), so configs that differ only in
-// them share one key. The checks of the parallel degrees are not part of it: they run on every
-// config.
-std::string model_key(const Config& config) {
-  Config c = config;
-  const ParallelConfig defaults;
-  c.parallel.pp = defaults.pp;
-  c.parallel.chunks = defaults.chunks;
-  c.parallel.schedule = defaults.schedule;
-  c.parallel.schedule_csv = defaults.schedule_csv;
-  c.parallel.recompute = defaults.recompute;
-  c.parallel.zero = defaults.zero;
-  c.parallel.sp = defaults.sp;
-  c.parallel.stages = defaults.stages;
-  c.parallel.memory_limit_gb = defaults.memory_limit_gb;
-  c.batch.global = c.batch.micro * c.parallel.dp;
-  return to_yaml(c);
+// What build_model's graph is made of: model.* (what the builder reads), the samples of one
+// micro-batch over the replicas, the tensor-parallel degree (Llama lays out its kv heads by it),
+// the precision and the context-parallel rewrite. Configs that differ only in what else a plan
+// reads (the pipeline, recomputation, ZeRO, sequence parallelism, the global batch) share one
+// key. The checks of the split are not part of it: they run on every config.
+std::string model_key(const Config& config, const PlanSpec& spec) {
+  const ModelConfig& m = config.model;
+  std::string key = "type " + m.type + "\npreset " + m.preset + "\nfrom_hf " + m.from_hf + "\n";
+  for (const auto& [name, value] : m.args) key += "args." + name + " " + value + "\n";
+  const planner::SpaceSpec& s = spec.space;
+  return key + "replicas_batch " + std::to_string(spec.batch.micro * s.mesh.dp()) + "\ndp " +
+         std::to_string(s.mesh.dp()) + "\ntp " + std::to_string(s.mesh.tp()) + "\ncp " +
+         std::to_string(s.mesh.cp()) + " " + planner::name(s.cp_kind) + "\nep " +
+         std::to_string(s.ep) + "\npolicy " + s.policy + "\nprecision " +
+         std::string(name(spec.precision)) + "\n";
 }
 
 // build_model through `cache`, with the model's digest: a model built for an equal key is
 // copied and its digest reused; the checks of the config's parallel degrees (which build_model
 // runs around the build) run all the same, in the same order, so a config is refused as it would
 // be without the cache.
-Result<PlanCache::Model> cached_model(const Config& config, const Registries& registries,
-                                      int64_t world_size, PlanCache* cache) {
+Result<PlanCache::Model> cached_model(const Config& config, const PlanSpec& spec,
+                                      const Registries& registries, int64_t world_size,
+                                      PlanCache* cache) {
   auto built_now = [&]() -> Result<PlanCache::Model> {
-    LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_model(config, registries, world_size));
+    LOOM_ASSIGN_OR_RETURN(graph::Graph model, build_model(config, spec, registries, world_size));
     std::string digest = lower::model_digest(model);
     return PlanCache::Model{std::move(model), std::move(digest)};
   };
   if (!cache || registries.model) return built_now();
-  const std::string key = model_key(config);
+  const std::string key = model_key(config, spec);
   if (std::shared_ptr<const PlanCache::Model> built = cache->model(key)) {
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
-    LOOM_TRY(models::check_context_parallel(config, *type));
-    if (world_size > 1 && type->check_parallel) LOOM_TRY(type->check_parallel(config));
+    LOOM_TRY(models::check_context_parallel(spec.space, *type));
+    LOOM_TRY(check_model_parallel(config, spec, registries, world_size));
     return *built;
   }
   LOOM_ASSIGN_OR_RETURN(PlanCache::Model model, built_now());
@@ -323,32 +328,30 @@ Result<PlanCache::Model> cached_model(const Config& config, const Registries& re
 // Context parallelism's ring steps recomputed in full inside layers whose weight gradients wait
 // for W blocks (llama tiny, cp 2 x pp 2, zb-h1) left a last-stage parameter without its gradient
 // when its bucket was flushed: refused until that combination is made to work.
-Status check_cp_schedule(const Config& config, const PlanSpec& spec,
-                         const lower::Lowered& lowered) {
+Status check_cp_schedule(const PlanSpec& spec, const lower::Lowered& lowered) {
   if (spec.mesh().cp() == 1 || spec.recompute != lower::Recompute::kFull) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
       if (b.kind == lower::BlockKind::kWeightGrad)
-        return config.error("parallel.cp",
-                            "context parallelism with parallel.recompute: full does not combine "
-                            "with a backward split into input- and weight-gradient blocks "
-                            "(parallel.schedule: " +
-                                spec.schedule.name() +
-                                "); use selective recomputation, or a schedule without W blocks");
+        return Error::at("parallel.cp",
+                         "context parallelism with parallel.recompute: full does not combine "
+                         "with a backward split into input- and weight-gradient blocks "
+                         "(parallel.schedule: " +
+                             spec.schedule.name() +
+                             "); use selective recomputation, or a schedule without W blocks");
   return Status::success();
 }
 
-Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
-                            const lower::Lowered& lowered) {
+Status check_zero3_schedule(const PlanSpec& spec, const lower::Lowered& lowered) {
   if (spec.zero != 3) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
       if (b.kind == lower::BlockKind::kWeightGrad)
-        return config.error("parallel.zero",
-                            "3 (parameters stored split) does not combine with a backward split "
-                            "into input- and weight-gradient blocks (parallel.schedule: " +
-                                spec.schedule.name() +
-                                "); use zero 1, or a schedule without W blocks");
+        return Error::at("parallel.zero",
+                         "3 (parameters stored split) does not combine with a backward split "
+                         "into input- and weight-gradient blocks (parallel.schedule: " +
+                             spec.schedule.name() +
+                             "); use zero 1, or a schedule without W blocks");
   return Status::success();
 }
 
@@ -356,20 +359,18 @@ Status check_zero3_schedule(const Config& config, const PlanSpec& spec,
 // adapters are known: what they deliver counts in a stage's activations, which bound how many
 // micro-batches a searched schedule keeps in flight. Returns the order, whose schedule the plan
 // simulates (its ranks moved into the programs).
-Result<lower::PipelineOrder> order_pipeline(const Config& config, const PlanSpec& spec,
-                                            const CostModel& cost, lower::PlanFile& file,
-                                            const lower::Fusion& fusion,
+Result<lower::PipelineOrder> order_pipeline(const PlanSpec& spec, const CostModel& cost,
+                                            lower::PlanFile& file, const lower::Fusion& fusion,
                                             sched::SearchMemo* searches,
                                             planner::FlopsMemo& flops) {
   lower::StageCosts costs;  // only the search reads them
   if (spec.schedule.as_searched() && spec.mesh().pp() > 1) {
     lower::Lowered marked = file.lowered;  // what a micro-batch holds depends on recomputation
     lower::mark_recompute(file.graph, marked, spec.recompute, &fusion.into_next);
-    costs = stage_costs(config, file.graph, marked, cost, &flops, &fusion);
+    costs = stage_costs(spec, file.graph, marked, cost, &flops, &fusion);
   }
-  LOOM_ASSIGN_OR_RETURN(
-      lower::PipelineOrder pipeline,
-      lower::pipeline_order(config, spec.schedule, config.micro_batches(), costs, searches));
+  LOOM_ASSIGN_OR_RETURN(lower::PipelineOrder pipeline,
+                        lower::pipeline_order(spec.pipeline(), costs, searches));
   std::vector<std::vector<lower::ProgramBlock>>& blocks = pipeline.ranks;
   if (!blocks.empty()) {
     LOOM_CHECK(blocks.size() == file.lowered.programs.size())
@@ -382,25 +383,25 @@ Result<lower::PipelineOrder> order_pipeline(const Config& config, const PlanSpec
   return pipeline;
 }
 
-// The config as the policy and the lowering up to the pipeline's order see it, so that plans
+// The plan as the policy and the lowering up to the pipeline's order see it, so that plans
 // differing only in what they do not read share one key: parallel.recompute (neither reads it),
 // parallel.zero 1 (only the estimate reads it; zero 3 stores parameters split) and the schedule,
 // but for chimera, whose two pipelines the policy places. A policy registered from code keeps
 // the schedule in the key: it may read it.
-std::string lowering_key(const Config& config, const PlanSpec& spec, int64_t world_size) {
+std::string lowering_key(const Config& config, const PlanSpec& spec, const CostModel& cost,
+                         int64_t world_size) {
   static const std::vector<std::string> builtin =
       planner::PolicyRegistry::with_builtin_policies().names();
-  Config c = config;
-  const ParallelConfig defaults;
-  c.parallel.recompute = defaults.recompute;
-  if (c.parallel.zero == 1) c.parallel.zero = 0;  // only zero 3 changes the lowering
+  PlanSpec s = spec;
+  s.recompute = lower::Recompute::kNone;
+  if (s.zero == 1) s.zero = 0;  // only zero 3 changes the lowering
   const bool builtin_policy =
-      std::find(builtin.begin(), builtin.end(), c.parallel.policy) != builtin.end();
-  if (builtin_policy && !spec.schedule.is(sched::ScheduleKind::kChimera)) {
-    c.parallel.schedule = defaults.schedule;
-    c.parallel.schedule_csv = defaults.schedule_csv;
-  }
-  return std::to_string(world_size) + "\n" + to_yaml(c);
+      std::find(builtin.begin(), builtin.end(), s.space.policy) != builtin.end();
+  if (builtin_policy && !s.schedule.is(sched::ScheduleKind::kChimera))
+    s.schedule = sched::ScheduleSpec::predefined(sched::ScheduleKind::k1F1B);
+  std::string key = std::to_string(world_size) + "\n" + model_key(config, spec);
+  for (const auto& [k, v] : s.plan_fields()) key += k + "=" + v + "\n";
+  return key + "device " + std::string(name(s.device)) + "\n" + cost_model_values(cost);
 }
 
 // The policy's graph of plan.model, verified when `proofs` ask, its lowering ordered by the
@@ -417,9 +418,9 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
   bool verified = false;
   auto make = [&]() -> Result<PlanCache::Lowering> {
     PlanCache::Lowering out;
-    LOOM_ASSIGN_OR_RETURN(out.planned,
-                          planner::plan_graph(plan.model, {config, spec.space, file.world_size},
-                                              registries.policies));
+    LOOM_ASSIGN_OR_RETURN(
+        out.planned, planner::plan_graph(plan.model, {spec.space, file.world_size, spec.optimizer},
+                                         registries.policies));
     if (proofs.verify_graph) LOOM_TRY(graph::verify(out.planned, registries.ops));
     verified = proofs.verify_graph;
     lower::PathFinder paths(cost);
@@ -427,18 +428,18 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
     options.shard_parameters = spec.zero == 3;
     options.check_deadlock = false;  // checked once the recomputed forwards are in place
     LOOM_ASSIGN_OR_RETURN(out.lowered,
-                          lower::lower(out.planned, file.world_size, config.micro_batches(), paths,
+                          lower::lower(out.planned, file.world_size, spec.micro_batches(), paths,
                                        lower::BlockOrderFn{}, options));
     PlanCache::LoweringFacts& f = out.facts;
     f.op_flops = planner::graph_flops(out.planned, &flops);
     f.fusion = lower::fusion_of(out.planned, out.lowered);
     f.bytes = std::make_shared<const LoweredBytes>(
-        lowered_bytes(out.planned, out.lowered, f.fusion, config.run.device == "cuda"));
+        lowered_bytes(out.planned, out.lowered, f.fusion, spec.on_gpu()));
     return out;
   };
   if (cache) {
     LOOM_ASSIGN_OR_RETURN(std::shared_ptr<const PlanCache::Lowering> kept,
-                          cache->lowering(lowering_key(config, spec, file.world_size), make));
+                          cache->lowering(lowering_key(config, spec, cost, file.world_size), make));
     file.graph = kept->planned;
     file.lowered = kept->lowered;
     facts = kept->facts;
@@ -449,8 +450,51 @@ Result<lower::PipelineOrder> plan_and_lower(const Config& config, const PlanSpec
     facts = std::move(made.facts);
   }
   if (proofs.verify_graph && !verified) LOOM_TRY(graph::verify(file.graph, registries.ops));
-  return order_pipeline(config, spec, cost, file, facts.fusion,
-                        cache ? &cache->searches() : nullptr, flops);
+  return order_pipeline(spec, cost, file, facts.fusion, cache ? &cache->searches() : nullptr,
+                        flops);
+}
+
+// make_plan's passes on the spec read from `config` (which the model builder and the plan file
+// read as well); errors carry their keys, located by make_plan.
+Result<Plan> plan_of(const Config& config, const PlanSpec& spec, const Registries& registries,
+                     const CostModel& cost, int64_t world_size, const PlanProofs& proofs,
+                     PlanCache* cache) {
+  planner::FlopsMemo own_flops;  // sub-ops' FLOPs, counted once per plan or once per cache
+  planner::FlopsMemo& flops = cache ? cache->flops() : own_flops;
+  Plan plan;
+  plan.cost = cost;
+  LOOM_ASSIGN_OR_RETURN(PlanCache::Model model,
+                        cached_model(config, spec, registries, world_size, cache));
+  plan.model = std::move(model.graph);
+
+  lower::PlanFile& file = plan.file;
+  file.code_fingerprint =
+      lower::code_fingerprint(registries.ops.types(), registries.policies.names());
+  file.model_digest = std::move(model.digest);
+  file.hash = plan_hash(spec, cost, file.model_digest, file.code_fingerprint);
+  file.config_yaml = to_yaml(config);
+  file.world_size = world_size;
+  file.micro_batches = spec.micro_batches();
+
+  PlanCache::LoweringFacts facts;  // of file.graph and file.lowered
+  LOOM_ASSIGN_OR_RETURN(
+      lower::PipelineOrder pipeline,
+      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, facts));
+  LOOM_TRY(check_zero3_schedule(spec, file.lowered));
+  LOOM_TRY(check_cp_schedule(spec, file.lowered));
+  lower::mark_recompute(file.graph, file.lowered, spec.recompute, &facts.fusion.into_next);
+  // A recomputed forward repeats its collectives inside the backward.
+  if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  LOOM_TRY(prove_equivalent(plan, proofs));
+
+  ComputeCost compute =
+      compute_cost(file.graph, file.lowered, cost, spec.on_gpu(), facts.op_flops, &facts.fusion);
+  compute.bytes = facts.bytes;
+  LOOM_TRY(simulate_pipeline(spec, compute.forward_s, compute.recompute.forward_s, pipeline, plan));
+  plan.schedule.read_as = pipeline.csv_actions;
+  file.schedule_csv = plan.schedule.csv;
+  plan.estimate = estimate_plan(spec, file.graph, file.lowered, cost, plan.pipeline, &compute);
+  return plan;
 }
 
 }  // namespace
@@ -462,50 +506,29 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
     return Error::at("world_size",
                      "the world size must be positive, got " + std::to_string(world_size));
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
-  planner::FlopsMemo own_flops;  // sub-ops' FLOPs, counted once per plan or once per cache
-  planner::FlopsMemo& flops = cache ? cache->flops() : own_flops;
-  Plan plan;
-  plan.cost = cost;
-  LOOM_ASSIGN_OR_RETURN(PlanCache::Model model,
-                        cached_model(config, registries, world_size, cache));
-  plan.model = std::move(model.graph);
-
-  lower::PlanFile& file = plan.file;
-  file.code_fingerprint =
-      lower::code_fingerprint(registries.ops.types(), registries.policies.names());
-  file.model_digest = std::move(model.digest);
-  file.hash = lower::plan_hash(config, file.model_digest, file.code_fingerprint);
-  file.config_yaml = to_yaml(config);
-  file.world_size = world_size;
-  file.micro_batches = config.micro_batches();
-
-  PlanCache::LoweringFacts facts;  // of file.graph and file.lowered
-  LOOM_ASSIGN_OR_RETURN(
-      lower::PipelineOrder pipeline,
-      plan_and_lower(config, spec, registries, cost, proofs, cache, flops, plan, facts));
-  LOOM_TRY(check_zero3_schedule(config, spec, file.lowered));
-  LOOM_TRY(check_cp_schedule(config, spec, file.lowered));
-  lower::mark_recompute(file.graph, file.lowered, spec.recompute, &facts.fusion.into_next);
-  // A recomputed forward repeats its collectives inside the backward.
-  if (proofs.deadlock_free) LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
-  LOOM_TRY(prove_equivalent(plan, proofs));
-
-  ComputeCost compute = compute_cost(file.graph, file.lowered, cost, config.run.device == "cuda",
-                                     facts.op_flops, &facts.fusion);
-  compute.bytes = facts.bytes;
-  LOOM_TRY(simulate_pipeline(spec, compute.forward_s, compute.recompute.forward_s, pipeline, plan));
-  plan.schedule.read_as = pipeline.csv_actions;
-  file.schedule_csv = plan.schedule.csv;
-  plan.estimate = estimate_plan(config, file.graph, file.lowered, cost, plan.pipeline, &compute);
+  Result<Plan> plan = plan_of(config, spec, registries, cost, world_size, proofs, cache);
+  if (!plan.ok()) return locate(config, plan.error());
   return plan;
 }
 
-Result<graph::Graph> planned_graph(const Config& config, const graph::OpRegistry& ops,
-                                   const planner::PolicyRegistry& policies, int64_t world_size) {
+Result<graph::Graph> build_model(const Config& config, const Registries& registries,
+                                 int64_t world_size) {
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
-  LOOM_ASSIGN_OR_RETURN(graph::Graph single, models::build_model(config, ops));
-  LOOM_TRY(models::check_parallel(config));
-  return planner::plan_graph(single, {config, spec.space, world_size}, policies);
+  Result<graph::Graph> model = build_model(config, spec, registries, world_size);
+  if (!model.ok()) return locate(config, model.error());
+  return model;
+}
+
+Result<graph::Graph> planned_graph(const Config& config, const Registries& registries,
+                                   int64_t world_size) {
+  LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
+  auto planned = [&]() -> Result<graph::Graph> {
+    LOOM_ASSIGN_OR_RETURN(graph::Graph single, build_model(config, spec, registries, world_size));
+    return planner::plan_graph(single, {spec.space, world_size, spec.optimizer},
+                               registries.policies);
+  }();
+  if (!planned.ok()) return locate(config, planned.error());
+  return planned;
 }
 
 Status prove(const Plan& plan, const Registries& registries, const PlanProofs& proofs) {

@@ -26,6 +26,7 @@
 #include "lower/schedule_order.h"
 #include "models/model.h"
 #include "plan/estimate.h"
+#include "plan/plan_spec.h"
 #include "planner/cost.h"
 #include "planner/policy.h"
 #include "scheduler/repetend.h"
@@ -71,22 +72,23 @@ struct ScheduleDrawings {
 };
 ScheduleDrawings draw_schedule(const Plan& plan);
 
-// The single-device graph of `config` (registries.model's, or model.type's entry), its parallel
-// degrees checked against the model when `world_size` > 1, verified.
+// The single-device graph of `config` (registries.model's, or model.type's entry), its split in
+// space checked against the model when `world_size` > 1, verified, in run.precision, with
+// context parallelism's ring attention in place.
 Result<graph::Graph> build_model(const Config& config, const Registries& registries,
                                  int64_t world_size);
 
-// The policy's graph of `config` for `world_size` ranks: models::build_model, the parallel
-// degrees checked against the model, then the policy with the plan's space spec (the planning
-// chain without lowering: policy tests and bench/plan_scale).
-Result<graph::Graph> planned_graph(const Config& config, const graph::OpRegistry& ops,
-                                   const planner::PolicyRegistry& policies, int64_t world_size);
+// The policy's graph of `config` for `world_size` ranks: build_model, then the policy with the
+// plan's space spec (make_plan's chain without lowering: policy tests, the graph goldens and
+// bench/plan_scale).
+Result<graph::Graph> planned_graph(const Config& config, const Registries& registries,
+                                   int64_t world_size);
 
 // What one micro-batch costs each pipeline device of a lowered plan, the block graph of
 // parallel.schedule search: its slowest rank's forward (forward_seconds) and, of the rank with
 // the least room for activations, what it holds and what a micro-batch adds (rank_memory).
 // `flops` as forward_seconds'; `fusion` as compute_cost's.
-lower::StageCosts stage_costs(const Config& config, const graph::Graph& planned,
+lower::StageCosts stage_costs(const PlanSpec& spec, const graph::Graph& planned,
                               const lower::Lowered& lowered, const CostModel& cost,
                               planner::FlopsMemo* flops = nullptr,
                               const lower::Fusion* fusion = nullptr);

@@ -21,17 +21,16 @@ std::string label_at(const Op& op, int64_t dim) {
 }  // namespace
 
 Result<graph::Graph> dap_policy(const graph::Graph& g, const PlanRequest& request) {
-  const Config& c = request.config;
   if (request.space.sp)
-    return c.error("parallel.sp",
-                   "policy 'dap' splits the representations itself; parallel.sp must be false");
+    return Error::at("parallel.sp",
+                     "policy 'dap' splits the representations itself; parallel.sp must be false");
   for (const Op& op : g.ops()) {
     if (!op.attrs().has("dap"))
-      return c.error("parallel.policy", "policy 'dap' needs a `dap` axis on every op; op '" +
-                                            op.name() + "' (" + op.type() + ") has none");
+      return Error::at("parallel.policy", "policy 'dap' needs a `dap` axis on every op; op '" +
+                                              op.name() + "' (" + op.type() + ") has none");
     if (label_at(op, op.attrs().get<int64_t>("dap")).empty())
-      return c.error("parallel.policy", "policy 'dap': op '" + op.name() + "' has no dimension " +
-                                            std::to_string(op.attrs().get<int64_t>("dap")));
+      return Error::at("parallel.policy", "policy 'dap': op '" + op.name() + "' has no dimension " +
+                                              std::to_string(op.attrs().get<int64_t>("dap")));
   }
   // Stages, the data-parallel split and placement are the hybrid engine's; inside a stage
   // each op splits along its axis.

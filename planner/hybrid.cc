@@ -91,8 +91,8 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
       : splits         ? rw.partition(op, sequence, cp)
                        : rw.replicate(op, cp);
   if (!parts.ok())
-    return request.config.error(
-        "parallel.cp", "context parallelism " + std::to_string(cp) + ": " + parts.error().message);
+    return Error::at("parallel.cp",
+                     "context parallelism " + std::to_string(cp) + ": " + parts.error().message);
   std::vector<std::pair<Op, int64_t>> out;
   for (size_t j = 0; j < parts->size(); ++j)
     out.emplace_back(std::move((*parts)[j]), static_cast<int64_t>(j));
@@ -106,7 +106,6 @@ Result<std::vector<std::pair<Op, int64_t>>> cp_parts(const Op& op, const std::st
 Result<std::vector<Op>> dp_ep_parts(const Op& op, const std::string& batch,
                                     const std::string& expert, const graph::Rewriter& rw,
                                     const PlanRequest& request) {
-  const Config& c = request.config;
   const int64_t dp = request.space.mesh.dp(), ep = request.space.ep;
   auto split = [&](const Op& o, const std::string& label, int64_t n) {
     if (n == 1) return Result<std::vector<Op>>(std::vector<Op>{o});
@@ -115,20 +114,20 @@ Result<std::vector<Op>> dp_ep_parts(const Op& op, const std::string& batch,
   if (expert.empty() || ep == 1) {
     auto parts = split(op, batch, dp);
     if (!parts.ok())
-      return c.error("parallel.dp",
-                     "data parallelism " + std::to_string(dp) + ": " + parts.error().message);
+      return Error::at("parallel.dp",
+                       "data parallelism " + std::to_string(dp) + ": " + parts.error().message);
     return parts;
   }
   auto groups = split(op, batch, dp / ep);
   if (!groups.ok())
-    return c.error("parallel.dp",
-                   "data parallelism " + std::to_string(dp) + ": " + groups.error().message);
+    return Error::at("parallel.dp",
+                     "data parallelism " + std::to_string(dp) + ": " + groups.error().message);
   std::vector<Op> out;
   for (const Op& group : *groups) {
     auto parts = split(group, expert, ep);
     if (!parts.ok())
-      return c.error("parallel.ep",
-                     "expert parallelism " + std::to_string(ep) + ": " + parts.error().message);
+      return Error::at("parallel.ep",
+                       "expert parallelism " + std::to_string(ep) + ": " + parts.error().message);
     for (Op& part : *parts) out.push_back(std::move(part));
   }
   return out;
@@ -166,11 +165,10 @@ Result<Graph> hybrid_policy(const Graph& g, const PlanRequest& request) {
 
 Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
                                  const SplitLabel& tp_split) {
-  const Config& c = request.config;
   const SpaceSpec& space = request.space;
   const DeviceMesh& mesh = space.mesh;
   const Graph& g = model;
-  LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, space, c));
+  LOOM_ASSIGN_OR_RETURN(StagePlan stage_plan, plan_stages(g, space));
   const std::vector<std::string> batch = carried_labels(g, 0);
   const std::vector<std::string> experts =
       space.ep > 1 ? expert_labels(g) : std::vector<std::string>(g.ops().size());
@@ -198,8 +196,8 @@ Result<Graph> hybrid_policy_with(const Graph& model, const PlanRequest& request,
           auto split = label.empty() ? rw.replicate(tp_parts[0], mesh.tp())
                                      : rw.partition(tp_parts[0], label, mesh.tp());
           if (!split.ok())
-            return c.error("parallel.tp", "tensor parallelism " + std::to_string(mesh.tp()) + ": " +
-                                              split.error().message);
+            return Error::at("parallel.tp", "tensor parallelism " + std::to_string(mesh.tp()) +
+                                                ": " + split.error().message);
           tp_parts = std::move(split).value();
         }
         for (int64_t t = 0; t < static_cast<int64_t>(tp_parts.size()); ++t) {

@@ -14,12 +14,12 @@ Policy restricted(std::string name, std::vector<std::string> allowed) {
         {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}};
     for (const auto& [axis, degree] : axes) {
       if (degree == 1 || std::find(allowed.begin(), allowed.end(), axis) != allowed.end()) continue;
-      return r.config.error("parallel.policy", "policy '" + name + "' does not use parallel." +
-                                                   axis + " (" + std::to_string(degree) +
-                                                   "); use policy 'hybrid'");
+      return Error::at("parallel.policy", "policy '" + name + "' does not use parallel." + axis +
+                                              " (" + std::to_string(degree) +
+                                              "); use policy 'hybrid'");
     }
     if (name == "sp" && !r.space.sp)
-      return r.config.error("parallel.policy", "policy 'sp' needs parallel.sp: true");
+      return Error::at("parallel.policy", "policy 'sp' needs parallel.sp: true");
     return hybrid_policy(g, r);
   };
 }
@@ -68,18 +68,17 @@ graph::Rewriter PlanRequest::rewriter(const graph::Graph& graph) const {
 
 Result<graph::Graph> plan_graph(const graph::Graph& graph, const PlanRequest& request,
                                 const PolicyRegistry& policies) {
-  const Config& c = request.config;
   const SpaceSpec& space = request.space;
   if (space.mesh.size() != request.world_size)
-    return c.error("parallel.dp", c.parallel.degrees() + " = " + std::to_string(space.mesh.size()) +
-                                      ", but the world size is " +
-                                      std::to_string(request.world_size));
+    return Error::at("parallel.dp", space.degrees() + " = " + std::to_string(space.mesh.size()) +
+                                        ", but the world size is " +
+                                        std::to_string(request.world_size));
   const Policy* policy = policies.find(space.policy);
   if (!policy) {
     std::string msg = "unknown policy '" + space.policy + "'";
     std::string close = closest_match(space.policy, policies.names());
     if (!close.empty()) msg += " (did you mean '" + close + "'?)";
-    return c.error("parallel.policy", msg + "; policies: " + join(policies.names(), ", "));
+    return Error::at("parallel.policy", msg + "; policies: " + join(policies.names(), ", "));
   }
   return (*policy)(graph, request);
 }

@@ -1,4 +1,4 @@
-// Parallel policies: functions from the single-device graph and the config to a transformed,
+// Parallel policies: functions from the single-device graph and the plan's split to a transformed,
 // placed, staged graph. Registered by name; user code registers its own. A policy applies every
 // transform through request.rewriter(), so each is checked as it runs (request.verify).
 #pragma once
@@ -8,20 +8,21 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "core/result.h"
+#include "core/run_spec.h"
 #include "graph/graph.h"
 #include "graph/rewriter.h"
 #include "planner/space_spec.h"
 
 namespace loom::planner {
 
+// What a policy plans for. Errors name the config key they concern (Error::at); the plan adds
+// where it came from.
 struct PlanRequest {
-  // The run's config: what a policy reads of the model and optimizer, and where an error's key
-  // and line come from. The split itself is `space`'s.
-  const Config& config;
   const SpaceSpec& space;  // parallel.*, read once
   int64_t world_size;      // the ranks the plan is for
+  // What each parameter element costs in training state (the window policy's weighing).
+  OptimizerKind optimizer = OptimizerKind::kAdamw;
   // Whether each transform a policy applies is checked as it runs (graph/rewriter.h): on in
   // debug builds and tests, off in release builds unless LOOM_VERIFY_EACH_TRANSFORM=1.
   graph::VerifyMode verify = graph::default_verify_mode();

@@ -1,14 +1,13 @@
 // The split in space a plan asks for: the part of parallel.* the policies read (the device
 // mesh, expert and sequence parallelism, context parallelism's kind, the stages), read once from
-// the config. plan::PlanSpec holds it with the schedule and the memory features, and says
-// whether the schedule runs two pipelines; policies read it, not the config's strings.
+// the config by plan::PlanSpec::of, which holds it with the schedule and the memory features and
+// says whether the schedule runs two pipelines; policies read it, not the config.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "core/result.h"
 #include "planner/mesh.h"
 
@@ -20,6 +19,8 @@ enum class CpKind {
   kRingContiguous,  // p2p-contiguous: ring attention, sequence chunk c in order on cp rank c
   kAllToAll,        // all-to-all (Ulysses): attention on whole sequences of 1/cp of the heads
 };
+// parallel.cp_kind's spelling of `kind` (p2p, p2p-contiguous, all-to-all).
+const char* name(CpKind kind);
 
 // The layers of one pipeline stage, both ends included (an entry of parallel.stages).
 struct StageRange {
@@ -39,13 +40,12 @@ struct SpaceSpec {
   // planner/chimera.h); the plan sets it from its schedule.
   bool two_pipelines = false;
 
-  // parallel.* of `config`, with one pipeline; errors name the key.
-  static Result<SpaceSpec> of(const Config& config);
-
   int64_t pipeline_stages() const { return mesh.pp() * chunks; }
   // Whether attention becomes ring attention steps before any split (context_parallel.h).
   bool ring_attention() const { return mesh.cp() > 1 && cp_kind != CpKind::kAllToAll; }
   bool all_to_all_attention() const { return mesh.cp() > 1 && cp_kind == CpKind::kAllToAll; }
+  // "parallel.dp (2) x parallel.tp (2) x parallel.pp (1)", parallel.cp where above 1.
+  std::string degrees() const;
 };
 
 }  // namespace loom::planner

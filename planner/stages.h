@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
 #include "planner/space_spec.h"
@@ -23,8 +22,7 @@ struct StagePlan {
 };
 
 // space.pipeline_stages() stages over the graph's layers (pp x chunks): space.stages when
-// given, else balanced. Errors name the key of `config` that `space` was read from.
-Result<StagePlan> plan_stages(const graph::Graph& graph, const SpaceSpec& space,
-                              const Config& config);
+// given, else balanced. Errors name the key `space` was read from (Error::at).
+Result<StagePlan> plan_stages(const graph::Graph& graph, const SpaceSpec& space);
 
 }  // namespace loom::planner

@@ -17,7 +17,7 @@ namespace {
 // costs per rank (the weight, its gradient and the optimizer's state), so splitting
 // activations and replicating weights holds less per rank.
 std::map<int64_t, bool> activation_heavy(const graph::Graph& g, const PlanRequest& request) {
-  const double per_element = training_state_bytes(request.config.optimizer).total();
+  const double per_element = training_state_bytes(request.optimizer).total();
   const double dp = static_cast<double>(request.space.mesh.dp());
   std::map<int64_t, double> acts, weights;
   for (const auto& op : g.ops()) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "comm/comm_traits.h"
 #include "core/check.h"
 #include "lower/grad_bucketing.h"
 #include "runtime/step_trace.h"
@@ -94,7 +95,7 @@ GradBuckets::GradBuckets(std::vector<Param> params,
       // The summed segment lands in place, in this member's part of the buffer, where the
       // backend allows it (MPI's reduce-scatter may not write inside what it reads).
       if (plan.segment > 0)
-        bucket->shard = std::string(comm->backend_name()) == "mpi"
+        bucket->shard = comm::comm_traits(*comm).shard_out_of_place
                             ? at::zeros({plan.segment}, options)
                             : bucket->flat.narrow(0, me * plan.segment, plan.segment);
       group_buckets_[g].push_back(buckets_.size());

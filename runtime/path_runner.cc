@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "comm/comm_traits.h"
 #include "runtime/step_trace.h"
 
 namespace loom::runtime {
@@ -43,7 +44,7 @@ PathRunner::PathRunner(std::shared_ptr<comm::Comm> world, at::Device device)
     : world_(std::move(world)),
       device_(device),
       rank_(world_->world_rank().value()),
-      defer_sends_(std::string(world_->backend_name()) == "nccl") {
+      defer_sends_(comm::comm_traits(*world_).defers_sends) {
   for (const lower::PrimitiveRule& rule : lower::primitive_rules())
     LOOM_CHECK(can_run(rule.primitive)) << "the path runner cannot run " << rule.name;
 }

@@ -30,8 +30,7 @@ void measure(int64_t ranks, int fd) {
       "bench", {"parallel.dp=" + std::to_string(ranks / 64)});
   if (!config.ok()) _exit(2);
   auto start = std::chrono::steady_clock::now();
-  auto g = loom::plan::planned_graph(*config, loom::graph::OpRegistry::with_builtin_ops(),
-                                     loom::planner::PolicyRegistry::with_builtin_policies(), ranks);
+  auto g = loom::plan::planned_graph(*config, loom::plan::Registries{}, ranks);
   Sample s;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!g.ok()) {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/config.h"
+#include "core/run_spec.h"
 #include "core/training_state.h"
 
 namespace loom {
@@ -63,14 +64,30 @@ TEST(CostModel, ValuesLiveOnlyInTheFile) {
 // Weights, gradients and optimizer state are float32 whatever the run's precision; SGD keeps
 // one buffer with or without momentum, AdamW two moments.
 TEST(TrainingState, BytesPerParameter) {
-  OptimizerConfig adamw;
-  adamw.type = "adamw";
-  EXPECT_EQ(training_state_bytes(adamw).total(), 16);
-  OptimizerConfig sgd;
-  sgd.type = "sgd";
-  EXPECT_EQ(training_state_bytes(sgd).total(), 12);
-  sgd.momentum = 0.9;
-  EXPECT_EQ(training_state_bytes(sgd).total(), 12);
+  EXPECT_EQ(training_state_bytes(OptimizerKind::kAdamw).total(), 16);
+  EXPECT_EQ(training_state_bytes(OptimizerKind::kSgd).total(), 12);
+}
+
+// Every spelling the config accepts names one value and back; CommTraits are decided per backend.
+TEST(RunSpec, NamesRoundTripAndAutoResolvesPerDevice) {
+  for (const char* n : {"cpu", "cuda"}) EXPECT_EQ(name(*parse_device(n)), n);
+  for (const char* n : {"fp32", "bf16"}) EXPECT_EQ(name(*parse_precision(n)), n);
+  for (const char* n : {"auto", "gloo", "mpi", "nccl", "local"})
+    EXPECT_EQ(name(*parse_backend(n)), n);
+  for (const char* n : {"adamw", "sgd"}) EXPECT_EQ(name(*parse_optimizer(n)), n);
+  auto bad = parse_backend("ucx");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("expected auto, gloo, mpi, nccl, local"), std::string::npos)
+      << bad.error().message;
+  EXPECT_EQ(job_backend(CommBackend::kAuto, Device::kCuda), CommBackend::kNccl);
+  EXPECT_EQ(job_backend(CommBackend::kAuto, Device::kCpu), CommBackend::kGloo);
+  EXPECT_EQ(job_backend(CommBackend::kMpi, Device::kCuda), CommBackend::kMpi);
+  EXPECT_TRUE(CommTraits::of(CommBackend::kNccl).defers_sends);
+  EXPECT_TRUE(CommTraits::of(CommBackend::kLocal).collectives_through_all_to_all);
+  EXPECT_TRUE(CommTraits::of(CommBackend::kMpi).shard_out_of_place);
+  EXPECT_FALSE(CommTraits::of(CommBackend::kGloo).shard_out_of_place);
+  EXPECT_EQ((BatchSpec{16, 2, 2}).micro_batches(), 4);
+  EXPECT_EQ((BatchSpec{16, 2, 2}).formula(), "batch.global 16 / (batch.micro 2 x parallel.dp 2)");
 }
 
 TEST(CostModel, ResolvedFromTheConfig) {

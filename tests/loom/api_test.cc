@@ -10,6 +10,7 @@
 #include "loom/loom.h"
 #include "models/model.h"
 #include "runtime/trainer.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom {
 namespace {
@@ -43,8 +44,7 @@ TEST(Api, FitRunsTheStepsAndCallsEveryHook) {
 TEST(Api, PlanAndDumpPlanMatchTheConfig) {
   auto trainer = Trainer::from_file(config_file().string(), {"run.steps=1"});
   ASSERT_TRUE(trainer.ok()) << trainer.error().message;
-  auto plan = (*trainer)->plan();
-  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const lower::PlanFile* plan = &(*trainer)->plan();
   EXPECT_EQ(plan->world_size, 1);
   EXPECT_EQ(plan->micro_batches, 2);
   const fs::path dir = fs::path(testing::TempDir()) / "loom_api_plan";
@@ -54,6 +54,9 @@ TEST(Api, PlanAndDumpPlanMatchTheConfig) {
   ASSERT_TRUE(back.ok()) << back.error().message;
   EXPECT_EQ(back->hash, plan->hash);
   EXPECT_TRUE(fs::exists(dir / "programs" / "rank_0.txt"));
+  // The whole dump `loom plan` writes: the estimate per rank too.
+  EXPECT_TRUE(fs::exists(dir / "summary.txt"));
+  EXPECT_TRUE(fs::exists(dir / "summary.json"));
   // A config the plan was not made for: the plan is stale.
   const Config other_config =
       *parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n", "x.yaml");
@@ -103,7 +106,7 @@ TEST(Api, AnAddedModelTypeIsFirstClass) {
   auto gpt_of = [](const Config& c, const graph::OpRegistry& ops) {
     Config gpt = c;
     gpt.model.type = "gpt";
-    return models::build_model(gpt, ops);
+    return testing_support::single_device_graph(gpt, ops);
   };
   ASSERT_TRUE(setup
                   .add_model("my-lm", gpt_of,

@@ -14,6 +14,7 @@
 #include "lower/schedule_order.h"
 #include "models/model.h"
 #include "plan/plan.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::lower {
 namespace {
@@ -32,7 +33,7 @@ std::string fingerprint() {
 }
 
 std::string digest(const Config& c) {
-  auto model = models::build_model(c, graph::OpRegistry::with_builtin_ops());
+  auto model = testing_support::single_device_graph(c);
   EXPECT_TRUE(model.ok());
   return model_digest(*model);
 }
@@ -40,10 +41,9 @@ std::string digest(const Config& c) {
 PlanFile make(const std::vector<std::string>& overrides) {
   Config c = config_with(overrides);
   const int64_t world = c.parallel.world_size();
-  auto g = loom::plan::planned_graph(c, graph::OpRegistry::with_builtin_ops(),
-                                     planner::PolicyRegistry::with_builtin_policies(), world);
+  auto g = loom::plan::planned_graph(c, loom::plan::Registries{}, world);
   EXPECT_TRUE(g.ok()) << g.error().message;
-  auto order = pipeline_order(c, c.micro_batches());
+  auto order = testing_support::pipeline_order_of(c, c.micro_batches());
   EXPECT_TRUE(order.ok());
   PathFinder paths;
   auto l =
@@ -55,7 +55,7 @@ PlanFile make(const std::vector<std::string>& overrides) {
   PlanFile p;
   p.code_fingerprint = fingerprint();
   p.model_digest = digest(c);
-  p.hash = plan_hash(c, p.model_digest, p.code_fingerprint);
+  p.hash = testing_support::plan_hash_of(c, p.model_digest, p.code_fingerprint);
   p.config_yaml = to_yaml(c);
   p.world_size = world;
   p.micro_batches = c.micro_batches();
@@ -148,6 +148,7 @@ TEST_P(RoundTrip, JsonIsProtobufsPrinterText) {
 
 TEST(PlanJson, StringsAndDoublesAreWrittenAsProtobufPrintsThem) {
   PlanFile plan = make({"parallel.tp=2"});
+  plan.source = "p/plan.json";
   std::string every_byte;
   for (int c = 1; c < 128; ++c) every_byte += static_cast<char>(c);
   plan.config_yaml = every_byte + " <b> \"q\" \\ caf\xc3\xa9 \xe2\x80\xa8 end";
@@ -184,38 +185,42 @@ INSTANTIATE_TEST_SUITE_P(
                     std::vector<std::string>{"parallel.pp=2", "parallel.schedule=zb-h1"}));
 
 TEST(PlanHash, FollowsThePlanKeysOnly) {
-  const std::string base = plan_hash(config_with({"parallel.tp=2"}), "m", "c");
-  EXPECT_EQ(base, plan_hash(config_with({"parallel.tp=2"}), "m", "c"));
+  const std::string base = testing_support::plan_hash_of(config_with({"parallel.tp=2"}), "m", "c");
+  EXPECT_EQ(base, testing_support::plan_hash_of(config_with({"parallel.tp=2"}), "m", "c"));
   EXPECT_EQ(base.size(), 16u);
   // The optimizer, run and logging keys do not change a plan.
-  EXPECT_EQ(base,
-            plan_hash(config_with({"parallel.tp=2", "optimizer.lr=0.5", "run.steps=3"}), "m", "c"));
-  EXPECT_NE(base, plan_hash(config_with({"parallel.tp=2", "parallel.sp=true"}), "m", "c"));
-  EXPECT_NE(base, plan_hash(config_with({"parallel.tp=2", "batch.micro=4"}), "m", "c"));
-  EXPECT_NE(base, plan_hash(config_with({"parallel.tp=2"}), "other model", "c"));
-  EXPECT_NE(base, plan_hash(config_with({"parallel.tp=2"}), "m", "other code"));
+  EXPECT_EQ(base, testing_support::plan_hash_of(
+                      config_with({"parallel.tp=2", "optimizer.lr=0.5", "run.steps=3"}), "m", "c"));
+  EXPECT_NE(base, testing_support::plan_hash_of(config_with({"parallel.tp=2", "parallel.sp=true"}),
+                                                "m", "c"));
+  EXPECT_NE(base, testing_support::plan_hash_of(config_with({"parallel.tp=2", "batch.micro=4"}),
+                                                "m", "c"));
+  EXPECT_NE(base,
+            testing_support::plan_hash_of(config_with({"parallel.tp=2"}), "other model", "c"));
+  EXPECT_NE(base, testing_support::plan_hash_of(config_with({"parallel.tp=2"}), "m", "other code"));
 }
 
 TEST(PlanHash, AStalePlanNamesWhatDiffers) {
   PlanFile plan = make({"parallel.tp=2"});
+  plan.source = "p/plan.json";
   Config same = config_with({"parallel.tp=2", "optimizer.lr=0.1"});
-  EXPECT_TRUE(check_plan_current(plan, "p/plan.json", same, digest(same), fingerprint()).ok());
+  EXPECT_TRUE(loom::plan::check_plan_current(plan, same, digest(same), fingerprint()).ok());
 
   Config changed = config_with({"parallel.tp=2", "parallel.sp=true"});
-  Status s = check_plan_current(plan, "p/plan.json", changed, digest(changed), fingerprint());
+  Status s = loom::plan::check_plan_current(plan, changed, digest(changed), fingerprint());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find(
                 "p/plan.json: stale plan: parallel.sp was false in the plan, is true now"),
             std::string::npos)
       << s.error().message;
 
-  s = check_plan_current(plan, "p/plan.json", same, digest(same), "loom 9.9");
+  s = loom::plan::check_plan_current(plan, same, digest(same), "loom 9.9");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("made by another loom build"), std::string::npos)
       << s.error().message;
 
   plan.hash = "0000000000000000";
-  s = check_plan_current(plan, "p/plan.json", same, digest(same), fingerprint());
+  s = loom::plan::check_plan_current(plan, same, digest(same), fingerprint());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("does not match"), std::string::npos) << s.error().message;
 }

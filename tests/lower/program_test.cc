@@ -10,6 +10,7 @@
 #include "lower/schedule_order.h"
 #include "models/model.h"
 #include "plan/plan.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::lower {
 namespace {
@@ -24,13 +25,12 @@ Lowering lower_plan(const std::vector<std::string>& overrides, int64_t world,
   auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n",
                         "l.yaml", overrides);
   EXPECT_TRUE(c.ok()) << c.error().message;
-  auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
-                                     planner::PolicyRegistry::with_builtin_policies(), world);
+  auto g = loom::plan::planned_graph(*c, loom::plan::Registries{}, world);
   EXPECT_TRUE(g.ok()) << g.error().message;
   PathFinder paths;
   std::vector<std::vector<ProgramBlock>> order;
   if (scheduled) {
-    auto o = pipeline_order(*c, c->micro_batches());
+    auto o = testing_support::pipeline_order_of(*c, c->micro_batches());
     EXPECT_TRUE(o.ok()) << o.error().message;
     if (o.ok()) order = o->ranks;
   }
@@ -151,8 +151,7 @@ TEST(Lowering, ChimeraNeedsAnEvenPipeline) {
       parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 6, micro: 2}\n", "l.yaml",
                    {"parallel.pp=3", "parallel.schedule=chimera", "model.args.layers=3"});
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
-                                     planner::PolicyRegistry::with_builtin_policies(), 3);
+  auto g = loom::plan::planned_graph(*c, loom::plan::Registries{}, 3);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.error().message.find("parallel.pp"), std::string::npos) << g.error().message;
   EXPECT_NE(g.error().message.find("even"), std::string::npos) << g.error().message;

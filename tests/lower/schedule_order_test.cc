@@ -14,6 +14,7 @@
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
 #include "scheduler/simulator.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::lower {
 namespace {
@@ -41,7 +42,8 @@ StageCosts four_stages(double act_gib, double device_gib = 16) {
 
 TEST(SearchPlacement, BlocksCarryEachStagesDurationAndMemory) {
   const Config c = search_config(4, 8);
-  auto placement = search_placement(c, c.parallel.schedule == "search-zb", four_stages(2.5));
+  auto placement =
+      search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", four_stages(2.5));
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   EXPECT_DOUBLE_EQ(placement->memory_limit(), 1.0);  // memory as shares of each device's room
   for (const sched::PlacedBlock& b : placement->blocks()) {
@@ -57,7 +59,7 @@ TEST(SearchPlacement, SearchZbSplitsEachBackwardIntoIAndW) {
   const Config c = search_config(4, 8, "search-zb");
   StageCosts costs = four_stages(2.5);
   costs.devices[1].recompute_s = 0.5e-3;
-  auto placement = search_placement(c, c.parallel.schedule == "search-zb", costs);
+  auto placement = search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", costs);
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   EXPECT_EQ(placement->blocks().size(), 12u);
   for (const sched::PlacedBlock& b : placement->blocks()) {
@@ -70,7 +72,7 @@ TEST(SearchPlacement, SearchZbSplitsEachBackwardIntoIAndW) {
                                                                 : 0.0)
         << b.name;
   }
-  auto uniform = search_placement(c, c.parallel.schedule == "search-zb", {});
+  auto uniform = search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", {});
   ASSERT_TRUE(uniform.ok());
   EXPECT_EQ(*uniform, sched::Placement::v_shape_split(4));
 }
@@ -83,7 +85,7 @@ TEST(PipelineOrder, SearchZbGivesEachRankFIAndWBlocks) {
   for (double f : {1e-3, 1e-3}) costs.devices.push_back(StageCost{f, 0.1 * kGiB, 1 * kGiB});
   costs.device_memory_bytes = 16 * kGiB;
   for (const StageCosts& with : {StageCosts{}, costs}) {
-    auto order = pipeline_order(c, 4, with);
+    auto order = testing_support::pipeline_order_of(c, 4, with);
     ASSERT_TRUE(order.ok()) << order.error().message;
     ASSERT_EQ(order->ranks.size(), 2u);
     for (int r = 0; r < 2; ++r) {
@@ -108,13 +110,13 @@ TEST(PipelineOrder, SearchZbGivesEachRankFIAndWBlocks) {
 
 TEST(SearchPlacement, WithoutCostsKeepsPpMicroBatchesInFlight) {
   const Config c = search_config(4, 8);
-  auto uniform = search_placement(c, c.parallel.schedule == "search-zb", {});
+  auto uniform = search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", {});
   ASSERT_TRUE(uniform.ok());
   EXPECT_EQ(*uniform, sched::Placement::v_shape(4));
   // Durations but no device memory: one micro-batch per F, at most pp of them.
   StageCosts no_memory = four_stages(2.5);
   no_memory.device_memory_bytes = 0;
-  auto p = search_placement(c, c.parallel.schedule == "search-zb", no_memory);
+  auto p = search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", no_memory);
   ASSERT_TRUE(p.ok());
   EXPECT_DOUBLE_EQ(p->memory_limit(), 4.0);
   for (const sched::PlacedBlock& b : p->blocks())
@@ -125,7 +127,7 @@ TEST(SearchPlacement, WithoutCostsKeepsPpMicroBatchesInFlight) {
 TEST(PipelineOrder, TheSearchedScheduleHasTheStageCostsDurations) {
   const Config c = search_config(4, 8);
   const StageCosts costs = four_stages(1.0);
-  auto order = pipeline_order(c, 8, costs);
+  auto order = testing_support::pipeline_order_of(c, 8, costs);
   ASSERT_TRUE(order.ok()) << order.error().message;
   ASSERT_NE(order->schedule, nullptr);
   const sched::Schedule& s = *order->schedule;
@@ -156,8 +158,8 @@ TEST(PipelineOrder, TheSearchedScheduleHasTheStageCostsDurations) {
 // keeps four on device 0 and the unconstrained search more.
 TEST(PipelineOrder, ATightDeviceMemoryKeepsFewerMicroBatchesInFlight) {
   const Config c = search_config(4, 8);
-  auto ample = pipeline_order(c, 8, four_stages(0.1));
-  auto tight = pipeline_order(c, 8, four_stages(4.0));
+  auto ample = testing_support::pipeline_order_of(c, 8, four_stages(0.1));
+  auto tight = testing_support::pipeline_order_of(c, 8, four_stages(4.0));
   ASSERT_TRUE(ample.ok() && tight.ok()) << (tight.ok() ? ample : tight).error().message;
   auto ample_t = sched::simulate(*ample->schedule);
   auto tight_t = sched::simulate(*tight->schedule);
@@ -171,7 +173,7 @@ TEST(PipelineOrder, NoRoomForOneMicroBatchNamesTheKeyAndTheNumbers) {
   const Config c = search_config(4, 8);
   StageCosts costs = four_stages(1.0);
   costs.devices[3].held_bytes = 15.5 * kGiB;  // 0.5 GiB left of 16, a micro-batch needs 1
-  auto order = pipeline_order(c, 8, costs);
+  auto order = testing_support::pipeline_order_of(c, 8, costs);
   ASSERT_FALSE(order.ok());
   const std::string& msg = order.error().message;
   EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << msg;
@@ -186,8 +188,8 @@ TEST(PipelineOrder, NoRoomForOneMicroBatchNamesTheKeyAndTheNumbers) {
 TEST(PipelineOrder, PredefinedOrdersIgnoreTheStageCosts) {
   Config c = search_config(4, 8);
   c.parallel.schedule = "1f1b";
-  auto with = pipeline_order(c, 8, four_stages(4.0));
-  auto without = pipeline_order(c, 8);
+  auto with = testing_support::pipeline_order_of(c, 8, four_stages(4.0));
+  auto without = testing_support::pipeline_order_of(c, 8);
   ASSERT_TRUE(with.ok() && without.ok());
   ASSERT_NE(with->schedule, nullptr);  // the rule's schedule, at a forward of 1
   EXPECT_EQ(with->schedule->name(), "1f1b");
@@ -211,7 +213,7 @@ TEST(PipelineOrder, ZbH1MapsItsSplitBackward) {
       "batch: {global: 4, micro: 1}\n",
       "z.yaml");
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto order = pipeline_order(*c, 4);
+  auto order = testing_support::pipeline_order_of(*c, 4);
   ASSERT_TRUE(order.ok()) << order.error().message;
   auto expected = sched::device_orders(sched::ScheduleKind::kZbH1, 2, 4);
   ASSERT_TRUE(expected.ok());
@@ -248,7 +250,7 @@ class CsvOrder : public testing::Test {
     return *c;
   }
   std::string refused(const std::string& text, int pp, int m, int chunks = 1) {
-    auto o = pipeline_order(config(text, pp, m, chunks), m);
+    auto o = testing_support::pipeline_order_of(config(text, pp, m, chunks), m);
     EXPECT_FALSE(o.ok());
     return o.ok() ? "" : o.error().message;
   }
@@ -259,7 +261,7 @@ TEST_F(CsvOrder, ExportedInterleavedRunsThePredefinedOrder) {
   auto s = sched::interleaved_1f1b(sched::PipelineSpec::of(2, 4, 2));
   auto csv = sched::to_csv(*s);
   ASSERT_TRUE(csv.ok());
-  auto o = pipeline_order(config(*csv, 2, 4, 2), 4);
+  auto o = testing_support::pipeline_order_of(config(*csv, 2, 4, 2), 4);
   ASSERT_TRUE(o.ok()) << o.error().message;
   auto rule = sched::device_orders(sched::ScheduleKind::kInterleaved, 2, 4, 2);
   ASSERT_TRUE(rule.ok());
@@ -299,7 +301,7 @@ TEST_F(CsvOrder, FileErrorsNameTheKeyTheFileAndTheCell) {
       << bad;
   Config c = config("", 2, 2);
   c.parallel.schedule_csv = "/nonexistent/s.csv";
-  auto missing = pipeline_order(c, 2);
+  auto missing = testing_support::pipeline_order_of(c, 2);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message.find(
                 "parallel.schedule_csv: cannot read schedule file '/nonexistent/s.csv'"),
@@ -320,7 +322,7 @@ TEST_F(CsvOrder, StagesMustSitWhereThePlannerPutsThem) {
 TEST_F(CsvOrder, SplitBackwardRunsAsIAndWBlocks) {
   auto zb = sched::zb_h1(sched::PipelineSpec::of(2, 2));
   ASSERT_TRUE(zb.ok());
-  auto o = pipeline_order(config(*sched::to_csv(*zb), 2, 2), 2);
+  auto o = testing_support::pipeline_order_of(config(*sched::to_csv(*zb), 2, 2), 2);
   ASSERT_TRUE(o.ok()) << o.error().message;
   const auto rule = zb->device_orders();
   for (size_t d = 0; d < 2; ++d) {

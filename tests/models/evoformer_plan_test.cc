@@ -8,6 +8,7 @@
 #include "models/evoformer.h"
 #include "models/model.h"
 #include "plan/plan.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom {
 namespace {
@@ -20,8 +21,7 @@ Config config(const std::vector<std::string>& overrides) {
 }
 
 Result<graph::Graph> plan(const std::vector<std::string>& overrides, int64_t world) {
-  return loom::plan::planned_graph(config(overrides), graph::OpRegistry::with_builtin_ops(),
-                                   planner::PolicyRegistry::with_builtin_policies(), world);
+  return loom::plan::planned_graph(config(overrides), loom::plan::Registries{}, world);
 }
 
 int count(const lower::Lowered& l, lower::Primitive p, bool backward = false) {
@@ -34,7 +34,7 @@ int count(const lower::Lowered& l, lower::Primitive p, bool backward = false) {
 
 TEST(EvoformerGraph, TinyBuildsVerifiesAndHintsEveryOp) {
   graph::OpRegistry ops = graph::OpRegistry::with_builtin_ops();
-  auto g = models::build_model(config({}), ops);
+  auto g = testing_support::single_device_graph(config({}), ops);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_TRUE(graph::verify(*g, ops).ok());
   std::map<std::string, int> types;
@@ -122,8 +122,7 @@ TEST(EvoformerPlan, DapOnAModelWithoutAxesNamesTheOp) {
   auto c = parse_config("model: {type: gpt, preset: tiny}\nparallel: {policy: dap, tp: 2}\n",
                         "gpt.yaml", {});
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
-                                     planner::PolicyRegistry::with_builtin_policies(), 2);
+  auto g = loom::plan::planned_graph(*c, loom::plan::Registries{}, 2);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.error().message.find("parallel.policy"), std::string::npos) << g.error().message;
   EXPECT_NE(g.error().message.find("op 'embed.tok'"), std::string::npos) << g.error().message;

@@ -3,6 +3,7 @@
 #include "graph/verify.h"
 #include "models/gpt.h"
 #include "models/model.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::models {
 namespace {
@@ -16,7 +17,7 @@ Config config_with(const std::vector<std::string>& overrides) {
 TEST(GptGraph, TinyHasTheExpectedStructure) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"batch.micro=2", "batch.global=2"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_TRUE(graph::verify(*g, r).ok());
   int attention = 0, params = 0;
@@ -46,7 +47,7 @@ TEST(GptGraph, LargestPresetIsMetadataOnly) {
   // ops. (Build time is measured by bench/plan_scale, which builds it for every plan.)
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"model.preset=gpt3-175b", "batch.micro=1", "batch.global=1"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_GT(g->ops().size(), 96u * 15);
   EXPECT_LT(g->ops().size(), 96u * 25);
@@ -55,23 +56,24 @@ TEST(GptGraph, LargestPresetIsMetadataOnly) {
 
 TEST(GptGraph, BadArgumentsNameTheKey) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
-  auto heads = build_model(config_with({"model.args.hidden=64", "model.args.heads=5"}), r);
+  auto heads = testing_support::single_device_graph(
+      config_with({"model.args.hidden=64", "model.args.heads=5"}), r);
   ASSERT_FALSE(heads.ok());
   EXPECT_NE(
       heads.error().message.find("model.args.heads: hidden (64) is not divisible by heads (5)"),
       std::string::npos)
       << heads.error().message;
-  auto zero = build_model(config_with({"model.args.layers=0"}), r);
+  auto zero = testing_support::single_device_graph(config_with({"model.args.layers=0"}), r);
   ASSERT_FALSE(zero.ok());
   EXPECT_NE(zero.error().message.find("model.args.layers: layers must be positive"),
             std::string::npos);
-  auto preset = build_model(config_with({"model.preset=gpt3-175"}), r);
+  auto preset = testing_support::single_device_graph(config_with({"model.preset=gpt3-175"}), r);
   ASSERT_FALSE(preset.ok());
   EXPECT_NE(preset.error().message.find("did you mean 'gpt3-175b'"), std::string::npos);
-  auto type = build_model(config_with({"model.type=gtp"}), r);
+  auto type = testing_support::single_device_graph(config_with({"model.type=gtp"}), r);
   ASSERT_FALSE(type.ok());
   EXPECT_NE(type.error().message.find("did you mean 'gpt'"), std::string::npos);
-  auto arg = build_model(config_with({"model.args.hiden=64"}), r);
+  auto arg = testing_support::single_device_graph(config_with({"model.args.hiden=64"}), r);
   ASSERT_FALSE(arg.ok());
   EXPECT_NE(arg.error().message.find("did you mean 'model.args.hidden'"), std::string::npos);
 }

@@ -3,6 +3,7 @@
 #include "graph/verify.h"
 #include "models/llama.h"
 #include "models/model.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::models {
 namespace {
@@ -29,7 +30,7 @@ int count_ops(const graph::Graph& g, const std::string& type) {
 TEST(LlamaGraph, TinyHasTheExpectedStructure) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"batch.micro=2", "batch.global=2"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_TRUE(graph::verify(*g, r).ok());
   EXPECT_EQ(count_ops(*g, "gqa_attention"), 2);
@@ -42,7 +43,7 @@ TEST(LlamaGraph, TinyHasTheExpectedStructure) {
   EXPECT_EQ(g->tensor(*g->find_tensor("h0.mlp.gate.w")).shape, (Shape{160, 64}));
   EXPECT_TRUE(g->find_tensor("lm_head.w").has_value());  // untied by default
   EXPECT_EQ(graph_parameters(*g), llama_spec(c)->parameter_count());
-  auto tied = build_model(config_with({"model.args.tied=true"}), r);
+  auto tied = testing_support::single_device_graph(config_with({"model.args.tied=true"}), r);
   ASSERT_TRUE(tied.ok());
   EXPECT_FALSE(tied->find_tensor("lm_head.w").has_value());
   EXPECT_EQ(graph_parameters(*tied),
@@ -53,7 +54,7 @@ TEST(LlamaGraph, TinyHasTheExpectedStructure) {
 // rank's attention reads the kv heads of its query heads.
 TEST(LlamaGraph, TensorParallelBeyondTheKvHeadsSharesThem) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
-  auto g = build_model(config_with({"parallel.tp=4"}), r);
+  auto g = testing_support::single_device_graph(config_with({"parallel.tp=4"}), r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_EQ(count_ops(*g, "gqa_attention"), 0);
   EXPECT_EQ(count_ops(*g, "shared_kv_attention"), 2);
@@ -67,7 +68,7 @@ TEST(LlamaGraph, TensorParallelBeyondTheKvHeadsSharesThem) {
     }
   }
   EXPECT_EQ(replicated, 4);
-  EXPECT_TRUE(check_parallel(config_with({"parallel.tp=4"})).ok());
+  EXPECT_TRUE(testing_support::check_split(config_with({"parallel.tp=4"})).ok());
 }
 
 TEST(LlamaGraph, PresetsHaveTheirPublishedSizes) {
@@ -87,7 +88,7 @@ TEST(LlamaGraph, ErrorsNameTheKeyAndTheNumbers) {
     Config c = config_with(overrides);
     auto spec = llama_spec(c);
     if (!spec.ok()) return spec.error().message;
-    Status s = check_parallel(c);
+    Status s = testing_support::check_split(c);
     return s.ok() ? std::string() : s.error().message;
   };
   EXPECT_NE(error_of({"model.args.kv_heads=3"}).find("model.args.kv_heads"), std::string::npos);
@@ -111,7 +112,7 @@ TEST(LlamaGraph, ErrorsNameTheKeyAndTheNumbers) {
 TEST(LlamaGraph, PaperScalePresetsPlanWithoutTensors) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   auto c = config_with({"model.preset=llama3.1-405b", "batch.micro=1", "batch.global=1"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_EQ(graph_parameters(*g), llama_spec(c)->parameter_count());
 }
@@ -128,7 +129,7 @@ namespace {
 TEST(LlamaMoeGraph, ExpertsReplaceTheMlp) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"model.preset=tiny-moe", "model.args.moe.shared_experts=1"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_TRUE(graph::verify(*g, r).ok());
   EXPECT_EQ(count_ops(*g, "moe_dispatch"), 2);
@@ -151,7 +152,7 @@ TEST(LlamaMoeGraph, BadExpertArgumentsNameTheKey) {
     Config c = config_with(overrides);
     auto spec = llama_spec(c);
     if (!spec.ok()) return spec.error().message;
-    Status s = check_parallel(c);
+    Status s = testing_support::check_split(c);
     return s.ok() ? std::string() : s.error().message;
   };
   EXPECT_NE(

@@ -3,6 +3,7 @@
 #include "graph/verify.h"
 #include "models/model.h"
 #include "models/swin.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::models {
 namespace {
@@ -23,7 +24,7 @@ int64_t graph_parameters(const graph::Graph& g) {
 TEST(SwinGraph, TinyHasTheExpectedStructure) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"batch.micro=2", "batch.global=2"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_TRUE(graph::verify(*g, r).ok());
   int attention = 0, merges = 0, shifted = 0;
@@ -38,7 +39,7 @@ TEST(SwinGraph, TinyHasTheExpectedStructure) {
   EXPECT_EQ(g->tensor(*g->find_tensor("images")).shape, (Shape{2, 3, 32, 32}));
   EXPECT_EQ(g->tensor(*g->find_tensor("labels")).value_bound, 10);
   EXPECT_EQ(graph_parameters(*g), swin_spec(c)->parameter_count());
-  EXPECT_EQ(items_per_sample(c)->unit, "images");
+  EXPECT_EQ(ModelRegistry::with_builtin_models().find("swin")->items(c)->unit, "images");
 }
 
 TEST(SwinGraph, PresetsHaveTheirPublishedSizes) {
@@ -58,7 +59,7 @@ TEST(SwinGraph, PresetsHaveTheirPublishedSizes) {
 TEST(SwinGraph, PaperSizeGraphBuildsWithTheCountedParameters) {
   graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
   Config c = config_with({"model.preset=swin-6.6b", "batch.micro=1", "batch.global=1"});
-  auto g = build_model(c, r);
+  auto g = testing_support::single_device_graph(c, r);
   ASSERT_TRUE(g.ok()) << g.error().message;
   EXPECT_EQ(graph_parameters(*g), swin_spec(c)->parameter_count());
 }
@@ -75,10 +76,10 @@ TEST(SwinGraph, BadArgumentsNameTheirKey) {
   EXPECT_NE(error({"model.args.depths=2,x"}).find("model.args.depths"), std::string::npos);
   EXPECT_NE(error({"model.args.window=5"}).find("model.args.window"), std::string::npos);
   EXPECT_NE(error({"model.args.colour=1"}).find("colour"), std::string::npos);
-  Status tp = check_parallel(config_with({"parallel.tp=3"}));
+  Status tp = testing_support::check_split(config_with({"parallel.tp=3"}));
   ASSERT_FALSE(tp.ok());
   EXPECT_NE(tp.error().message.find("parallel.tp"), std::string::npos) << tp.error().message;
-  Status pp = check_parallel(config_with({"parallel.pp=8"}));
+  Status pp = testing_support::check_split(config_with({"parallel.pp=8"}));
   ASSERT_FALSE(pp.ok());
   EXPECT_NE(pp.error().message.find("4 blocks"), std::string::npos) << pp.error().message;
 }

@@ -13,6 +13,7 @@
 #include "plan/estimate.h"
 #include "plan/plan.h"
 #include "planner/context_parallel.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::plan {
 namespace {
@@ -33,7 +34,7 @@ Config config(const std::string& order, int64_t cp, int64_t seq) {
 // [step][rank].
 std::vector<std::vector<int64_t>> pairs_per_step_and_rank(const Config& c) {
   const auto ops = graph::OpRegistry::with_builtin_ops();
-  auto g = models::build_model(c, ops);
+  auto g = testing_support::single_device_graph(c, ops);
   EXPECT_TRUE(g.ok()) << g.error().message;
   std::vector<std::vector<int64_t>> out;
   if (!g.ok()) return out;
@@ -98,17 +99,17 @@ TEST(ContextParallelBalance, TheEstimateComputesAsMuchOnEveryRankInZigzagOrder) 
 TEST(ContextParallelBalance, ZigzagNeedsTwoHalvesPerRankAndNoCapacity) {
   const auto ops = graph::OpRegistry::with_builtin_ops();
   Config odd = config("zigzag", 4, 36);  // 36 splits into 4 chunks, not 8 halves
-  Status s = models::check_parallel(odd);
+  Status s = testing_support::check_split(odd);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("parallel.cp"), std::string::npos) << s.error().message;
   EXPECT_NE(s.error().message.find("not divisible by 8"), std::string::npos) << s.error().message;
-  EXPECT_TRUE(models::build_model(config("contiguous", 4, 36), ops).ok());
+  EXPECT_TRUE(testing_support::single_device_graph(config("contiguous", 4, 36), ops).ok());
   // All-to-all keeps the sequence in order: cp chunks are enough (seq 34 over cp 2: not 4
   // halves).
   Config all_to_all = config("zigzag", 2, 34);
-  EXPECT_FALSE(models::check_parallel(all_to_all).ok());
+  EXPECT_FALSE(testing_support::check_split(all_to_all).ok());
   all_to_all.parallel.cp_kind = "all-to-all";
-  Status whole = models::check_parallel(all_to_all);
+  Status whole = testing_support::check_split(all_to_all);
   EXPECT_TRUE(whole.ok()) << whole.error().message;
 
   auto c = parse_config(
@@ -117,7 +118,7 @@ TEST(ContextParallelBalance, ZigzagNeedsTwoHalvesPerRankAndNoCapacity) {
       "cp.yaml",
       {"parallel.cp=2", "model.args.moe.experts=4", "model.args.moe.capacity_factor=1.0"});
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto g = models::build_model(*c, ops);
+  auto g = testing_support::single_device_graph(*c, ops);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.error().message.find("parallel.cp"), std::string::npos) << g.error().message;
   EXPECT_NE(g.error().message.find("capacity"), std::string::npos) << g.error().message;

@@ -20,6 +20,7 @@
 #include "scheduler/csv.h"
 #include "scheduler/repetend.h"
 #include "scheduler/simulator.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::plan {
 namespace {
@@ -304,7 +305,7 @@ TEST(MakePlan, AUserModelIsPlannedLikeAZooModel) {
     ++built;
     Config gpt = c;
     gpt.model.type = "gpt";
-    return models::build_model(gpt, ops);
+    return testing_support::single_device_graph(gpt, ops);
   };
   auto plan = make_plan(config({"model.type=my-lm"}), registries);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
@@ -363,8 +364,10 @@ TEST(SearchedSchedule, ThePlanDumpsTheScheduleFound) {
   const Config c = search_config();
   auto plan = make_plan(c);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
-  const lower::StageCosts costs = stage_costs(c, plan->file.graph, plan->file.lowered, plan->cost);
-  auto placement = lower::search_placement(c, c.parallel.schedule == "search-zb", costs);
+  const lower::StageCosts costs =
+      stage_costs(*PlanSpec::of(c), plan->file.graph, plan->file.lowered, plan->cost);
+  auto placement =
+      lower::search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", costs);
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   auto found = sched::search_schedule(*placement, 8);
   ASSERT_TRUE(found.ok()) << found.error().message;
@@ -383,8 +386,10 @@ TEST(SearchedSchedule, SearchZbDumpsTheSplitScheduleFound) {
   const Config c = search_config({"parallel.schedule=search-zb"});
   auto plan = make_plan(c);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
-  const lower::StageCosts costs = stage_costs(c, plan->file.graph, plan->file.lowered, plan->cost);
-  auto placement = lower::search_placement(c, c.parallel.schedule == "search-zb", costs);
+  const lower::StageCosts costs =
+      stage_costs(*PlanSpec::of(c), plan->file.graph, plan->file.lowered, plan->cost);
+  auto placement =
+      lower::search_placement(c.parallel.pp, c.parallel.schedule == "search-zb", costs);
   ASSERT_TRUE(placement.ok()) << placement.error().message;
   sched::SearchOptions options;
   options.node_limit = lower::kSearchNodeLimit;
@@ -441,7 +446,8 @@ TEST(SearchedSchedule, TheDeviceMemoryBoundsTheMicroBatchesInFlight) {
   auto ample = make_plan(search_config());
   ASSERT_TRUE(ample.ok()) << ample.error().message;
   const Config c = search_config();
-  const std::vector<RankMemory> memory = rank_memory(c, ample->file.graph, ample->file.lowered);
+  const std::vector<RankMemory> memory =
+      rank_memory(*PlanSpec::of(c), ample->file.graph, ample->file.lowered);
   ASSERT_EQ(memory.size(), 4u);
   // Room for 2.5 micro-batches on the tightest rank; for half of one on rank 3.
   double two = 0;
@@ -515,8 +521,8 @@ TEST(PlanCache, PlansAreTheSameWithAndWithoutIt) {
       EXPECT_EQ(cached->estimate.bubble_ratio, plain->estimate.bubble_ratio);
       // The estimate from the plan file alone (the fusion and the lowering's bytes found again,
       // not taken from what the lowering kept) is the plan's.
-      const Estimate found =
-          estimate_plan(c, plain->file.graph, plain->file.lowered, cost, plain->pipeline);
+      const Estimate found = estimate_plan(*PlanSpec::of(c), plain->file.graph, plain->file.lowered,
+                                           cost, plain->pipeline);
       ASSERT_EQ(found.ranks.size(), plain->estimate.ranks.size());
       for (size_t r = 0; r < plain->estimate.ranks.size(); ++r) {
         const RankEstimate& p = plain->estimate.ranks[r];

@@ -19,8 +19,7 @@ void check_golden(const std::string& name, const std::vector<std::string>& overr
   auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 4, micro: 2}\n",
                         "g.yaml", overrides);
   ASSERT_TRUE(c.ok()) << c.error().message;
-  auto g = loom::plan::planned_graph(*c, graph::OpRegistry::with_builtin_ops(),
-                                     PolicyRegistry::with_builtin_policies(), world);
+  auto g = loom::plan::planned_graph(*c, loom::plan::Registries{}, world);
   ASSERT_TRUE(g.ok()) << g.error().message;
   // The golden plan, lowered, is proven equal to one device (lower/equivalence.h).
   auto plan = loom::plan::make_plan(*c);

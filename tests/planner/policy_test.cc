@@ -6,6 +6,7 @@
 #include "models/model.h"
 #include "plan/plan.h"
 #include "planner/stages.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::planner {
 namespace {
@@ -18,8 +19,7 @@ Config config(const std::vector<std::string>& overrides) {
 }
 
 Result<graph::Graph> plan(const Config& c, int64_t world) {
-  return loom::plan::planned_graph(c, graph::OpRegistry::with_builtin_ops(),
-                                   PolicyRegistry::with_builtin_policies(), world);
+  return loom::plan::planned_graph(c, loom::plan::Registries{}, world);
 }
 
 std::string plan_error(const std::vector<std::string>& overrides, int64_t world) {
@@ -31,8 +31,7 @@ std::string plan_error(const std::vector<std::string>& overrides, int64_t world)
 TEST(Policy, SubOpsPerDevice) {
   auto g = plan(config({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}), 8);
   ASSERT_TRUE(g.ok()) << g.error().message;
-  auto single =
-      models::build_model(config({"parallel.dp=2"}), graph::OpRegistry::with_builtin_ops());
+  auto single = testing_support::single_device_graph(config({"parallel.dp=2"}));
   // Every single-device op becomes dp x tp sub-ops on one pipeline stage.
   EXPECT_EQ(g->ops().size(), single->ops().size() * 4);
   for (const auto& op : g->ops()) {
@@ -100,19 +99,20 @@ TEST(Policy, UserPoliciesRegisterByName) {
                   .ok());
   EXPECT_FALSE(policies.add("hybrid", hybrid_policy).ok());
   Config c = config({"parallel.policy=everything-on-rank-0"});
-  auto g = loom::plan::planned_graph(c, graph::OpRegistry::with_builtin_ops(), policies, 1);
+  loom::plan::Registries registries;
+  registries.policies = policies;
+  auto g = loom::plan::planned_graph(c, registries, 1);
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(called);
 }
 
 TEST(Stages, BalancedByFlopsAndExplicit) {
-  auto g =
-      models::build_model(config({"model.args.layers=6"}), graph::OpRegistry::with_builtin_ops());
+  auto g = testing_support::single_device_graph(config({"model.args.layers=6"}));
   ASSERT_TRUE(g.ok());
   auto stages = [&g](const Config& c) {
-    auto space = SpaceSpec::of(c);
+    auto space = testing_support::space_of(c);
     EXPECT_TRUE(space.ok()) << space.error().message;
-    return plan_stages(*g, *space, c);
+    return plan_stages(*g, *space);
   };
   auto even = stages(config({"parallel.pp=3", "model.args.layers=6"}));
   ASSERT_TRUE(even.ok()) << even.error().message;

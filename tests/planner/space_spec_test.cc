@@ -8,6 +8,7 @@
 #include "plan/plan_spec.h"
 #include "planner/chimera.h"
 #include "planner/policy.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::planner {
 namespace {
@@ -20,9 +21,9 @@ Config config(const std::vector<std::string>& overrides) {
 }
 
 TEST(SpaceSpec, ReadsTheMeshAndTheSplits) {
-  auto space = SpaceSpec::of(config({"parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
-                                     "parallel.cp=2", "parallel.cp_kind=p2p-contiguous",
-                                     "parallel.sp=true", "parallel.stages=[[0,0],[1,1]]"}));
+  auto space = testing_support::space_of(config(
+      {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "parallel.cp=2",
+       "parallel.cp_kind=p2p-contiguous", "parallel.sp=true", "parallel.stages=[[0,0],[1,1]]"}));
   ASSERT_TRUE(space.ok()) << space.error().message;
   EXPECT_EQ(space->mesh.to_string(), "dp2 x pp2 x cp2 x tp2 (16 ranks)");
   EXPECT_TRUE(space->sp);
@@ -43,13 +44,14 @@ TEST(SpaceSpec, ContextParallelKinds) {
                                                   {"p2p-contiguous", CpKind::kRingContiguous},
                                                   {"all-to-all", CpKind::kAllToAll}};
   for (const auto& [name, kind] : kinds) {
-    auto space = SpaceSpec::of(config({"parallel.cp=2", std::string("parallel.cp_kind=") + name}));
+    auto space = testing_support::space_of(
+        config({"parallel.cp=2", std::string("parallel.cp_kind=") + name}));
     ASSERT_TRUE(space.ok()) << name;
     EXPECT_EQ(space->cp_kind, kind) << name;
     EXPECT_EQ(space->all_to_all_attention(), kind == CpKind::kAllToAll) << name;
   }
   // Without cp > 1 no attention is rewritten, whatever the kind.
-  auto one = SpaceSpec::of(config({"parallel.cp_kind=all-to-all"}));
+  auto one = testing_support::space_of(config({"parallel.cp_kind=all-to-all"}));
   ASSERT_TRUE(one.ok());
   EXPECT_FALSE(one->ring_attention());
   EXPECT_FALSE(one->all_to_all_attention());
@@ -78,15 +80,15 @@ TEST(SpaceSpec, ChimeraSetsTwoPipelinesAndIsCheckedOnce) {
 // and without two_pipelines gives one and two pipelines.
 TEST(SpaceSpec, ThePolicyReadsTheSpaceNotTheSchedulesName) {
   const Config c = config({"parallel.pp=2"});
-  auto single = models::build_model(c, graph::OpRegistry::with_builtin_ops());
+  auto single = testing_support::single_device_graph(c);
   ASSERT_TRUE(single.ok()) << single.error().message;
-  auto space = SpaceSpec::of(c);
+  auto space = testing_support::space_of(c);
   ASSERT_TRUE(space.ok());
   const PolicyRegistry policies = PolicyRegistry::with_builtin_policies();
-  auto one = plan_graph(*single, {c, *space, 2}, policies);
+  auto one = plan_graph(*single, {*space, 2}, policies);
   ASSERT_TRUE(one.ok()) << one.error().message;
   space->two_pipelines = true;
-  auto two = plan_graph(*single, {c, *space, 2}, policies);
+  auto two = plan_graph(*single, {*space, 2}, policies);
   ASSERT_TRUE(two.ok()) << two.error().message;
   EXPECT_EQ(two->ops().size(), 2 * one->ops().size());
   int64_t up = 0;
@@ -94,9 +96,9 @@ TEST(SpaceSpec, ThePolicyReadsTheSpaceNotTheSchedulesName) {
     if (op.name().find(kUpPipelineSuffix) != std::string::npos) ++up;
   EXPECT_EQ(up, static_cast<int64_t>(one->ops().size()));
   // The mesh, not parallel.dp: a space of two data-parallel ranks plans two ranks' worth.
-  auto dp2 = SpaceSpec::of(config({"parallel.dp=2"}));
+  auto dp2 = testing_support::space_of(config({"parallel.dp=2"}));
   ASSERT_TRUE(dp2.ok());
-  auto wrong = plan_graph(*single, {c, *dp2, 2}, policies);
+  auto wrong = plan_graph(*single, {*dp2, 2}, policies);
   ASSERT_TRUE(wrong.ok()) << wrong.error().message;
   for (const auto& op : wrong->ops()) EXPECT_EQ(op.stage.value(), 0) << op.name();
 }

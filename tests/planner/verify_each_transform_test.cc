@@ -10,6 +10,7 @@
 #include "models/model.h"
 #include "plan/plan_spec.h"
 #include "planner/policy.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom::planner {
 namespace {
@@ -27,10 +28,10 @@ Config config(const std::string& model, const std::vector<std::string>& override
 // plan::planned_graph with the verification mode chosen here rather than by the build type.
 Result<graph::Graph> plan(const Config& c, const PolicyRegistry& policies, VerifyMode mode) {
   LOOM_ASSIGN_OR_RETURN(const loom::plan::PlanSpec spec, loom::plan::PlanSpec::of(c));
-  LOOM_ASSIGN_OR_RETURN(graph::Graph single,
-                        models::build_model(c, graph::OpRegistry::with_builtin_ops()));
-  LOOM_TRY(models::check_parallel(c));
-  return plan_graph(single, PlanRequest{c, spec.space, c.parallel.world_size(), mode}, policies);
+  LOOM_ASSIGN_OR_RETURN(graph::Graph single, testing_support::single_device_graph(c));
+  LOOM_TRY(testing_support::check_split(c));
+  return plan_graph(single, PlanRequest{spec.space, c.parallel.world_size(), spec.optimizer, mode},
+                    policies);
 }
 
 TEST(VerifyEachTransform, EveryBuiltinPolicyPassesOnEveryModel) {

@@ -12,6 +12,7 @@
 #include "runtime/attention_tiles.h"
 #include "runtime/kernels.h"
 #include "tests/runtime/local_ranks.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom {
 namespace {
@@ -36,7 +37,7 @@ AttentionRun run_attention(const std::string& model, const std::vector<std::stri
                            const std::vector<at::Tensor>& qkv, const at::Tensor& dout) {
   auto ops = graph::OpRegistry::with_builtin_ops();
   auto kernels = runtime::KernelRegistry::with_builtin_kernels();
-  auto g = models::build_model(config(model, overrides), ops);
+  auto g = testing_support::single_device_graph(config(model, overrides), ops);
   EXPECT_TRUE(g.ok()) << g.error().message;
   std::vector<at::Tensor> in;
   for (const at::Tensor& t : qkv) in.push_back(t.detach().clone().requires_grad_(true));
@@ -132,7 +133,8 @@ TEST(RingAttention, ZigzagEqualsCausalAttentionOfThePermutedSequence) {
 TEST(RingAttention, ZigzagPiecesEqualTheWholeStep) {
   auto ops = graph::OpRegistry::with_builtin_ops();
   auto kernels = runtime::KernelRegistry::with_builtin_kernels();
-  auto g = models::build_model(config("llama", {"parallel.cp=4", "model.args.seq=32"}), ops);
+  auto g = testing_support::single_device_graph(
+      config("llama", {"parallel.cp=4", "model.args.seq=32"}), ops);
   ASSERT_TRUE(g.ok()) << g.error().message;
   at::manual_seed(13);
   const at::Tensor q = at::randn({2, 32, 64}), k = at::randn({2, 32, 32}),
@@ -253,7 +255,7 @@ TEST(ContextParallelOracle, GptCp4) {
 TEST(ContextParallel, ConfigsItCannotServeNameTheKey) {
   auto error_of = [&](const std::string& model, const std::vector<std::string>& o) {
     Config c = config(model, o);
-    Status s = models::check_parallel(c);
+    Status s = testing_support::check_split(c);
     return s.ok() ? std::string() : s.error().message;
   };
   EXPECT_NE(error_of("llama", {"parallel.cp=3"}).find("parallel.cp"), std::string::npos);

@@ -8,6 +8,7 @@
 #include "graph/transform.h"
 #include "models/model.h"
 #include "runtime/kernels.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom {
 namespace {
@@ -21,7 +22,7 @@ struct Model {
     auto c = parse_config("model: {type: llama, preset: tiny}\nbatch: {global: 2, micro: 2}\n",
                           "llama.yaml", overrides);
     EXPECT_TRUE(c.ok()) << c.error().message;
-    auto g = models::build_model(*c, ops);
+    auto g = testing_support::single_device_graph(*c, ops);
     EXPECT_TRUE(g.ok()) << g.error().message;
     graph = *g;
   }

@@ -24,6 +24,7 @@
 #include "runtime/inputs.h"
 #include "runtime/oracle.h"
 #include "runtime/trainer.h"
+#include "tests/support/plan_chain.h"
 #include "tests/support/reference_run.h"
 
 namespace loom::testing_support {
@@ -90,7 +91,7 @@ inline void expect_equal_to_single_device(const Reference& ref, const Config& co
 inline void expect_ops_correct(const Config& config) {
   auto ops = graph::OpRegistry::with_builtin_ops();
   auto kernels = runtime::KernelRegistry::with_builtin_kernels();
-  auto single = models::build_model(config, ops);
+  auto single = testing_support::single_device_graph(config, ops);
   ASSERT_TRUE(single.ok()) << single.error().message;
   auto feeder = runtime::InputFeeder::create(config, *single);
   ASSERT_TRUE(feeder.ok()) << feeder.error().message;
@@ -98,8 +99,8 @@ inline void expect_ops_correct(const Config& config) {
   ASSERT_TRUE(inputs.ok()) << inputs.error().message;
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> values = runtime::reference_values(*single, kernels, 11, *inputs);
-  auto plan = loom::plan::planned_graph(
-      config, ops, planner::PolicyRegistry::with_builtin_policies(), config.parallel.world_size());
+  auto plan = loom::plan::planned_graph(config, testing_support::registries_with(ops),
+                                        config.parallel.world_size());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   Status v = graph::verify(*plan, ops);
   EXPECT_TRUE(v.ok()) << v.error().message;

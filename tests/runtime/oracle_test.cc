@@ -11,6 +11,7 @@
 #include "models/model.h"
 #include "planner/policy.h"
 #include "runtime/executor.h"
+#include "tests/support/plan_chain.h"
 
 namespace loom {
 namespace {
@@ -29,7 +30,7 @@ Fixture make(const std::vector<std::string>& overrides) {
                         "t.yaml", overrides);
   EXPECT_TRUE(c.ok()) << c.error().message;
   f.config = *c;
-  auto g = models::build_model(f.config, f.ops);
+  auto g = testing_support::single_device_graph(f.config, f.ops);
   EXPECT_TRUE(g.ok()) << g.error().message;
   f.single = *g;
   const int64_t rows = f.single.tensor(*f.single.find_tensor("tokens")).shape[0];
@@ -54,11 +55,10 @@ Fixture make(const std::vector<std::string>& overrides) {
 
 graph::Graph planned(const Fixture& f) {
   auto policies = planner::PolicyRegistry::with_builtin_policies();
-  auto space = planner::SpaceSpec::of(f.config);
+  auto space = testing_support::space_of(f.config);
   EXPECT_TRUE(space.ok()) << space.error().message;
   if (!space.ok()) return f.single;
-  auto g =
-      planner::plan_graph(f.single, {f.config, *space, f.config.parallel.world_size()}, policies);
+  auto g = planner::plan_graph(f.single, {*space, f.config.parallel.world_size()}, policies);
   EXPECT_TRUE(g.ok()) << g.error().message;
   return g.ok() ? *g : f.single;
 }

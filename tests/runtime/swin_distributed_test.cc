@@ -80,8 +80,7 @@ TEST(SwinOracle, Dp2Window2Pp2) {
 TEST(SwinWindowPlan, SplitsWindowsRowsAndShiftedChannels) {
   Config c = config({"parallel.policy=window", "parallel.tp=2"});
   auto ops = graph::OpRegistry::with_builtin_ops();
-  auto plan =
-      loom::plan::planned_graph(c, ops, planner::PolicyRegistry::with_builtin_policies(), 2);
+  auto plan = loom::plan::planned_graph(c, testing_support::registries_with(ops), 2);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   EXPECT_TRUE(graph::verify(*plan, ops).ok());
   std::map<std::string, std::string> split_dim;  // op name -> which output dimension is halved
