@@ -1,6 +1,6 @@
 // The model registry: each model family (model.type) is one entry that builds its graph from a
-// config, checks the parallel degrees against it and says what its throughput counts. loom's
-// zoo (GPT, Swin Transformer, the AlphaFold2 Evoformer) registers here like a user's model.
+// config, checks the parallel degrees against it and says what its throughput counts. loom's zoo
+// (GPT, Llama dense and MoE, Swin Transformer, AlphaFold2's Evoformer) registers like a user's.
 #pragma once
 
 #include <functional>
