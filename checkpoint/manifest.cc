@@ -76,11 +76,10 @@ std::string to_json(const CheckpointManifest& m) {
   return j.dump(1);
 }
 
-Result<CheckpointManifest> parse_manifest(std::string_view text, const std::string& file) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return bad(file, "not a JSON object (truncated or foreign file?)");
-  CheckpointManifest m;
+namespace {
+
+// The run's fields: format, step, world size, seed, plan, optimizer and config.
+Status parse_header(const json& j, const std::string& file, CheckpointManifest& m) {
   for (const char* key :
        {"format", "step", "samples_seen", "world_size", "seed", "optimizer_steps"})
     if (!is_int(j, key))
@@ -100,6 +99,11 @@ Result<CheckpointManifest> parse_manifest(std::string_view text, const std::stri
   m.optimizer = j["optimizer"].get<std::string>();
   m.config_yaml = j["config"].get<std::string>();
   if (m.step < 0 || m.world_size < 1) return bad(file, "negative step or world_size < 1");
+  return Status::success();
+}
+
+// The shard files with their sizes and checksums: plain names in the checkpoint directory.
+Status parse_files(const json& j, const std::string& file, CheckpointManifest& m) {
   if (!j.contains("files") || !j["files"].is_array()) return bad(file, "'files' is missing");
   for (const json& f : j["files"]) {
     if (!f.is_object() || !is_str(f, "name") || !f.contains("bytes") ||
@@ -113,50 +117,77 @@ Result<CheckpointManifest> parse_manifest(std::string_view text, const std::stri
                  "file name '" + cf.name + "' is not a plain name in the checkpoint directory");
     m.files.push_back(std::move(cf));
   }
+  return Status::success();
+}
+
+// A slice's global shape and its [start, end) range per dimension, inside the shape and of a
+// bounded element count. `where` starts each message.
+Status parse_slice_shape(const json& s, const std::string& file, const std::string& where,
+                         CheckpointSlice& c) {
+  if (!s.contains("global") || !s["global"].is_array() || !s.contains("ranges") ||
+      !s["ranges"].is_array() || s["global"].size() != s["ranges"].size() ||
+      s["global"].size() > 16)
+    return bad(file, where + "global shape and ranges must be arrays of the same length");
+  for (size_t d = 0; d < s["global"].size(); ++d) {
+    const json& g = s["global"][d];
+    const json& r = s["ranges"][d];
+    if (!g.is_number_integer() || !r.is_array() || r.size() != 2 || !r[0].is_number_integer() ||
+        !r[1].is_number_integer())
+      return bad(file, where + "dimension " + std::to_string(d) +
+                           " is not an integer with a [start, end) range");
+    const int64_t dim = g.get<int64_t>(), b = r[0].get<int64_t>(), e = r[1].get<int64_t>();
+    if (dim < 0 || b < 0 || b > e || e > dim)
+      return bad(file, where + "range [" + std::to_string(b) + ", " + std::to_string(e) +
+                           ") of dimension " + std::to_string(d) + " lies outside its size " +
+                           std::to_string(dim));
+    c.global.push_back(dim);
+    c.ranges.emplace_back(b, e);
+  }
+  int64_t count = 1;
+  for (int64_t dim : c.global)
+    if (__builtin_mul_overflow(count, dim, &count) || count > (int64_t{1} << 56))
+      return bad(file, where + "global shape " + to_string(c.global) + " is too large");
+  return Status::success();
+}
+
+// One entry of 'slices': a tensor's piece, its value chunk, shape and the listed file holding it.
+Result<CheckpointSlice> parse_slice(const json& s, const std::string& file,
+                                    const CheckpointManifest& m) {
+  if (!s.is_object()) return bad(file, "a slice is not an object");
+  for (const char* key : {"tensor", "kind", "dtype", "file", "key"})
+    if (!is_str(s, key)) return bad(file, std::string("a slice has no string '") + key + "'");
+  CheckpointSlice c;
+  c.tensor = s["tensor"].get<std::string>();
+  const std::string where = "slice of '" + c.tensor + "': ";
+  c.kind = s["kind"].get<std::string>();
+  c.dtype = s["dtype"].get<std::string>();
+  c.file = s["file"].get<std::string>();
+  c.key = s["key"].get<std::string>();
+  if (!is_int(s, "value_chunk") || !is_int(s, "value_chunks"))
+    return bad(file, where + "no value chunk");
+  c.value_chunk = s["value_chunk"].get<int64_t>();
+  c.value_chunks = s["value_chunks"].get<int64_t>();
+  if (c.value_chunks < 1 || c.value_chunk < 0 || c.value_chunk >= c.value_chunks)
+    return bad(file, where + "value chunk out of range");
+  LOOM_TRY(parse_slice_shape(s, file, where, c));
+  bool listed = false;
+  for (const auto& f : m.files) listed = listed || f.name == c.file;
+  if (!listed) return bad(file, where + "its file '" + c.file + "' is not in 'files'");
+  return c;
+}
+
+}  // namespace
+
+Result<CheckpointManifest> parse_manifest(std::string_view text, const std::string& file) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return bad(file, "not a JSON object (truncated or foreign file?)");
+  CheckpointManifest m;
+  LOOM_TRY(parse_header(j, file, m));
+  LOOM_TRY(parse_files(j, file, m));
   if (!j.contains("slices") || !j["slices"].is_array()) return bad(file, "'slices' is missing");
   for (const json& s : j["slices"]) {
-    if (!s.is_object()) return bad(file, "a slice is not an object");
-    for (const char* key : {"tensor", "kind", "dtype", "file", "key"})
-      if (!is_str(s, key)) return bad(file, std::string("a slice has no string '") + key + "'");
-    CheckpointSlice c;
-    c.tensor = s["tensor"].get<std::string>();
-    const std::string where = "slice of '" + c.tensor + "': ";
-    c.kind = s["kind"].get<std::string>();
-    c.dtype = s["dtype"].get<std::string>();
-    c.file = s["file"].get<std::string>();
-    c.key = s["key"].get<std::string>();
-    if (!is_int(s, "value_chunk") || !is_int(s, "value_chunks"))
-      return bad(file, where + "no value chunk");
-    c.value_chunk = s["value_chunk"].get<int64_t>();
-    c.value_chunks = s["value_chunks"].get<int64_t>();
-    if (c.value_chunks < 1 || c.value_chunk < 0 || c.value_chunk >= c.value_chunks)
-      return bad(file, where + "value chunk out of range");
-    if (!s.contains("global") || !s["global"].is_array() || !s.contains("ranges") ||
-        !s["ranges"].is_array() || s["global"].size() != s["ranges"].size() ||
-        s["global"].size() > 16)
-      return bad(file, where + "global shape and ranges must be arrays of the same length");
-    for (size_t d = 0; d < s["global"].size(); ++d) {
-      const json& g = s["global"][d];
-      const json& r = s["ranges"][d];
-      if (!g.is_number_integer() || !r.is_array() || r.size() != 2 || !r[0].is_number_integer() ||
-          !r[1].is_number_integer())
-        return bad(file, where + "dimension " + std::to_string(d) +
-                             " is not an integer with a [start, end) range");
-      const int64_t dim = g.get<int64_t>(), b = r[0].get<int64_t>(), e = r[1].get<int64_t>();
-      if (dim < 0 || b < 0 || b > e || e > dim)
-        return bad(file, where + "range [" + std::to_string(b) + ", " + std::to_string(e) +
-                             ") of dimension " + std::to_string(d) + " lies outside its size " +
-                             std::to_string(dim));
-      c.global.push_back(dim);
-      c.ranges.emplace_back(b, e);
-    }
-    int64_t count = 1;
-    for (int64_t dim : c.global)
-      if (__builtin_mul_overflow(count, dim, &count) || count > (int64_t{1} << 56))
-        return bad(file, where + "global shape " + to_string(c.global) + " is too large");
-    bool listed = false;
-    for (const auto& f : m.files) listed = listed || f.name == c.file;
-    if (!listed) return bad(file, where + "its file '" + c.file + "' is not in 'files'");
+    LOOM_ASSIGN_OR_RETURN(CheckpointSlice c, parse_slice(s, file, m));
     m.slices.push_back(std::move(c));
   }
   return m;

@@ -1,13 +1,7 @@
 #include "comm/nccl_comm.h"
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <list>
 #include <mutex>
 #include <thread>
 
@@ -15,31 +9,13 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 7, 0)
-#error \
-    "loom's nccl backend needs NCCL 2.7 or newer (ncclSend/ncclRecv); configure with LOOM_CUDA=OFF"
-#endif
-// Non-blocking communicators (ncclCommInitRankConfig, ncclInProgress) and ncclCommSplit.
-#define LOOM_NCCL_NONBLOCKING (NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0))
-#define LOOM_NCCL_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
-
 #include "comm/backend.h"
+#include "comm/nccl_handle.h"
+#include "comm/nccl_watchdog.h"
 #include "comm/store.h"
 
 namespace loom::comm {
 namespace {
-
-std::string cuda_error(cudaError_t e) { return cudaGetErrorString(e); }
-std::string nccl_error(ncclResult_t r) { return ncclGetErrorString(r); }
-
-bool in_progress(ncclResult_t r) {
-#if LOOM_NCCL_NONBLOCKING
-  return r == ncclInProgress;
-#else
-  (void)r;
-  return false;
-#endif
-}
 
 // The stream the caller's tensor work runs on: LibTorch's current stream of `device` where
 // LibTorch has CUDA; else the legacy default stream (such a LibTorch makes no CUDA tensors).
@@ -89,60 +65,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
 }
 
-// One NCCL communicator with its stream. Every NCCL call on it holds `mu`, so that an abort from
-// the watchdog never overlaps one.
-struct NcclHandle {
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  void* scratch = nullptr;  // one float on the device, for barrier()
-  int device = 0;
-  std::mutex mu;
-  std::atomic<bool> aborted{false};
-
-  ~NcclHandle() {
-    cudaSetDevice(device);
-    if (comm != nullptr && !aborted) close();
-    if (scratch != nullptr) cudaFree(scratch);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-
-  void abort() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted || comm == nullptr) return;
-    aborted = true;
-    ncclCommAbort(comm);
-  }
-
-  // NCCL's state of the communicator: ncclSuccess, ncclInProgress (non-blocking work under
-  // way) or the asynchronous error that broke it.
-  ncclResult_t state() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted || comm == nullptr) return ncclSuccess;
-    ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
-    return r != ncclSuccess ? r : async;
-  }
-
- private:
-  // Flushes and frees the communicator; aborts it if the flush does not end in time (a peer
-  // gone), so that exiting never hangs.
-  void close() {
-#if LOOM_NCCL_NONBLOCKING
-    ncclResult_t state = ncclCommFinalize(comm);
-    const Clock::time_point until = Clock::now() + std::chrono::seconds(10);
-    while (in_progress(state) && Clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
-    }
-    if (state != ncclSuccess) {
-      ncclCommAbort(comm);
-      return;
-    }
-#endif
-    ncclCommDestroy(comm);
-  }
-};
-
 // Waits until non-blocking work on `h` (initialisation, a split, connection set-up of a call)
 // is done or `deadline` passed; returns NCCL's state then (ncclInProgress: out of time).
 ncclResult_t settle(NcclHandle& h, Clock::time_point deadline) {
@@ -154,169 +76,6 @@ ncclResult_t settle(NcclHandle& h, Clock::time_point deadline) {
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
-
-struct CudaEvent {
-  cudaEvent_t event = nullptr;
-  CudaEvent() { cudaEventCreateWithFlags(&event, cudaEventDisableTiming); }
-  ~CudaEvent() {
-    if (event != nullptr) cudaEventDestroy(event);
-  }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-};
-
-// What a failed or aborted communicator tells a call that was on it.
-Outcome aborted_outcome(const std::string& reason) {
-  return Outcome::failed("nccl: the communicators of this process were aborted" +
-                         (reason.empty() ? std::string() : " after: " + reason));
-}
-
-// Every communicator of one world (the process's NCCL communicators): one failure aborts them
-// all, since a rank that lost one peer cannot finish the others' collectives either.
-class NcclRegistry {
- public:
-  void add(const std::shared_ptr<NcclHandle>& h) {
-    std::lock_guard<std::mutex> lock(mu_);
-    handles_.push_back(h);
-  }
-
-  void abort_all(const std::string& reason) {
-    std::vector<std::shared_ptr<NcclHandle>> live;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (reason_.empty()) reason_ = reason.empty() ? "a failed call" : reason;
-      for (auto& w : handles_) {
-        if (auto h = w.lock()) live.push_back(std::move(h));
-      }
-    }
-    for (auto& h : live) h->abort();
-  }
-
-  // Why the communicators were aborted; empty while they were not.
-  std::string aborted() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reason_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<std::weak_ptr<NcclHandle>> handles_;
-  std::string reason_;
-};
-
-// Holds device-side waits to their deadlines: polls each operation's completion event
-// (cudaEventQuery) and its communicator's asynchronous error, reports a failure or a passed
-// deadline once through the call's callback and aborts every communicator. Also keeps the
-// tensors of operations still running on the device alive until they finish.
-//
-// The polling thread owns its state and outlives the Watchdog object (it is detached): a
-// callback may drop the last reference to a Comm, and so to the world that owns this object,
-// from that very thread. It ends once stopped and every operation it holds is over.
-class Watchdog {
- public:
-  struct Entry {
-    std::shared_ptr<NcclHandle> h;
-    std::shared_ptr<CudaEvent> done;
-    std::vector<at::Tensor> keep;
-    Clock::time_point deadline;
-    std::function<void(Outcome)> on_failure;  // empty for an abandoned operation
-    bool reported = false;
-  };
-
-  Watchdog(int device, std::shared_ptr<NcclRegistry> registry)
-      : state_(std::make_shared<State>(device, std::move(registry))) {}
-
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->stop = true;
-    }
-    state_->cv.notify_all();
-  }
-
-  void watch(Entry entry) {
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->entries.push_back(std::move(entry));
-      if (!state_->running) {
-        state_->running = true;
-        std::thread([state = state_] { state->loop(); }).detach();
-      }
-    }
-    state_->cv.notify_all();
-  }
-
- private:
-  struct State {
-    State(int d, std::shared_ptr<NcclRegistry> r) : device(d), registry(std::move(r)) {}
-    const int device;
-    std::shared_ptr<NcclRegistry> registry;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::list<Entry> entries;
-    bool stop = false;
-    bool running = false;
-
-    void loop() {
-      cudaSetDevice(device);
-      std::unique_lock<std::mutex> lock(mu);
-      while (true) {
-        cv.wait(lock, [&] { return stop || !entries.empty(); });
-        if (entries.empty()) {
-          running = false;
-          return;  // stopped, nothing left
-        }
-        std::list<Entry> polled;
-        polled.swap(entries);
-        lock.unlock();
-        for (auto it = polled.begin(); it != polled.end();) {
-          it = check(*it) ? polled.erase(it) : std::next(it);
-        }
-        lock.lock();
-        entries.splice(entries.begin(), polled);
-        if (!entries.empty()) cv.wait_for(lock, std::chrono::milliseconds(1));
-      }
-    }
-
-    // True when the entry can go: finished (or failed and reported, with its kernels gone).
-    bool check(Entry& e) {
-      const cudaError_t q = cudaEventQuery(e.done->event);
-      if (q == cudaErrorCudartUnloading) return true;  // the process is exiting
-      if (q == cudaSuccess) {
-        if (!e.reported && e.h->aborted && e.on_failure) {
-          // It ran on an aborted communicator: its outputs are not what was sent.
-          report(e, aborted_outcome(registry->aborted()));
-        }
-        return true;
-      }
-      if (e.reported) return false;
-      if (q != cudaErrorNotReady) {
-        report(e, Outcome::failed("nccl: CUDA: " + cuda_error(q)));
-        return false;
-      }
-      const ncclResult_t s = e.h->state();
-      if (s != ncclSuccess && !in_progress(s)) {
-        report(e, Outcome::failed("nccl: " + nccl_error(s)));
-      } else if (e.h->aborted) {
-        report(e, aborted_outcome(registry->aborted()));
-      } else if (Clock::now() >= e.deadline) {
-        report(e, Outcome::timed_out());
-      }
-      return false;
-    }
-
-    void report(Entry& e, const Outcome& outcome) {
-      e.reported = true;
-      // The callback marks the group unusable, which aborts every communicator; an abandoned
-      // operation aborts them directly.
-      if (e.on_failure) e.on_failure(outcome);
-      registry->abort_all(outcome.detail.empty() ? "an operation passed its deadline"
-                                                 : outcome.detail);
-    }
-  };
-
-  std::shared_ptr<State> state_;
-};
 
 struct NcclWorld {
   std::shared_ptr<RendezvousStore> store;

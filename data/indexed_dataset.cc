@@ -122,92 +122,149 @@ int64_t width_of(TokenDtype dtype) {
   return 1;
 }
 
+namespace {
+
+Error bad(const std::string& file, const std::string& what) {
+  return Error::at(file, file + ": " + what);
+}
+
+// The index's arrays, read element by element from its bytes: they start at byte 34, unaligned.
+struct IndexArrays {
+  const uint8_t* bytes = nullptr;
+  int64_t lengths_at = 0, pointers_at = 0, doc_index_at = 0;  // byte offsets
+
+  int64_t length(int64_t seq) const { return load<int32_t>(bytes + lengths_at + 4 * seq); }
+  int64_t pointer(int64_t seq) const { return load<int64_t>(bytes + pointers_at + 8 * seq); }
+  int64_t doc_entry(int64_t k) const { return load<int64_t>(bytes + doc_index_at + 8 * k); }
+};
+
+// What the index's header says, checked against the index's size.
+struct IndexHeader {
+  TokenDtype dtype = TokenDtype::kUint16;
+  int64_t sequences = 0, documents = 0;
+  IndexArrays arrays;
+};
+
+// The header of `idx` (at `path`): magic, version, an integer dtype, and counts whose arrays
+// make the file's size.
+Result<IndexHeader> read_header(const MappedFile& idx, const std::string& path) {
+  const uint8_t* h = idx.bytes();
+  const int64_t idx_size = idx.size();
+  if (idx_size < kHeaderBytes)
+    return bad(path, "truncated: " + std::to_string(idx_size) + " bytes, shorter than the " +
+                         std::to_string(kHeaderBytes) + "-byte header of an indexed dataset");
+  if (std::memcmp(h, kMagic, sizeof kMagic) != 0)
+    return bad(path, "not a Megatron indexed dataset index (its first bytes are not MMIDIDX)");
+  const uint64_t version = load<uint64_t>(h + 9);
+  if (version != 1)
+    return bad(path, "index version " + std::to_string(version) + "; loom reads version 1");
+  const uint8_t code = h[17];
+  if (!known_dtype(code))
+    return bad(path, "unknown dtype code " + std::to_string(code) +
+                         " (Megatron's codes are 1-8: uint8, int8, int16, int32, int64, float64, "
+                         "float32, uint16)");
+  IndexHeader out;
+  out.dtype = static_cast<TokenDtype>(code);
+  if (!integer_dtype(out.dtype))
+    return bad(path, "dtype " + to_string(out.dtype) + " cannot hold token ids");
+  const uint64_t seqs = load<uint64_t>(h + 18);
+  const uint64_t doc_entries = load<uint64_t>(h + 26);
+  // Both counts must fit the file before any size is computed from them.
+  const uint64_t room = static_cast<uint64_t>(idx_size - kHeaderBytes);
+  if (seqs > room / 12 || doc_entries > room / 8 || seqs * 12 + doc_entries * 8 > room)
+    return bad(path, "truncated: its header counts " + std::to_string(seqs) + " sequences and " +
+                         std::to_string(doc_entries) + " document indices, which need " +
+                         "more than its " + std::to_string(idx_size) + " bytes");
+  out.sequences = static_cast<int64_t>(seqs);
+  out.arrays.bytes = h;
+  out.arrays.lengths_at = kHeaderBytes;
+  out.arrays.pointers_at = out.arrays.lengths_at + 4 * out.sequences;
+  out.arrays.doc_index_at = out.arrays.pointers_at + 8 * out.sequences;
+  const int64_t expected = out.arrays.doc_index_at + 8 * static_cast<int64_t>(doc_entries);
+  // Megatron's multimodal datasets append one mode byte per sequence.
+  if (idx_size != expected && idx_size != expected + out.sequences)
+    return bad(path, std::to_string(idx_size) + " bytes where its header's counts make " +
+                         std::to_string(expected) + " (a truncated or padded index)");
+  if (doc_entries < 2 || out.sequences == 0) return bad(path, "an empty dataset: no documents");
+  out.documents = static_cast<int64_t>(doc_entries) - 1;
+  return out;
+}
+
+// The tokens of all sequences, each of which must lie inside the data file `bin` (at
+// `bin_path`, of `width`-byte ids).
+Result<int64_t> count_tokens(const IndexHeader& header, int64_t width, const MappedFile& bin,
+                             const std::string& idx_path, const std::string& bin_path) {
+  const int64_t bin_size = bin.size();
+  if (bin_size % width != 0)
+    return bad(bin_path, std::to_string(bin_size) + " bytes, not a whole number of " +
+                             to_string(header.dtype) + " ids (truncated?)");
+  int64_t tokens = 0;
+  for (int64_t s = 0; s < header.sequences; ++s) {
+    const int64_t n = header.arrays.length(s);
+    const int64_t p = header.arrays.pointer(s);
+    if (n < 0)
+      return bad(idx_path,
+                 "sequence " + std::to_string(s) + " has a negative length " + std::to_string(n));
+    if (p < 0 || p % width != 0 || p > bin_size || n > (bin_size - p) / width)
+      return bad(bin_path, std::to_string(bin_size) + " bytes, but " + idx_path +
+                               " places sequence " + std::to_string(s) + " (" + std::to_string(n) +
+                               " tokens at byte " + std::to_string(p) +
+                               ") outside them (a truncated data file, or the index of another)");
+    tokens += n;
+  }
+  return tokens;
+}
+
+// Checks that the document index rises from 0 to the sequence count; true when every document
+// is one sequence.
+Result<bool> check_document_index(const IndexHeader& header, const std::string& idx_path) {
+  bool one_each = true;
+  for (int64_t k = 0; k <= header.documents; ++k) {
+    const int64_t v = header.arrays.doc_entry(k);
+    const int64_t before = k == 0 ? 0 : header.arrays.doc_entry(k - 1);
+    if ((k == 0 && v != 0) || v < before || v > header.sequences ||
+        (k == header.documents && v != header.sequences))
+      return bad(idx_path, "document index " + std::to_string(k) + " is " + std::to_string(v) +
+                               "; document indices rise from 0 to the sequence count (" +
+                               std::to_string(header.sequences) + ")");
+    one_each &= v == k;
+  }
+  return one_each;
+}
+
+IndexArrays arrays_of(const MappedFile& idx, int64_t lengths_at, int64_t pointers_at,
+                      int64_t doc_index_at) {
+  return {idx.bytes(), lengths_at, pointers_at, doc_index_at};
+}
+
+}  // namespace
+
 int64_t IndexedDataset::length(int64_t seq) const {
-  return load<int32_t>(idx_->bytes() + lengths_at_ + 4 * seq);
+  return arrays_of(*idx_, lengths_at_, pointers_at_, doc_index_at_).length(seq);
 }
 int64_t IndexedDataset::pointer(int64_t seq) const {
-  return load<int64_t>(idx_->bytes() + pointers_at_ + 8 * seq);
+  return arrays_of(*idx_, lengths_at_, pointers_at_, doc_index_at_).pointer(seq);
 }
 int64_t IndexedDataset::doc_entry(int64_t k) const {
-  return load<int64_t>(idx_->bytes() + doc_index_at_ + 8 * k);
+  return arrays_of(*idx_, lengths_at_, pointers_at_, doc_index_at_).doc_entry(k);
 }
 
 Result<std::shared_ptr<const IndexedDataset>> IndexedDataset::open(const std::string& prefix) {
   std::shared_ptr<IndexedDataset> d(new IndexedDataset());
   d->prefix_ = prefix;
   const std::string idx = d->idx_path(), bin = d->bin_path();
-  auto bad = [&](const std::string& file, const std::string& what) {
-    return Error::at(file, file + ": " + what);
-  };
   LOOM_ASSIGN_OR_RETURN(d->idx_, MappedFile::open(idx));
   LOOM_ASSIGN_OR_RETURN(d->bin_, MappedFile::open(bin, /*map=*/false));
-  const uint8_t* h = d->idx_->bytes();
-  const int64_t idx_size = d->idx_->size();
-  if (idx_size < kHeaderBytes)
-    return bad(idx, "truncated: " + std::to_string(idx_size) + " bytes, shorter than the " +
-                        std::to_string(kHeaderBytes) + "-byte header of an indexed dataset");
-  if (std::memcmp(h, kMagic, sizeof kMagic) != 0)
-    return bad(idx, "not a Megatron indexed dataset index (its first bytes are not MMIDIDX)");
-  const uint64_t version = load<uint64_t>(h + 9);
-  if (version != 1)
-    return bad(idx, "index version " + std::to_string(version) + "; loom reads version 1");
-  const uint8_t code = h[17];
-  if (!known_dtype(code))
-    return bad(idx, "unknown dtype code " + std::to_string(code) +
-                        " (Megatron's codes are 1-8: uint8, int8, int16, int32, int64, float64, "
-                        "float32, uint16)");
-  d->dtype_ = static_cast<TokenDtype>(code);
-  if (!integer_dtype(d->dtype_))
-    return bad(idx, "dtype " + to_string(d->dtype_) + " cannot hold token ids");
+  LOOM_ASSIGN_OR_RETURN(const IndexHeader header, read_header(*d->idx_, idx));
+  d->dtype_ = header.dtype;
   d->width_ = width_of(d->dtype_);
-  const uint64_t seqs = load<uint64_t>(h + 18);
-  const uint64_t doc_entries = load<uint64_t>(h + 26);
-  // Both counts must fit the file before any size is computed from them.
-  const uint64_t room = static_cast<uint64_t>(idx_size - kHeaderBytes);
-  if (seqs > room / 12 || doc_entries > room / 8 || seqs * 12 + doc_entries * 8 > room)
-    return bad(idx, "truncated: its header counts " + std::to_string(seqs) + " sequences and " +
-                        std::to_string(doc_entries) + " document indices, which need " +
-                        "more than its " + std::to_string(idx_size) + " bytes");
-  d->sequences_ = static_cast<int64_t>(seqs);
-  d->lengths_at_ = kHeaderBytes;
-  d->pointers_at_ = d->lengths_at_ + 4 * d->sequences_;
-  d->doc_index_at_ = d->pointers_at_ + 8 * d->sequences_;
-  const int64_t expected = d->doc_index_at_ + 8 * static_cast<int64_t>(doc_entries);
-  // Megatron's multimodal datasets append one mode byte per sequence.
-  if (idx_size != expected && idx_size != expected + d->sequences_)
-    return bad(idx, std::to_string(idx_size) + " bytes where its header's counts make " +
-                        std::to_string(expected) + " (a truncated or padded index)");
-  if (doc_entries < 2 || d->sequences_ == 0) return bad(idx, "an empty dataset: no documents");
-  d->documents_ = static_cast<int64_t>(doc_entries) - 1;
-
-  const int64_t bin_size = d->bin_->size();
-  if (bin_size % d->width_ != 0)
-    return bad(bin, std::to_string(bin_size) + " bytes, not a whole number of " +
-                        to_string(d->dtype_) + " ids (truncated?)");
-  for (int64_t s = 0; s < d->sequences_; ++s) {
-    const int64_t n = d->length(s);
-    const int64_t p = d->pointer(s);
-    if (n < 0)
-      return bad(idx,
-                 "sequence " + std::to_string(s) + " has a negative length " + std::to_string(n));
-    if (p < 0 || p % d->width_ != 0 || p > bin_size || n > (bin_size - p) / d->width_)
-      return bad(bin, std::to_string(bin_size) + " bytes, but " + idx + " places sequence " +
-                          std::to_string(s) + " (" + std::to_string(n) + " tokens at byte " +
-                          std::to_string(p) +
-                          ") outside them (a truncated data file, or the index of another)");
-    d->tokens_ += n;
-  }
-  bool one_each = true;
-  for (int64_t k = 0; k <= d->documents_; ++k) {
-    const int64_t v = d->doc_entry(k);
-    const int64_t before = k == 0 ? 0 : d->doc_entry(k - 1);
-    if ((k == 0 && v != 0) || v < before || v > d->sequences_ ||
-        (k == d->documents_ && v != d->sequences_))
-      return bad(idx, "document index " + std::to_string(k) + " is " + std::to_string(v) +
-                          "; document indices rise from 0 to the sequence count (" +
-                          std::to_string(d->sequences_) + ")");
-    one_each &= v == k;
-  }
+  d->sequences_ = header.sequences;
+  d->documents_ = header.documents;
+  d->lengths_at_ = header.arrays.lengths_at;
+  d->pointers_at_ = header.arrays.pointers_at;
+  d->doc_index_at_ = header.arrays.doc_index_at;
+  LOOM_ASSIGN_OR_RETURN(d->tokens_, count_tokens(header, d->width_, *d->bin_, idx, bin));
+  LOOM_ASSIGN_OR_RETURN(const bool one_each, check_document_index(header, idx));
   if (d->tokens_ == 0) return bad(idx, "an empty dataset: its documents hold no tokens");
   if (!one_each) {
     d->doc_lengths_.resize(static_cast<size_t>(d->documents_));

@@ -80,61 +80,28 @@ std::vector<DType> OpRegistry::infer_dtypes(const std::string& type,
   return std::vector<DType>(a->outputs().size(), out);
 }
 
-Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
-                                                   const std::vector<Shape>& inputs,
-                                                   const Attrs& attrs) {
-  auto fail = [&](const std::string& why) {
-    return Error::at(a.to_string(), "annotation '" + a.to_string() + "': " + why);
-  };
-  // Sizes by position in a.labels(): planning binds the labels of every op of every rank, so
-  // this runs without a map or a string copy until the result.
-  const std::vector<std::string>& names = a.labels();
-  std::vector<int64_t> size(names.size(), 0);
-  std::vector<char> bound(names.size(), 0);
-  auto index_of = [&](const std::string& name) {
-    return static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
-  };
-  for (size_t k = 0; k < names.size(); ++k)
-    if (attrs.has(names[k])) {
-      int64_t v = attrs.get_or<int64_t>(names[k], 0);
-      if (v <= 0) return fail("attribute '" + names[k] + "' must be a positive integer");
-      size[k] = v, bound[k] = 1;
-    }
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (a.inputs()[i].dims.size() != inputs[i].size())
-      return fail("input " + std::to_string(i) + " has shape " + to_string(inputs[i]) + " but '" +
-                  a.inputs()[i].to_string() + "' has " + std::to_string(a.inputs()[i].dims.size()) +
-                  " dimensions");
+namespace {
 
-  // Bind labels from the inputs until nothing new is learnt, then check every dimension.
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      for (size_t d = 0; d < inputs[i].size(); ++d) {
-        int64_t known = 1;
-        int unknown = 0;
-        size_t last = 0;
-        for (const auto& l : a.inputs()[i].dims[d].labels) {
-          if (l.kind == LabelKind::kFixed) {
-            known *= l.size;
-            continue;
-          }
-          const size_t k = index_of(l.name);
-          if (bound[k])
-            known *= size[k];
-          else
-            ++unknown, last = k;
-        }
-        if (unknown != 1) continue;
-        if (known <= 0 || inputs[i][d] % known != 0)
-          return fail("dimension " + std::to_string(d) + " of input " + std::to_string(i) + " is " +
-                      std::to_string(inputs[i][d]) + ", not divisible by " + std::to_string(known));
-        size[last] = inputs[i][d] / known, bound[last] = 1;
-        progress = true;
-      }
-    }
+Error annotation_error(const Annotation& a, const std::string& why) {
+  return Error::at(a.to_string(), "annotation '" + a.to_string() + "': " + why);
+}
+
+// Sizes by position in a.labels(): planning binds the labels of every op of every rank, so
+// this runs without a map or a string copy until the result.
+struct LabelSizes {
+  const std::vector<std::string>& names;
+  std::vector<int64_t> size;
+  std::vector<char> bound;
+
+  explicit LabelSizes(const std::vector<std::string>& labels)
+      : names(labels), size(labels.size(), 0), bound(labels.size(), 0) {}
+
+  size_t index_of(const std::string& name) const {
+    return static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
   }
-  auto dim_size = [&](const DimSpec& dim, std::string& missing) -> int64_t {
+
+  // The size of `dim`, or -1 with `missing` set to a label not bound yet.
+  int64_t dim_size(const DimSpec& dim, std::string& missing) const {
     int64_t n = 1;
     for (const auto& l : dim.labels) {
       if (l.kind == LabelKind::kFixed) {
@@ -149,29 +116,101 @@ Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
       n *= size[k];
     }
     return n;
-  };
+  }
+};
+
+// Labels given as integer attributes, and every input's rank against its annotation.
+Status bind_from_attrs(const Annotation& a, const std::vector<Shape>& inputs, const Attrs& attrs,
+                       LabelSizes& labels) {
+  for (size_t k = 0; k < labels.names.size(); ++k)
+    if (attrs.has(labels.names[k])) {
+      int64_t v = attrs.get_or<int64_t>(labels.names[k], 0);
+      if (v <= 0)
+        return annotation_error(a,
+                                "attribute '" + labels.names[k] + "' must be a positive integer");
+      labels.size[k] = v, labels.bound[k] = 1;
+    }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (a.inputs()[i].dims.size() != inputs[i].size())
+      return annotation_error(a, "input " + std::to_string(i) + " has shape " +
+                                     to_string(inputs[i]) + " but '" + a.inputs()[i].to_string() +
+                                     "' has " + std::to_string(a.inputs()[i].dims.size()) +
+                                     " dimensions");
+  return Status::success();
+}
+
+// Binds labels from the inputs' sizes until nothing new is learnt: a dimension with one label
+// left unbound gives that label its size.
+Status bind_from_inputs(const Annotation& a, const std::vector<Shape>& inputs, LabelSizes& labels) {
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (size_t d = 0; d < inputs[i].size(); ++d) {
+        int64_t known = 1;
+        int unknown = 0;
+        size_t last = 0;
+        for (const auto& l : a.inputs()[i].dims[d].labels) {
+          if (l.kind == LabelKind::kFixed) {
+            known *= l.size;
+            continue;
+          }
+          const size_t k = labels.index_of(l.name);
+          if (labels.bound[k])
+            known *= labels.size[k];
+          else
+            ++unknown, last = k;
+        }
+        if (unknown != 1) continue;
+        if (known <= 0 || inputs[i][d] % known != 0)
+          return annotation_error(a, "dimension " + std::to_string(d) + " of input " +
+                                         std::to_string(i) + " is " + std::to_string(inputs[i][d]) +
+                                         ", not divisible by " + std::to_string(known));
+        labels.size[last] = inputs[i][d] / known, labels.bound[last] = 1;
+        progress = true;
+      }
+    }
+  }
+  return Status::success();
+}
+
+// Every input dimension's size agrees with the bound labels, and every output label is bound.
+Status check_dims(const Annotation& a, const std::vector<Shape>& inputs, const LabelSizes& labels) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     for (size_t d = 0; d < inputs[i].size(); ++d) {
       std::string missing;
-      int64_t expect = dim_size(a.inputs()[i].dims[d], missing);
+      int64_t expect = labels.dim_size(a.inputs()[i].dims[d], missing);
       if (expect < 0)
-        return fail("the size of label '" + missing +
-                    "' cannot be inferred; give it as an integer attribute");
+        return annotation_error(a, "the size of label '" + missing +
+                                       "' cannot be inferred; give it as an integer attribute");
       if (expect != inputs[i][d])
-        return fail("'" + a.inputs()[i].dims[d].to_string() + "' is " + std::to_string(expect) +
-                    " elsewhere but dimension " + std::to_string(d) + " of input " +
-                    std::to_string(i) + " is " + std::to_string(inputs[i][d]));
+        return annotation_error(a, "'" + a.inputs()[i].dims[d].to_string() + "' is " +
+                                       std::to_string(expect) + " elsewhere but dimension " +
+                                       std::to_string(d) + " of input " + std::to_string(i) +
+                                       " is " + std::to_string(inputs[i][d]));
     }
   }
   for (const auto& spec : a.outputs())
     for (const auto& dim : spec.dims) {
       std::string missing;
-      if (dim_size(dim, missing) < 0)
-        return fail("output label '" + missing + "' is not bound by any input or attribute");
+      if (labels.dim_size(dim, missing) < 0)
+        return annotation_error(
+            a, "output label '" + missing + "' is not bound by any input or attribute");
     }
+  return Status::success();
+}
+
+}  // namespace
+
+Result<std::map<std::string, int64_t>> bind_labels(const Annotation& a,
+                                                   const std::vector<Shape>& inputs,
+                                                   const Attrs& attrs) {
+  LabelSizes labels(a.labels());
+  LOOM_TRY(bind_from_attrs(a, inputs, attrs, labels));
+  LOOM_TRY(bind_from_inputs(a, inputs, labels));
+  LOOM_TRY(check_dims(a, inputs, labels));
   std::map<std::string, int64_t> out;
-  for (size_t k = 0; k < names.size(); ++k)
-    if (bound[k]) out.emplace_hint(out.end(), names[k], size[k]);
+  for (size_t k = 0; k < labels.names.size(); ++k)
+    if (labels.bound[k]) out.emplace_hint(out.end(), labels.names[k], labels.size[k]);
   return out;
 }
 

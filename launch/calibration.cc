@@ -133,16 +133,15 @@ std::vector<int64_t> default_message_bytes(bool quick) {
   return sizes;
 }
 
-Result<Calibration> combine(const CalibrationRequest& request,
-                            const std::vector<RankMeasurements>& ranks,
-                            const std::string& base_preset, std::vector<std::string> header) {
-  if (ranks.empty()) return Error::at("calibrate", "no rank reported its measurements");
-  const CostModelFile& builtin = builtin_cost_models();
-  Calibration c;
-  c.base_preset = base_preset;
-  c.header = std::move(header);
-  for (const auto& [name, m] : builtin.presets)
-    if (name == base_preset) c.model = m;
+namespace {
+
+double mean(const std::vector<double>& v) {
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// Each rank's matrix-product rate with all ranks busy, rank 0's alone, and the FLOPs of the mix.
+Status rank_rates(const CalibrationRequest& request, const std::vector<RankMeasurements>& ranks,
+                  Calibration& c) {
   for (const RankMeasurements& m : ranks) {
     if (m.linear_seconds.size() != request.linears.size())
       return Error::at("calibrate", "rank " + std::to_string(m.rank) + " timed " +
@@ -154,17 +153,12 @@ Result<Calibration> combine(const CalibrationRequest& request,
   if (alone.size() == request.linears.size()) c.alone_flops_per_s = flops_per_s(request, alone);
   for (const LinearShape& s : request.linears)
     c.linear_flops += 3 * linear_flops(s) * static_cast<double>(s.count);
-  auto mean = [](const std::vector<double>& v) {
-    return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-  };
-  std::vector<double> copy, memory;
-  for (const RankMeasurements& m : ranks) {
-    copy.push_back(m.copy_seconds_per_byte);
-    memory.push_back(m.memory_bytes);
-  }
+  return Status::success();
+}
 
-  // Rank 0 timed every primitive (it takes part in each, send/recv included).
-  const RankMeasurements& timer = ranks.front();
+// Alpha and beta per primitive from rank 0's timings (it takes part in each, send/recv
+// included), and one fit over all of them.
+Status fit_primitives(const RankMeasurements& timer, Calibration& c) {
   std::vector<FitPoint> all;
   for (const std::string& primitive : runtime::calibrated_primitives()) {
     std::vector<FitPoint> points;
@@ -177,12 +171,13 @@ Result<Calibration> combine(const CalibrationRequest& request,
     all.insert(all.end(), points.begin(), points.end());
   }
   c.intra = intra_fit(all, c.per_primitive);
+  return Status::success();
+}
 
-  c.model.name = "calibrated";
-  // A device's rate is what it sustains alone; the node's, what all its ranks sustain at once
-  // (less than the sum of the devices' where ranks share cores).
-  // The node's rate: the most its busy ranks sustain together, over every number of them
-  // measured (time-slicing more ranks than cores costs some of it).
+// The node's rate: the most its busy ranks sustain together, over every number of them
+// measured (time-slicing more ranks than cores costs some of it).
+double node_rate(const CalibrationRequest& request, const std::vector<RankMeasurements>& ranks,
+                 const Calibration& c) {
   double together = std::accumulate(c.rank_flops_per_s.begin(), c.rank_flops_per_s.end(), 0.0);
   for (size_t level = 0; level < runtime::partial_busy_levels(ranks.front().world_size).size();
        ++level) {
@@ -193,9 +188,52 @@ Result<Calibration> combine(const CalibrationRequest& request,
         sum += flops_per_s(request, m.level_linear_seconds[level]);
     together = std::max(together, sum);
   }
+  return together;
+}
+
+// Every value the calibrated model rests on is positive and finite.
+Status check_measured(const CostModel& model) {
+  const std::pair<const char*, double> values[] = {
+      {"device_flops_per_s", model.device_flops_per_s},
+      {"node_flops_per_s", model.node_flops_per_s},
+      {"device_memory_bytes", model.device_memory_bytes},
+      {"local_beta_s_per_byte", model.local_beta_s_per_byte},
+      {"intra_alpha_s", model.intra_alpha_s},
+      {"intra_beta_s_per_byte", model.intra_beta_s_per_byte}};
+  for (const auto& [key, v] : values)
+    if (!(v > 0) || !std::isfinite(v))
+      return Error::at(
+          key, std::string(key) + ": the measurement gave " + num(v) + ", not a positive value");
+  return Status::success();
+}
+
+}  // namespace
+
+Result<Calibration> combine(const CalibrationRequest& request,
+                            const std::vector<RankMeasurements>& ranks,
+                            const std::string& base_preset, std::vector<std::string> header) {
+  if (ranks.empty()) return Error::at("calibrate", "no rank reported its measurements");
+  const CostModelFile& builtin = builtin_cost_models();
+  Calibration c;
+  c.base_preset = base_preset;
+  c.header = std::move(header);
+  for (const auto& [name, m] : builtin.presets)
+    if (name == base_preset) c.model = m;
+  LOOM_TRY(rank_rates(request, ranks, c));
+  std::vector<double> copy, memory;
+  for (const RankMeasurements& m : ranks) {
+    copy.push_back(m.copy_seconds_per_byte);
+    memory.push_back(m.memory_bytes);
+  }
+  const RankMeasurements& timer = ranks.front();
+  LOOM_TRY(fit_primitives(timer, c));
+
+  c.model.name = "calibrated";
+  // A device's rate is what it sustains alone; the node's, what all its ranks sustain at once
+  // (less than the sum of the devices' where ranks share cores).
   c.model.device_flops_per_s =
       c.alone_flops_per_s > 0 ? c.alone_flops_per_s : mean(c.rank_flops_per_s);
-  c.model.node_flops_per_s = together;
+  c.model.node_flops_per_s = node_rate(request, ranks, c);
   for (const auto& [name, fit] : c.per_primitive)
     if (fit.alpha_s > 0 && fit.beta_s_per_byte > 0)
       c.model.set_intra_link(name, {fit.alpha_s, fit.beta_s_per_byte});
@@ -204,17 +242,7 @@ Result<Calibration> combine(const CalibrationRequest& request,
   c.model.intra_alpha_s = c.intra.alpha_s;
   c.model.intra_beta_s_per_byte = c.intra.beta_s_per_byte;
   c.model.devices_per_node = timer.world_size;
-  const std::pair<const char*, double> values[] = {
-      {"device_flops_per_s", c.model.device_flops_per_s},
-      {"node_flops_per_s", c.model.node_flops_per_s},
-      {"device_memory_bytes", c.model.device_memory_bytes},
-      {"local_beta_s_per_byte", c.model.local_beta_s_per_byte},
-      {"intra_alpha_s", c.model.intra_alpha_s},
-      {"intra_beta_s_per_byte", c.model.intra_beta_s_per_byte}};
-  for (const auto& [key, v] : values)
-    if (!(v > 0) || !std::isfinite(v))
-      return Error::at(
-          key, std::string(key) + ": the measurement gave " + num(v) + ", not a positive value");
+  LOOM_TRY(check_measured(c.model));
   return c;
 }
 

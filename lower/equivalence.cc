@@ -14,16 +14,8 @@
 #include "lower/region.h"
 
 namespace loom::lower {
-namespace {
 
-using graph::Range;
-using graph::SubTensor;
-
-std::string devices_string(const std::vector<DeviceId>& ds) {
-  std::vector<std::string> parts;
-  for (DeviceId d : ds) parts.push_back(std::to_string(d.value()));
-  return "[" + join(parts, ",") + "]";
-}
+namespace proof {
 
 std::string adapter_name(const graph::Graph& g, const Adapter& a) {
   return std::string(a.parameter ? "the gather of parameter '" : "the adapter of '") +
@@ -34,6 +26,22 @@ Error rank_error(int64_t rank, const std::string& why) {
   return Error::at("rank " + std::to_string(rank), "rank " + std::to_string(rank) + ": " + why);
 }
 
+}  // namespace proof
+
+namespace {
+
+using proof::adapter_name;
+using proof::rank_error;
+
+using graph::Range;
+using graph::SubTensor;
+
+std::string devices_string(const std::vector<DeviceId>& ds) {
+  std::vector<std::string> parts;
+  for (DeviceId d : ds) parts.push_back(std::to_string(d.value()));
+  return "[" + join(parts, ",") + "]";
+}
+
 bool holds(const Layout& l, int64_t d) {
   return std::any_of(l.devices.begin(), l.devices.end(),
                      [&](DeviceId x) { return x.value() == d; });
@@ -42,106 +50,6 @@ int64_t position(const Layout& l, int64_t d) {
   for (size_t p = 0; p < l.devices.size(); ++p)
     if (l.devices[p].value() == d) return static_cast<int64_t>(p);
   return -1;
-}
-
-// Indices the rest of the proof follows, checked first so that a damaged plan is an error,
-// never a crash.
-Status check_structure(const graph::Graph& g, const Lowered& l, int64_t micro_batches) {
-  const int64_t world = static_cast<int64_t>(l.programs.size());
-  const int64_t ops = static_cast<int64_t>(g.ops().size());
-  const int64_t tensors = static_cast<int64_t>(g.tensors().size());
-  auto check_layout = [&](const Layout& lay, const Shape& shape,
-                          const std::string& what) -> Status {
-    if (auto s = lay.validate(&shape); !s.ok())
-      return Error::at("plan", what + ": " + s.error().message);
-    for (DeviceId d : lay.devices)
-      if (d.value() < 0 || d.value() >= world)
-        return Error::at("plan", what + " names rank " + d.to_string() + " outside the world of " +
-                                     std::to_string(world));
-    return Status::success();
-  };
-  for (const graph::Op& op : g.ops()) {
-    if (op.device.value() < 0 || op.device.value() >= world)
-      return Error::at(op.name(), "op '" + op.name() + "' is placed on rank " +
-                                      op.device.to_string() + " outside the world of " +
-                                      std::to_string(world));
-    for (const auto* pieces : {&op.inputs, &op.outputs})
-      for (const SubTensor& p : *pieces)
-        if (p.tensor.value() < 0 || p.tensor.value() >= tensors ||
-            p.ranges.size() != g.tensor(p.tensor).shape.size() || p.value_chunks < 1 ||
-            p.value_chunk < 0 || p.value_chunk >= p.value_chunks)
-          return Error::at(op.name(), "op '" + op.name() + "' has a piece " + p.ranges_string() +
-                                          " that is no piece of a tensor of the plan");
-        else
-          for (size_t d = 0; d < p.ranges.size(); ++d)
-            if (p.ranges[d].start < 0 || p.ranges[d].start >= p.ranges[d].end ||
-                p.ranges[d].end > g.tensor(p.tensor).shape[d])
-              return Error::at(op.name(), "rank " + op.device.to_string() + ", op '" + op.name() +
-                                              "': its piece " + p.ranges_string() + " of '" +
-                                              g.tensor(p.tensor).name + "' lies outside its " +
-                                              loom::to_string(g.tensor(p.tensor).shape));
-  }
-  for (const Adapter& a : l.adapters) {
-    if (a.tensor.value() < 0 || a.tensor.value() >= tensors)
-      return Error::at("plan", "adapter " + std::to_string(a.id) + " names no tensor");
-    const Shape& shape = g.tensor(a.tensor).shape;
-    const std::string what = adapter_name(g, a);
-    LOOM_TRY(check_layout(a.from, shape, what + ": its producers' layout"));
-    LOOM_TRY(check_layout(a.to, shape, what + ": its consumers' layout"));
-    for (const CommPath* path : {&a.forward, &a.backward})
-      for (const CommStep& st : path->steps) {
-        if (st.before.factors().size() != shape.size() + 2 ||
-            st.after.factors().size() != shape.size() + 2)
-          return Error::at("plan", what + ": a step's layouts have the wrong number of factors");
-        LOOM_TRY(check_layout(st.before, shape, what + ": a step"));
-        LOOM_TRY(check_layout(st.after, shape, what + ": a step"));
-        for (const auto& grp : st.groups)
-          for (DeviceId d : grp)
-            if (d.value() < 0 || d.value() >= world)
-              return Error::at("plan", what + ": a step's group names rank " + d.to_string() +
-                                           " outside the world");
-      }
-  }
-  for (const GradSync& s : l.grad_syncs) {
-    if (s.tensor.value() < 0 || s.tensor.value() >= tensors)
-      return Error::at("plan", "a gradient sync names no tensor");
-    for (DeviceId d : s.devices)
-      if (d.value() < 0 || d.value() >= world)
-        return Error::at("plan", "the gradient sync of '" + g.tensor(s.tensor).name +
-                                     "' names rank " + d.to_string() + " outside the world");
-  }
-  for (int64_t r = 0; r < world; ++r) {
-    const Program& p = l.programs[static_cast<size_t>(r)];
-    if (p.rank.value() != r)
-      return rank_error(r, "its program is rank " + p.rank.to_string() + "'s");
-    std::set<int64_t> stages;
-    for (const Segment& seg : p.segments) {
-      if (!stages.insert(seg.stage.value()).second)
-        return rank_error(r, "two segments of stage " + seg.stage.to_string());
-      for (const SegmentItem& it : seg.items) {
-        const int64_t n =
-            it.kind == SegmentItem::Kind::kOp ? ops : static_cast<int64_t>(l.adapters.size());
-        if (it.index < 0 || it.index >= n)
-          return rank_error(r, "stage " + seg.stage.to_string() + " runs item " +
-                                   std::to_string(it.index) + ", which the plan does not have");
-      }
-    }
-    for (const ProgramBlock& b : p.blocks) {
-      if (!stages.count(b.stage.value()))
-        return rank_error(r, std::string("a block ") + block_letter(b.kind) + b.stage.to_string() +
-                                 "." + b.micro_batch.to_string() + " of a stage it does not run");
-      if (b.micro_batch.value() < 0 || b.micro_batch.value() >= micro_batches)
-        return rank_error(r, std::string("a block ") + block_letter(b.kind) + b.stage.to_string() +
-                                 "." + b.micro_batch.to_string() +
-                                 " of a micro-batch outside the step's " +
-                                 std::to_string(micro_batches));
-    }
-    for (int64_t s : p.grad_syncs)
-      if (s < 0 || s >= static_cast<int64_t>(l.grad_syncs.size()))
-        return rank_error(
-            r, "joins gradient sync " + std::to_string(s) + ", which the plan does not have");
-  }
-  return Status::success();
 }
 
 // Per activation (and loss) tensor, the (rank, piece) pairs its ops write.
@@ -171,43 +79,46 @@ Status run_path(const graph::Graph& g, const Adapter& a, const CommPath& path, b
   return Status::success();
 }
 
-// What one adapter delivers: its forward path, run on the regions the producers hold, gives
-// every consuming rank the region its ops read, whole; its gradient path, run from the
-// consumers' gradients (replicas' partials), gives every producer its gradient.
-Status check_adapter(
-    const graph::Graph& g, const Lowered& l, const Adapter& a, const Writers& writers,
-    const std::unordered_map<std::string, std::vector<const graph::Op*>>& by_name) {
-  const size_t world = l.programs.size();
+// The regions the adapter starts from: a parameter's pieces as its producers' layout places
+// them, or the pieces the ops write, which must be what that layout says.
+Status producer_regions(const graph::Graph& g, const Adapter& a, const Writers& writers,
+                        DeviceRegions& state) {
   const graph::FullTensor& t = g.tensor(a.tensor);
   const std::string name = adapter_name(g, a);
-  DeviceRegions state(world);
   if (a.parameter) {
     for (size_t p = 0; p < a.from.devices.size(); ++p)
       state.set(a.from.devices[p].value(),
                 Region::of(a.from.piece(static_cast<int64_t>(p), a.tensor, t.shape)));
-  } else {
-    const auto w = writers.find(a.tensor.value());
-    if (w == writers.end()) return Error::at(t.name, name + ": no op writes '" + t.name + "'");
-    for (const auto& [d, piece] : w->second) {
-      const int64_t p = position(a.from, d);
-      if (p < 0)
-        return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " + name +
-                                 " takes its producers from ranks " +
-                                 devices_string(a.from.devices));
-      const SubTensor expected = a.from.piece(p, a.tensor, t.shape);
-      if (!(expected == *piece))
-        return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " + name +
-                                 " expects it to hold " + expected.ranges_string());
-      state.set(d, Region::of(*piece));
-    }
-    for (DeviceId d : a.from.devices)
-      if (!state.has(d.value()))
-        return rank_error(
-            d.value(), "writes no piece of '" + t.name + "', but " + name + " takes one from it");
+    return Status::success();
   }
-  LOOM_TRY(run_path(g, a, a.forward, true, state));
-  // Every rank of the consumers' layout holds what the layout promises, whole, and every
-  // consumer op there reads exactly that.
+  const auto w = writers.find(a.tensor.value());
+  if (w == writers.end()) return Error::at(t.name, name + ": no op writes '" + t.name + "'");
+  for (const auto& [d, piece] : w->second) {
+    const int64_t p = position(a.from, d);
+    if (p < 0)
+      return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " + name +
+                               " takes its producers from ranks " + devices_string(a.from.devices));
+    const SubTensor expected = a.from.piece(p, a.tensor, t.shape);
+    if (!(expected == *piece))
+      return rank_error(d, "writes '" + t.name + "' " + piece->ranges_string() + ", but " + name +
+                               " expects it to hold " + expected.ranges_string());
+    state.set(d, Region::of(*piece));
+  }
+  for (DeviceId d : a.from.devices)
+    if (!state.has(d.value()))
+      return rank_error(d.value(),
+                        "writes no piece of '" + t.name + "', but " + name + " takes one from it");
+  return Status::success();
+}
+
+// After the forward path: every rank of the consumers' layout holds what the layout promises,
+// whole, and every consumer op there reads exactly that.
+Status check_delivery(
+    const graph::Graph& g, const Lowered& l, const Adapter& a, const DeviceRegions& state,
+    const std::unordered_map<std::string, std::vector<const graph::Op*>>& by_name) {
+  const size_t world = l.programs.size();
+  const graph::FullTensor& t = g.tensor(a.tensor);
+  const std::string name = adapter_name(g, a);
   for (size_t p = 0; p < a.to.devices.size(); ++p) {
     const int64_t d = a.to.devices[p].value();
     const SubTensor want = a.to.piece(static_cast<int64_t>(p), a.tensor, t.shape);
@@ -235,9 +146,16 @@ Status check_adapter(
                                    got.to_string());
     }
   }
-  // The gradient: consumer replicas hold partial gradients (grad_layout(to)); each producer
-  // must end with its piece's gradient, the V partials of each of its replicas summing to the
-  // whole exactly once.
+  return Status::success();
+}
+
+// The gradient: consumer replicas hold partial gradients (grad_layout(to)); each producer
+// must end with its piece's gradient, the V partials of each of its replicas summing to the
+// whole exactly once.
+Status check_gradient_path(const graph::Graph& g, const Lowered& l, const Adapter& a) {
+  const size_t world = l.programs.size();
+  const graph::FullTensor& t = g.tensor(a.tensor);
+  const std::string name = adapter_name(g, a);
   const Layout gto = grad_layout(a.to), gfrom = grad_layout(a.from);
   DeviceRegions grad(world);
   for (size_t p = 0; p < gto.devices.size(); ++p)
@@ -268,6 +186,19 @@ Status check_adapter(
                                    sum.second.to_string() +
                                    " of its gradient together: each partial must count once");
   return Status::success();
+}
+
+// What one adapter delivers: its forward path, run on the regions the producers hold, gives
+// every consuming rank the region its ops read, whole; its gradient path, run from the
+// consumers' gradients (replicas' partials), gives every producer its gradient.
+Status check_adapter(
+    const graph::Graph& g, const Lowered& l, const Adapter& a, const Writers& writers,
+    const std::unordered_map<std::string, std::vector<const graph::Op*>>& by_name) {
+  DeviceRegions state(l.programs.size());
+  LOOM_TRY(producer_regions(g, a, writers, state));
+  LOOM_TRY(run_path(g, a, a.forward, true, state));
+  LOOM_TRY(check_delivery(g, l, a, state, by_name));
+  return check_gradient_path(g, l, a);
 }
 
 // Per op and input: the adapter it reads that input through (-1: none), an adapter serving the
@@ -701,7 +632,7 @@ Status prove_equivalent(const graph::Graph& single, const graph::Graph& planned,
   ProofStats own;
   ProofStats& st = stats ? *stats : own;
   st = ProofStats{};
-  LOOM_TRY(check_structure(planned, lowered, micro_batches));
+  LOOM_TRY(proof::check_structure(planned, lowered, micro_batches));
   LOOM_TRY(proof::check_ops(single, planned, st));
 
   LOOM_ASSIGN_OR_RETURN(const std::set<int64_t> sharded, check_sharded(planned, lowered));

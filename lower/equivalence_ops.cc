@@ -202,6 +202,102 @@ struct RangesHash {
   }
 };
 
+// Per output box of one output: per chunk (c of m), a sub-op writing it; the boxes in the
+// order first written, with a sub-op writing each.
+struct OutputBoxes {
+  using Chunks = std::map<std::pair<int64_t, int64_t>, size_t>;
+  std::unordered_map<std::vector<Range>, Chunks, RangesHash> by_box;
+  std::vector<std::vector<Range>> boxes;
+  std::vector<size_t> box_writer;
+};
+
+// The boxes the sub-ops write of output `o`; sub-ops writing the same partial sum of a box must
+// sum the same reduction.
+Result<OutputBoxes> output_boxes(const graph::FullTensor& t, size_t o,
+                                 const std::vector<const graph::Op*>& subs,
+                                 const std::vector<std::vector<Range>>& reduced) {
+  OutputBoxes out;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    const SubTensor& s = subs[i]->outputs[o];
+    auto [it, fresh] = out.by_box.try_emplace(s.ranges);
+    if (fresh) {
+      out.boxes.push_back(s.ranges);
+      out.box_writer.push_back(i);
+    }
+    auto [c, added] = it->second.emplace(std::make_pair(s.value_chunk, s.value_chunks), i);
+    if (!added && reduced[c->second] != reduced[i])
+      return op_error(*subs[i], "writes '" + t.name + "' " + s.ranges_string() +
+                                    " summing the reduction over " + ranges_string(reduced[i]) +
+                                    " as op '" + subs[c->second]->name() +
+                                    "' writes the same partial sum over " +
+                                    ranges_string(reduced[c->second]));
+  }
+  return out;
+}
+
+// The boxes tile the whole tensor: each region of the output is written once.
+Status check_boxes_tile(const graph::Op& one, const graph::FullTensor& t, const OutputBoxes& out,
+                        const std::vector<const graph::Op*>& subs) {
+  std::string why;
+  size_t culprit = 0;
+  std::vector<Range> whole;
+  for (int64_t n : t.shape) whole.push_back(Range{0, n});
+  if (tiles_exactly(out.boxes, whole, &why, &culprit)) return Status::success();
+  if (culprit < out.boxes.size())
+    return op_error(*subs[out.box_writer[culprit]],
+                    "writes '" + t.name + "' " + ranges_string(out.boxes[culprit]) +
+                        ", where the sub-operators of '" + one.def->name + "' " + why +
+                        ": each region of its output must be written once");
+  return Error::at(one.def->name, "op '" + one.def->name + "': its sub-operators write '" + t.name +
+                                      "' so that " + why);
+}
+
+// On one box, the partial sums' chunks tile the value [0, 1) and their reduced ranges tile the
+// whole reduction.
+Status check_box_sums(const graph::Op& one, const graph::FullTensor& t,
+                      const std::vector<Range>& box, const OutputBoxes::Chunks& chunks,
+                      const std::vector<const graph::Op*>& subs,
+                      const std::vector<std::vector<Range>>& reduced,
+                      const std::vector<Range>& whole_reduction) {
+  std::vector<std::vector<Range>> parts;
+  std::vector<size_t> part_writer;
+  Frac total{0, 1};
+  for (const auto& [cm, i] : chunks) {
+    parts.push_back(reduced[i]);
+    part_writer.push_back(i);
+    total = total + Frac::of(1, cm.second);
+  }
+  // Chunks c of m are disjoint intervals; they tile [0, 1) when their lengths sum to 1 and
+  // no two overlap.
+  std::vector<std::pair<Frac, Frac>> intervals;
+  for (const auto& [cm, i] : chunks)
+    intervals.push_back({Frac::of(cm.first, cm.second), Frac::of(cm.first + 1, cm.second)});
+  std::sort(intervals.begin(), intervals.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  bool chain = intervals.front().first == Frac{0, 1} && intervals.back().second == Frac{1, 1};
+  for (size_t k = 1; k < intervals.size(); ++k)
+    chain &= intervals[k].first == intervals[k - 1].second;
+  if (!chain || total != Frac{1, 1})
+    return Error::at(one.def->name,
+                     "op '" + one.def->name + "': the partial sums its sub-operators write of '" +
+                         t.name + "' " + ranges_string(box) + " add up to " + total.to_string() +
+                         " of the value" + (total == Frac{1, 1} ? " with chunks overlapping" : "") +
+                         ": each partial must count exactly once");
+  std::string why;
+  size_t culprit = 0;
+  if (whole_reduction.empty() || tiles_exactly(parts, whole_reduction, &why, &culprit))
+    return Status::success();
+  if (culprit < parts.size())
+    return op_error(*subs[part_writer[culprit]],
+                    "writes a partial sum of '" + t.name + "' " + ranges_string(box) + " over " +
+                        ranges_string(parts[culprit]) +
+                        " of the reduction, where the partial sums of '" + one.def->name + "' " +
+                        why + ": each part of the reduction must count once");
+  return Error::at(one.def->name, "op '" + one.def->name + "': the partial sums of '" + t.name +
+                                      "' " + ranges_string(box) + " sum the reduction so that " +
+                                      why);
+}
+
 // The sub-ops of one single-device op write each region of each output once: their output
 // boxes tile the tensor, and on each box their partial sums tile the value while their
 // reduced ranges tile the reduction (replicas write the same box, chunk and reduction).
@@ -214,78 +310,10 @@ Status check_cover(const graph::Graph& planned, const graph::Op& one, const Sing
       whole_reduction.push_back(Range{0, single.sizes.at(label)});
   for (size_t o = 0; o < one.outputs.size(); ++o) {
     const graph::FullTensor& t = planned.tensor(subs[0]->outputs[o].tensor);
-    // Per output box: per chunk (c of m), its reduction box and a sub-op writing it.
-    std::unordered_map<std::vector<Range>, std::map<std::pair<int64_t, int64_t>, size_t>,
-                       RangesHash>
-        by_box;
-    std::vector<std::vector<Range>> boxes;
-    std::vector<size_t> box_writer;  // a sub-op writing each box
-    for (size_t i = 0; i < subs.size(); ++i) {
-      const SubTensor& s = subs[i]->outputs[o];
-      auto [it, fresh] = by_box.try_emplace(s.ranges);
-      if (fresh) {
-        boxes.push_back(s.ranges);
-        box_writer.push_back(i);
-      }
-      auto [c, added] = it->second.emplace(std::make_pair(s.value_chunk, s.value_chunks), i);
-      if (!added && reduced[c->second] != reduced[i])
-        return op_error(*subs[i], "writes '" + t.name + "' " + s.ranges_string() +
-                                      " summing the reduction over " + ranges_string(reduced[i]) +
-                                      " as op '" + subs[c->second]->name() +
-                                      "' writes the same partial sum over " +
-                                      ranges_string(reduced[c->second]));
-    }
-    std::string why;
-    size_t culprit = 0;
-    std::vector<Range> whole;
-    for (int64_t n : t.shape) whole.push_back(Range{0, n});
-    if (!tiles_exactly(boxes, whole, &why, &culprit)) {
-      if (culprit < boxes.size())
-        return op_error(*subs[box_writer[culprit]],
-                        "writes '" + t.name + "' " + ranges_string(boxes[culprit]) +
-                            ", where the sub-operators of '" + one.def->name + "' " + why +
-                            ": each region of its output must be written once");
-      return Error::at(one.def->name, "op '" + one.def->name + "': its sub-operators write '" +
-                                          t.name + "' so that " + why);
-    }
-    for (const auto& [box, chunks] : by_box) {
-      std::vector<std::vector<Range>> parts;
-      std::vector<size_t> part_writer;
-      Frac total{0, 1};
-      for (const auto& [cm, i] : chunks) {
-        parts.push_back(reduced[i]);
-        part_writer.push_back(i);
-        total = total + Frac::of(1, cm.second);
-      }
-      // Chunks c of m are disjoint intervals; they tile [0, 1) when their lengths sum to 1 and
-      // no two overlap.
-      std::vector<std::pair<Frac, Frac>> intervals;
-      for (const auto& [cm, i] : chunks)
-        intervals.push_back({Frac::of(cm.first, cm.second), Frac::of(cm.first + 1, cm.second)});
-      std::sort(intervals.begin(), intervals.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      bool chain = intervals.front().first == Frac{0, 1} && intervals.back().second == Frac{1, 1};
-      for (size_t k = 1; k < intervals.size(); ++k)
-        chain &= intervals[k].first == intervals[k - 1].second;
-      if (!chain || total != Frac{1, 1})
-        return Error::at(
-            one.def->name,
-            "op '" + one.def->name + "': the partial sums its sub-operators write of '" + t.name +
-                "' " + ranges_string(box) + " add up to " + total.to_string() + " of the value" +
-                (total == Frac{1, 1} ? " with chunks overlapping" : "") +
-                ": each partial must count exactly once");
-      if (!whole_reduction.empty() && !tiles_exactly(parts, whole_reduction, &why, &culprit)) {
-        if (culprit < parts.size())
-          return op_error(*subs[part_writer[culprit]],
-                          "writes a partial sum of '" + t.name + "' " + ranges_string(box) +
-                              " over " + ranges_string(parts[culprit]) +
-                              " of the reduction, where the partial sums of '" + one.def->name +
-                              "' " + why + ": each part of the reduction must count once");
-        return Error::at(one.def->name, "op '" + one.def->name + "': the partial sums of '" +
-                                            t.name + "' " + ranges_string(box) +
-                                            " sum the reduction so that " + why);
-      }
-    }
+    LOOM_ASSIGN_OR_RETURN(const OutputBoxes boxes, output_boxes(t, o, subs, reduced));
+    LOOM_TRY(check_boxes_tile(one, t, boxes, subs));
+    for (const auto& [box, chunks] : boxes.by_box)
+      LOOM_TRY(check_box_sums(one, t, box, chunks, subs, reduced, whole_reduction));
   }
   return Status::success();
 }

@@ -354,29 +354,35 @@ Result<CommPath> PathFinder::intra(const Shape& shape, int64_t elem_bytes, const
   return trace_path(states, start, from, to);
 }
 
-Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const Layout& from,
-                                   const Layout& to) {
-  // Same factors on both sides: every piece goes to the device at the same position, value
-  // chunks included (a gradient's partial sums cross a stage boundary as they are).
-  if (from.same_factors(to)) {
-    CommStep send;
-    send.primitive = Primitive::kSendRecv;
-    send.before = from;
-    send.after = to;
-    const double bytes = piece_bytes(from, shape, elem_bytes);
-    for (int64_t p = 0; p < from.size(); ++p) {
-      DeviceId src = from.devices[static_cast<size_t>(p)], dst = to.devices[static_cast<size_t>(p)];
-      send.groups.push_back({src, dst});
-      send.cost_s = std::max(send.cost_s, message_seconds(src, dst, bytes));
-    }
-    CommPath path;
-    path.cost_s = send.cost_s;
-    path.steps.push_back(std::move(send));
-    return path;
+namespace {
+
+// Seconds of one send/recv message of `bytes` from `src` to `dst`.
+using MessageSeconds = std::function<double(DeviceId src, DeviceId dst, double bytes)>;
+
+// Same factors on both sides: every piece goes to the device at the same position, value
+// chunks included (a gradient's partial sums cross a stage boundary as they are).
+CommPath direct_sends(const Shape& shape, int64_t elem_bytes, const Layout& from, const Layout& to,
+                      const MessageSeconds& seconds) {
+  CommStep send;
+  send.primitive = Primitive::kSendRecv;
+  send.before = from;
+  send.after = to;
+  const double bytes = piece_bytes(from, shape, elem_bytes);
+  for (int64_t p = 0; p < from.size(); ++p) {
+    DeviceId src = from.devices[static_cast<size_t>(p)], dst = to.devices[static_cast<size_t>(p)];
+    send.groups.push_back({src, dst});
+    send.cost_s = std::max(send.cost_s, seconds(src, dst, bytes));
   }
-  // Consumers receive full-value pieces split like the target (the value split, if any, is made
-  // locally afterwards); producers first bring their pieces into that split.
-  Layout y = to;  // the consumers' layout right after the transfer
+  CommPath path;
+  path.cost_s = send.cost_s;
+  path.steps.push_back(std::move(send));
+  return path;
+}
+
+// The consumers' layout right after a transfer to `to`: full-value pieces split like the
+// target (the value split, if any, is made locally afterwards).
+Layout received_layout(const Layout& to) {
+  Layout y = to;
   y.r = to.r * to.v;
   y.v = 1;
   for (int64_t p = 0; p < to.size(); ++p) {
@@ -386,6 +392,44 @@ Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const
     yc[1] = 0;
     y.devices[static_cast<size_t>(y.position_of(yc))] = to.devices[static_cast<size_t>(p)];
   }
+  return y;
+}
+
+// Send/recv from the producers' layout `x` to the consumers' `y`: each consumer takes its piece
+// from a producer holding it, replicas in turn.
+CommStep replica_sends(const Shape& shape, int64_t elem_bytes, const Layout& x, const Layout& y,
+                       const MessageSeconds& seconds) {
+  CommStep send;
+  send.primitive = Primitive::kSendRecv;
+  send.before = x;
+  send.after = y;
+  const double bytes = piece_bytes(y, shape, elem_bytes);
+  std::map<int64_t, int> load;
+  double worst = 0;
+  for (int64_t p = 0; p < y.size(); ++p) {
+    std::vector<int64_t> c = y.coords(p);
+    std::vector<int64_t> xc = c;
+    xc[0] = c[0] % x.r;
+    DeviceId src = x.devices[static_cast<size_t>(x.position_of(xc))];
+    DeviceId dst = y.devices[static_cast<size_t>(p)];
+    send.groups.push_back({src, dst});
+    worst = std::max(worst, ++load[src.value()] * seconds(src, dst, bytes));
+  }
+  send.cost_s = worst;
+  return send;
+}
+
+}  // namespace
+
+Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const Layout& from,
+                                   const Layout& to) {
+  const MessageSeconds seconds = [this](DeviceId src, DeviceId dst, double bytes) {
+    return message_seconds(src, dst, bytes);
+  };
+  if (from.same_factors(to)) return direct_sends(shape, elem_bytes, from, to, seconds);
+  // Consumers receive full-value pieces split like the target; producers first bring their
+  // pieces into that split.
+  Layout y = received_layout(to);
   int64_t cells = 1;
   for (int64_t x : to.d) cells *= x;
   CommPath path;
@@ -414,26 +458,9 @@ Result<CommPath> PathFinder::cross(const Shape& shape, int64_t elem_bytes, const
     path.via_full_replication = !fully_replicated(from);
     y = Layout::replicated(shape.size(), to.devices);
   }
-  // Send/recv: each consumer takes its piece from a producer holding it, replicas in turn.
-  CommStep send;
-  send.primitive = Primitive::kSendRecv;
-  send.before = x;
-  send.after = y;
-  const double bytes = piece_bytes(y, shape, elem_bytes);
-  std::map<int64_t, int> load;
-  double worst = 0;
-  for (int64_t p = 0; p < y.size(); ++p) {
-    std::vector<int64_t> c = y.coords(p);
-    std::vector<int64_t> xc = c;
-    xc[0] = c[0] % x.r;
-    DeviceId src = x.devices[static_cast<size_t>(x.position_of(xc))];
-    DeviceId dst = y.devices[static_cast<size_t>(p)];
-    send.groups.push_back({src, dst});
-    worst = std::max(worst, ++load[src.value()] * message_seconds(src, dst, bytes));
-  }
-  send.cost_s = worst;
-  path.steps.push_back(send);
-  path.cost_s += worst;
+  CommStep send = replica_sends(shape, elem_bytes, x, y, seconds);
+  path.cost_s += send.cost_s;
+  path.steps.push_back(std::move(send));
   if (y != to) {
     LOOM_ASSIGN_OR_RETURN(CommPath tail, intra(shape, elem_bytes, y, to));
     path.steps.insert(path.steps.end(), tail.steps.begin(), tail.steps.end());

@@ -154,9 +154,53 @@ class Reader {
 
   Result<graph::Graph> graph(const pb::Graph& p, int64_t world) const {
     graph::Graph g(p.name());
+    LOOM_TRY(add_tensors(p, g));
+    std::vector<std::shared_ptr<const graph::OpDef>> defs;
+    for (int i = 0; i < p.defs_size(); ++i) {
+      LOOM_ASSIGN_OR_RETURN(auto d, def(p.defs(i), i));
+      defs.push_back(std::move(d));
+    }
     const int64_t n = p.tensors_size();
+    for (int i = 0; i < p.ops_size(); ++i) {
+      LOOM_ASSIGN_OR_RETURN(graph::Op op, this->op(p.ops(i), i, world, n, defs));
+      g.add_op(std::move(op));
+    }
+    LOOM_TRY(in_range(p.loss(), n, "graph.loss"));
+    g.set_loss(TensorId(p.loss()));
+    return g;
+  }
+
+  // `stages`: one more than the graph's largest stage; `micro_batches`: per step.
+  Result<Lowered> lowered(const pb::Lowered& p, int64_t world, int64_t tensors, int64_t ops,
+                          int64_t stages, int64_t micro_batches) const {
+    Lowered l;
+    const int64_t adapters = p.adapters_size();
+    for (int64_t i = 0; i < adapters; ++i) {
+      LOOM_ASSIGN_OR_RETURN(Adapter a,
+                            adapter(p.adapters(static_cast<int>(i)), i, world, tensors, stages));
+      l.adapters.push_back(std::move(a));
+    }
+    for (int i = 0; i < p.grad_syncs_size(); ++i) {
+      LOOM_ASSIGN_OR_RETURN(GradSync s, grad_sync(p.grad_syncs(i), i, world, tensors));
+      l.grad_syncs.push_back(std::move(s));
+    }
+    if (p.programs_size() != world)
+      return bad("lowered.programs", std::to_string(p.programs_size()) +
+                                         " programs for world size " + std::to_string(world));
+    const Counts counts{ops, adapters, stages, micro_batches,
+                        static_cast<int64_t>(l.grad_syncs.size())};
+    for (int r = 0; r < p.programs_size(); ++r) {
+      LOOM_ASSIGN_OR_RETURN(Program prog, program(p.programs(r), r, counts));
+      l.programs.push_back(std::move(prog));
+    }
+    return l;
+  }
+
+ private:
+  // The graph's tensors, numbered in order and named once.
+  Status add_tensors(const pb::Graph& p, graph::Graph& g) const {
     std::set<std::string> names;
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < p.tensors_size(); ++i) {
       const auto& pt = p.tensors(static_cast<int>(i));
       const std::string f = "graph.tensors[" + std::to_string(i) + "]";
       if (pt.id() != i)
@@ -175,166 +219,171 @@ class Reader {
       t.init.std = pt.init_std();
       g.add_tensor(std::move(t));
     }
-    std::vector<std::shared_ptr<const graph::OpDef>> defs;
-    for (int i = 0; i < p.defs_size(); ++i) {
-      const auto& pd = p.defs(i);
-      auto def = std::make_shared<graph::OpDef>();
-      def->type = pd.type();
-      def->name = pd.name();
-      for (const auto& pa : pd.attrs()) {
-        switch (pa.value_case()) {
-          case pb::Attr::kIntValue:
-            def->attrs.set(pa.name(), pa.int_value());
-            break;
-          case pb::Attr::kRealValue:
-            def->attrs.set(pa.name(), pa.real_value());
-            break;
-          case pb::Attr::kBoolValue:
-            def->attrs.set(pa.name(), pa.bool_value());
-            break;
-          case pb::Attr::kStringValue:
-            def->attrs.set(pa.name(), pa.string_value());
-            break;
-          case pb::Attr::kIntsValue:
-            def->attrs.set(pa.name(), std::vector<int64_t>(pa.ints_value().values().begin(),
-                                                           pa.ints_value().values().end()));
-            break;
-          default:
-            return bad("graph.defs[" + std::to_string(i) + "].attrs." + pa.name(), "has no value");
-        }
-      }
-      auto annotation = graph::Annotation::parse(pd.annotation());
-      if (!annotation.ok())
-        return bad("graph.defs[" + std::to_string(i) + "].annotation", annotation.error().message);
-      def->annotation = *annotation;
-      def->layer = pd.layer();
-      def->attention_core = pd.attention_core();
-      defs.push_back(std::move(def));
-    }
-    for (int i = 0; i < p.ops_size(); ++i) {
-      const auto& po = p.ops(i);
-      const std::string f = "graph.ops[" + std::to_string(i) + "]";
-      LOOM_TRY(in_range(po.def(), static_cast<int64_t>(defs.size()), f + ".def"));
-      LOOM_TRY(in_range(po.device(), world, f + ".device"));
-      graph::Op op;
-      op.def = defs[static_cast<size_t>(po.def())];
-      for (const auto& s : po.inputs()) {
-        LOOM_ASSIGN_OR_RETURN(auto sub_tensor, sub(s, n, f + ".inputs"));
-        op.inputs.push_back(std::move(sub_tensor));
-      }
-      for (const auto& s : po.outputs()) {
-        LOOM_ASSIGN_OR_RETURN(auto sub_tensor, sub(s, n, f + ".outputs"));
-        op.outputs.push_back(std::move(sub_tensor));
-      }
-      for (const auto& pp : po.parts()) op.parts.push_back({pp.index(), pp.count()});
-      LOOM_TRY(in_range(po.stage(), kMaxStages, f + ".stage"));
-      op.device = DeviceId(po.device());
-      op.stage = StageId(po.stage());
-      g.add_op(std::move(op));
-    }
-    LOOM_TRY(in_range(p.loss(), n, "graph.loss"));
-    g.set_loss(TensorId(p.loss()));
-    return g;
+    return Status::success();
   }
 
-  // `stages`: one more than the graph's largest stage; `micro_batches`: per step.
-  Result<Lowered> lowered(const pb::Lowered& p, int64_t world, int64_t tensors, int64_t ops,
-                          int64_t stages, int64_t micro_batches) const {
-    Lowered l;
-    const int64_t adapters = p.adapters_size();
-    for (int64_t i = 0; i < adapters; ++i) {
-      const auto& pa = p.adapters(static_cast<int>(i));
-      const std::string f = "lowered.adapters[" + std::to_string(i) + "]";
-      if (pa.id() != i)
-        return bad(f + ".id", "is " + std::to_string(pa.id()) + ", expected " + std::to_string(i));
-      LOOM_TRY(in_range(pa.tensor(), tensors, f + ".tensor"));
-      Adapter a;
-      a.id = pa.id();
-      a.tensor = TensorId(pa.tensor());
-      a.consumer = pa.consumer();
-      a.consumers.assign(pa.consumers().begin(), pa.consumers().end());
-      LOOM_TRY(in_range(pa.producer_stage(), stages, f + ".producer_stage"));
-      LOOM_TRY(in_range(pa.consumer_stage(), stages, f + ".consumer_stage"));
-      a.producer_stage = StageId(pa.producer_stage());
-      a.consumer_stage = StageId(pa.consumer_stage());
-      LOOM_ASSIGN_OR_RETURN(a.from, layout(pa.from(), world, f + ".from"));
-      LOOM_ASSIGN_OR_RETURN(a.to, layout(pa.to(), world, f + ".to"));
-      LOOM_ASSIGN_OR_RETURN(a.forward, path(pa.forward(), world, f + ".forward"));
-      LOOM_ASSIGN_OR_RETURN(a.backward, path(pa.backward(), world, f + ".backward"));
-      a.disjoint = pa.disjoint();
-      a.parameter = pa.parameter();
-      a.regather = pa.regather();
-      if (a.regather && !a.parameter)
-        return bad(f + ".regather", "is set on an activation's adapter");
-      l.adapters.push_back(std::move(a));
+  // Op definition i: type, name, attributes, annotation.
+  Result<std::shared_ptr<const graph::OpDef>> def(const pb::OpDef& pd, int i) const {
+    auto def = std::make_shared<graph::OpDef>();
+    def->type = pd.type();
+    def->name = pd.name();
+    for (const auto& pa : pd.attrs()) {
+      switch (pa.value_case()) {
+        case pb::Attr::kIntValue:
+          def->attrs.set(pa.name(), pa.int_value());
+          break;
+        case pb::Attr::kRealValue:
+          def->attrs.set(pa.name(), pa.real_value());
+          break;
+        case pb::Attr::kBoolValue:
+          def->attrs.set(pa.name(), pa.bool_value());
+          break;
+        case pb::Attr::kStringValue:
+          def->attrs.set(pa.name(), pa.string_value());
+          break;
+        case pb::Attr::kIntsValue:
+          def->attrs.set(pa.name(), std::vector<int64_t>(pa.ints_value().values().begin(),
+                                                         pa.ints_value().values().end()));
+          break;
+        default:
+          return bad("graph.defs[" + std::to_string(i) + "].attrs." + pa.name(), "has no value");
+      }
     }
-    for (int i = 0; i < p.grad_syncs_size(); ++i) {
-      const auto& ps = p.grad_syncs(i);
-      const std::string f = "lowered.grad_syncs[" + std::to_string(i) + "]";
-      LOOM_TRY(in_range(ps.tensor(), tensors, f + ".tensor"));
-      GradSync s;
-      s.tensor = TensorId(ps.tensor());
-      LOOM_ASSIGN_OR_RETURN(s.piece, sub(ps.piece(), tensors, f + ".piece"));
-      for (int64_t d : ps.devices()) {
-        LOOM_TRY(in_range(d, world, f + ".devices"));
-        s.devices.emplace_back(d);
-      }
-      l.grad_syncs.push_back(std::move(s));
+    auto annotation = graph::Annotation::parse(pd.annotation());
+    if (!annotation.ok())
+      return bad("graph.defs[" + std::to_string(i) + "].annotation", annotation.error().message);
+    def->annotation = *annotation;
+    def->layer = pd.layer();
+    def->attention_core = pd.attention_core();
+    return std::shared_ptr<const graph::OpDef>(std::move(def));
+  }
+
+  // Op i: a definition, pieces of the graph's `tensors`, a rank of the world and a stage.
+  Result<graph::Op> op(const pb::Op& po, int i, int64_t world, int64_t tensors,
+                       const std::vector<std::shared_ptr<const graph::OpDef>>& defs) const {
+    const std::string f = "graph.ops[" + std::to_string(i) + "]";
+    LOOM_TRY(in_range(po.def(), static_cast<int64_t>(defs.size()), f + ".def"));
+    LOOM_TRY(in_range(po.device(), world, f + ".device"));
+    graph::Op op;
+    op.def = defs[static_cast<size_t>(po.def())];
+    for (const auto& s : po.inputs()) {
+      LOOM_ASSIGN_OR_RETURN(auto sub_tensor, sub(s, tensors, f + ".inputs"));
+      op.inputs.push_back(std::move(sub_tensor));
     }
-    if (p.programs_size() != world)
-      return bad("lowered.programs", std::to_string(p.programs_size()) +
-                                         " programs for world size " + std::to_string(world));
-    for (int r = 0; r < p.programs_size(); ++r) {
-      const auto& pp = p.programs(r);
-      const std::string f = "lowered.programs[" + std::to_string(r) + "]";
-      if (pp.rank() != r) return bad(f + ".rank", "is " + std::to_string(pp.rank()));
-      Program prog;
-      prog.rank = Rank(pp.rank());
-      std::set<int64_t> segment_stages;
-      for (const auto& ps : pp.segments()) {
-        Segment seg;
-        LOOM_TRY(in_range(ps.stage(), stages, f + ".segments.stage"));
-        if (!segment_stages.insert(ps.stage()).second)
-          return bad(f + ".segments.stage",
-                     "stage " + std::to_string(ps.stage()) + " appears twice");
-        seg.stage = StageId(ps.stage());
-        for (const auto& pi : ps.items()) {
-          const bool is_op = pi.kind() == pb::SegmentItem::OP;
-          LOOM_TRY(in_range(pi.index(), is_op ? ops : adapters, f + ".segments.items.index"));
-          seg.items.push_back({is_op ? SegmentItem::Kind::kOp : SegmentItem::Kind::kAdapter,
-                               pi.index(), pi.producer_side()});
-        }
-        int64_t covered = 0;  // regions are in order and disjoint
-        for (const auto& pr : ps.recompute()) {
-          if (pr.begin() < covered || pr.end() <= pr.begin() ||
-              pr.end() > static_cast<int64_t>(seg.items.size()))
-            return bad(f + ".segments.recompute",
-                       "region [" + std::to_string(pr.begin()) + ", " + std::to_string(pr.end()) +
-                           ") is not a non-empty range of the segment's " +
-                           std::to_string(seg.items.size()) + " items after the previous region");
-          covered = pr.end();
-          seg.recompute.push_back({pr.begin(), pr.end()});
-        }
-        prog.segments.push_back(std::move(seg));
-      }
-      for (const auto& pb_block : pp.blocks()) {
-        LOOM_TRY(in_range(pb_block.micro_batch(), micro_batches, f + ".blocks.micro_batch"));
-        if (!pb::Block::Kind_IsValid(pb_block.kind()))
-          return bad(f + ".blocks.kind", "unknown block kind " + std::to_string(pb_block.kind()));
-        if (!segment_stages.count(pb_block.stage()))
-          return bad(f + ".blocks.stage", "stage " + std::to_string(pb_block.stage()) +
-                                              " has no segment on rank " + std::to_string(r));
-        prog.blocks.push_back({from_proto(pb_block.kind()), StageId(pb_block.stage()),
-                               MicroBatch(pb_block.micro_batch())});
-      }
-      for (int64_t id : pp.grad_syncs()) {
-        LOOM_TRY(in_range(id, static_cast<int64_t>(l.grad_syncs.size()), f + ".grad_syncs"));
-        prog.grad_syncs.push_back(id);
-      }
-      prog.loss_seed = pp.loss_seed();
-      l.programs.push_back(std::move(prog));
+    for (const auto& s : po.outputs()) {
+      LOOM_ASSIGN_OR_RETURN(auto sub_tensor, sub(s, tensors, f + ".outputs"));
+      op.outputs.push_back(std::move(sub_tensor));
     }
-    return l;
+    for (const auto& pp : po.parts()) op.parts.push_back({pp.index(), pp.count()});
+    LOOM_TRY(in_range(po.stage(), kMaxStages, f + ".stage"));
+    op.device = DeviceId(po.device());
+    op.stage = StageId(po.stage());
+    return op;
+  }
+
+  // Adapter i: its tensor, stages, layouts and paths.
+  Result<Adapter> adapter(const pb::Adapter& pa, int64_t i, int64_t world, int64_t tensors,
+                          int64_t stages) const {
+    const std::string f = "lowered.adapters[" + std::to_string(i) + "]";
+    if (pa.id() != i)
+      return bad(f + ".id", "is " + std::to_string(pa.id()) + ", expected " + std::to_string(i));
+    LOOM_TRY(in_range(pa.tensor(), tensors, f + ".tensor"));
+    Adapter a;
+    a.id = pa.id();
+    a.tensor = TensorId(pa.tensor());
+    a.consumer = pa.consumer();
+    a.consumers.assign(pa.consumers().begin(), pa.consumers().end());
+    LOOM_TRY(in_range(pa.producer_stage(), stages, f + ".producer_stage"));
+    LOOM_TRY(in_range(pa.consumer_stage(), stages, f + ".consumer_stage"));
+    a.producer_stage = StageId(pa.producer_stage());
+    a.consumer_stage = StageId(pa.consumer_stage());
+    LOOM_ASSIGN_OR_RETURN(a.from, layout(pa.from(), world, f + ".from"));
+    LOOM_ASSIGN_OR_RETURN(a.to, layout(pa.to(), world, f + ".to"));
+    LOOM_ASSIGN_OR_RETURN(a.forward, path(pa.forward(), world, f + ".forward"));
+    LOOM_ASSIGN_OR_RETURN(a.backward, path(pa.backward(), world, f + ".backward"));
+    a.disjoint = pa.disjoint();
+    a.parameter = pa.parameter();
+    a.regather = pa.regather();
+    if (a.regather && !a.parameter)
+      return bad(f + ".regather", "is set on an activation's adapter");
+    return a;
+  }
+
+  // Gradient sync i: a piece of one of the `tensors` and ranks of the world.
+  Result<GradSync> grad_sync(const pb::GradSync& ps, int i, int64_t world, int64_t tensors) const {
+    const std::string f = "lowered.grad_syncs[" + std::to_string(i) + "]";
+    LOOM_TRY(in_range(ps.tensor(), tensors, f + ".tensor"));
+    GradSync s;
+    s.tensor = TensorId(ps.tensor());
+    LOOM_ASSIGN_OR_RETURN(s.piece, sub(ps.piece(), tensors, f + ".piece"));
+    for (int64_t d : ps.devices()) {
+      LOOM_TRY(in_range(d, world, f + ".devices"));
+      s.devices.emplace_back(d);
+    }
+    return s;
+  }
+
+  // How many of each thing a program's indices may name.
+  struct Counts {
+    int64_t ops, adapters, stages, micro_batches, grad_syncs;
+  };
+
+  // A segment of program `f`: a stage not in `stages_seen` (added), items the plan has,
+  // recomputed regions in order.
+  Result<Segment> segment(const pb::Segment& ps, const std::string& f, const Counts& n,
+                          std::set<int64_t>& stages_seen) const {
+    Segment seg;
+    LOOM_TRY(in_range(ps.stage(), n.stages, f + ".segments.stage"));
+    if (!stages_seen.insert(ps.stage()).second)
+      return bad(f + ".segments.stage", "stage " + std::to_string(ps.stage()) + " appears twice");
+    seg.stage = StageId(ps.stage());
+    for (const auto& pi : ps.items()) {
+      const bool is_op = pi.kind() == pb::SegmentItem::OP;
+      LOOM_TRY(in_range(pi.index(), is_op ? n.ops : n.adapters, f + ".segments.items.index"));
+      seg.items.push_back({is_op ? SegmentItem::Kind::kOp : SegmentItem::Kind::kAdapter, pi.index(),
+                           pi.producer_side()});
+    }
+    int64_t covered = 0;  // regions are in order and disjoint
+    for (const auto& pr : ps.recompute()) {
+      if (pr.begin() < covered || pr.end() <= pr.begin() ||
+          pr.end() > static_cast<int64_t>(seg.items.size()))
+        return bad(f + ".segments.recompute",
+                   "region [" + std::to_string(pr.begin()) + ", " + std::to_string(pr.end()) +
+                       ") is not a non-empty range of the segment's " +
+                       std::to_string(seg.items.size()) + " items after the previous region");
+      covered = pr.end();
+      seg.recompute.push_back({pr.begin(), pr.end()});
+    }
+    return seg;
+  }
+
+  // Rank r's program: one segment per stage, blocks of those stages, gradient syncs.
+  Result<Program> program(const pb::Program& pp, int r, const Counts& n) const {
+    const std::string f = "lowered.programs[" + std::to_string(r) + "]";
+    if (pp.rank() != r) return bad(f + ".rank", "is " + std::to_string(pp.rank()));
+    Program prog;
+    prog.rank = Rank(pp.rank());
+    std::set<int64_t> segment_stages;
+    for (const auto& ps : pp.segments()) {
+      LOOM_ASSIGN_OR_RETURN(Segment seg, segment(ps, f, n, segment_stages));
+      prog.segments.push_back(std::move(seg));
+    }
+    for (const auto& pb_block : pp.blocks()) {
+      LOOM_TRY(in_range(pb_block.micro_batch(), n.micro_batches, f + ".blocks.micro_batch"));
+      if (!pb::Block::Kind_IsValid(pb_block.kind()))
+        return bad(f + ".blocks.kind", "unknown block kind " + std::to_string(pb_block.kind()));
+      if (!segment_stages.count(pb_block.stage()))
+        return bad(f + ".blocks.stage", "stage " + std::to_string(pb_block.stage()) +
+                                            " has no segment on rank " + std::to_string(r));
+      prog.blocks.push_back({from_proto(pb_block.kind()), StageId(pb_block.stage()),
+                             MicroBatch(pb_block.micro_batch())});
+    }
+    for (int64_t id : pp.grad_syncs()) {
+      LOOM_TRY(in_range(id, n.grad_syncs, f + ".grad_syncs"));
+      prog.grad_syncs.push_back(id);
+    }
+    prog.loss_seed = pp.loss_seed();
+    return prog;
   }
 
  private:

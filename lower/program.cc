@@ -1,12 +1,9 @@
 #include "lower/program.h"
 
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <set>
 #include <sstream>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "core/strings.h"
 #include "lower/param_shards.h"
@@ -74,6 +71,95 @@ ProducedMap producers_of(const graph::Graph& g) {
   return produced;
 }
 
+// What a tensor is read as: (tensor, consumer op).
+using ReadKey = std::pair<int64_t, std::string>;
+using Pieces = std::vector<std::pair<DeviceId, SubTensor>>;
+
+// The activations (and losses) ops read: the pieces each consumer wants on each device, its
+// stage, and the reads in the order they first occur.
+struct Reads {
+  std::map<ReadKey, Pieces> wants;
+  std::map<ReadKey, StageId> consumer_stage;
+  std::vector<ReadKey> keys;
+};
+
+Reads reads_of(const graph::Graph& g) {
+  Reads r;
+  for (const auto& op : g.ops())
+    for (const auto& in : op.inputs) {
+      const graph::TensorRole role = g.tensor(in.tensor).role;
+      if (role != graph::TensorRole::kActivation && role != graph::TensorRole::kLoss) continue;
+      auto key = std::make_pair(in.tensor.value(), op.def->name);
+      if (!r.wants.count(key)) r.keys.push_back(key);
+      auto& w = r.wants[key];
+      bool seen = false;
+      for (auto& [d, s] : w) seen |= d == op.device && same_piece(s, in);
+      if (!seen) w.push_back({op.device, in});
+      r.consumer_stage[key] = op.stage;
+    }
+  return r;
+}
+
+// Whether each consumer device already holds exactly its piece, so the read needs nothing.
+bool held_in_place(const Layout& from, const Layout& to, const Pieces& produced,
+                   const Pieces& wanted) {
+  bool local = device_set(from) == device_set(to);
+  if (local)
+    for (const auto& [d, want] : wanted) {
+      bool has = false;
+      for (const auto& [pd, piece] : produced) has |= pd == d && same_piece(piece, want);
+      local &= has;
+    }
+  return local;
+}
+
+// The adapter `key` reads its tensor through: an existing one of the same stage and layout
+// (shared), a new one with its forward and gradient paths, or -1 when the read is local.
+Result<int64_t> adapter_for(const graph::Graph& g, const ReadKey& key, const Reads& reads,
+                            const ProducedMap& produced, PathFinder& paths, Lowered& out,
+                            std::map<int64_t, std::vector<int64_t>>& adapters_of_tensor) {
+  const graph::FullTensor& t = g.tensor(TensorId(key.first));
+  auto fail = [&](const Error& e) {
+    return Error::at(t.name, "tensor '" + t.name + "' read by '" + key.second + "': " + e.message);
+  };
+  auto it = produced.find(key.first);
+  if (it == produced.end()) return Error::at(t.name, "no op writes tensor '" + t.name + "'");
+  const Pieces& wanted = reads.wants.at(key);
+  auto from = layout_of(it->second.pieces, t.shape);
+  if (!from.ok()) return fail(from.error());
+  auto to = layout_of(wanted, t.shape);
+  if (!to.ok()) return fail(to.error());
+  const StageId cs = reads.consumer_stage.at(key);
+  if (held_in_place(*from, *to, it->second.pieces, wanted)) return -1;
+  // Another consumer already reads this layout of the tensor in this stage: share it.
+  for (int64_t id : adapters_of_tensor[key.first]) {
+    Adapter& other = out.adapters[static_cast<size_t>(id)];
+    if (other.consumer_stage == cs && other.to == *to) {
+      other.consumers.push_back(key.second);
+      return other.id;
+    }
+  }
+  Adapter a;
+  a.id = static_cast<int64_t>(out.adapters.size());
+  a.consumers = {key.second};
+  a.tensor = TensorId(key.first);
+  a.consumer = key.second;
+  a.producer_stage = it->second.stage;
+  a.consumer_stage = cs;
+  a.from = *from;
+  a.to = *to;
+  const int64_t elem = size_bytes(t.dtype);
+  auto fwd = paths.find(t.shape, elem, a.from, a.to);
+  if (!fwd.ok()) return fail(fwd.error());
+  auto bwd = paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from), /*gradient=*/true);
+  if (!bwd.ok()) return fail(bwd.error());
+  a.forward = *fwd;
+  a.backward = *bwd;
+  adapters_of_tensor[key.first].push_back(a.id);
+  out.adapters.push_back(std::move(a));
+  return out.adapters.back().id;
+}
+
 // Pass 2: an adapter wherever a consumer's layout of an activation differs from its producers'
 // (shared by the consumers of one stage that read the same layout), with its forward and
 // gradient paths from the path search. Returns, per op, the adapters it reads through.
@@ -81,90 +167,22 @@ Result<std::vector<std::vector<int64_t>>> insert_adapters(const graph::Graph& g,
                                                           const ProducedMap& produced,
                                                           PathFinder& paths, Lowered& out) {
   const auto& ops = g.ops();
-  std::map<std::pair<int64_t, std::string>, int64_t> adapter_of;
-  std::vector<std::vector<int64_t>> op_adapters(ops.size());
-  {
-    std::map<std::pair<int64_t, std::string>, std::vector<std::pair<DeviceId, SubTensor>>> wants;
-    std::map<std::pair<int64_t, std::string>, StageId> consumer_stage;
-    std::vector<std::pair<int64_t, std::string>> keys;
-    std::map<int64_t, std::vector<int64_t>> adapters_of_tensor;
-    for (const auto& op : ops)
-      for (const auto& in : op.inputs) {
-        const graph::TensorRole role = g.tensor(in.tensor).role;
-        if (role != graph::TensorRole::kActivation && role != graph::TensorRole::kLoss) continue;
-        auto key = std::make_pair(in.tensor.value(), op.def->name);
-        if (!wants.count(key)) keys.push_back(key);
-        auto& w = wants[key];
-        bool seen = false;
-        for (auto& [d, s] : w) seen |= d == op.device && same_piece(s, in);
-        if (!seen) w.push_back({op.device, in});
-        consumer_stage[key] = op.stage;
-      }
-    for (const auto& key : keys) {
-      const graph::FullTensor& t = g.tensor(TensorId(key.first));
-      auto fail = [&](const Error& e) {
-        return Error::at(t.name,
-                         "tensor '" + t.name + "' read by '" + key.second + "': " + e.message);
-      };
-      auto it = produced.find(key.first);
-      if (it == produced.end()) return Error::at(t.name, "no op writes tensor '" + t.name + "'");
-      auto from = layout_of(it->second.pieces, t.shape);
-      if (!from.ok()) return fail(from.error());
-      auto to = layout_of(wants[key], t.shape);
-      if (!to.ok()) return fail(to.error());
-      const StageId ps = it->second.stage, cs = consumer_stage[key];
-      // Each consumer device already holding exactly its piece needs nothing.
-      bool local = device_set(*from) == device_set(*to);
-      if (local)
-        for (const auto& [d, want] : wants[key]) {
-          bool has = false;
-          for (const auto& [pd, piece] : it->second.pieces)
-            has |= pd == d && same_piece(piece, want);
-          local &= has;
-        }
-      if (local) continue;
-      // Another consumer already reads this layout of the tensor in this stage: share it.
-      bool shared = false;
-      for (int64_t id : adapters_of_tensor[key.first]) {
-        Adapter& other = out.adapters[static_cast<size_t>(id)];
-        if (other.consumer_stage == cs && other.to == *to) {
-          other.consumers.push_back(key.second);
-          adapter_of[key] = other.id;
-          shared = true;
-          break;
-        }
-      }
-      if (shared) continue;
-      Adapter a;
-      a.id = static_cast<int64_t>(out.adapters.size());
-      a.consumers = {key.second};
-      a.tensor = TensorId(key.first);
-      a.consumer = key.second;
-      a.producer_stage = ps;
-      a.consumer_stage = cs;
-      a.from = *from;
-      a.to = *to;
-      const int64_t elem = size_bytes(t.dtype);
-      auto fwd = paths.find(t.shape, elem, a.from, a.to);
-      if (!fwd.ok()) return fail(fwd.error());
-      auto bwd =
-          paths.find(t.shape, elem, grad_layout(a.to), grad_layout(a.from), /*gradient=*/true);
-      if (!bwd.ok()) return fail(bwd.error());
-      a.forward = *fwd;
-      a.backward = *bwd;
-      adapter_of[key] = a.id;
-      adapters_of_tensor[key.first].push_back(a.id);
-      out.adapters.push_back(std::move(a));
-    }
-    for (size_t i = 0; i < ops.size(); ++i)
-      for (const auto& in : ops[i].inputs) {
-        auto it = adapter_of.find({in.tensor.value(), ops[i].def->name});
-        if (it != adapter_of.end() && std::find(op_adapters[i].begin(), op_adapters[i].end(),
-                                                it->second) == op_adapters[i].end())
-          op_adapters[i].push_back(it->second);
-      }
+  const Reads reads = reads_of(g);
+  std::map<ReadKey, int64_t> adapter_of;
+  std::map<int64_t, std::vector<int64_t>> adapters_of_tensor;
+  for (const auto& key : reads.keys) {
+    LOOM_ASSIGN_OR_RETURN(const int64_t id,
+                          adapter_for(g, key, reads, produced, paths, out, adapters_of_tensor));
+    if (id >= 0) adapter_of[key] = id;
   }
-
+  std::vector<std::vector<int64_t>> op_adapters(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (const auto& in : ops[i].inputs) {
+      auto it = adapter_of.find({in.tensor.value(), ops[i].def->name});
+      if (it != adapter_of.end() && std::find(op_adapters[i].begin(), op_adapters[i].end(),
+                                              it->second) == op_adapters[i].end())
+        op_adapters[i].push_back(it->second);
+    }
   return op_adapters;
 }
 
@@ -318,86 +336,6 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
   return out;
 }
 
-namespace {
-
-// One communication event of a rank, in program order. Keys are integers (adapter, direction,
-// micro-batch, step) so that checking a thousand ranks stays cheap; text is made on failure.
-// 24 bytes: a 1024-rank plan's check holds tens of millions of them.
-struct Event {
-  enum class Kind : uint8_t { kSend, kRecv, kCollective };
-  int64_t key;                           // identical on every party of the same exchange
-  const std::vector<DeviceId>* members;  // collective: its members
-  int32_t peer;                          // send: the receiver; recv: the sender
-  Kind kind;
-  Primitive primitive;
-};
-
-std::string describe(const Event& e, const Lowered& lowered, const graph::Graph& g) {
-  if (e.key < 0) {
-    const GradSync& s = lowered.grad_syncs[static_cast<size_t>(-e.key - 1)];
-    return "all_reduce of the gradients of '" + g.tensor(s.tensor).name + "'";
-  }
-  const auto [adapter, forward, mb, step] = message_tag_parts(e.key);
-  const Adapter& a = lowered.adapters[static_cast<size_t>(adapter)];
-  std::string what = e.kind == Event::Kind::kSend   ? "send to rank " + std::to_string(e.peer)
-                     : e.kind == Event::Kind::kRecv ? "recv from rank " + std::to_string(e.peer)
-                                                    : to_string(e.primitive);
-  return what + " (step " + std::to_string(step) + " of the " + (forward ? "forward" : "gradient") +
-         " path of '" + g.tensor(a.tensor).name + "' for " + a.consumer + ", micro-batch " +
-         std::to_string(mb) + ")";
-}
-
-// Steps of `path` this rank runs, on the given side of a cross-group adapter.
-// For each step of a path, the index of the group each rank belongs to (-1: none).
-using GroupIndex = std::vector<std::vector<int32_t>>;
-GroupIndex index_groups(const CommPath& path, int64_t world) {
-  GroupIndex out;
-  for (const CommStep& st : path.steps) {
-    std::vector<int32_t> of(static_cast<size_t>(world), -1);
-    if (st.primitive != Primitive::kSendRecv)
-      for (size_t g = 0; g < st.groups.size(); ++g)
-        if (st.groups[g].size() > 1)
-          for (DeviceId d : st.groups[g])
-            of[static_cast<size_t>(d.value())] = static_cast<int32_t>(g);
-    out.push_back(std::move(of));
-  }
-  return out;
-}
-
-void path_events(const CommPath& path, const GroupIndex& groups, int64_t adapter, bool forward,
-                 int64_t mb, int64_t rank, int side, const std::vector<bool>& first_group,
-                 std::vector<Event>& events) {
-  // side: 0 = whole path, 1 = the first group's part, 2 = the second group's part.
-  bool after_send = false;
-  for (size_t i = 0; i < path.steps.size(); ++i) {
-    const CommStep& st = path.steps[i];
-    const int64_t key = message_tag(adapter, forward, mb, i);
-    if (st.primitive == Primitive::kSendRecv) {
-      for (const auto& pair : st.groups) {
-        if (pair[0].value() == rank && side != 2)
-          events.push_back({key, nullptr, static_cast<int32_t>(pair[1].value()), Event::Kind::kSend,
-                            st.primitive});
-        if (pair[1].value() == rank && side != 1)
-          events.push_back({key, nullptr, static_cast<int32_t>(pair[0].value()), Event::Kind::kRecv,
-                            st.primitive});
-      }
-      if (side != 0 && !st.groups.empty() &&
-          first_group[static_cast<size_t>(st.groups[0][0].value())])
-        after_send = true;
-      continue;
-    }
-    const bool first_part = side != 0 && !after_send;
-    if (side == 1 && !first_part) continue;
-    if (side == 2 && first_part) continue;
-    const int32_t g = groups[i][static_cast<size_t>(rank)];
-    if (g >= 0)
-      events.push_back(
-          {key, &st.groups[static_cast<size_t>(g)], -1, Event::Kind::kCollective, st.primitive});
-  }
-}
-
-}  // namespace
-
 char block_letter(BlockKind kind) {
   switch (kind) {
     case BlockKind::kForward:
@@ -410,173 +348,6 @@ char block_letter(BlockKind kind) {
       return 'W';
   }
   return '?';
-}
-
-namespace {
-
-// Each rank's communication events in program order, made one block at a time as the check
-// reaches them: a 1024-rank plan has tens of millions, and only the current ones are needed.
-class EventStreams {
- public:
-  explicit EventStreams(const Lowered& lowered) : lowered_(lowered) {
-    const size_t world = lowered.programs.size();
-    sides_.resize(lowered.adapters.size());
-    for (size_t i = 0; i < lowered.adapters.size(); ++i) {
-      const Adapter& a = lowered.adapters[i];
-      Sides& s = sides_[i];
-      s.producer.assign(world, false);
-      s.consumer.assign(world, false);
-      for (DeviceId d : a.from.devices) s.producer[static_cast<size_t>(d.value())] = true;
-      for (DeviceId d : a.to.devices) s.consumer[static_cast<size_t>(d.value())] = true;
-      s.forward = index_groups(a.forward, static_cast<int64_t>(world));
-      s.backward = index_groups(a.backward, static_cast<int64_t>(world));
-    }
-    ranks_.resize(world);
-  }
-
-  // The rank's next event, or nullptr when its program has no more.
-  const Event* current(size_t r) {
-    Stream& st = ranks_[r];
-    while (st.at == st.events.size()) {
-      const Program& prog = lowered_.programs[r];
-      if (st.block > prog.blocks.size()) return nullptr;
-      st.events.clear();
-      st.at = 0;
-      if (st.block < prog.blocks.size())
-        block_events(r, prog.blocks[st.block], st.events);
-      else
-        for (int64_t s : prog.grad_syncs)
-          st.events.push_back({-s - 1, &lowered_.grad_syncs[static_cast<size_t>(s)].devices, -1,
-                               Event::Kind::kCollective, Primitive::kAllReduce});
-      ++st.block;
-    }
-    return &st.events[st.at];
-  }
-  void advance(size_t r) { ++ranks_[r].at; }
-
- private:
-  // Per adapter: each side's membership and each step's groups by rank.
-  struct Sides {
-    std::vector<bool> producer, consumer;
-    GroupIndex forward, backward;
-  };
-  struct Stream {
-    std::vector<Event> events;  // of the block before `block`
-    size_t at = 0;
-    size_t block = 0;  // blocks.size(): the gradient syncs; past it: the end
-  };
-
-  void block_events(size_t r, const ProgramBlock& b, std::vector<Event>& events) const {
-    if (b.kind == BlockKind::kWeightGrad) return;  // local matrix products only
-    const Program& prog = lowered_.programs[r];
-    const Segment& seg = *std::find_if(prog.segments.begin(), prog.segments.end(),
-                                       [&](const Segment& s) { return s.stage == b.stage; });
-    const int64_t rank = static_cast<int64_t>(r);
-    auto visit = [&](const SegmentItem& it, bool fwd) {
-      if (it.kind != SegmentItem::Kind::kAdapter) return;
-      const Adapter& a = lowered_.adapters[static_cast<size_t>(it.index)];
-      const Sides& s = sides_[static_cast<size_t>(it.index)];
-      // Forward: producers run the first part; backward: the consumers (holding grad(to)) do.
-      int side = 0;
-      if (a.disjoint) side = (it.producer_side == fwd) ? 1 : 2;
-      // A regathered parameter's backward gathers it again first.
-      if (!fwd && a.regather)
-        path_events(a.forward, s.forward, a.id, true, b.micro_batch.value(), rank, side, s.producer,
-                    events);
-      path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
-                  b.micro_batch.value(), rank, side, fwd ? s.producer : s.consumer, events);
-    };
-    if (b.kind == BlockKind::kForward) {
-      for (const SegmentItem& it : seg.items) visit(it, true);
-      return;
-    }
-    // A recomputed region's backward runs its forward (its collectives) again first.
-    for (int64_t i = static_cast<int64_t>(seg.items.size()) - 1; i >= 0; --i) {
-      for (const RecomputeRegion& region : seg.recompute)
-        if (region.end - 1 == i)
-          for (int64_t j = region.begin; j < region.end; ++j)
-            visit(seg.items[static_cast<size_t>(j)], true);
-      visit(seg.items[static_cast<size_t>(i)], false);
-    }
-  }
-
-  const Lowered& lowered_;
-  std::vector<Sides> sides_;
-  std::vector<Stream> ranks_;
-};
-
-}  // namespace
-
-Status check_deadlock_free(const graph::Graph& g, const Lowered& lowered) {
-  const size_t world = lowered.programs.size();
-  for (size_t r = 0; r < world; ++r) {
-    const Program& prog = lowered.programs[r];
-    for (const ProgramBlock& b : prog.blocks)
-      if (std::none_of(prog.segments.begin(), prog.segments.end(),
-                       [&](const Segment& s) { return s.stage == b.stage; }))
-        return Error::at("program", "rank " + std::to_string(r) + " has a block for stage " +
-                                        b.stage.to_string() + " it does not run");
-  }
-  // Run: sends never block; a receive waits for its send; a collective for all its members.
-  // A rank runs until it waits and is woken by what it waits for (its send, or the last member
-  // reaching its collective), so each event is looked at a bounded number of times. Whether the
-  // programs finish, and where each stuck rank waits, does not depend on the order ranks run in.
-  EventStreams streams(lowered);
-  // Messages sent and not yet received (step key and receiver): each is received once, so the
-  // set holds what is in flight, not every message of the step.
-  std::unordered_set<int64_t> sent;
-  std::unordered_map<int64_t, size_t> receiving;  // message -> the rank waiting for it
-  // Members at each collective, keyed by its step key and member list.
-  struct GroupHash {
-    size_t operator()(const std::pair<int64_t, const std::vector<DeviceId>*>& g) const {
-      return std::hash<int64_t>()(g.first) ^ (std::hash<const void*>()(g.second) * 31);
-    }
-  };
-  std::unordered_map<std::pair<int64_t, const std::vector<DeviceId>*>, size_t, GroupHash> arrived;
-  std::vector<char> counted(world, 0);  // the rank's arrival at its current collective counted
-  auto message = [&](int64_t key, int64_t dst) { return key * 65536 + dst; };
-  std::deque<size_t> runnable;
-  for (size_t r = 0; r < world; ++r) runnable.push_back(r);
-  while (!runnable.empty()) {
-    const size_t r = runnable.front();
-    runnable.pop_front();
-    while (const Event* e = streams.current(r)) {
-      if (e->kind == Event::Kind::kSend) {
-        const int64_t m = message(e->key, e->peer);
-        sent.insert(m);
-        if (auto w = receiving.find(m); w != receiving.end()) {
-          runnable.push_back(w->second);
-          receiving.erase(w);
-        }
-      } else if (e->kind == Event::Kind::kRecv) {
-        const int64_t m = message(e->key, static_cast<int64_t>(r));
-        if (!sent.erase(m)) {
-          receiving[m] = r;
-          break;
-        }
-      } else {
-        const auto group = arrived.try_emplace(std::make_pair(e->key, e->members), 0).first;
-        if (!counted[r]) counted[r] = 1, ++group->second;
-        if (group->second < e->members->size()) break;
-        arrived.erase(group);
-        for (DeviceId m : *e->members) {
-          const size_t member = static_cast<size_t>(m.value());
-          counted[member] = 0;
-          if (member == r) continue;
-          streams.advance(member);
-          runnable.push_back(member);
-        }
-      }
-      streams.advance(r);
-    }
-  }
-  std::vector<std::string> stuck;
-  for (size_t r = 0; r < world; ++r)
-    if (const Event* e = streams.current(r))
-      stuck.push_back("rank " + std::to_string(r) + " waits at " + describe(*e, lowered, g));
-  if (!stuck.empty())
-    return Error::at("program", "the programs would deadlock: " + join(stuck, "; "));
-  return Status::success();
 }
 
 namespace {

@@ -217,93 +217,132 @@ Status check_llama_parallel(const Config& config, const planner::SpaceSpec& spac
   return check_decoder_parallel(config, space, spec.layers, spec.seq, "kv_heads", spec.kv_heads);
 }
 
-Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
-                                 const graph::OpRegistry& registry) {
-  graph::GraphBuilder b(registry, "llama");
-  const double std = s.init_std;
-  const int64_t d = s.head_dim();
-  const int64_t group = s.heads / s.kv_heads;  // query heads per kv head
-  // More tensor-parallel ranks than kv heads: every rank computes the kv heads its query heads
-  // read, from a replicated projection (its gradient summed over the ranks that share it).
-  const bool repeat_kv = tp > s.kv_heads;
-  const Attrs column{{"tp", std::string("column")}};
-  const Attrs norm{{"eps", s.norm_eps}};
-  const Attrs rope{{"tp", std::string("column")},
-                   {"d", d},
-                   {"theta", s.rope_theta},
-                   {"factor", s.rope_factor},
-                   {"low_freq_factor", s.rope_low_freq_factor},
-                   {"high_freq_factor", s.rope_high_freq_factor},
-                   {"original_max_positions", s.rope_original_max_positions}};
+namespace {
 
-  TensorId tokens = b.input("tokens", {batch, s.seq}, DType::kInt64, s.vocab);
-  TensorId targets = b.input("targets", {batch, s.seq}, DType::kInt64, s.vocab);
-  TensorId embed = b.parameter("embed.w", {s.vocab, s.hidden}, ParamInit::normal(std));
+// Builds a Llama's graph in order: the embedding, each layer's attention and (dense or mixture
+// of experts) MLP, the head and the loss.
+class LlamaGraph {
+ public:
+  LlamaGraph(const LlamaSpec& s, int64_t tp, const graph::OpRegistry& registry)
+      : s_(s),
+        b_(registry, "llama"),
+        std_(s.init_std),
+        d_(s.head_dim()),
+        group_(s.heads / s.kv_heads),
+        repeat_kv_(tp > s.kv_heads),
+        norm_{{"eps", s.norm_eps}},
+        rope_{{"tp", std::string("column")},
+              {"d", d_},
+              {"theta", s.rope_theta},
+              {"factor", s.rope_factor},
+              {"low_freq_factor", s.rope_low_freq_factor},
+              {"high_freq_factor", s.rope_high_freq_factor},
+              {"original_max_positions", s.rope_original_max_positions}} {}
 
-  b.set_layer(graph::kPreLayers);
-  TensorId x = b.op1("embedding", "embed", {tokens, embed});
-
-  // `tp` as in GPT: "column" splits a linear's output features, "row" its input features.
-  auto linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f,
-                    const std::string& tp_hint) {
-    TensorId w = b.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(std));
-    return b.op1("linear", name, {in, w}, Attrs{{"tp", tp_hint}});
-  };
-  auto rms_norm = [&](const std::string& name, TensorId in) {
-    TensorId w = b.parameter(name + ".w", {s.hidden}, ParamInit::ones());
-    return b.op1("rms_norm", name, {in, w}, norm);
-  };
-
-  TensorId aux;  // the layers' load-balancing losses so far
-  for (int64_t l = 0; l < s.layers; ++l) {
-    b.set_layer(l);
-    const std::string p = "h" + std::to_string(l) + ".";
-    TensorId h = rms_norm(p + "attn_norm", x);
-    TensorId q = linear(p + "attn.q", h, s.heads * d, s.hidden, "column");
-    const std::string kv_hint = repeat_kv ? "" : "column";
-    TensorId k = linear(p + "attn.k", h, s.kv_heads * d, s.hidden, kv_hint);
-    TensorId v = linear(p + "attn.v", h, s.kv_heads * d, s.hidden, kv_hint);
-    q = b.op1("rope", p + "attn.q_rope", {q}, rope);
-    Attrs k_rope = rope;
-    if (repeat_kv) k_rope.set("tp", std::string());
-    k = b.op1("rope", p + "attn.k_rope", {k}, k_rope);
-    TensorId a =
-        repeat_kv
-            ? b.op1("shared_kv_attention", p + "attn.core", {q, k, v}, Attrs{{"d", d}})
-            : b.op1("gqa_attention", p + "attn.core", {q, k, v}, Attrs{{"d", d}, {"r", group}});
-    TensorId o = linear(p + "attn.o", a, s.hidden, s.heads * d, "row");
-    x = b.op1("add", p + "attn.residual", {x, o});
-    h = rms_norm(p + "mlp_norm", x);
-    auto swiglu_mlp = [&](const std::string& name, int64_t width) {
-      TensorId gate = linear(name + ".gate", h, width, s.hidden, "column");
-      TensorId up = linear(name + ".up", h, width, s.hidden, "column");
-      TensorId f = b.op1("swiglu", name + ".act", {gate, up}, column);
-      return linear(name + ".down", f, s.hidden, width, "row");
-    };
-    if (s.moe.is_moe_layer(l)) {
-      MoeOutput moe =
-          add_moe_mlp(b, s.moe, p + "moe.", h, batch, s.seq, s.hidden, "swiglu", std, std);
-      TensorId f = moe.out;
-      if (s.moe.shared_experts > 0) {
-        TensorId shared = swiglu_mlp(p + "moe.shared", s.moe.shared_experts * s.moe.ffn_hidden);
-        f = b.op1("add", p + "moe.add_shared", {f, shared});
-      }
-      x = b.op1("add", p + "mlp.residual", {x, f});
-      aux = accumulate_aux(b, aux, moe.aux, p + "moe.aux_sum");
-    } else {
-      x = b.op1("add", p + "mlp.residual", {x, swiglu_mlp(p + "mlp", s.ffn_hidden)});
+  Result<graph::Graph> build(int64_t batch) {
+    TensorId tokens = b_.input("tokens", {batch, s_.seq}, DType::kInt64, s_.vocab);
+    TensorId targets = b_.input("targets", {batch, s_.seq}, DType::kInt64, s_.vocab);
+    TensorId embed = b_.parameter("embed.w", {s_.vocab, s_.hidden}, ParamInit::normal(std_));
+    b_.set_layer(graph::kPreLayers);
+    TensorId x = b_.op1("embedding", "embed", {tokens, embed});
+    TensorId aux;  // the layers' load-balancing losses so far
+    for (int64_t l = 0; l < s_.layers; ++l) {
+      b_.set_layer(l);
+      const std::string p = "h" + std::to_string(l) + ".";
+      x = attention(p, x);
+      x = mlp(l, p, x, batch, aux);
     }
+    b_.set_loss(head(x, embed, targets, batch, aux));
+    return b_.finish();
   }
 
-  b.set_layer(graph::kPostLayers);
-  x = rms_norm("norm", x);
-  TensorId head =
-      s.tied ? embed : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
-  TensorId logits = b.op1("linear", "lm_head", {x, head}, column);
-  const TensorId loss =
-      graph::vocab_group_loss(b, logits, targets, s.vocab / s.vocab_groups, batch * s.seq);
-  b.set_loss(add_aux_loss(b, loss, aux));
-  return b.finish();
+ private:
+  // `tp` as in GPT: "column" splits a linear's output features, "row" its input features.
+  TensorId linear(const std::string& name, TensorId in, int64_t out_f, int64_t in_f,
+                  const std::string& tp_hint) {
+    TensorId w = b_.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(std_));
+    return b_.op1("linear", name, {in, w}, Attrs{{"tp", tp_hint}});
+  }
+
+  TensorId rms_norm(const std::string& name, TensorId in) {
+    TensorId w = b_.parameter(name + ".w", {s_.hidden}, ParamInit::ones());
+    return b_.op1("rms_norm", name, {in, w}, norm_);
+  }
+
+  // Grouped-query attention with rotary embeddings, and its residual. More tensor-parallel
+  // ranks than kv heads: every rank computes the kv heads its query heads read, from a
+  // replicated projection (its gradient summed over the ranks that share it).
+  TensorId attention(const std::string& p, TensorId x) {
+    TensorId h = rms_norm(p + "attn_norm", x);
+    TensorId q = linear(p + "attn.q", h, s_.heads * d_, s_.hidden, "column");
+    const std::string kv_hint = repeat_kv_ ? "" : "column";
+    TensorId k = linear(p + "attn.k", h, s_.kv_heads * d_, s_.hidden, kv_hint);
+    TensorId v = linear(p + "attn.v", h, s_.kv_heads * d_, s_.hidden, kv_hint);
+    q = b_.op1("rope", p + "attn.q_rope", {q}, rope_);
+    Attrs k_rope = rope_;
+    if (repeat_kv_) k_rope.set("tp", std::string());
+    k = b_.op1("rope", p + "attn.k_rope", {k}, k_rope);
+    TensorId a =
+        repeat_kv_
+            ? b_.op1("shared_kv_attention", p + "attn.core", {q, k, v}, Attrs{{"d", d_}})
+            : b_.op1("gqa_attention", p + "attn.core", {q, k, v}, Attrs{{"d", d_}, {"r", group_}});
+    TensorId o = linear(p + "attn.o", a, s_.hidden, s_.heads * d_, "row");
+    return b_.op1("add", p + "attn.residual", {x, o});
+  }
+
+  TensorId swiglu_mlp(const std::string& name, TensorId h, int64_t width) {
+    TensorId gate = linear(name + ".gate", h, width, s_.hidden, "column");
+    TensorId up = linear(name + ".up", h, width, s_.hidden, "column");
+    TensorId f = b_.op1("swiglu", name + ".act", {gate, up}, Attrs{{"tp", std::string("column")}});
+    return linear(name + ".down", f, s_.hidden, width, "row");
+  }
+
+  // Layer l's MLP (dense, or a mixture of experts whose load-balancing loss joins `aux`) and its
+  // residual.
+  TensorId mlp(int64_t l, const std::string& p, TensorId x, int64_t batch, TensorId& aux) {
+    TensorId h = rms_norm(p + "mlp_norm", x);
+    if (!s_.moe.is_moe_layer(l))
+      return b_.op1("add", p + "mlp.residual", {x, swiglu_mlp(p + "mlp", h, s_.ffn_hidden)});
+    MoeOutput moe =
+        add_moe_mlp(b_, s_.moe, p + "moe.", h, batch, s_.seq, s_.hidden, "swiglu", std_, std_);
+    TensorId f = moe.out;
+    if (s_.moe.shared_experts > 0) {
+      TensorId shared = swiglu_mlp(p + "moe.shared", h, s_.moe.shared_experts * s_.moe.ffn_hidden);
+      f = b_.op1("add", p + "moe.add_shared", {f, shared});
+    }
+    x = b_.op1("add", p + "mlp.residual", {x, f});
+    aux = accumulate_aux(b_, aux, moe.aux, p + "moe.aux_sum");
+    return x;
+  }
+
+  // The final norm, the (tied or own) head and the loss with the layers' auxiliary losses.
+  TensorId head(TensorId x, TensorId embed, TensorId targets, int64_t batch, TensorId aux) {
+    b_.set_layer(graph::kPostLayers);
+    x = rms_norm("norm", x);
+    TensorId weight =
+        s_.tied ? embed : b_.parameter("lm_head.w", {s_.vocab, s_.hidden}, ParamInit::normal(std_));
+    TensorId logits =
+        b_.op1("linear", "lm_head", {x, weight}, Attrs{{"tp", std::string("column")}});
+    const TensorId loss =
+        graph::vocab_group_loss(b_, logits, targets, s_.vocab / s_.vocab_groups, batch * s_.seq);
+    return add_aux_loss(b_, loss, aux);
+  }
+
+  const LlamaSpec& s_;
+  graph::GraphBuilder b_;
+  const double std_;
+  const int64_t d_;
+  const int64_t group_;  // query heads per kv head
+  const bool repeat_kv_;
+  const Attrs norm_;
+  const Attrs rope_;
+};
+
+}  // namespace
+
+Result<graph::Graph> build_llama(const LlamaSpec& s, int64_t batch, int64_t tp,
+                                 const graph::OpRegistry& registry) {
+  return LlamaGraph(s, tp, registry).build(batch);
 }
 
 }  // namespace loom::models

@@ -1,7 +1,7 @@
 // The model registry: each model family (model.type) is one entry that builds its graph from a
 // config's model.*, checks the split in space against it and says what its throughput counts.
-// loom's zoo (GPT, Llama, Swin Transformer, the AlphaFold2 Evoformer) registers here like a
-// user's model.
+// loom's zoo (GPT, Llama dense and MoE, Swin Transformer, AlphaFold2's Evoformer) registers here
+// like a user's model.
 #pragma once
 
 #include <functional>

@@ -175,106 +175,139 @@ Status check_swin_parallel(const Config& config, const planner::SpaceSpec& space
   return Status::success();
 }
 
-Result<graph::Graph> build_swin(const SwinSpec& s, int64_t batch,
-                                const graph::OpRegistry& registry) {
-  graph::GraphBuilder b(registry, "swin");
-  const double std = s.init_std;
-  const Attrs image4{{"ndim", int64_t{4}}};
-  auto with = [](Attrs a,
-                 std::initializer_list<std::pair<const std::string, graph::AttrValue>> more) {
-    for (const auto& [k, v] : more) a.set(k, v);
-    return a;
-  };
-  auto hints = [&](const char* tp, const char* wp) {
-    Attrs a = image4;
+namespace {
+
+Attrs with(Attrs a, std::initializer_list<std::pair<const std::string, graph::AttrValue>> more) {
+  for (const auto& [k, v] : more) a.set(k, v);
+  return a;
+}
+
+// Builds a Swin Transformer's graph in order: the patch embedding, each stage's patch merging
+// and blocks, the head and the loss.
+class SwinGraph {
+ public:
+  SwinGraph(const SwinSpec& s, const graph::OpRegistry& registry)
+      : s_(s), b_(registry, "swin"), std_(s.init_std) {}
+
+  Result<graph::Graph> build(int64_t batch) {
+    TensorId images = b_.input("images", {batch, s_.channels, s_.image, s_.image}, DType::kFloat32);
+    TensorId labels = b_.input("labels", {batch}, DType::kInt64, s_.classes);
+    TensorId x = embed(images);
+    int64_t layer = 0;
+    for (int64_t i = 0; i < s_.stages(); ++i) {
+      if (i > 0) x = merge(i, layer - 1, x);
+      for (int64_t j = 0; j < s_.depths[static_cast<size_t>(i)]; ++j) {
+        b_.set_layer(layer++);
+        x = block(i, j, x);
+      }
+    }
+    b_.set_loss(head(x, labels, batch));
+    return b_.finish();
+  }
+
+ private:
+  Attrs hints(const char* tp, const char* wp) const {
+    Attrs a{{"ndim", int64_t{4}}};
     if (*tp) a.set("tp", std::string(tp));
     if (*wp) a.set("wp", std::string(wp));
     return a;
-  };
-
-  TensorId images = b.input("images", {batch, s.channels, s.image, s.image}, DType::kFloat32);
-  TensorId labels = b.input("labels", {batch}, DType::kInt64, s.classes);
+  }
 
   // Linear layers on [b, y, x, features] (image layout) or [b, windows, tokens, features]: the
   // window-parallel split `s` is image rows in one and windows in the other.
-  auto linear = [&](const std::string& name, TensorId in, int64_t out_f, int64_t in_f,
-                    const char* tp, bool bias = true) {
-    TensorId w = b.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(std));
-    TensorId y = b.op1("linear", name, {in, w}, hints(tp, "s"));
+  TensorId linear(const std::string& name, TensorId in, int64_t out_f, int64_t in_f, const char* tp,
+                  bool bias = true) {
+    TensorId w = b_.parameter(name + ".w", {out_f, in_f}, ParamInit::normal(std_));
+    TensorId y = b_.op1("linear", name, {in, w}, hints(tp, "s"));
     if (!bias) return y;
-    TensorId bb = b.parameter(name + ".b", {out_f}, ParamInit::zeros());
-    return b.op1("bias_add", name + ".bias", {y, bb}, hints(tp, "s"));
-  };
-  auto layer_norm = [&](const std::string& name, TensorId in, int64_t features) {
-    TensorId g = b.parameter(name + ".w", {features}, ParamInit::ones());
-    TensorId beta = b.parameter(name + ".b", {features}, ParamInit::zeros());
-    return b.op1("layer_norm", name, {in, g, beta}, with(hints("", "s"), {{"eps", s.ln_eps}}));
-  };
-
-  b.set_layer(graph::kPreLayers);
-  TensorId x = b.op1("patchify", "embed.patches", {images},
-                     Attrs{{"ph", s.patch}, {"pw", s.patch}, {"wp", std::string("y")}});
-  x = linear("embed.proj", x, s.embed, s.patch * s.patch * s.channels, "");
-  x = layer_norm("embed.norm", x, s.embed);
-
-  int64_t layer = 0;
-  for (int64_t i = 0; i < s.stages(); ++i) {
-    const int64_t c = s.dim(i), heads = s.heads[static_cast<size_t>(i)];
-    const int64_t w = s.window_at(i), grid = s.resolution(i) / w;
-    const std::string stage = "s" + std::to_string(i) + ".";
-    if (i > 0) {
-      // Merging belongs to the last block of the previous stage, so a pipeline stage boundary
-      // between Swin stages sends the merged activation (half the bytes of the unmerged one).
-      b.set_layer(layer - 1);
-      x = b.op1("patch_merge", stage + "merge", {x}, Attrs{{"wp", std::string("y")}});
-      x = layer_norm(stage + "merge.norm", x, 2 * c);
-      x = linear(stage + "merge.reduce", x, c, 2 * c, "", false);
-    }
-    for (int64_t j = 0; j < s.depths[static_cast<size_t>(i)]; ++j) {
-      b.set_layer(layer++);
-      const std::string p = stage + "b" + std::to_string(j) + ".";
-      const int64_t shift = j % 2 == 1 ? s.shift_at(i) : 0;
-      // Shifted windows gather tokens from both ends of the image: split channels there.
-      const char* window_split = shift > 0 ? "c" : "gy";
-      const Attrs win{
-          {"wy", w}, {"wx", w}, {"gx", grid}, {"shift", shift}, {"wp", std::string(window_split)}};
-      TensorId h = layer_norm(p + "norm1", x, c);
-      h = b.op1("window_partition", p + "attn.windows", {h}, win);
-      TensorId q = linear(p + "attn.q", h, c, c, "column");
-      TensorId k = linear(p + "attn.k", h, c, c, "column");
-      TensorId v = linear(p + "attn.v", h, c, c, "column");
-      TensorId table = b.parameter(p + "attn.bias_table", {(2 * w - 1) * (2 * w - 1), heads},
-                                   ParamInit::normal(std));
-      TensorId a = b.op1("window_attention", p + "attn.core", {q, k, v, table},
-                         Attrs{{"d", c / heads},
-                               {"window", w},
-                               {"shift", shift},
-                               {"grid_y", grid},
-                               {"grid_x", grid},
-                               {"wp", std::string("s")}});
-      TensorId o = linear(p + "attn.proj", a, c, c, "row");
-      o = b.op1("window_reverse", p + "attn.unwindows", {o}, win);
-      x = b.op1("add", p + "attn.residual", {x, o}, hints("", "s"));
-      h = layer_norm(p + "norm2", x, c);
-      TensorId f = linear(p + "mlp.fc1", h, s.mlp_ratio * c, c, "column");
-      f = b.op1("gelu", p + "mlp.gelu", {f}, hints("column", "s"));
-      f = linear(p + "mlp.fc2", f, c, s.mlp_ratio * c, "row");
-      x = b.op1("add", p + "mlp.residual", {x, f}, hints("", "s"));
-    }
+    TensorId bb = b_.parameter(name + ".b", {out_f}, ParamInit::zeros());
+    return b_.op1("bias_add", name + ".bias", {y, bb}, hints(tp, "s"));
   }
 
-  b.set_layer(graph::kPostLayers);
-  const int64_t last = s.dim(s.stages() - 1);
-  x = layer_norm("norm", x, last);
-  x = b.op1("mean_pool", "pool", {x}, Attrs{{"wp", std::string("y")}});
-  TensorId head_w = b.parameter("head.w", {s.classes, last}, ParamInit::normal(std));
-  TensorId head_b = b.parameter("head.b", {s.classes}, ParamInit::zeros());
-  TensorId logits = b.op1("linear", "head", {x, head_w}, Attrs{{"ndim", int64_t{2}}});
-  logits = b.op1("bias_add", "head.bias", {logits, head_b}, Attrs{{"ndim", int64_t{2}}});
-  TensorId loss = b.op1("cross_entropy", "loss", {logits, labels},
-                        Attrs{{"normalizer", batch}, {"ndim", int64_t{2}}});
-  b.set_loss(loss);
-  return b.finish();
+  TensorId layer_norm(const std::string& name, TensorId in, int64_t features) {
+    TensorId g = b_.parameter(name + ".w", {features}, ParamInit::ones());
+    TensorId beta = b_.parameter(name + ".b", {features}, ParamInit::zeros());
+    return b_.op1("layer_norm", name, {in, g, beta}, with(hints("", "s"), {{"eps", s_.ln_eps}}));
+  }
+
+  TensorId embed(TensorId images) {
+    b_.set_layer(graph::kPreLayers);
+    TensorId x = b_.op1("patchify", "embed.patches", {images},
+                        Attrs{{"ph", s_.patch}, {"pw", s_.patch}, {"wp", std::string("y")}});
+    x = linear("embed.proj", x, s_.embed, s_.patch * s_.patch * s_.channels, "");
+    return layer_norm("embed.norm", x, s_.embed);
+  }
+
+  // Merging belongs to the last block of the previous stage (`layer`), so a pipeline stage
+  // boundary between Swin stages sends the merged activation (half the bytes of the unmerged
+  // one).
+  TensorId merge(int64_t i, int64_t layer, TensorId x) {
+    const int64_t c = s_.dim(i);
+    const std::string stage = "s" + std::to_string(i) + ".";
+    b_.set_layer(layer);
+    x = b_.op1("patch_merge", stage + "merge", {x}, Attrs{{"wp", std::string("y")}});
+    x = layer_norm(stage + "merge.norm", x, 2 * c);
+    return linear(stage + "merge.reduce", x, c, 2 * c, "", false);
+  }
+
+  // Block j of stage i: (shifted) window attention and the MLP, each with its residual.
+  TensorId block(int64_t i, int64_t j, TensorId x) {
+    const int64_t c = s_.dim(i), heads = s_.heads[static_cast<size_t>(i)];
+    const int64_t w = s_.window_at(i), grid = s_.resolution(i) / w;
+    const std::string p = "s" + std::to_string(i) + ".b" + std::to_string(j) + ".";
+    const int64_t shift = j % 2 == 1 ? s_.shift_at(i) : 0;
+    // Shifted windows gather tokens from both ends of the image: split channels there.
+    const char* window_split = shift > 0 ? "c" : "gy";
+    const Attrs win{
+        {"wy", w}, {"wx", w}, {"gx", grid}, {"shift", shift}, {"wp", std::string(window_split)}};
+    TensorId h = layer_norm(p + "norm1", x, c);
+    h = b_.op1("window_partition", p + "attn.windows", {h}, win);
+    TensorId q = linear(p + "attn.q", h, c, c, "column");
+    TensorId k = linear(p + "attn.k", h, c, c, "column");
+    TensorId v = linear(p + "attn.v", h, c, c, "column");
+    TensorId table = b_.parameter(p + "attn.bias_table", {(2 * w - 1) * (2 * w - 1), heads},
+                                  ParamInit::normal(std_));
+    TensorId a = b_.op1("window_attention", p + "attn.core", {q, k, v, table},
+                        Attrs{{"d", c / heads},
+                              {"window", w},
+                              {"shift", shift},
+                              {"grid_y", grid},
+                              {"grid_x", grid},
+                              {"wp", std::string("s")}});
+    TensorId o = linear(p + "attn.proj", a, c, c, "row");
+    o = b_.op1("window_reverse", p + "attn.unwindows", {o}, win);
+    x = b_.op1("add", p + "attn.residual", {x, o}, hints("", "s"));
+    h = layer_norm(p + "norm2", x, c);
+    TensorId f = linear(p + "mlp.fc1", h, s_.mlp_ratio * c, c, "column");
+    f = b_.op1("gelu", p + "mlp.gelu", {f}, hints("column", "s"));
+    f = linear(p + "mlp.fc2", f, c, s_.mlp_ratio * c, "row");
+    return b_.op1("add", p + "mlp.residual", {x, f}, hints("", "s"));
+  }
+
+  // The final norm, pooling, the classifier and the loss.
+  TensorId head(TensorId x, TensorId labels, int64_t batch) {
+    b_.set_layer(graph::kPostLayers);
+    const int64_t last = s_.dim(s_.stages() - 1);
+    x = layer_norm("norm", x, last);
+    x = b_.op1("mean_pool", "pool", {x}, Attrs{{"wp", std::string("y")}});
+    TensorId head_w = b_.parameter("head.w", {s_.classes, last}, ParamInit::normal(std_));
+    TensorId head_b = b_.parameter("head.b", {s_.classes}, ParamInit::zeros());
+    TensorId logits = b_.op1("linear", "head", {x, head_w}, Attrs{{"ndim", int64_t{2}}});
+    logits = b_.op1("bias_add", "head.bias", {logits, head_b}, Attrs{{"ndim", int64_t{2}}});
+    return b_.op1("cross_entropy", "loss", {logits, labels},
+                  Attrs{{"normalizer", batch}, {"ndim", int64_t{2}}});
+  }
+
+  const SwinSpec& s_;
+  graph::GraphBuilder b_;
+  const double std_;
+};
+
+}  // namespace
+
+Result<graph::Graph> build_swin(const SwinSpec& s, int64_t batch,
+                                const graph::OpRegistry& registry) {
+  return SwinGraph(s, registry).build(batch);
 }
 
 }  // namespace loom::models

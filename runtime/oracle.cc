@@ -62,12 +62,30 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
 
 }  // namespace
 
-OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::Tensor>& full,
-                            const KernelRegistry& kernels, double tolerance) {
-  LOOM_CHECK(full.size() == planned.tensors().size())
-      << full.size() << " values for " << planned.tensors().size() << " planned tensors";
-  at::NoGradGuard no_grad;
-  OracleReport report;
+namespace {
+
+// Runs every sub-op of a plan on its pieces of the single-device values and collects where
+// its outputs differ: whole pieces at once, partial pieces once all their value chunks are in.
+class OpsCheck {
+ public:
+  OpsCheck(const graph::Graph& planned, const std::vector<at::Tensor>& full,
+           const KernelRegistry& kernels, double tolerance)
+      : planned_(planned), full_(full), kernels_(kernels), tolerance_(tolerance) {}
+
+  OracleReport run() {
+    for (size_t index = 0; index < planned_.ops().size(); ++index) check_op(index);
+    check_partials();
+    std::stable_sort(found_.begin(), found_.end(),
+                     [](const Found& a, const Found& b) { return a.index < b.index; });
+    for (const Found& f : found_) report_.mismatches.push_back(f.message);
+    if (!found_.empty()) {
+      report_.first_op = found_.front().op;
+      report_.first_piece = found_.front().piece;
+    }
+    return report_;
+  }
+
+ private:
   // Value chunks of one piece: chunk index -> (its value, the sub-op that made it), and the
   // first sub-op (in program order) that made one.
   struct Chunks {
@@ -76,91 +94,108 @@ OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::T
     size_t first_index = 0;
     const graph::Op* first_op = nullptr;
   };
-  std::map<std::string, Chunks> partial;
   // Mismatches by the program index of the sub-op they name, so the first is the earliest.
   struct Found {
     size_t index;
     std::string op, piece, message;
   };
-  std::vector<Found> found;
-  auto piece_name = [&](const graph::SubTensor& s) {
-    return planned.tensor(s.tensor).name + s.ranges_string();
-  };
-  auto mismatch = [&](size_t index, const graph::Op& op, const graph::SubTensor& s,
-                      const std::string& what) {
+
+  std::string piece_name(const graph::SubTensor& s) const {
+    return planned_.tensor(s.tensor).name + s.ranges_string();
+  }
+
+  void mismatch(size_t index, const graph::Op& op, const graph::SubTensor& s,
+                const std::string& what) {
     std::ostringstream os;
     os << "op " << op.name() << " (" << op.type() << ", device " << op.device << "): output '"
-       << planned.tensor(s.tensor).name << "' piece " << s.ranges_string() << " " << what;
-    found.push_back({index, op.name(), piece_name(s), os.str()});
-  };
+       << planned_.tensor(s.tensor).name << "' piece " << s.ranges_string() << " " << what;
+    found_.push_back({index, op.name(), piece_name(s), os.str()});
+  }
 
-  for (size_t index = 0; index < planned.ops().size(); ++index) {
-    const graph::Op& op = planned.ops()[index];
-    const Kernel* kernel = kernels.find(op.type());
+  // Sub-op `index` on its input pieces: each whole output against the single-device value,
+  // each partial one kept for check_partials (a chunk made twice, by a replica, must be made
+  // identically).
+  void check_op(size_t index) {
+    const graph::Op& op = planned_.ops()[index];
+    const Kernel* kernel = kernels_.find(op.type());
     if (!kernel) {
-      found.push_back(
+      found_.push_back(
           {index, op.name(), "", "op " + op.name() + ": no kernel for type '" + op.type() + "'"});
-      continue;
+      return;
     }
     std::vector<at::Tensor> args;
-    for (const auto& in : op.inputs) args.push_back(cut_piece(full[in.tensor.value()], in));
-    std::vector<at::Tensor> outs = (*kernel)(KernelContext{planned, op}, args);
-    ++report.ops_checked;
+    for (const auto& in : op.inputs) args.push_back(cut_piece(full_[in.tensor.value()], in));
+    std::vector<at::Tensor> outs = (*kernel)(KernelContext{planned_, op}, args);
+    ++report_.ops_checked;
     for (size_t o = 0; o < op.outputs.size(); ++o) {
       const graph::SubTensor& s = op.outputs[o];
       if (!s.is_partial()) {
-        double err = rel_error(outs[o], cut_piece(full[s.tensor.value()], s));
-        ++report.pieces_checked;
-        if (err > tolerance)
+        double err = rel_error(outs[o], cut_piece(full_[s.tensor.value()], s));
+        ++report_.pieces_checked;
+        if (err > tolerance_)
           mismatch(index, op, s, "differs from the single-device run by " + std::to_string(err));
         continue;
       }
-      // Partial pieces are checked once all chunks are in; a chunk made twice (a replica) must
-      // be made identically.
       graph::SubTensor whole = s;
       whole.value_chunk = 0;
       std::string key = key_of(whole) + "/" + std::to_string(s.value_chunks);
-      Chunks& c = partial[key];
+      Chunks& c = partial_[key];
       if (!c.first_op) {
         c.first_op = &op;
         c.first_index = index;
       }
       c.piece = &s;
       auto [it, fresh] = c.parts.emplace(s.value_chunk, std::make_pair(outs[o], op.name()));
-      if (!fresh && rel_error(outs[o], it->second.first) > tolerance)
+      if (!fresh && rel_error(outs[o], it->second.first) > tolerance_)
         mismatch(index, op, s, "differs from its replica made by " + it->second.second);
     }
   }
-  for (const auto& [key, c] : partial) {
-    graph::SubTensor whole = *c.piece;
-    whole.value_chunk = 0;
-    whole.value_chunks = 1;
-    if (static_cast<int64_t>(c.parts.size()) != c.piece->value_chunks) {
-      found.push_back({c.first_index, c.first_op->name(), piece_name(whole),
-                       "piece " + key + " ('" + piece_name(whole) + "', first made by op " +
-                           c.first_op->name() + "): " + std::to_string(c.parts.size()) + " of " +
-                           std::to_string(c.piece->value_chunks) + " value chunks are made"});
-      continue;
+
+  // Each partial piece: all its value chunks are made, and they add up to the single-device
+  // value.
+  void check_partials() {
+    for (const auto& [key, c] : partial_) {
+      graph::SubTensor whole = *c.piece;
+      whole.value_chunk = 0;
+      whole.value_chunks = 1;
+      if (static_cast<int64_t>(c.parts.size()) != c.piece->value_chunks) {
+        found_.push_back({c.first_index, c.first_op->name(), piece_name(whole),
+                          "piece " + key + " ('" + piece_name(whole) + "', first made by op " +
+                              c.first_op->name() + "): " + std::to_string(c.parts.size()) + " of " +
+                              std::to_string(c.piece->value_chunks) + " value chunks are made"});
+        continue;
+      }
+      at::Tensor sum;
+      for (const auto& [i, part] : c.parts) sum = sum.defined() ? sum + part.first : part.first;
+      ++report_.pieces_checked;
+      double err = rel_error(sum, cut_piece(full_[whole.tensor.value()], whole));
+      if (err > tolerance_)
+        found_.push_back({c.first_index, c.first_op->name(), piece_name(whole),
+                          "op " + c.first_op->name() + " (" + c.first_op->type() +
+                              ") and the ops making the other value chunks of '" +
+                              piece_name(whole) +
+                              "': the chunks add up to values that differ from the " +
+                              "single-device run by " + std::to_string(err)});
     }
-    at::Tensor sum;
-    for (const auto& [i, part] : c.parts) sum = sum.defined() ? sum + part.first : part.first;
-    ++report.pieces_checked;
-    double err = rel_error(sum, cut_piece(full[whole.tensor.value()], whole));
-    if (err > tolerance)
-      found.push_back({c.first_index, c.first_op->name(), piece_name(whole),
-                       "op " + c.first_op->name() + " (" + c.first_op->type() + ") and the ops " +
-                           "making the other value chunks of '" + piece_name(whole) +
-                           "': the chunks add up to values that differ from the single-device " +
-                           "run by " + std::to_string(err)});
   }
-  std::stable_sort(found.begin(), found.end(),
-                   [](const Found& a, const Found& b) { return a.index < b.index; });
-  for (const Found& f : found) report.mismatches.push_back(f.message);
-  if (!found.empty()) {
-    report.first_op = found.front().op;
-    report.first_piece = found.front().piece;
-  }
-  return report;
+
+  const graph::Graph& planned_;
+  const std::vector<at::Tensor>& full_;
+  const KernelRegistry& kernels_;
+  const double tolerance_;
+  OracleReport report_;
+  std::map<std::string, Chunks> partial_;
+  std::vector<Found> found_;
+};
+
+}  // namespace
+
+OracleReport check_plan_ops(const graph::Graph& planned, const std::vector<at::Tensor>& full,
+                            const KernelRegistry& kernels, double tolerance) {
+  LOOM_CHECK(full.size() == planned.tensors().size())
+      << full.size() << " values for " << planned.tensors().size() << " planned tensors";
+  at::NoGradGuard no_grad;
+  return OpsCheck(planned, full, kernels, tolerance).run();
 }
 
 }  // namespace loom::runtime

@@ -515,20 +515,31 @@ Result<Repetend> find_repetend(const Placement& pl, const SearchOptions& opt) {
   return Error::at("mem-limit", os.str());
 }
 
-Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, int instances,
-                                       const SearchOptions& opt) {
-  const double limit = opt.memory_limit ? *opt.memory_limit : pl.memory_limit();
-  LOOM_ASSIGN_OR_RETURN(Workload w, pl.unroll(instances));
+namespace {
+
+// Ways to order the unrolled blocks, by name ("modulo", "list", "baseline-1f1b", ...+justified).
+using Candidates = std::vector<std::pair<std::string, std::vector<std::vector<int>>>>;
+
+// Planned start of every unrolled block: instance k runs block j at start_j + k * period.
+std::vector<double> planned_starts(const Placement& pl, const Repetend& r, int instances,
+                                   const Workload& w) {
   const int nb = static_cast<int>(pl.blocks().size());
-  const int p = pl.num_devices();
-  // Planned start of every unrolled block: instance k runs block j at start_j + k * period.
   std::vector<double> planned(w.size());
   for (int k = 0; k < instances; ++k)
     for (int j = 0; j < nb; ++j) planned[pl.unrolled_index(k, j)] = r.start[j] + k * r.period;
+  return planned;
+}
+
+// The modulo schedule itself, and for workloads small enough to refine, list scheduling by
+// planned start, the baseline rules' schedules and the double justification of each.
+Candidates completion_candidates(const Placement& pl, const Workload& w,
+                                 const std::vector<double>& planned, int instances, double limit,
+                                 const SearchOptions& opt) {
+  const int p = pl.num_devices();
   auto earlier = [&](int a, int b) {
     return planned[a] != planned[b] ? planned[a] < planned[b] : a < b;
   };
-  std::vector<std::pair<std::string, std::vector<std::vector<int>>>> candidates;
+  Candidates candidates;
   {  // The modulo schedule itself: every device in planned order.
     std::vector<std::vector<int>> order(p);
     for (int d = 0; d < p; ++d) {
@@ -540,9 +551,8 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   // List scheduling costs O(blocks x micro-batches); past kListBlocks blocks the warm-up and
   // cool-down are a vanishing share of the makespan and the unrolled repetend alone is used.
   constexpr int kListBlocks = 50'000;
-  const bool refine = w.size() <= kListBlocks;
-  if (refine) {  // List scheduling by planned start: warm-up and cool-down fill what the pattern
-                 // leaves idle.
+  if (w.size() > kListBlocks) return candidates;
+  {  // List scheduling by planned start: warm-up and cool-down fill what the pattern leaves idle.
     ListPolicy pol;
     pol.priority = [&](int i) { return planned[i]; };
     if (limit != Placement::kNoLimit) pol.memory_limit.assign(p, limit);
@@ -553,11 +563,10 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   // The baseline rules' schedules (baseline.h) compete as well: for few micro-batches per
   // device a repetend's steady state matters less than a tight warm-up, and the search promises
   // never to return something worse than a predefined schedule that fits.
-  if (refine)
-    for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit,
-                             SimOptions{opt.comm_delay, {}}))
-      candidates.push_back({"baseline-" + b.name, b.schedule.order()});
-  if (refine) {  // Double justification of all, which shortens warm-up and cool-down further.
+  for (auto& b : baselines(pl, instances * pl.micro_batches_per_instance(), limit,
+                           SimOptions{opt.comm_delay, {}}))
+    candidates.push_back({"baseline-" + b.name, b.schedule.order()});
+  {  // Double justification of all, which shortens warm-up and cool-down further.
     ListPolicy limits;
     if (limit != Placement::kNoLimit) limits.memory_limit.assign(p, limit);
     limits.comm_delay = opt.comm_delay;
@@ -566,6 +575,12 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
       candidates.push_back(
           {candidates[c].first + "+justified", justify(w, candidates[c].second, limits)});
   }
+  return candidates;
+}
+
+// The candidate with the shortest makespan within the memory limit (the first of equals).
+SearchResult best_candidate(const Workload& w, Candidates candidates, const Repetend& r,
+                            double limit, const SearchOptions& opt) {
   std::optional<SearchResult> best;
   std::string last_error;
   for (auto& [name, order] : candidates) {
@@ -593,23 +608,40 @@ Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, i
   }
   LOOM_CHECK(best.has_value()) << "the modulo schedule of a feasible repetend must be valid: "
                                << last_error;
-  // Warm-up: until the first complete repetend window starts; cool-down: after the last ends.
-  SearchResult& res = *best;
+  return std::move(*best);
+}
+
+// Warm-up: until the first complete repetend window starts; cool-down: after the last ends.
+void measure_warmup_cooldown(const Placement& pl, const Repetend& r, int instances,
+                             SearchResult& res) {
+  const int nb = static_cast<int>(pl.blocks().size());
   const int S = r.instances_spanned;
   res.repetend_instances = std::max(0, instances - S + 1);
   if (res.repetend_instances == 0) {
     res.warmup = res.timeline.makespan;
     res.cooldown = 0;
-  } else {
-    double first = std::numeric_limits<double>::infinity(), last = 0;
-    for (int j = 0; j < nb; ++j) {
-      first = std::min(first, res.timeline.start[pl.unrolled_index(S - 1 - r.offset[j], j)]);
-      last = std::max(last, res.timeline.end[pl.unrolled_index(instances - 1 - r.offset[j], j)]);
-    }
-    res.warmup = first;
-    res.cooldown = res.timeline.makespan - last;
+    return;
   }
-  return std::move(*best);
+  double first = std::numeric_limits<double>::infinity(), last = 0;
+  for (int j = 0; j < nb; ++j) {
+    first = std::min(first, res.timeline.start[pl.unrolled_index(S - 1 - r.offset[j], j)]);
+    last = std::max(last, res.timeline.end[pl.unrolled_index(instances - 1 - r.offset[j], j)]);
+  }
+  res.warmup = first;
+  res.cooldown = res.timeline.makespan - last;
+}
+
+}  // namespace
+
+Result<SearchResult> complete_repetend(const Placement& pl, const Repetend& r, int instances,
+                                       const SearchOptions& opt) {
+  const double limit = opt.memory_limit ? *opt.memory_limit : pl.memory_limit();
+  LOOM_ASSIGN_OR_RETURN(Workload w, pl.unroll(instances));
+  const std::vector<double> planned = planned_starts(pl, r, instances, w);
+  SearchResult res = best_candidate(w, completion_candidates(pl, w, planned, instances, limit, opt),
+                                    r, limit, opt);
+  measure_warmup_cooldown(pl, r, instances, res);
+  return res;
 }
 
 Result<SearchResult> search_schedule(const Placement& pl, int micro_batches,

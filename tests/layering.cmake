@@ -1,6 +1,7 @@
 # Fails when a folder includes a header of a folder it may not use (DESIGN.md's table): the
 # arrows point down the stack, core -> graph -> planner/models/scheduler -> lower -> plan ->
-# runtime -> launch, and the runtime never includes the planner. Run as cmake -DROOT=... -P.
+# runtime -> launch -> loom (the public API) -> bench, and the runtime never includes the
+# planner. No folder includes tests/. Run as cmake -DROOT=... -P.
 cmake_minimum_required(VERSION 3.22)
 set(may_use_core core)
 set(may_use_checkpoint core checkpoint)
@@ -16,16 +17,30 @@ set(may_use_comm core comm)
 # The runtime receives a Plan (lower's programs) and runs it; the block names of its traces are
 # the scheduler's.
 set(may_use_runtime core graph scheduler lower comm checkpoint data observe runtime)
-set(folders core checkpoint data observe graph planner scheduler models lower plan comm runtime)
+# launch/ is where planning and running meet: it may use every library.
+set(may_use_launch core checkpoint data observe graph planner scheduler models lower plan comm
+                   runtime launch)
+# loom/, the public API: the specs and builders it exposes, and launch/ for the trainer.
+set(may_use_loom core graph planner models lower plan runtime launch loom)
+# Benchmarks may use everything but the tests.
+set(may_use_bench ${may_use_launch} loom bench)
+set(folders core checkpoint data observe graph planner scheduler models lower plan comm runtime
+            launch loom bench)
+# Folders a source may name in an include: the checked ones and tests/, which none may use.
+set(known ${folders} tests)
 
 set(violations "")
 foreach(folder ${folders})
-  file(GLOB sources ${ROOT}/${folder}/*.h ${ROOT}/${folder}/*.cc)
+  if(folder STREQUAL "bench")  # each benchmark in a folder of its own
+    file(GLOB_RECURSE sources ${ROOT}/${folder}/*.h ${ROOT}/${folder}/*.cc)
+  else()
+    file(GLOB sources ${ROOT}/${folder}/*.h ${ROOT}/${folder}/*.cc)
+  endif()
   foreach(source ${sources})
     file(STRINGS ${source} includes REGEX "^#include \"[a-z_]+/")
     foreach(line ${includes})
       string(REGEX REPLACE "^#include \"([a-z_]+)/.*" "\\1" used "${line}")
-      if(NOT used IN_LIST folders)
+      if(NOT used IN_LIST known)
         continue()  # generated headers (plan.pb.h) and third-party folders
       endif()
       if(NOT used IN_LIST may_use_${folder})

@@ -22,9 +22,9 @@
 
 #include "comm/make_comm.h"
 #include "launch/planned_trainer.h"
+#include "launch/spawn.h"
 #include "plan/plan.h"
 #include "runtime/trainer.h"
-#include "tests/comm/spawn.h"
 
 namespace {
 
@@ -80,7 +80,7 @@ struct Measured {
   double step_s = 0, peak = 0, state = 0;  // the largest over the ranks
 };
 
-Measured measured(const std::vector<loom::comm::testing::ProcessResult>& results) {
+Measured measured(const std::vector<loom::launch::ProcessResult>& results) {
   Measured m;
   for (const auto& r : results) {
     double step = 0, peak = 0, state = 0;
@@ -123,22 +123,22 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = {"--worker", std::to_string(steps), "parallel.cp=2",
                                      "parallel.cp_kind=p2p"};
     args.insert(args.end(), shape.begin(), shape.end());
-    cp = measured(loom::comm::testing::spawn_workers(path, 2, args, 900));
+    cp = measured(loom::launch::spawn_workers(path, 2, args, 900));
     cp_s.push_back(cp.step_s);
     args[3] = "parallel.cp_kind=p2p-contiguous";
-    contiguous_s.push_back(measured(loom::comm::testing::spawn_workers(path, 2, args, 900)).step_s);
-    loom::comm::testing::Launch solo;
+    contiguous_s.push_back(measured(loom::launch::spawn_workers(path, 2, args, 900)).step_s);
+    loom::launch::Launch solo;
     solo.argv = {path, "--worker", std::to_string(steps)};
     solo.argv.insert(solo.argv.end(), shape.begin(), shape.end());
     solo.env = one_core;
-    one = measured(loom::comm::testing::run_processes({solo}, 900));
+    one = measured(loom::launch::run_processes({solo}, 900));
     one_s.push_back(one.step_s);
-    std::vector<loom::comm::testing::Launch> pair(2);
+    std::vector<loom::launch::Launch> pair(2);
     for (auto& l : pair) {
       l.argv = {path, "--worker", std::to_string(steps), half_seq};
       l.env = one_core;
     }
-    pair_s.push_back(measured(loom::comm::testing::run_processes(pair, 900)).step_s);
+    pair_s.push_back(measured(loom::launch::run_processes(pair, 900)).step_s);
   }
   const double c = median(cp_s), o = median(one_s), p = median(pair_s), cc = median(contiguous_s);
   std::printf(

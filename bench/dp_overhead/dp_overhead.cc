@@ -12,8 +12,8 @@
 
 #include "comm/make_comm.h"
 #include "launch/planned_trainer.h"
+#include "launch/spawn.h"
 #include "runtime/trainer.h"
-#include "tests/comm/spawn.h"
 
 namespace {
 
@@ -44,7 +44,7 @@ int worker(int steps, const std::vector<std::string>& overrides) {
   return 0;
 }
 
-double median_of(const std::vector<loom::comm::testing::ProcessResult>& results) {
+double median_of(const std::vector<loom::launch::ProcessResult>& results) {
   double worst = 0;
   for (const auto& r : results) {
     auto pos = r.output.find("median_step_s ");
@@ -69,18 +69,18 @@ int main(int argc, char** argv) {
   if (readlink(self.c_str(), path, sizeof path - 1) <= 0) return 1;
   std::vector<double> dp, solo;
   for (int round = 0; round < rounds; ++round) {
-    auto dp_runs = loom::comm::testing::spawn_workers(
-        path, 2,
-        {"--worker", std::to_string(steps), "parallel.dp=2", "comm.backend=gloo", "batch.global=16",
-         "batch.micro=8"},
-        600);
+    auto dp_runs =
+        loom::launch::spawn_workers(path, 2,
+                                    {"--worker", std::to_string(steps), "parallel.dp=2",
+                                     "comm.backend=gloo", "batch.global=16", "batch.micro=8"},
+                                    600);
     dp.push_back(median_of(dp_runs));
-    std::vector<loom::comm::testing::Launch> pair(2);
+    std::vector<loom::launch::Launch> pair(2);
     for (auto& l : pair) {
       l.argv = {path, "--worker", std::to_string(steps), "batch.global=8", "batch.micro=8"};
       l.env = {{"LOCAL_WORLD_SIZE", "2"}};
     }
-    solo.push_back(median_of(loom::comm::testing::run_processes(pair, 600)));
+    solo.push_back(median_of(loom::launch::run_processes(pair, 600)));
   }
   std::sort(dp.begin(), dp.end());
   std::sort(solo.begin(), solo.end());

@@ -13,9 +13,9 @@
 
 #include "comm/make_comm.h"
 #include "launch/planned_trainer.h"
+#include "launch/spawn.h"
 #include "plan/plan.h"
 #include "runtime/trainer.h"
-#include "tests/comm/spawn.h"
 
 namespace {
 
@@ -70,7 +70,7 @@ struct Measured {
 Measured measure(const std::string& self, const Case& c, int steps) {
   std::vector<std::string> args = {"--worker", std::to_string(steps)};
   args.insert(args.end(), c.overrides.begin(), c.overrides.end());
-  auto results = loom::comm::testing::spawn_workers(self, c.ranks, args, 900);
+  auto results = loom::launch::spawn_workers(self, c.ranks, args, 900);
   Measured m;
   for (const auto& r : results) {
     double peak = 0, estimate = 0, step = 0;

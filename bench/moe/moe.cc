@@ -16,8 +16,8 @@
 
 #include "comm/make_comm.h"
 #include "launch/planned_trainer.h"
+#include "launch/spawn.h"
 #include "runtime/trainer.h"
-#include "tests/comm/spawn.h"
 
 namespace {
 
@@ -86,7 +86,7 @@ int worker(int steps, const std::vector<std::string>& overrides) {
   return 0;
 }
 
-double field(const std::vector<loom::comm::testing::ProcessResult>& results, const char* name) {
+double field(const std::vector<loom::launch::ProcessResult>& results, const char* name) {
   double worst = -1;
   for (const auto& r : results) {
     auto pos = r.output.find(std::string(name) + " ");
@@ -117,15 +117,15 @@ int main(int argc, char** argv) {
   std::vector<double> ep, one, share;
   for (int round = 0; round < rounds; ++round) {
     auto ep_runs =
-        loom::comm::testing::spawn_workers(path, 2,
-                                           {"--worker", std::to_string(steps), "parallel.dp=2",
-                                            "parallel.ep=2", "comm.backend=gloo", "batch.micro=4"},
-                                           600);
+        loom::launch::spawn_workers(path, 2,
+                                    {"--worker", std::to_string(steps), "parallel.dp=2",
+                                     "parallel.ep=2", "comm.backend=gloo", "batch.micro=4"},
+                                    600);
     ep.push_back(field(ep_runs, "median_step_s"));
     share.push_back(field(ep_runs, "a2a_s") / field(ep_runs, "traced_s"));
-    loom::comm::testing::Launch solo;
+    loom::launch::Launch solo;
     solo.argv = {path, "--worker", std::to_string(steps), "batch.micro=8"};
-    one.push_back(field(loom::comm::testing::run_processes({solo}, 600), "median_step_s"));
+    one.push_back(field(loom::launch::run_processes({solo}, 600), "median_step_s"));
   }
   const double e = median(ep), o = median(one);
   std::printf(

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "launch/spawn.h"
 #include "plan/auto_plan.h"
-#include "tests/comm/spawn.h"
 
 namespace {
 
@@ -81,7 +81,7 @@ std::vector<Candidate> candidates(int world) {
 
 // Runs one command (bounded); its output goes to the error stream when it fails.
 void run_or_die(const std::vector<std::string>& argv, double deadline_s) {
-  const auto results = loom::comm::testing::run_processes({{argv, {}}}, deadline_s);
+  const auto results = loom::launch::run_processes({{argv, {}}}, deadline_s);
   if (!results[0].ok()) {
     std::string cmd;
     for (const auto& a : argv) cmd += a + " ";

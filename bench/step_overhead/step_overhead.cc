@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/step_overhead/gpt_reference.h"
 #include "data/sources.h"
 #include "launch/planned_trainer.h"
 #include "models/gpt.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
-#include "tests/reference/gpt_reference.h"
 
 namespace {
 

@@ -3,10 +3,13 @@
 
 #include <regex>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 namespace loom::comm::testing {
 namespace {
+
+using launch::describe;
+using launch::spawn_workers;
 
 const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/comm_worker";
 // Single-threaded LibTorch in every worker: the test machine may have two cores for all of them.

@@ -13,8 +13,8 @@
 #include <map>
 #include <set>
 
+#include "launch/spawn.h"
 #include "tests/comm/primitive_checks.h"
-#include "tests/comm/spawn.h"
 
 namespace loom::comm {
 namespace {
@@ -119,7 +119,7 @@ TEST(MakeComm, GlooNeedsTheLauncherVariables) {
 // Nobody hosts the store: rank 1 gives up at the timeout with a message, not a hang.
 TEST(MakeComm, UnreachableRendezvousIsAClearErrorAtTheTimeout) {
   if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
-  const int port = testing::free_port();
+  const int port = launch::free_port();
   const auto start = Clock::now();
   auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
                                                      {"RANK", "1"},
@@ -136,7 +136,7 @@ TEST(MakeComm, UnreachableRendezvousIsAClearErrorAtTheTimeout) {
 // Rank 0 hosts the store but rank 1 never comes.
 TEST(MakeComm, MissingRankAtRendezvousIsAClearErrorAtTheTimeout) {
   if (!built("gloo")) GTEST_SKIP() << "this build has no gloo backend (LOOM_GLOO)";
-  const int port = testing::free_port();
+  const int port = launch::free_port();
   auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
                                                      {"RANK", "0"},
                                                      {"MASTER_ADDR", "127.0.0.1"},

@@ -7,10 +7,16 @@
 #include <regex>
 #include <sstream>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 namespace loom::comm::testing {
 namespace {
+
+using launch::find_program;
+using launch::Launch;
+using launch::mpirun_argv;
+using launch::ProcessResult;
+using launch::run_processes;
 
 const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/comm_worker";
 

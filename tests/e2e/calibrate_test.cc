@@ -6,14 +6,14 @@
 #include <filesystem>
 
 #include "core/cost_model.h"
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using loom::comm::testing::Launch;
-using loom::comm::testing::ProcessResult;
-using loom::comm::testing::run_processes;
+using loom::launch::Launch;
+using loom::launch::ProcessResult;
+using loom::launch::run_processes;
 
 ProcessResult loom_cmd(const std::vector<std::string>& args, double deadline_s) {
   Launch l;

@@ -18,9 +18,9 @@
 
 #include "checkpoint/reader.h"
 #include "launch/planned_trainer.h"
+#include "launch/spawn.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
-#include "tests/comm/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {
@@ -88,8 +88,8 @@ std::map<int64_t, double> worker_losses(const fs::path& out) {
 
 void run_workers(int world, std::vector<std::string> args, const fs::path& out) {
   args.insert(args.end(), {"model.args.layers=4", "comm.backend=gloo", "--out", out.string()});
-  auto results = comm::testing::spawn_workers(kWorker, world, args, 150);
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  auto results = launch::spawn_workers(kWorker, world, args, 150);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
 }
 
 void expect_equal_losses(const std::map<int64_t, double>& got, int64_t first, int64_t last,
@@ -199,9 +199,9 @@ std::map<std::string, IndependentTensor> read_safetensors_independently(const fs
 // to the single-device run's at step 5, and the momentum buffers whole; `inspect` lists shards.
 void expect_merged_equals_single_device(const fs::path& ckpt) {
   const fs::path out = ckpt.parent_path() / "merged.safetensors";
-  comm::testing::Launch merge;
+  launch::Launch merge;
   merge.argv = {kLoom, "checkpoint", "merge", ckpt.string(), out.string()};
-  auto r = comm::testing::run_processes({merge}, 60)[0];
+  auto r = launch::run_processes({merge}, 60)[0];
   ASSERT_TRUE(r.ok()) << r.describe();
   nlohmann::json metadata;
   auto tensors = read_safetensors_independently(out, &metadata);
@@ -244,9 +244,9 @@ void expect_merged_equals_single_device(const fs::path& ckpt) {
   expect_equal_losses(losses, 6, 10, testing_support::kLossRelTolerance,
                       "resumed from the merged file");
 
-  comm::testing::Launch inspect;
+  launch::Launch inspect;
   inspect.argv = {kLoom, "checkpoint", "inspect", ckpt.string()};
-  auto listing = comm::testing::run_processes({inspect}, 60)[0];
+  auto listing = launch::run_processes({inspect}, 60)[0];
   ASSERT_TRUE(listing.ok()) << listing.describe();
   for (const char* want : {"dp2 x tp2 x pp1", "rank_00003.safetensors", "h0.mlp.fc1.w", "exp_avg"})
     EXPECT_NE(listing.output.find(want), std::string::npos) << want << " not in:\n"
@@ -259,7 +259,7 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
   const fs::path dir = fresh_dir("restart");
   const fs::path config = dir / "run.yaml";
   std::ofstream(config) << kYaml;
-  comm::testing::Launch launch;
+  launch::Launch launch;
   launch.argv = {kLoomrun,
                  "--standalone",
                  "--nproc-per-node",
@@ -277,7 +277,7 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
                  "checkpoint.resume=latest"};
   launch.env = {
       {"LOOM_DEBUG_KILL_AT_STEP", "5"}, {"LOOM_DEBUG_KILL_RANK", "1"}, {"OMP_NUM_THREADS", "1"}};
-  auto results = comm::testing::run_processes({launch}, 200);
+  auto results = launch::run_processes({launch}, 200);
   ASSERT_TRUE(results[0].ok()) << results[0].describe();
   EXPECT_NE(results[0].output.find("SIGKILL"), std::string::npos) << results[0].describe();
   EXPECT_NE(results[0].output.find("resumed from step 4"), std::string::npos)
@@ -319,9 +319,9 @@ int64_t check_complete_checkpoints(const fs::path& root) {
 }
 
 // `loom train` on the writer tests' config for 3 steps into `run`, plus `extra`.
-comm::testing::Launch train_steps(const fs::path& config, const fs::path& run,
-                                  const std::vector<std::string>& extra) {
-  comm::testing::Launch l;
+launch::Launch train_steps(const fs::path& config, const fs::path& run,
+                           const std::vector<std::string>& extra) {
+  launch::Launch l;
   l.argv = {kLoom,           "train",
             config.string(), "model.args.layers=2",
             "run.steps=3",   "run.output_dir=" + run.string()};
@@ -337,7 +337,7 @@ void expect_resume_matches(const fs::path& config, const fs::path& root,
                            const std::map<int64_t, double>& want, const std::string& what) {
   const fs::path out = root.parent_path() / "resumed";
   fs::remove_all(out);
-  auto r = comm::testing::run_processes(
+  auto r = launch::run_processes(
       {train_steps(config, out, {"checkpoint.resume=latest", "checkpoint.dir=" + root.string()})},
       60)[0];
   ASSERT_TRUE(r.ok()) << what << ": " << r.describe();
@@ -352,14 +352,13 @@ class CheckpointWriterKilled : public testing::Test {
     config_ = dir_ / "run.yaml";
     std::ofstream(config_) << kYaml;
     // The uninterrupted losses, from a process started as the killed ones are.
-    auto r =
-        comm::testing::run_processes({train_steps(config_, dir_ / "uninterrupted", {})}, 60)[0];
+    auto r = launch::run_processes({train_steps(config_, dir_ / "uninterrupted", {})}, 60)[0];
     ASSERT_TRUE(r.ok()) << r.describe();
     want_ = metrics_losses(dir_ / "uninterrupted");
     ASSERT_EQ(want_.size(), 3u);
   }
   // `loom train` for 3 steps with a checkpoint after each (keep 2) into a fresh `run`.
-  comm::testing::Launch train(const fs::path& run) const {
+  launch::Launch train(const fs::path& run) const {
     fs::remove_all(run);
     return train_steps(config_, run, {"checkpoint.every=1", "checkpoint.keep=2"});
   }
@@ -377,7 +376,7 @@ TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
     const fs::path run = dir_ / "run";
     auto launch = train(run);
     launch.env["LOOM_DEBUG_CKPT_CRASH_AT"] = std::to_string(point);
-    auto r = comm::testing::run_processes({launch}, 60)[0];
+    auto r = launch::run_processes({launch}, 60)[0];
     finished = r.ok();
     if (!finished) {
       ASSERT_EQ(r.signal, 9) << "crash point " << point << ": " << r.describe();
@@ -395,7 +394,7 @@ TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
 
 // Kills the writer at random instants within the span of a whole run (measured first).
 TEST_F(CheckpointWriterKilled, AtRandomInstantsThePreviousCheckpointStaysLoadable) {
-  auto full = comm::testing::run_processes({train(dir_ / "full")}, 60)[0];
+  auto full = launch::run_processes({train(dir_ / "full")}, 60)[0];
   ASSERT_TRUE(full.ok()) << full.describe();
   const unsigned seed = 20261123;
   std::mt19937 rng(seed);
@@ -404,7 +403,7 @@ TEST_F(CheckpointWriterKilled, AtRandomInstantsThePreviousCheckpointStaysLoadabl
   for (int i = 0; i < 8; ++i) {
     const double at_s = when(rng);
     const fs::path run = dir_ / ("run" + std::to_string(i));
-    auto r = comm::testing::run_processes({train(run)}, at_s)[0];
+    auto r = launch::run_processes({train(run)}, at_s)[0];
     killed += r.killed;
     SCOPED_TRACE("seed " + std::to_string(seed) + ", killed after " + std::to_string(at_s) + " s");
     check_complete_checkpoints(run / "checkpoints");
@@ -420,7 +419,7 @@ TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
   const fs::path dir = fresh_dir("cli");
   const fs::path config = dir / "run.yaml";
   std::ofstream(config) << kYaml;
-  comm::testing::Launch save;
+  launch::Launch save;
   save.argv = {kLoom,
                "train",
                config.string(),
@@ -428,13 +427,13 @@ TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
                "run.steps=1",
                "checkpoint.every=1",
                "run.output_dir=" + (dir / "first").string()};
-  ASSERT_TRUE(comm::testing::run_processes({save}, 60)[0].ok());
+  ASSERT_TRUE(launch::run_processes({save}, 60)[0].ok());
   const fs::path shard = dir / "first" / "checkpoints" / "step_00000001" / "rank_00000.safetensors";
   std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(200);
   f.put('\x7f');
   f.close();
-  comm::testing::Launch resume;
+  launch::Launch resume;
   resume.argv = {kLoom,
                  "train",
                  config.string(),
@@ -442,7 +441,7 @@ TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
                  "run.steps=2",
                  "checkpoint.resume=" + (dir / "first" / "checkpoints").string(),
                  "run.output_dir=" + (dir / "second").string()};
-  auto r = comm::testing::run_processes({resume}, 60)[0];
+  auto r = launch::run_processes({resume}, 60)[0];
   EXPECT_EQ(r.exit_code, 2) << r.describe();
   EXPECT_NE(r.output.find(shard.string()), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("corrupted"), std::string::npos) << r.output;

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 namespace {
 
@@ -300,7 +300,7 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   std::string config = write(
       "c.yaml", base_config() + "parallel:\n  tp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
   std::string cmd;
-  int port = loom::comm::testing::free_port();
+  int port = loom::launch::free_port();
   for (int r = 0; r < 2; ++r)
     cmd += "RANK=" + std::to_string(r) +
            " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {
@@ -48,8 +48,8 @@ TEST(EvoformerGlooRanks, Dap2) {
        {"parallel.policy=dap", "parallel.tp=2", "comm.backend=gloo", "--steps", "5", "--out"})
     args.push_back(a);
   args.push_back(dir.string());
-  auto results = comm::testing::spawn_workers(kWorker, 2, args, 120);
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  auto results = launch::spawn_workers(kWorker, 2, args, 120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
 
   // The pair norm's shift only follows rounding noise; see
   // tests/runtime/evoformer_reference_test.cc.

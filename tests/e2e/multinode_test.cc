@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 namespace {
 
@@ -127,7 +127,7 @@ TEST(MultiNode, TwoNamespacesOverVethTrainLikeOneNode) {
 
   TwoNodes nodes;
   if (!nodes.ok()) GTEST_SKIP() << nodes.reason();
-  const int port = loom::comm::testing::free_port();
+  const int port = loom::launch::free_port();
   auto node = [&](int k) {
     return "timeout 120 " + nodes.exec(k) + bin + "loomrun --nnodes 2 --node-rank " +
            std::to_string(k) + " --nproc-per-node 1 --master-addr " + TwoNodes::kAddr0 +

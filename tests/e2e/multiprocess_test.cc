@@ -11,14 +11,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
-using comm::testing::ProcessResult;
+using launch::ProcessResult;
 
 const std::string kWorker = std::string(LOOM_BINARY_DIR) + "/bin/train_worker";
 
@@ -59,8 +59,8 @@ void expect_gloo_equal(const std::string& name, const std::vector<std::string>& 
   args.push_back("--out");
   args.push_back(dir.string());
   args.push_back("model.args.layers=" + std::to_string(layers));
-  auto results = comm::testing::spawn_workers(kWorker, world_size, args, 120);
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  auto results = launch::spawn_workers(kWorker, world_size, args, 120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
   check_outputs(dir, world_size, layers);
 }
 
@@ -101,7 +101,7 @@ TEST(GlooRanks, InterleavedFromLoomScheduleCsv) {
   for (const char* more : {"model.args.layers=4", "comm.backend=gloo", "--out"})
     args.push_back(more);
   args.push_back((dir / "refused").string());
-  for (const auto& r : comm::testing::spawn_workers(kWorker, 2, args, 120)) {
+  for (const auto& r : launch::spawn_workers(kWorker, 2, args, 120)) {
     EXPECT_FALSE(r.ok()) << r.describe();
     EXPECT_NE(r.output.find("parallel.schedule_csv"), std::string::npos) << r.output;
   }
@@ -149,11 +149,11 @@ TEST(GlooRanks, Tp2Pp2FromPlanJson) {
       " parallel.tp=2 parallel.pp=2 --out " + (dir / "plan").string() + " > /dev/null";
   ASSERT_EQ(std::system(plan_cmd.c_str()), 0);
   auto results =
-      comm::testing::spawn_workers(kWorker, 4,
-                                   {"parallel.tp=2", "parallel.pp=2", "comm.backend=gloo", "--plan",
-                                    (dir / "plan" / "plan.json").string(), "--out", dir.string()},
-                                   120);
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+      launch::spawn_workers(kWorker, 4,
+                            {"parallel.tp=2", "parallel.pp=2", "comm.backend=gloo", "--plan",
+                             (dir / "plan" / "plan.json").string(), "--out", dir.string()},
+                            120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
   check_outputs(dir, 4);
 }
 
@@ -178,8 +178,8 @@ void expect_memory_estimate(const std::string& name, const std::vector<std::stri
   for (const char* a : {"comm.backend=gloo", "--steps", "3", "--out"}) args.push_back(a);
   args.push_back(dir.string());
   // The gpt2-124m widths take 60-90 s on two loaded cores; ctest allows the test 200 s.
-  auto results = comm::testing::spawn_workers(kWorker, world_size, args, 180);
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  auto results = launch::spawn_workers(kWorker, world_size, args, 180);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
   for (int r = 0; r < world_size; ++r) {
     std::ifstream idx(dir / ("rank_" + std::to_string(r) + ".json"));
     nlohmann::json index = nlohmann::json::parse(idx);
@@ -237,15 +237,15 @@ TEST(MemoryEstimate, RecomputeFull) {
 
 void expect_mpi_equal(const std::string& name, const std::vector<std::string>& overrides,
                       int world_size) {
-  if (comm::testing::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
+  if (launch::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
   fs::path dir = fresh_dir("mpi_" + name);
-  comm::testing::Launch launch;
-  launch.argv = comm::testing::mpirun_argv();
+  launch::Launch launch;
+  launch.argv = launch::mpirun_argv();
   launch.argv.insert(launch.argv.end(), {"-np", std::to_string(world_size), kWorker});
   launch.env = {{"OMP_NUM_THREADS", "1"}};
   for (const auto& o : overrides) launch.argv.push_back(o);
   launch.argv.insert(launch.argv.end(), {"comm.backend=mpi", "--out", dir.string()});
-  auto results = comm::testing::run_processes({launch}, 120);
+  auto results = launch::run_processes({launch}, 120);
   ASSERT_TRUE(results[0].ok()) << results[0].describe();
   check_outputs(dir, world_size);
 }
@@ -255,11 +255,10 @@ TEST(MpiRanks, Tp2) { expect_mpi_equal("tp2", {"parallel.tp=2"}, 2); }
 TEST(MpiRanks, Pp2) { expect_mpi_equal("pp2", {"parallel.pp=2"}, 2); }
 
 TEST(Faults, AKilledRankStopsTheOthersWithinTheTimeout) {
-  auto results =
-      comm::testing::spawn_workers(kWorker, 2,
-                                   {"parallel.dp=2", "comm.backend=gloo", "comm.timeout_s=4",
-                                    "--die-at-step", "3", "--die-rank", "1"},
-                                   60);
+  auto results = launch::spawn_workers(kWorker, 2,
+                                       {"parallel.dp=2", "comm.backend=gloo", "comm.timeout_s=4",
+                                        "--die-at-step", "3", "--die-rank", "1"},
+                                       60);
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[1].signal, 9) << results[1].describe();
   const ProcessResult& survivor = results[0];

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "launch/spawn.h"
 #include "plan/plan.h"
 #include "scheduler/render.h"
-#include "tests/comm/spawn.h"
 #include "tests/observe/event_reader.h"
 
 namespace loom {
@@ -174,8 +174,8 @@ TEST(StepTrace, Tp2Pp2TraceHasEveryBlockAndPairedMessages) {
   std::vector<std::string> args = {"train", config, "comm.backend=gloo", "comm.timeout_s=60",
                                    "logging.trace_steps=[3]"};
   args.insert(args.end(), plan_keys.begin(), plan_keys.end());
-  auto results = comm::testing::spawn_workers(kLoom, 4, args, 150, {{"OMP_NUM_THREADS", "1"}});
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  auto results = launch::spawn_workers(kLoom, 4, args, 150, {{"OMP_NUM_THREADS", "1"}});
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
   const fs::path trace_file = dir / "run" / "trace_step_3.json";
   EXPECT_NE(results[0].output.find("trace step 3 (" + trace_file.string() + "): makespan"),
             std::string::npos)

@@ -14,14 +14,14 @@
 #include <sstream>
 #include <thread>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
-using comm::testing::Launch;
-using comm::testing::ProcessResult;
+using launch::Launch;
+using launch::ProcessResult;
 
 const std::string kLoom = std::string(LOOM_BINARY_DIR) + "/bin/loom";
 
@@ -47,9 +47,7 @@ class RunOutput : public testing::Test {
     l.env = {{"OMP_NUM_THREADS", "1"}};
     return l;
   }
-  ProcessResult run(const Launch& launch) const {
-    return comm::testing::run_processes({launch}, 120)[0];
-  }
+  ProcessResult run(const Launch& launch) const { return launch::run_processes({launch}, 120)[0]; }
   // The steps of metrics.jsonl's rows, in file order.
   std::vector<int64_t> metrics_steps() const {
     std::ifstream in(run_dir() / "metrics.jsonl");

@@ -14,7 +14,7 @@
 #include <map>
 #include <tuple>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 #include "tests/runtime/local_ranks.h"
 #include "tests/support/reference_run.h"
 
@@ -98,16 +98,16 @@ TEST_P(PrecisionMatrix, EqualsOneDevice) {
   args.insert(args.end(), {"comm.backend=" + backend, "--steps", std::to_string(kSteps), "--out",
                            dir.string()});
   if (backend == "gloo") {
-    auto results = comm::testing::spawn_workers(kWorker, layout.world_size, args, 120);
-    for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+    auto results = launch::spawn_workers(kWorker, layout.world_size, args, 120);
+    for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
   } else {
-    if (comm::testing::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
-    comm::testing::Launch launch;
-    launch.argv = comm::testing::mpirun_argv();
+    if (launch::find_program("mpirun").empty()) GTEST_SKIP() << "mpirun is not installed";
+    launch::Launch launch;
+    launch.argv = launch::mpirun_argv();
     launch.argv.insert(launch.argv.end(), {"-np", std::to_string(layout.world_size), kWorker});
     launch.argv.insert(launch.argv.end(), args.begin(), args.end());
     launch.env = {{"OMP_NUM_THREADS", "1"}};
-    auto results = comm::testing::run_processes({launch}, 120);
+    auto results = launch::run_processes({launch}, 120);
     ASSERT_TRUE(results[0].ok()) << results[0].describe();
   }
   EXPECT_GT(testing_support::expect_worker_results_equal(ref, dir, layout.world_size, noise), 0);

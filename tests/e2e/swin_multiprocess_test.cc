@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {
@@ -45,8 +45,8 @@ void expect_gloo_equal(const std::string& name, const std::vector<std::string>& 
   args.insert(args.end(), overrides.begin(), overrides.end());
   for (std::string a : {"comm.backend=gloo", "--steps", "5", "--out"}) args.push_back(a);
   args.push_back(dir.string());
-  auto results = comm::testing::spawn_workers(kWorker, world_size, args, 120);
-  for (const auto& r : results) ASSERT_TRUE(r.ok()) << comm::testing::describe(results);
+  auto results = launch::spawn_workers(kWorker, world_size, args, 120);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << launch::describe(results);
 
   const testing_support::Reference& ref = single_device();
   ASSERT_NE(ref.losses.front(), ref.losses.back());

@@ -1,5 +1,5 @@
 // GPT tiny in loom against the plain torch::nn reference: same weights, same batches.
-#include "tests/reference/gpt_reference.h"
+#include "bench/step_overhead/gpt_reference.h"
 
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>

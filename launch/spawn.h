@@ -1,13 +1,13 @@
-// Multi-process test helper: starts worker processes (fork + exec) with their own environment,
-// collects exit status and output, and kills every one of them when a deadline passes, so a
-// hanging rank fails its test instead of hanging ctest.
+// Starts worker processes (fork + exec) with their own environment, collects exit status and
+// output, and kills every one of them when a deadline passes, so a hanging rank fails its test
+// or benchmark instead of hanging it. The multi-process tests and benchmarks run ranks with it.
 #pragma once
 
 #include <map>
 #include <string>
 #include <vector>
 
-namespace loom::comm::testing {
+namespace loom::launch {
 
 struct Launch {
   std::vector<std::string> argv;           // argv[0] is the executable's path
@@ -49,4 +49,4 @@ std::vector<ProcessResult> spawn_workers(const std::string& worker, int world_si
 // All results as one text for assertion messages.
 std::string describe(const std::vector<ProcessResult>& results);
 
-}  // namespace loom::comm::testing
+}  // namespace loom::launch

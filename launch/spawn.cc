@@ -1,4 +1,4 @@
-#include "tests/comm/spawn.h"
+#include "launch/spawn.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace loom::comm::testing {
+namespace loom::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -46,54 +46,57 @@ std::string describe(const std::vector<ProcessResult>& results) {
   return out;
 }
 
-std::vector<ProcessResult> run_processes(const std::vector<Launch>& launches, double deadline_s) {
-  struct Child {
-    pid_t pid = -1;
-    std::string log;
-    bool done = false;
-  };
-  std::vector<Child> children(launches.size());
-  std::vector<ProcessResult> results(launches.size());
-  const auto start = Clock::now();
+namespace {
 
-  for (size_t i = 0; i < launches.size(); ++i) {
-    // Everything the child needs is built before fork: only async-signal-safe calls after it.
-    char log_template[] = "/tmp/loom-comm-test-XXXXXX";
-    const int log_fd = mkstemp(log_template);
-    children[i].log = log_template;
-    std::map<std::string, std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string kv(*e);
-      const size_t eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    for (const auto& [k, v] : launches[i].env) env[k] = v;
-    std::vector<std::string> env_strings;
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> envp, argv;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = launches[i].argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
+struct Child {
+  pid_t pid = -1;
+  std::string log;
+  bool done = false;
+};
 
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      dup2(log_fd, STDOUT_FILENO);
-      dup2(log_fd, STDERR_FILENO);
-      execve(argv[0], argv.data(), envp.data());
-      const char msg[] = "exec failed\n";
-      (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
-      _exit(127);
-    }
-    close(log_fd);
-    children[i].pid = pid;
-    if (pid > 0) setpgid(pid, pid);  // also here, so a kill cannot race the child's own call
+// Starts `launch` in a process group of its own, its output to a fresh log file.
+Child start_child(const Launch& launch) {
+  Child child;
+  // Everything the child needs is built before fork: only async-signal-safe calls after it.
+  char log_template[] = "/tmp/loom-comm-test-XXXXXX";
+  const int log_fd = mkstemp(log_template);
+  child.log = log_template;
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  for (const auto& [k, v] : launch.env) env[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = launch.argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
 
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(deadline_s));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    execve(argv[0], argv.data(), envp.data());
+    const char msg[] = "exec failed\n";
+    (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+    _exit(127);
+  }
+  close(log_fd);
+  child.pid = pid;
+  if (pid > 0) setpgid(pid, pid);  // also here, so a kill cannot race the child's own call
+  return child;
+}
+
+// Polls the children until all have ended or `deadline` passes, then kills the rest (and
+// their process groups).
+void wait_children(std::vector<Child>& children, std::vector<ProcessResult>& results,
+                   Clock::time_point start, Clock::time_point deadline) {
   size_t running = children.size();
   for (size_t i = 0; i < children.size(); ++i) {
     if (children[i].pid < 0) {
@@ -131,6 +134,18 @@ std::vector<ProcessResult> run_processes(const std::vector<Launch>& launches, do
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+}  // namespace
+
+std::vector<ProcessResult> run_processes(const std::vector<Launch>& launches, double deadline_s) {
+  std::vector<Child> children;
+  std::vector<ProcessResult> results(launches.size());
+  const auto start = Clock::now();
+  for (const Launch& launch : launches) children.push_back(start_child(launch));
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(deadline_s));
+  wait_children(children, results, start, deadline);
   for (size_t i = 0; i < children.size(); ++i) {
     results[i].output = read_file(children[i].log);
     unlink(children[i].log.c_str());
@@ -198,4 +213,4 @@ std::vector<std::string> mpirun_argv() {
           "none"};
 }
 
-}  // namespace loom::comm::testing
+}  // namespace loom::launch
