@@ -1,7 +1,9 @@
 # Fails when a folder includes a header of a folder it may not use (DESIGN.md's table): the
 # arrows point down the stack, core -> graph -> planner/models/scheduler -> lower -> plan ->
 # runtime -> launch -> loom (the public API) -> bench, and the runtime never includes the
-# planner. No folder includes tests/. Run as cmake -DROOT=... -P.
+# planner. No folder includes tests/. The raw config stops at plan/'s door: graph/, planner/,
+# scheduler/ and lower/ take the specs plan::PlanSpec::of reads, never core/config.h. Run as
+# cmake -DROOT=... -P.
 cmake_minimum_required(VERSION 3.22)
 set(may_use_core core)
 set(may_use_checkpoint core checkpoint)
@@ -29,6 +31,9 @@ set(folders core checkpoint data observe graph planner scheduler models lower pl
 # Folders a source may name in an include: the checked ones and tests/, which none may use.
 set(known ${folders} tests)
 
+# Below plan/: no include of the raw config.
+set(below_the_door graph planner scheduler lower)
+
 set(violations "")
 foreach(folder ${folders})
   if(folder STREQUAL "bench")  # each benchmark in a folder of its own
@@ -39,6 +44,10 @@ foreach(folder ${folders})
   foreach(source ${sources})
     file(STRINGS ${source} includes REGEX "^#include \"[a-z_]+/")
     foreach(line ${includes})
+      if(folder IN_LIST below_the_door AND line MATCHES "^#include \"core/config.h\"")
+        file(RELATIVE_PATH name ${ROOT} ${source})
+        string(APPEND violations "  ${name}: ${line} (the config stops at plan/'s door)\n")
+      endif()
       string(REGEX REPLACE "^#include \"([a-z_]+)/.*" "\\1" used "${line}")
       if(NOT used IN_LIST known)
         continue()  # generated headers (plan.pb.h) and third-party folders
