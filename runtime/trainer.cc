@@ -117,13 +117,21 @@ std::string first_non_finite(const Trainer::Impl& s) {
 }
 
 Error non_finite_step(const Trainer::Impl& s, double loss, double norm, int64_t rank) {
-  std::ostringstream os;
+  auto text = [](double v) {
+    std::ostringstream os;
+    if (std::isnan(v))
+      os << "nan";
+    else
+      os << v;
+    return os.str();
+  };
   const std::string first = first_non_finite(s);
-  os << "step " << s.step + 1 << ": the loss is " << loss << " and the gradient norm " << norm
-     << "; the first non-finite tensor of rank " << rank << ": "
+  std::ostringstream os;
+  os << "step " << s.step + 1 << ": the loss is " << text(loss) << " and the gradient norm "
+     << text(norm) << "; the first non-finite tensor of rank " << rank << ": "
      << (first.empty() ? "none (another rank holds it)" : first)
      << ". The run stops before the optimizer applies the step (lower optimizer.lr, or check the "
-        "data and checkpoint.init_from); the last checkpoint holds the last good state";
+        "data and checkpoint.init_from); no checkpoint holds its values";
   return Error::at(kNonFiniteKey, os.str());
 }
 
