@@ -127,6 +127,7 @@ void visit_fields(Config& c, V& v) {
   v("run", "steps", c.run.steps, positive());
   v("run", "device", c.run.device, one_of({"cpu", "cuda"}));
   v("run", "precision", c.run.precision, one_of({"fp32", "bf16"}));
+  v("run", "overwrite", c.run.overwrite, Check<bool>());
 
   v("model", "type", c.model.type, non_empty());
   v("model", "preset", c.model.preset, non_empty());
@@ -653,6 +654,9 @@ Status check_relations(const Config& config) {
                         "sequence parallelism needs parallel.tp > 1; parallel.tp is 1 (" +
                             config.where("parallel.tp") + ")");
   LOOM_TRY(check_data(config));
+  if (config.run.overwrite && config.checkpoint.resume != "none")
+    return config.error("run.overwrite",
+                        "run.overwrite starts the run over, but checkpoint.resume continues one");
   if (p.schedule == "csv" && p.schedule_csv.empty())
     return config.error("parallel.schedule_csv",
                         "parallel.schedule is 'csv' but no parallel.schedule_csv file is given");

@@ -19,6 +19,8 @@ struct RunConfig {
   int64_t steps = 100;
   std::string device = "cpu";      // cpu | cuda (one GPU per rank: LOCAL_RANK mod visible GPUs)
   std::string precision = "fp32";  // fp32 | bf16 (bf16 compute, fp32 master weights and state)
+  // A fresh run into an output_dir that holds another run clears it first (else it is refused).
+  bool overwrite = false;
 };
 
 // Model-specific hyperparameters (model.args) stay text until the model reads them, so a

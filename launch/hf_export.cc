@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <system_error>
@@ -77,6 +78,14 @@ Result<std::vector<float>> assemble(CheckpointReader& reader, const std::string&
     LOOM_ASSIGN_OR_RETURN(std::string bytes, reader.read(part.name, kSliceParam, full));
     std::vector<float> values(bytes.size() / 4);
     std::memcpy(values.data(), bytes.data(), bytes.size());
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i]))
+        return Error::at(part.name, "parameter '" + part.name + "' (Hugging Face tensor '" +
+                                        hf_name + "') holds a non-finite value (" +
+                                        std::to_string(values[i]) + " at element " +
+                                        std::to_string(i) +
+                                        "): export-hf does not write non-finite weights; export "
+                                        "a checkpoint saved before the run diverged");
     if (part.src.transposed) {  // to the Hugging Face layout: [cols, rows]
       const int64_t rows = part.shape[0], cols = part.shape[1];
       std::vector<float> flipped(values.size());

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -28,8 +29,10 @@
 #include "launch/planned_trainer.h"
 #include "lower/plan_file.h"
 #include "models/model.h"
+#include "runtime/checkpoint_dir.h"
 #include "runtime/metrics_file.h"
 #include "runtime/run_lock.h"
+#include "runtime/stop_signal.h"
 #include "runtime/trainer.h"
 #endif
 
@@ -107,17 +110,30 @@ Result<RunOutput> open_run_output(const Config& config, int64_t resumed_at) {
   if (ec)
     return Error::at("run.output_dir",
                      "run.output_dir: cannot create '" + run_dir.string() + "': " + ec.message());
-  auto lock = runtime::RunDirLock::acquire(run_dir);
-  if (!lock.ok()) {
+  auto refuse = [&](const std::string& message) {
     // The refused run leaves no trace: not even the empty event file it just made.
     if (out.tensorboard) {
       const fs::path events = out.tensorboard->path();
       out.tensorboard.reset();
       fs::remove(events, ec);
     }
-    return config.error("run.output_dir", lock.error().message);
-  }
+    return config.error("run.output_dir", message);
+  };
+  auto lock = runtime::RunDirLock::acquire(run_dir);
+  if (!lock.ok()) return refuse(lock.error().message);
   out.lock = std::move(*lock);
+  // checkpoint.resume latest with no checkpoint yet continues the run there from step 0.
+  if (config.checkpoint.resume == "none" && runtime::holds_run(run_dir)) {
+    if (!config.run.overwrite)
+      return refuse("run.output_dir '" + run_dir.string() +
+                    "' holds a run (its config.yaml, metrics.jsonl): a new run does not write over "
+                    "it; resume it (checkpoint.resume=latest), set run.overwrite=true to clear it "
+                    "and start over, or give this run another directory");
+    std::vector<fs::path> keep;  // this run's own: its checkpoints claimed, its event file
+    if (config.checkpoint.every > 0) keep.push_back(runtime::checkpoint_root(config));
+    if (out.tensorboard) keep.push_back(out.tensorboard->path());
+    LOOM_TRY(runtime::clear_run_dir(run_dir, keep));
+  }
   LOOM_TRY(write_file_atomically(run_dir / "config.yaml", to_yaml(config)));
   const fs::path metrics = run_dir / "metrics.jsonl";
   LOOM_ASSIGN_OR_RETURN(out.metrics, resumed_at == 0
@@ -126,7 +142,8 @@ Result<RunOutput> open_run_output(const Config& config, int64_t resumed_at) {
   return out;
 }
 
-// A step's metrics.jsonl row and TensorBoard scalars; a write that fails stops the run.
+// A step's metrics.jsonl row and TensorBoard scalars, the row durable before the step's
+// checkpoint commits; a write that fails stops the run.
 Status record_step(const Config& config, RunOutput& out, const runtime::StepStats& st) {
   nlohmann::json line = {{"step", st.step},
                          {"loss", st.loss},
@@ -145,6 +162,7 @@ Status record_step(const Config& config, RunOutput& out, const runtime::StepStat
     line["val_ppl"] = std::exp(st.val_loss);
   }
   LOOM_TRY(out.metrics->append(line.dump()));
+  if (st.checkpointed) LOOM_TRY(out.metrics->sync());
   if (out.tensorboard)
     if (Status s = out.tensorboard->write_scalars(st.step, scalars_of(line), unix_seconds());
         !s.ok())
@@ -191,14 +209,28 @@ void report_progress(const Config& config, const runtime::StepStats& st, double 
   std::fflush(stdout);
 }
 
+// A run SIGTERM or SIGINT stopped (after its step's checkpoint) ends as that signal would.
+int stopped(const runtime::StepStats& st, bool report) {
+  if (report)
+    std::printf(
+        "loom: stopped by %s after step %lld%s\n", st.stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+        static_cast<long long>(st.step),
+        st.checkpointed ? ", its checkpoint saved" : " (checkpoint.every is 0: no checkpoint)");
+  std::fflush(stdout);
+  return 128 + st.stop_signal;
+}
+
 // Ranks other than 0 train silently; rank 0 reports and writes the run directory.
 int train_follower(runtime::Trainer& trainer) {
-  for (int64_t i = trainer.steps_done(); i < trainer.config().run.steps; ++i)
-    if (auto st = trainer.step(); !st.ok()) {
+  for (int64_t i = trainer.steps_done(); i < trainer.config().run.steps; ++i) {
+    auto st = trainer.step();
+    if (!st.ok()) {
       std::fprintf(stderr, "loom train: rank %lld: error: %s\n",
                    static_cast<long long>(trainer.rank()), st.error().message.c_str());
       return kExitFailure;
     }
+    if (st->stop_signal) return stopped(*st, /*report=*/false);
+  }
   return kExitOk;
 }
 
@@ -240,15 +272,16 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
   double elapsed = 0, first_loss = 0, last_loss = 0;
   const auto items = sample_items(config);
   const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
+  // The row of a step is written before its checkpoint, inside step().
+  trainer.set_step_recorder(
+      [&](const runtime::StepStats& st) { return record_step(config, out, st); });
   for (int64_t i = resumed_at; i < total; ++i) {
     auto st = trainer.step();
-    if (st.ok()) {
-      if (Status s = record_step(config, out, *st); !s.ok()) st = s.error();
-    }
     if (!st.ok()) {
       if (tty) std::printf("\n");
-      // Data and write errors are the user's; a communication failure is the run's.
-      if (st.error().key == "comm") {
+      // Data and write errors are the user's; a communication failure or a diverged run is the
+      // run's.
+      if (st.error().key == "comm" || st.error().key == runtime::kNonFiniteKey) {
         std::fprintf(stderr, "loom train: rank 0: error: %s\n", st.error().message.c_str());
         return kExitFailure;
       }
@@ -264,6 +297,10 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
     const double eta =
         elapsed / static_cast<double>(i + 1 - resumed_at) * static_cast<double>(total - i - 1);
     report_progress(config, *st, eta, tty, rate);
+    if (st->stop_signal) {
+      if (Status s = close_run_output(config, out); !s.ok()) return bad_input(s.error().message);
+      return stopped(*st, /*report=*/true);
+    }
   }
   if (tty) std::printf("\n");
   if (Status s = close_run_output(config, out); !s.ok()) return bad_input(s.error().message);
@@ -303,6 +340,7 @@ int train_main(const Args& args) {
   auto created = launch::create_trainer(config, nullptr, plan ? &*plan : nullptr);
   if (!created.ok()) return bad_input(created.error().message);
   runtime::Trainer& trainer = **created;
+  runtime::install_stop_handlers();  // SIGTERM, SIGINT: stop at the next step boundary
   if (config.parallel.world_size() > 1)
     (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
   // Only rank 0 writes the run directory and reports.

@@ -15,6 +15,7 @@
 #include "core/durable_file.h"
 #include "runtime/debug_env.h"
 #include "runtime/optimizer.h"
+#include "runtime/trainer.h"
 
 namespace loom::runtime {
 
@@ -118,6 +119,7 @@ Status prune(const fs::path& root, int64_t keep, int64_t newest) {
   auto complete = complete_checkpoints(root);
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
+    LOOM_TRY(check_inside(root, complete[i].second));
     crash_point();
     fs::remove(complete[i].second / kManifestName, ec);
     LOOM_TRY(sync_directory(complete[i].second));
@@ -128,17 +130,52 @@ Status prune(const fs::path& root, int64_t keep, int64_t newest) {
     const auto step = parse_checkpoint_dir_name(it->path().filename().string());
     std::error_code exists_ec;
     if (!step || fs::exists(it->path() / kManifestName, exists_ec)) continue;
-    if (*step < newest) fs::remove_all(it->path(), ec);
+    if (*step >= newest) continue;
+    LOOM_TRY(check_inside(root, it->path()));
+    fs::remove_all(it->path(), ec);
   }
   return sync_directory(root);
 }
 
-}  // namespace
-
-fs::path checkpoint_root(const Config& config) {
-  if (!config.checkpoint.dir.empty()) return config.checkpoint.dir;
-  return fs::path(config.run.output_dir) / "checkpoints";
+// The first stored tensor of this rank holding a non-finite value ("" when none): one host read
+// for them all, then a search only when one is found.
+std::string first_non_finite(const CheckpointTarget& t) {
+  std::vector<at::Tensor> finite;
+  std::vector<std::string> names;
+  for (const auto& [kind, tensors] : stored_kinds(t))
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      if (!(*tensors)[i].defined()) continue;
+      finite.push_back(at::isfinite((*tensors)[i].detach()).all().reshape({1}));
+      names.push_back(std::string(kind) + " '" + t.graph->tensor(t.pieces[i].tensor).name + "'");
+    }
+  if (finite.empty()) return "";
+  const at::Tensor all = at::cat(finite).cpu();
+  const bool* ok = all.data_ptr<bool>();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!ok[i]) return names[i];
+  return "";
 }
+
+// Every rank refuses together when any rank's state holds a non-finite value.
+Status check_finite(const CheckpointTarget& t, int64_t step) {
+  const std::string bad = first_non_finite(t);
+  const at::Device device = t.params.empty() ? at::Device(at::kCPU) : t.params[0].device();
+  at::Tensor count =
+      at::full({1}, bad.empty() ? 0.0 : 1.0, at::TensorOptions().dtype(at::kDouble).device(device));
+  if (t.world && t.world->size() > 1) {
+    if (Status s = t.world->all_reduce(count); !s.ok())
+      return Error::at("comm", "checkpoint: " + s.error().message);
+  }
+  if (count.cpu().item<double>() == 0) return Status::success();
+  return Error::at(kNonFiniteKey,
+                   "the state after step " + std::to_string(step) + " holds a non-finite value (" +
+                       (bad.empty() ? std::string("on another rank")
+                                    : bad + " on rank " + std::to_string(t.rank)) +
+                       "): its checkpoint is not written, the last one written is the last good "
+                       "state");
+}
+
+}  // namespace
 
 Result<fs::path> resume_path(const Config& config) {
   const std::string& r = config.checkpoint.resume;
@@ -163,6 +200,8 @@ Result<fs::path> resume_path(const Config& config) {
 Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t step,
                        const fs::path& root) {
   const fs::path dir = root / checkpoint_dir_name(step);
+  LOOM_TRY(check_finite(t, step));
+  LOOM_TRY(check_inside(root, dir));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
+#include "runtime/checkpoint_dir.h"
 
 namespace loom::comm {
 class Comm;
@@ -34,16 +35,15 @@ struct CheckpointTarget {
   int64_t world_size = 1;
 };
 
-// Where this run's checkpoints go: checkpoint.dir, or <run.output_dir>/checkpoints.
-std::filesystem::path checkpoint_root(const Config& config);
-
 // The checkpoint checkpoint.resume asks for: an empty path for `none`, and for `latest` when
 // no complete checkpoint exists yet; an error naming the key when a given path is not one.
 Result<std::filesystem::path> resume_path(const Config& config);
 
 // Saves the state after `step` optimizer steps to <root>/step_<step>. A collective over
 // `target.world`. Keeps the newest checkpoint.keep checkpoints, pruning only after the new
-// manifest is durable. Errors name the file.
+// manifest is durable. Errors name the file. A state holding a non-finite value is not written
+// (on any rank): the error, keyed kNonFiniteKey (trainer.h), names the first such tensor. Nothing
+// is written or deleted through a step_N link leading out of `root` (checkpoint_dir.h).
 Status save_checkpoint(const CheckpointTarget& target, const Config& config, int64_t step,
                        const std::filesystem::path& root);
 

@@ -331,7 +331,8 @@ void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
 // This rank's share of the step's sums: its loss pieces (weighted by the loss seed, so
 // replicated losses count once) and its gradients' squared norm (each piece divided by how
 // many ranks hold it, so every element counts once).
-at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog, bool with_grads) {
+at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog, bool with_grads,
+                      bool stop) {
   // On the device the parameters live on, so the step reads the host once, at the end.
   const auto options = at::TensorOptions()
                            .dtype(at::kDouble)
@@ -363,20 +364,16 @@ at::Tensor local_sums(const Executor::Impl& s, const lower::Program& prog, bool 
   auto scalar = [&](const at::Tensor& t) {
     return t.defined() ? t.to(options.device()).reshape({}) : at::zeros({}, options);
   };
-  // The experts' load rides the same all-reduce: its weighted sum and the weights summed.
-  return at::stack(
-      {loss, norm, scalar(s.aux_total), scalar(s.load_sum), at::full({}, s.load_count, options)});
+  // The experts' load (weighted sum, weights summed) and the stop request ride the all-reduce.
+  return at::stack({loss, norm, scalar(s.aux_total), scalar(s.load_sum),
+                    at::full({}, s.load_count, options), at::full({}, stop ? 1. : 0., options)});
 }
-
-}  // namespace
-
-namespace {
 
 // Runs the rank's program over `inputs`: every block, or with `forward_only` the forward blocks
 // alone in the program's order (a validation pass: no backward, no gradient, nothing the
 // optimizer reads is touched).
 Result<StepSums> run_program(Executor::Impl& s, const Inputs& inputs, double grad_scale,
-                             bool forward_only) {
+                             bool forward_only, bool stop_requested) {
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   // Dropping the backward blocks keeps the forward blocks' order on every rank, and their
   // sends and receives still pair up: forward messages only ever flow to later blocks.
@@ -434,14 +431,14 @@ Result<StepSums> run_program(Executor::Impl& s, const Inputs& inputs, double gra
     }
     check(s.runner->flush());
     if (s.buckets && !forward_only) check(s.buckets->finish());
-    at::Tensor sums = local_sums(s, prog, /*with_grads=*/!forward_only);
+    at::Tensor sums = local_sums(s, prog, /*with_grads=*/!forward_only, stop_requested);
     if (s.world->size() > 1) check(s.world->all_reduce(sums));
     sums = sums.cpu();  // the step's one host read
     s.compute_params.clear();
     // A GPU backend's failure surfaces after the work it broke: the step is not done then.
     check(s.world->status());
     const double* v = sums.data_ptr<double>();
-    return StepSums{v[0], v[1], v[2], v[4] > 0 ? v[3] / v[4] : 0.0};
+    return StepSums{v[0], v[1], v[2], v[4] > 0 ? v[3] / v[4] : 0.0, v[5] > 0};
   } catch (const CommFailure& e) {
     return Error::at("comm", e.what());
   } catch (const c10::Error& e) {
@@ -453,13 +450,13 @@ Result<StepSums> run_program(Executor::Impl& s, const Inputs& inputs, double gra
 }  // namespace
 
 Result<StepSums> Executor::run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
-                               double grad_scale) {
-  return run_program(*impl_, inputs, grad_scale, /*forward_only=*/false);
+                               double grad_scale, bool stop_requested) {
+  return run_program(*impl_, inputs, grad_scale, /*forward_only=*/false, stop_requested);
 }
 
 Result<StepSums> Executor::evaluate(
     const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs) {
-  return run_program(*impl_, inputs, 0.0, /*forward_only=*/true);
+  return run_program(*impl_, inputs, 0.0, /*forward_only=*/true, /*stop_requested=*/false);
 }
 
 std::map<int64_t, graph::Range> Executor::input_rows() const {

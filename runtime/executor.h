@@ -32,6 +32,7 @@ struct StepSums {
   // A mixture of experts' busiest expert: its tokens over the mean (1: balanced), averaged over
   // layers and micro-batches; 0 without experts.
   double max_expert_load = 0;
+  bool stop_requested = false;  // some rank asked the run to stop (run()'s `stop_requested`)
 };
 
 // How the executor runs: the parameters' seed, the device and precision, the gradient bucket
@@ -67,9 +68,10 @@ class Executor {
   // values of the graph inputs of micro-batch m by tensor id, on the host (copied to the device
   // here, asynchronously from pinned memory) or on the device. Gradients are scaled by
   // `grad_scale` and synchronised (in buckets started during backward: grad_buckets.h). One
-  // all-reduce and one host read for the returned sums.
+  // all-reduce and one host read for the returned sums; `stop_requested` rides that all-reduce,
+  // so every rank learns whether any rank asked to stop.
   Result<StepSums> run(const std::vector<std::unordered_map<int64_t, at::Tensor>>& inputs,
-                       double grad_scale);
+                       double grad_scale, bool stop_requested = false);
   // The forward blocks of the program alone, without recording for autograd: the loss summed
   // over the micro-batches of `inputs` (a validation pass). Gradients, optimizer state and the
   // parameters are left as they were; grad_norm_squared is 0.

@@ -29,6 +29,8 @@ class MetricsFile {
 
   // Appends `row` and a newline in one write, so that rows never interleave.
   Status append(std::string_view row);
+  // Makes the rows appended so far durable (before a checkpoint of their step commits).
+  Status sync();
   // Syncs and closes the file: where a write error the file system deferred surfaces.
   Status close();
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace loom::runtime {
 namespace {
@@ -29,8 +30,9 @@ std::string holder_of(int fd) {
 
 }  // namespace
 
-Result<std::unique_ptr<RunDirLock>> RunDirLock::acquire(const fs::path& dir) {
-  const fs::path file = dir / kFileName;
+Result<std::unique_ptr<RunDirLock>> RunDirLock::acquire(const fs::path& dir,
+                                                        const char* file_name) {
+  const fs::path file = dir / file_name;
   // Not O_TRUNC: the holder's pid must stay readable by the run that is refused.
   const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return os_error(file, "cannot create the lock file");
@@ -58,5 +60,36 @@ Result<std::unique_ptr<RunDirLock>> RunDirLock::acquire(const fs::path& dir) {
 }
 
 RunDirLock::~RunDirLock() { ::close(fd_); }
+
+bool holds_run(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "config.yaml", ec) ||
+         fs::is_regular_file(dir / "metrics.jsonl", ec);
+}
+
+Status clear_run_dir(const fs::path& dir, const std::vector<fs::path>& keep) {
+  std::error_code ec;
+  auto kept = [&](const fs::path& entry) {
+    if (entry.filename() == RunDirLock::kFileName) return true;
+    std::error_code same_ec;
+    for (const fs::path& k : keep)
+      if (fs::equivalent(entry, k, same_ec)) return true;
+    return false;
+  };
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (!kept(it->path())) entries.push_back(it->path());
+  if (ec)
+    return Error::at(dir.string(),
+                     "run.overwrite: cannot list '" + dir.string() + "': " + ec.message());
+  for (const fs::path& entry : entries) {
+    // A link is removed itself, never what it leads to.
+    fs::remove_all(entry, ec);
+    if (ec)
+      return Error::at(entry.string(),
+                       "run.overwrite: cannot remove '" + entry.string() + "': " + ec.message());
+  }
+  return Status::success();
+}
 
 }  // namespace loom::runtime

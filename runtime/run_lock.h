@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "core/result.h"
 
@@ -17,8 +18,10 @@ class RunDirLock {
 
   // Locks `dir` (which must exist) for this process, without waiting, and writes this process's
   // pid into the lock file so that a refused run can name the holder. The error names the
-  // directory and, when the holder wrote it, the holder's pid.
-  static Result<std::unique_ptr<RunDirLock>> acquire(const std::filesystem::path& dir);
+  // directory and, when the holder wrote it, the holder's pid. `file_name`: the lock file's name
+  // in `dir` (a checkpoint directory has its own, so that it may be the run directory too).
+  static Result<std::unique_ptr<RunDirLock>> acquire(const std::filesystem::path& dir,
+                                                     const char* file_name = kFileName);
   ~RunDirLock();  // unlocks
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
@@ -27,5 +30,12 @@ class RunDirLock {
   explicit RunDirLock(int fd) : fd_(fd) {}
   int fd_;
 };
+
+// Whether `dir` holds a run: the config.yaml or metrics.jsonl a run writes there.
+bool holds_run(const std::filesystem::path& dir);
+// Empties `dir` for a run that starts over (run.overwrite), all but its lock file and `keep`
+// (paths in `dir`: this run's checkpoint directory, its event file). The error names the entry.
+Status clear_run_dir(const std::filesystem::path& dir,
+                     const std::vector<std::filesystem::path>& keep);
 
 }  // namespace loom::runtime

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -31,6 +32,7 @@
 #include "runtime/memory.h"
 #include "runtime/optimizer.h"
 #include "runtime/step_trace.h"
+#include "runtime/stop_signal.h"
 
 namespace loom::runtime {
 
@@ -54,6 +56,10 @@ struct Trainer::Impl {
   // estimate its summary reads the measurement against (empty for a plan from plan.json).
   std::unique_ptr<observe::Tracer> tracer;
   observe::EstimateFigures estimate;
+  StepRecorder recorder;  // called before each checkpoint (set_step_recorder)
+  // Rank 0's claim on checkpoint.dir (checkpoint_dir.h): taken at the start when the directory
+  // exists, else at the first checkpoint, so that a run that never saves writes nothing there.
+  std::unique_ptr<CheckpointDir> checkpoint_dir;
 };
 
 namespace {
@@ -83,6 +89,50 @@ CheckpointTarget checkpoint_target(Trainer::Impl& s) {
   t.rank = s.world->world_rank().value();
   t.world_size = s.world->size();
   return t;
+}
+
+Status claim_checkpoint_dir(Trainer::Impl& s, bool only_if_exists) {
+  if (s.checkpoint_dir || s.config.checkpoint.every == 0 || s.world->world_rank().value() != 0)
+    return Status::success();
+  std::error_code ec;
+  if (only_if_exists && !std::filesystem::exists(checkpoint_root(s.config), ec))
+    return Status::success();
+  LOOM_ASSIGN_OR_RETURN(s.checkpoint_dir, CheckpointDir::claim(s.config, s.resumed_from));
+  return Status::success();
+}
+
+// The first non-finite parameter (a diverged or damaged start) or gradient of this rank, or ""
+// when it holds none: looked for only once the step's sums were found non-finite.
+std::string first_non_finite(const Trainer::Impl& s) {
+  const std::vector<at::Tensor>& params = s.executor->parameters();
+  const auto& pieces = s.executor->parameter_pieces();
+  auto name = [&](size_t i) { return "'" + s.planned.tensor(pieces[i].tensor).name + "'"; };
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!at::isfinite(params[i]).all().item<bool>()) return "parameter " + name(i);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    if (g.defined() && !at::isfinite(g).all().item<bool>()) return "the gradient of " + name(i);
+  }
+  return "";
+}
+
+Error non_finite_step(const Trainer::Impl& s, double loss, double norm, int64_t rank) {
+  auto text = [](double v) {
+    std::ostringstream os;
+    if (std::isnan(v))
+      os << "nan";
+    else
+      os << v;
+    return os.str();
+  };
+  const std::string first = first_non_finite(s);
+  std::ostringstream os;
+  os << "step " << s.step + 1 << ": the loss is " << text(loss) << " and the gradient norm "
+     << text(norm) << "; the first non-finite tensor of rank " << rank << ": "
+     << (first.empty() ? "none (another rank holds it)" : first)
+     << ". The run stops before the optimizer applies the step (lower optimizer.lr, or check the "
+        "data and checkpoint.init_from); no checkpoint holds its values";
+  return Error::at(kNonFiniteKey, os.str());
 }
 
 // LOOM_PROFILE_STEP=N: LibTorch's profiler records step N's ops (times, shapes) as a chrome
@@ -140,6 +190,7 @@ Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
     LOOM_TRY(
         load_hf_weights(checkpoint_target(*impl), impl->config, impl->config.checkpoint.init_from));
   }
+  LOOM_TRY(claim_checkpoint_dir(*impl, /*only_if_exists=*/true));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
@@ -245,6 +296,44 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
   return resume(std::move(impl));
 }
 
+namespace {
+
+// The step's figures once the optimizer applied it.
+StepStats stats_of(const Trainer::Impl& s, const StepSums& sums, double scale, double lr,
+                   double norm, std::chrono::steady_clock::time_point start, double data_time_s) {
+  StepStats st;
+  st.step = s.step;
+  st.loss = sums.loss * scale;
+  st.moe_aux_loss = sums.aux_loss * scale;
+  st.moe_max_load = sums.max_expert_load;
+  st.has_moe_aux = std::any_of(s.graph.ops().begin(), s.graph.ops().end(),
+                               [](const graph::Op& op) { return op.type() == graph::kMoeAuxLoss; });
+  st.lr = lr;
+  st.grad_norm = norm;
+  st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  st.data_time_s = data_time_s;
+  st.tokens_per_s =
+      static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
+  st.peak_mem_bytes = peak_device_bytes(s.device);
+  return st;
+}
+
+// The step's record, then its checkpoint: every checkpoint.every steps, after the last step, and
+// after the step a stop signal ended.
+Result<StepStats> finish_step(Trainer::Impl& s, StepStats st, bool stop) {
+  if (stop) st.stop_signal = stop_signal() != 0 ? stop_signal() : SIGTERM;
+  const int64_t every = s.config.checkpoint.every;
+  st.checkpointed = every > 0 && (s.step % every == 0 || s.step == s.config.run.steps || stop);
+  if (s.recorder) LOOM_TRY(s.recorder(st));
+  if (st.checkpointed) {
+    LOOM_TRY(claim_checkpoint_dir(s, /*only_if_exists=*/false));
+    LOOM_TRY(save_checkpoint(checkpoint_target(s), s.config, s.step, checkpoint_root(s.config)));
+  }
+  return st;
+}
+
+}  // namespace
+
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
   std::unique_ptr<StepProfile> profile =
@@ -260,31 +349,19 @@ Result<StepStats> Trainer::step() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const double scale = 1.0 / static_cast<double>(micro);
-  LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale));
+  LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale, stop_signal() != 0));
   const double norm = std::sqrt(sums.grad_norm_squared);
+  // The loss and the norm are on the host already: a non-finite one costs nothing more to see.
+  if (!std::isfinite(sums.loss) || !std::isfinite(norm))
+    return non_finite_step(s, sums.loss * scale, norm, rank());
   maybe_kill_at_step(s.step + 1, rank());
   clip_gradients(s.executor->parameters(), norm, s.config.optimizer.clip_grad_norm);
   const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
   s.optimizer->step(lr);
   LOOM_TRY(s.executor->gather_parameters());
   ++s.step;
-  if (s.config.checkpoint.every > 0 && s.step % s.config.checkpoint.every == 0)
-    LOOM_TRY(save_checkpoint(checkpoint_target(s), s.config, s.step, checkpoint_root(s.config)));
 
-  StepStats st;
-  st.step = s.step;
-  st.loss = sums.loss * scale;
-  st.moe_aux_loss = sums.aux_loss * scale;
-  st.moe_max_load = sums.max_expert_load;
-  st.has_moe_aux = std::any_of(s.graph.ops().begin(), s.graph.ops().end(),
-                               [](const graph::Op& op) { return op.type() == graph::kMoeAuxLoss; });
-  st.lr = lr;
-  st.grad_norm = norm;
-  st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  st.data_time_s = data_time_s;
-  st.tokens_per_s =
-      static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
-  st.peak_mem_bytes = peak_device_bytes(s.device);
+  StepStats st = stats_of(s, sums, scale, lr, norm, start, data_time_s);
   if (s.tracer) {
     s.executor->set_tracer(nullptr);
     LOOM_ASSIGN_OR_RETURN(st.trace_summary, finish_step_trace(*s.tracer, *s.world, s.device, s.step,
@@ -299,8 +376,10 @@ Result<StepStats> Trainer::step() {
     st.val_time_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
   }
-  return st;
+  return finish_step(s, std::move(st), sums.stop_requested);
 }
+
+void Trainer::set_step_recorder(StepRecorder recorder) { impl_->recorder = std::move(recorder); }
 
 Result<double> Trainer::validate() {
   Impl& s = *impl_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,10 @@ namespace loom::runtime {
 
 class Executor;
 class KernelRegistry;
+
+// The key of the errors that stop a run for a non-finite loss, gradient or state: the run
+// diverged (exit code 1), the input was valid.
+constexpr const char* kNonFiniteKey = "non-finite";
 
 // What the runtime receives of a plan: the runtime runs plans, it never makes them (plan/plan.h
 // does; launch/planned_trainer.h joins the two).
@@ -61,7 +66,18 @@ struct StepStats {
   // A traced step (logging.trace_steps), on rank 0: where its trace_step_N.json is and what it
   // measured against the plan's estimate (observe::summary_line); else empty.
   std::string trace_summary;
+  // Whether this step's checkpoint is saved (checkpoint.every divides it, it is run.steps, or
+  // the run stops after it), after the step recorder ran.
+  bool checkpointed = false;
+  // SIGTERM or SIGINT asked the run to stop (runtime/stop_signal.h): the signal this rank got
+  // (SIGTERM when only another rank got one), else 0. The run stops after this step.
+  int stop_signal = 0;
 };
+
+// Called by Trainer::step with the step's stats before the step's checkpoint is saved, so that
+// what it writes (a metrics row) is durable when the checkpoint commits. Its error stops the
+// step, the checkpoint unsaved.
+using StepRecorder = std::function<Status(const StepStats&)>;
 
 class Trainer {
  public:
@@ -77,8 +93,13 @@ class Trainer {
   ~Trainer();
 
   // Runs one optimizer step over batch.global samples, then validates when eval.every divides
-  // the step or it is the run's last (run.steps).
+  // the step or it is the run's last (run.steps), then saves a checkpoint when StepStats says.
+  // A non-finite loss or gradient norm stops it before the optimizer applies the gradients:
+  // the error (key kNonFiniteKey) names the step and the first
+  // non-finite parameter or gradient of this rank.
   Result<StepStats> step();
+  // What step() calls before each checkpoint (rank 0 of `loom train`: the metrics row).
+  void set_step_recorder(StepRecorder recorder);
   // The validation loss now: eval.steps global batches of validation samples through the
   // plan's forward alone. Fails when the run has no validation data (eval.every is 0).
   Result<double> validate();

@@ -17,6 +17,7 @@ run_plan() {
     "logging.trace_steps=[2]")
   echo
   echo "== Evoformer tiny, $name on $ranks CPU ranks =="
+  rm -rf "${out:?}/$name"  # a run starts over (loom train refuses a directory holding a previous run)
   ./build/bin/loom plan "${args[@]}" --out "$out/$name/plan"
   ./build/bin/loomrun --nproc-per-node "$ranks" --master-port 0 ./build/bin/loom train "${args[@]}" \
     "${EXTRA[@]}"

@@ -16,6 +16,7 @@ run_plan() {
   local args=(configs/llama-tiny.yaml run.output_dir="$dir" run.steps=20 logging.every=10 "$@")
   echo
   echo "== Llama tiny, $name =="
+  rm -rf "$dir"  # a run starts over (loom train refuses a directory holding a previous run)
   ./build/bin/loom plan "${args[@]}" --out "$dir/plan" | tail -n +2
   ./build/bin/loomrun --nproc-per-node "$ranks" --master-port 0 ./build/bin/loom train "${args[@]}"
   echo "plan dump: $dir/plan (programs/rank_K.txt, summary.txt)   metrics: $dir/metrics.jsonl"

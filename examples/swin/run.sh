@@ -16,6 +16,7 @@ run_plan() {
     logging.tensorboard="$dir/tensorboard" "logging.trace_steps=[5]" "$@")
   echo
   echo "== Swin tiny, $name =="
+  rm -rf "$dir"  # a run starts over (loom train refuses a directory holding a previous run)
   ./build/bin/loom plan "${args[@]}" --out "$dir/plan" | tail -n +2
   ./build/bin/loomrun --nproc-per-node 2 --master-port 0 ./build/bin/loom train "${args[@]}"
   echo "plan dump: $dir/plan (programs/rank_K.txt, summary.txt)   metrics: $dir/metrics.jsonl"

@@ -368,7 +368,8 @@ class CheckpointWriterKilled : public testing::Test {
 
 // Stops the writer at each point of writing in turn (each file half-written, synced and renamed;
 // the manifest; pruning) until a run gets through: the newest complete checkpoint never goes
-// back, each one reads back whole, and resuming it gives the uninterrupted losses.
+// back, each one reads back whole, its steps' metrics rows are all there, and resuming it gives
+// the uninterrupted losses.
 TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
   int64_t newest = 0;
   bool finished = false;
@@ -383,6 +384,11 @@ TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
     }
     const int64_t now = check_complete_checkpoints(run / "checkpoints");
     EXPECT_GE(now, newest) << "crash point " << point << " lost a complete checkpoint";
+    // A step's metrics row is durable before its checkpoint commits: resuming never lacks one.
+    const auto rows = metrics_losses(run);
+    for (int64_t step = 1; step <= now; ++step)
+      EXPECT_TRUE(rows.count(step)) << "crash point " << point << ": checkpoint " << now
+                                    << " committed without the metrics row of step " << step;
     newest = now;
     if (now > 0)
       expect_resume_matches(config_, run / "checkpoints", want_,

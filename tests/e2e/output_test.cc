@@ -1,13 +1,16 @@
 // What `loom train` writes into run.output_dir, when things go wrong: a write that fails (a full
 // disk, here /dev/full behind the file's name) stops the run naming the file; a second run in a
 // directory another run holds is refused naming the holder; a resumed run keeps one
-// metrics.jsonl row per step; a checkpoint already at run.steps says there is nothing to train.
+// metrics.jsonl row per step; a checkpoint already at run.steps says there is nothing to train; a
+// finished run is refused unless overwritten; SIGTERM checkpoints the step it ends; a diverged
+// run stops with exit code 1.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -65,6 +68,13 @@ class RunOutput : public testing::Test {
   fs::path dir_, config_;
 };
 
+// A checkpoint's directory name: step_NNNNNNNN.
+std::string step_dir(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
 // A user's mistake or the machine's: exit 2, `expect` in the message, no crash text.
 void expect_refused(const ProcessResult& r, const std::string& expect) {
   EXPECT_EQ(r.exit_code, 2) << r.describe();
@@ -83,7 +93,7 @@ TEST_F(RunOutput, MetricsOnAFullDiskStopTheRunNamingTheFile) {
 
   // The same for a resumed run, which appends (and must not read the device: it never ends).
   fs::remove(run_dir() / "metrics.jsonl");
-  ASSERT_TRUE(run(train({"checkpoint.every=1", "run.steps=1"})).ok());
+  ASSERT_TRUE(run(train({"checkpoint.every=1", "run.steps=1", "run.overwrite=true"})).ok());
   fs::remove(run_dir() / "metrics.jsonl");
   fs::create_symlink("/dev/full", run_dir() / "metrics.jsonl");
   expect_refused(run(train({"checkpoint.resume=latest"})), "No space left on device");
@@ -118,6 +128,20 @@ class Background {
   }
   ~Background() { kill(); }
   pid_t pid() const { return pid_; }
+  // Sends `signal` and waits (at most `limit_s`) for the exit: its wait status, or -1.
+  int signal_and_wait(int signal, double limit_s) {
+    ::kill(pid_, signal);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+    int status = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
   void kill() {
     if (pid_ <= 0) return;
     ::kill(-pid_, SIGKILL);
@@ -157,7 +181,7 @@ TEST_F(RunOutput, ASecondRunInTheDirectoryIsRefusedWhileTheFirstHoldsIt) {
   EXPECT_TRUE(!fs::exists(tb) || fs::is_empty(tb)) << "the refused run left an event file";
 
   first.kill();
-  const ProcessResult third = run(train({"run.steps=2"}));
+  const ProcessResult third = run(train({"run.steps=2", "run.overwrite=true"}));
   ASSERT_TRUE(third.ok()) << third.describe();
   EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2}));
 }
@@ -197,6 +221,62 @@ TEST_F(RunOutput, ACheckpointAtOrPastRunStepsSaysThereIsNothingToTrain) {
     EXPECT_EQ(read(run_dir() / "config.yaml"), config_before) << steps;
     EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2, 3})) << steps;
   }
+}
+
+// A fresh run refuses a directory that holds a finished run, changing nothing there; with
+// run.overwrite it clears the directory whole (the old checkpoints too) and starts over.
+TEST_F(RunOutput, AFinishedRunIsRefusedUnlessOverwritten) {
+  ASSERT_TRUE(run(train({"checkpoint.every=3"})).ok());
+  std::ofstream(run_dir() / "notes.txt") << "the old run's";
+  const std::string metrics_before = read(run_dir() / "metrics.jsonl");
+  const std::string config_before = read(run_dir() / "config.yaml");
+  const ProcessResult r = run(train({"run.steps=2"}));
+  expect_refused(r, "'" + run_dir().string() + "' holds a run");
+  EXPECT_NE(r.output.find("run.overwrite"), std::string::npos) << r.output;
+  EXPECT_EQ(read(run_dir() / "metrics.jsonl"), metrics_before);
+  EXPECT_EQ(read(run_dir() / "config.yaml"), config_before);
+
+  const ProcessResult over =
+      run(train({"run.steps=2", "checkpoint.every=1", "run.overwrite=true"}));
+  ASSERT_TRUE(over.ok()) << over.describe();
+  EXPECT_EQ(metrics_steps(), (std::vector<int64_t>{1, 2}));
+  EXPECT_FALSE(fs::exists(run_dir() / "notes.txt"));
+  EXPECT_FALSE(fs::exists(run_dir() / "checkpoints" / "step_00000003"));
+  EXPECT_TRUE(fs::exists(run_dir() / "checkpoints" / "step_00000002" / "manifest.json"));
+}
+
+// SIGTERM stops `loom train` at the next step boundary: the step's row and checkpoint are
+// written (checkpoint.every does not divide it), and the exit is 128 + SIGTERM.
+TEST_F(RunOutput, SigtermCheckpointsTheStepItEndsAndExits) {
+  Background training(train({"run.steps=1000000", "checkpoint.every=100000"}));
+  ASSERT_TRUE(wait_for_content(run_dir() / "metrics.jsonl", 60)) << "the run never trained";
+  const int status = training.signal_and_wait(SIGTERM, 60);
+  ASSERT_TRUE(WIFEXITED(status)) << "wait status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  const std::vector<int64_t> steps = metrics_steps();
+  ASSERT_FALSE(steps.empty());
+  const fs::path last = run_dir() / "checkpoints" / step_dir(steps.back());
+  EXPECT_TRUE(fs::exists(last / "manifest.json")) << last;
+}
+
+// A run that diverges (optimizer.lr 1e30) stops with exit code 1 naming the step and a
+// non-finite tensor: the step whose loss is not finite (the row of the step before is the last),
+// or the step whose updated state is not (its row is the last; its checkpoint is not written).
+TEST_F(RunOutput, ADivergedRunStopsWithExitCode1NamingTheStep) {
+  const ProcessResult r =
+      run(train({"run.steps=20", "optimizer.type=sgd", "optimizer.lr=1e30",
+                 "optimizer.clip_grad_norm=0", "checkpoint.every=1", "checkpoint.keep=30"}));
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
+  const std::vector<int64_t> steps = metrics_steps();
+  ASSERT_FALSE(steps.empty()) << r.output;
+  ASSERT_LT(steps.back(), 20) << r.output;
+  const int64_t last = steps.back();
+  const bool in_step = r.output.find("step " + std::to_string(last + 1) + ":") != std::string::npos;
+  const bool after_step =
+      r.output.find("after step " + std::to_string(last) + " ") != std::string::npos;
+  EXPECT_TRUE(in_step || after_step) << r.output;
+  EXPECT_EQ(fs::exists(run_dir() / "checkpoints" / step_dir(last) / "manifest.json"), in_step);
 }
 
 }  // namespace

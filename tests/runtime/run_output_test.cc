@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -95,6 +96,30 @@ TEST(RunDirLock, ADirectoryThatIsMissingIsAnErrorNamingTheLockFile) {
   ASSERT_FALSE(lock.ok());
   EXPECT_NE(lock.error().message.find((dir / RunDirLock::kFileName).string()), std::string::npos)
       << lock.error().message;
+}
+
+// run.overwrite clears a run directory whole but for its lock and what it is told to keep, and
+// removes a link itself, never what the link leads to.
+TEST(RunDir, ClearingKeepsTheLockAndNeverFollowsALink) {
+  const fs::path dir = fresh_dir();
+  const fs::path outside = dir.string() + "_outside";
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  std::ofstream(outside / "precious") << "not the run's";
+  auto lock = RunDirLock::acquire(dir);
+  ASSERT_TRUE(lock.ok());
+  std::ofstream(dir / "metrics.jsonl") << "{\"step\":1}\n";
+  fs::create_directories(dir / "checkpoints" / "step_00000001");
+  fs::create_directories(dir / "kept");
+  fs::create_directory_symlink(outside, dir / "link");
+  EXPECT_TRUE(holds_run(dir));
+  ASSERT_TRUE(clear_run_dir(dir, {dir / "kept"}).ok());
+  EXPECT_FALSE(holds_run(dir));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{RunDirLock::kFileName, "kept"}));
+  EXPECT_EQ(read(outside / "precious"), "not the run's");
 }
 
 }  // namespace
