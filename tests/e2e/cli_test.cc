@@ -303,7 +303,8 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   int port = loom::comm::testing::free_port();
   for (int r = 0; r < 2; ++r)
     cmd += "RANK=" + std::to_string(r) +
-           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 LOOM_RDZV_TOKEN=cli-test MASTER_ADDR=127.0.0.1 "
+           "MASTER_PORT=" +
            std::to_string(port) + " " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " + config +
            " > " + (dir_ / ("rank" + std::to_string(r) + ".log")).string() + " 2>&1 & ";
   ASSERT_EQ(std::system(("timeout 120 bash -c '" + cmd + "wait'").c_str()), 0);
