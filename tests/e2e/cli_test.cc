@@ -320,6 +320,45 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
       << "rank 1 reported progress: " << quiet.str();
 }
 
+// Two ranks of one job started with different overrides stop at start, each with exit 2 and
+// the same message naming the first key that differs, both values and the rank.
+TEST_F(Cli, RanksStartedWithDifferentConfigsStopNamingTheKey) {
+  std::string config = write(
+      "c.yaml", base_config() + "parallel:\n  dp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"model.args.layers=2", "model.args.layers=3"},
+       "rank 1 was started with another config than rank 0: model.args.layers is 2 on rank 0 "
+       "and 3 on rank 1"},
+      {{"optimizer.lr=0.003", "optimizer.lr=0.004"},
+       "optimizer.lr is 0.0030000000000000001 on rank 0 and 0.0040000000000000001 on rank 1"}};
+  for (const auto& [overrides, expect] : cases) {
+    std::string cmd;
+    const int port = loom::comm::testing::free_port();
+    for (int r = 0; r < 2; ++r)
+      cmd += "(RANK=" + std::to_string(r) +
+             " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 LOOM_RDZV_TOKEN=cli-test MASTER_ADDR=127.0.0.1 "
+             "MASTER_PORT=" +
+             std::to_string(port) + " " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " +
+             config + " " + overrides[static_cast<size_t>(r)] + " > " +
+             (dir_ / ("rank" + std::to_string(r) + ".log")).string() + " 2>&1; echo $? > " +
+             (dir_ / ("rank" + std::to_string(r) + ".code")).string() + ") & ";
+    ASSERT_EQ(std::system(("timeout 120 bash -c '" + cmd + "wait'").c_str()), 0);
+    for (int r = 0; r < 2; ++r) {
+      auto slurp = [&](const std::string& name) {
+        std::ifstream in(dir_ / name);
+        std::stringstream text;
+        text << in.rdbuf();
+        return text.str();
+      };
+      const std::string log = slurp("rank" + std::to_string(r) + ".log");
+      EXPECT_EQ(slurp("rank" + std::to_string(r) + ".code"), "2\n") << log;
+      EXPECT_NE(log.find(expect), std::string::npos) << log;
+      EXPECT_NE(log.find("(rank 1 of 2 differs from rank 0)"), std::string::npos) << log;
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "run" / "metrics.jsonl"));
+  }
+}
+
 TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
   std::string config = write("c.yaml", base_config());
   Outcome r =
