@@ -272,6 +272,18 @@ TEST_F(Cli, CheckpointMergeNeverWritesOverItsInput) {
                   "OUT '" + merged.string() + "' is the checkpoint's own file");
   EXPECT_EQ(file_bytes(merged), merged_bytes);
   expect_rejected("checkpoint merge " + ckpt.string() + " " + dir_.string(), "is a directory");
+  // A rank's manifest is no file the reader lists, but it is the checkpoint's all the same.
+  const std::string manifest = file_bytes(ckpt / "rank_00000.json");
+  ASSERT_FALSE(manifest.empty());
+  expect_rejected("checkpoint merge " + ckpt.string() + " " + (ckpt / "rank_00000.json").string(),
+                  "is inside the checkpoint");
+  EXPECT_EQ(file_bytes(ckpt / "rank_00000.json"), manifest);
+  expect_rejected("checkpoint merge " + ckpt.string() + " ''", "OUT is empty");
+  expect_rejected("checkpoint export-hf " + ckpt.string() + " ''", "OUT is empty");
+  // Inspecting and exporting a merged file name the file, not its folder.
+  Outcome listed = run("checkpoint inspect " + merged.string());
+  EXPECT_EQ(listed.code, 0) << listed.output;
+  EXPECT_EQ(listed.output.rfind("checkpoint " + merged.string() + "\n", 0), 0u) << listed.output;
   expect_rejected("checkpoint merge " + ckpt.string() + " " + (dir_ / "no" / "m.st").string(),
                   "its folder '" + (dir_ / "no").string() + "' does not exist");
 }
@@ -376,6 +388,50 @@ TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
   expect_rejected(
       "plan " + config + " parallel.tp=2 --world-size 4 --out " + (dir_ / "run").string(),
       "= 2, but the world size is 4");
+}
+
+// Asks that used to be ignored are refused with exit 2 naming the key or flag; nothing is written.
+TEST_F(Cli, AsksThatCannotBeHonouredAreRefused) {
+  const std::string config = write("c.yaml", base_config());
+  const std::string moe =
+      " model.args.moe.experts=4 model.args.moe.first_dense=2 parallel.dp=2 parallel.ep=2";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"config " + config + " model.args.nonsense=3", "nonsense"},
+      {"config " + config + " model.args.layers=abc", "model.args.layers"},
+      {"config " + config + " model.preset=huge", "unknown GPT preset 'huge'"},
+      {"config " + config + moe, "moe.first_dense (2) leaves none of the 2 layers with experts"},
+      {"train " + config + " logging.trace_steps=[13]",
+       "logging.trace_steps: step 13 is beyond the run (run.steps 12)"},
+      {"plan " + config + " --world-size 0 --out " + (dir_ / "run").string(),
+       "--world-size must be positive, got 0"},
+      {"calibrate --timeout 0 --out " + (dir_ / "run").string(), "--timeout: expected seconds > 0"},
+      {"train " + config + " --plan " + dir_.string(), "is a directory, not a plan file"},
+      {"checkpoint frob", "unknown sub-command 'frob' (expected inspect, merge or export-hf)"},
+      {"plan " + config + " parallel.policy=auto --world-size 7 --out " + (dir_ / "run").string(),
+       "auto found no way to split this model over 7 ranks"},
+  };
+  for (const auto& [args, expect] : cases) expect_rejected(args, expect);
+  Outcome abc =
+      run_command("WORLD_SIZE=abc " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " + config);
+  EXPECT_EQ(abc.code, 2) << abc.output;
+  EXPECT_NE(abc.output.find("WORLD_SIZE=abc is not valid"), std::string::npos) << abc.output;
+  EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+// A checkpoint folder that cannot be written stops the run before its first step, not at the
+// first checkpoint; --version names loom, LibTorch, CUDA and NCCL.
+TEST_F(Cli, AnUnwritableCheckpointDirIsRefusedAtStartAndVersionSaysWhatRuns) {
+  const std::string config = write("c.yaml", base_config());
+  expect_rejected("train " + config + " checkpoint.every=4 checkpoint.dir=/proc/loom/ckpt",
+                  "checkpoint.dir: cannot write checkpoints to '/proc/loom/ckpt'");
+  const fs::path blocker = write("a-file", "x");
+  expect_rejected(
+      "train " + config + " checkpoint.every=4 checkpoint.dir=" + (blocker / "ckpt").string(),
+      "checkpoint.dir: cannot write checkpoints to");
+  Outcome v = run("--version");
+  EXPECT_EQ(v.code, 0) << v.output;
+  for (const char* line : {"loom 0.", "\nbuild id: ", "\nlibtorch: 2.", "\ncuda: ", "\nnccl: "})
+    EXPECT_NE(v.output.find(line), std::string::npos) << line << " in\n" << v.output;
 }
 
 TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {
