@@ -71,7 +71,17 @@ Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64
     if (!v["dtype"].is_string()) return bad(file, where + "dtype is not a string");
     t.dtype = v["dtype"].get<std::string>();
     const int64_t elem = safetensors_dtype_size(t.dtype);
-    if (elem == 0) return bad(file, where + "unknown dtype '" + t.dtype + "'");
+    if (elem == 0) {
+      // A dtype of the format loom does not read (F8_E4M3, F8_E5M2, ...): the file may be fine.
+      static const char* kKnown[] = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
+                                     "F4",      "C64",     "I4",      "U4"};
+      for (const char* known : kKnown)
+        if (t.dtype == known)
+          return Error::at(file, "'" + file + "': " + where + "dtype " + t.dtype +
+                                     " is not supported by loom (it reads F64, F32, F16, BF16 "
+                                     "and integer tensors)");
+      return bad(file, where + "unknown dtype '" + t.dtype + "'");
+    }
     const json& shape = v["shape"];
     if (!shape.is_array() || shape.size() > 64)
       return bad(file, where + "shape is not an array of dimensions");
@@ -91,7 +101,10 @@ Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64
       return bad(file, where + "data_offsets is not [begin, end]");
     t.begin = off[0].get<uint64_t>();
     t.end = off[1].get<uint64_t>();
-    if (t.begin > t.end || t.end > data_size)
+    if (t.begin > t.end)
+      return bad(file, where + "data_offsets [" + std::to_string(t.begin) + ", " +
+                           std::to_string(t.end) + "] end before they begin");
+    if (t.end > data_size)
       return bad(file, where + "data_offsets [" + std::to_string(t.begin) + ", " +
                            std::to_string(t.end) + "] lie outside the " +
                            std::to_string(data_size) + " data bytes (truncated?)");

@@ -10,6 +10,7 @@
 
 #include "comm/local_comm.h"
 #include "comm/store.h"
+#include "core/secret.h"
 #if LOOM_COMM_HAVE_GLOO
 #include "comm/gloo_comm.h"
 #endif
@@ -48,7 +49,8 @@ struct ProcessWorld {
   int rank = 0;
   int size = 1;
   std::string addr = "127.0.0.1";
-  int port = 0;  // 0: any free port (a world of one)
+  int port = 0;        // 0: any free port (a world of one)
+  std::string secret;  // LOOM_RDZV_TOKEN; a world of one makes its own
 };
 
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as set by loomrun or torchrun.
@@ -81,13 +83,22 @@ Result<ProcessWorld> world_from_env(const EnvLookup& env, const std::string& bac
   }
   if (addr) w.addr = *addr;
   if (port) w.port = static_cast<int>(*port);
+  w.secret = env(kRdzvTokenEnv).value_or("");
+  if (w.secret.empty() && w.size == 1) w.secret = random_secret();
+  if (w.secret.empty()) {
+    return backend_error(backend, std::string(kRdzvTokenEnv) +
+                                      " is not set: the rendezvous store admits only the ranks "
+                                      "that present the job's secret; loomrun sets it for its "
+                                      "workers, under another launcher set the same value for "
+                                      "every rank (e.g. openssl rand -hex 16)");
+  }
   return w;
 }
 
 Result<std::shared_ptr<RendezvousStore>> store_for(const ProcessWorld& w,
                                                    const std::string& backend, double timeout_s) {
-  Result<std::shared_ptr<RendezvousStore>> store =
-      RendezvousStore::connect(w.addr, w.port, w.rank, w.size, timeout_s);
+  Result<std::shared_ptr<RendezvousStore>> store = RendezvousStore::connect(
+      StoreAddress{w.addr, w.port, w.secret, ""}, w.rank, w.size, timeout_s);
   if (!store.ok()) return backend_error(backend, store.error().message);
   return store;
 }

@@ -5,6 +5,9 @@
 //   RANK, WORLD_SIZE           this worker's rank and the number of workers (gloo, nccl)
 //   MASTER_ADDR, MASTER_PORT   where rank 0 hosts the rendezvous store (gloo, nccl; optional
 //                              for mpi, which otherwise picks rank 0's host and a free port)
+//   LOOM_RDZV_TOKEN            the job's secret, the same for every rank: rank 0's store admits
+//                              only ranks that present it (gloo, nccl; needed when WORLD_SIZE
+//                              > 1; loomrun sets it)
 //   LOCAL_RANK                 the CUDA device of this worker (nccl)
 //   LOCAL_WORLD_SIZE           workers on this machine (configure_worker_threads)
 //   OMP_NUM_THREADS            intra-op threads of this worker, when set (configure_worker_threads)

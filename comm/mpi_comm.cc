@@ -18,6 +18,7 @@
 #include "comm/arrivals.h"
 #include "comm/backend.h"
 #include "comm/store.h"
+#include "core/secret.h"
 
 namespace loom::comm {
 namespace {
@@ -486,13 +487,17 @@ int free_port() {
 std::shared_ptr<Arrivals> arrival_board(std::optional<std::string> addr, std::optional<int> port,
                                         int rank, int size, double timeout_s) {
   char host[256] = {0};
+  char secret[64] = {0};  // made by rank 0, shared by MPI: the store admits only this job
   int port_value = port.value_or(0);
   if (rank == 0) {
     gethostname(host, sizeof host - 1);
     if (!port) port_value = free_port();
+    const std::string made = random_secret();
+    std::memcpy(secret, made.data(), std::min(made.size(), sizeof secret - 1));
   }
   MPI_Bcast(host, sizeof host, MPI_CHAR, 0, MPI_COMM_WORLD);
   MPI_Bcast(&port_value, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MPI_Bcast(secret, sizeof secret, MPI_CHAR, 0, MPI_COMM_WORLD);
   std::string where = addr.value_or("");
   if (where.empty()) {
     char mine[256] = {0};
@@ -500,7 +505,11 @@ std::shared_ptr<Arrivals> arrival_board(std::optional<std::string> addr, std::op
     where = std::strcmp(mine, host) == 0 ? "127.0.0.1" : host;
   }
   if (port_value <= 0) return std::make_shared<NoArrivals>("rank 0 found no free port");
-  auto store = RendezvousStore::connect(where, port_value, rank, size, timeout_s);
+  // Without MASTER_ADDR rank 0 cannot tell which of its interfaces the others route to; the
+  // secret keeps strangers out.
+  auto store = RendezvousStore::connect(
+      StoreAddress{where, port_value, secret, addr && !addr->empty() ? *addr : "0.0.0.0"}, rank,
+      size, timeout_s);
   if (!store.ok()) return std::make_shared<NoArrivals>(store.error().message);
   // The store lives as long as the board.
   auto board = (*store)->arrivals();

@@ -5,9 +5,12 @@
 #include <map>
 #include <mutex>
 #include <thread>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/backend.h"
+#include "comm/store_client.h"
+#include "comm/store_server.h"
+#include "core/log.h"
+#include "core/secret.h"
 
 namespace loom::comm {
 namespace {
@@ -110,35 +113,55 @@ class StoreArrivals : public Arrivals {
   std::shared_ptr<MarkQueue> q_;
 };
 
+// Rank 0: the server on at.listen (or at.host) and a client of it; the others: a client of
+// at.host:at.port. Throws std::runtime_error.
+c10::intrusive_ptr<StoreClient> open_store(const StoreAddress& at, int rank, double timeout_s) {
+  const auto timeout = millis(timeout_s);
+  if (rank != 0) return StoreClient::connect(at.host, at.port, at.secret, timeout);
+  const std::string listen = at.listen.empty() ? at.host : at.listen;
+  Result<std::shared_ptr<StoreServer>> server = StoreServer::start(
+      listen, at.port, at.secret, [](const std::string& line) { log_warning(line); });
+  if (!server.ok()) throw std::runtime_error(server.error().message);
+  // Listening on every interface, rank 0 reaches itself on loopback.
+  const std::string self = listen == "0.0.0.0" ? "127.0.0.1" : listen;
+  return StoreClient::connect(self, (*server)->port(), at.secret, timeout, *server);
+}
+
 }  // namespace
 
-Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const std::string& host, int port,
-                                                                  int rank, int world_size,
+Result<std::shared_ptr<RendezvousStore>> RendezvousStore::connect(const StoreAddress& at, int rank,
+                                                                  int world_size,
                                                                   double timeout_s) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(port);
-  opts.isServer = rank == 0;
-  opts.numWorkers = static_cast<size_t>(world_size);
-  opts.waitWorkers = false;  // joining is checked below, with names
-  opts.timeout = millis(timeout_s);
-  const std::string at = host + ":" + std::to_string(port);
+  const std::string where_to = at.host + ":" + std::to_string(at.port);
+  if (at.secret.empty()) {
+    return Error{"no secret for the rendezvous store at " + where_to + ": set " +
+                     std::string(kRdzvTokenEnv) +
+                     " to the same value for every rank (loomrun does this)",
+                 {}};
+  }
   const auto start = std::chrono::steady_clock::now();
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<StoreClient> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+    store = open_store(at, rank, timeout_s);
   } catch (const std::exception& e) {
     const std::string why = exception_message(e);
     if (rank == 0) {
-      return Error{"rank 0 could not host the rendezvous store at " + at + ": " + why, {}};
+      return Error{"rank 0 could not host the rendezvous store at " + where_to + ": " + why, {}};
     }
-    return Error{"rank " + std::to_string(rank) + " could not reach the rendezvous store at " + at +
-                     " within " + format_seconds(timeout_s) +
+    if (why.find("refused by the store") != std::string::npos) {
+      return Error{"rank " + std::to_string(rank) + " was turned away by the rendezvous store at " +
+                       where_to + " (" + why + "): give every rank the same " +
+                       std::string(kRdzvTokenEnv),
+                   {}};
+    }
+    return Error{"rank " + std::to_string(rank) + " could not reach the rendezvous store at " +
+                     where_to + " within " + format_seconds(timeout_s) +
                      " s (is rank 0 running? check MASTER_ADDR and MASTER_PORT): " + why,
                  {}};
   }
-  const int actual = store->getPort();
+  const int actual = store->port();
   std::string where =
-      "the rendezvous store at " + host + ":" + std::to_string(actual) + " (hosted by rank 0)";
+      "the rendezvous store at " + at.host + ":" + std::to_string(actual) + " (hosted by rank 0)";
   // Everyone announces itself, then waits for the others, so that a rank that never comes is
   // named instead of surfacing later as a backend's socket timeout.
   std::vector<std::string> joined;

@@ -1,4 +1,5 @@
-// The rendezvous store of a process world: a c10d TCPStore hosted by rank 0. The gloo and nccl
+// The rendezvous store of a process world, hosted by rank 0 (store_server.h): it listens on the
+// master address only and admits only the ranks that present the job's secret. The gloo and nccl
 // backends rendezvous through it, and every process backend keeps its arrival board in it.
 #pragma once
 
@@ -11,14 +12,21 @@
 
 namespace loom::comm {
 
+// Where a world's store is and what admits a rank to it.
+struct StoreAddress {
+  std::string host = "127.0.0.1";  // rank 0's address; the other ranks connect there
+  int port = 0;                    // 0: a free port (rank 0 alone, or a test in one process)
+  std::string secret;              // the job's secret (LOOM_RDZV_TOKEN); never empty
+  std::string listen;              // the address rank 0 listens on; empty: host
+};
+
 class RendezvousStore {
  public:
-  // Rank 0 hosts the store at host:port (port 0: a free port, see port()), the others connect;
-  // then every rank waits until all world_size ranks joined. Bounded by timeout_s; the error
-  // names the ranks that did not join.
-  static Result<std::shared_ptr<RendezvousStore>> connect(const std::string& host, int port,
-                                                          int rank, int world_size,
-                                                          double timeout_s);
+  // Rank 0 hosts the store on at.listen (port 0: a free port, see port()), the others connect
+  // to at.host; then every rank waits until all world_size ranks joined. Bounded by timeout_s;
+  // the error names the ranks that did not join, or why the store refused this rank.
+  static Result<std::shared_ptr<RendezvousStore>> connect(const StoreAddress& at, int rank,
+                                                          int world_size, double timeout_s);
 
   const c10::intrusive_ptr<c10d::Store>& c10d_store() const { return store_; }
   int port() const { return port_; }

@@ -54,7 +54,8 @@ struct Options {
   std::string backend;  // empty: nccl on a GPU, else gloo
   int64_t ranks = 2;
   bool quick = false;
-  double timeout_s = 0;  // 0: 120 s with --quick, else 900 s
+  double timeout_s = 0;  // unset (timeout_given false): 120 s with --quick, else 900 s
+  bool timeout_given = false;
   std::string worker_request, worker_result_dir;
 };
 
@@ -219,8 +220,12 @@ int calibrate_main_checked(Options o) {
   if (o.ranks < 2 || o.ranks > 1024)
     return fail("--ranks: expected 2 to 1024 ranks (communication needs two), got " +
                 std::to_string(o.ranks));
-  if (o.timeout_s < 0) return fail("--timeout: expected seconds > 0");
-  if (o.timeout_s == 0) o.timeout_s = o.quick ? 120 : 900;
+  if (o.timeout_given && !(o.timeout_s > 0)) {
+    std::ostringstream given;
+    given << o.timeout_s;
+    return fail("--timeout: expected seconds > 0, got " + given.str());
+  }
+  if (!o.timeout_given) o.timeout_s = o.quick ? 120 : 900;
   const fs::path out(o.out);
   if (o.out.empty() || fs::is_directory(out)) return fail("--out: '" + o.out + "' is not a file");
   if (const fs::path dir = out.parent_path(); !dir.empty() && !fs::is_directory(dir))
@@ -296,6 +301,7 @@ int calibrate_main(const Args& args) {
   app.add_option("--worker-request", o.worker_request)->group("");  // the ranks' own arguments
   app.add_option("--worker-result-dir", o.worker_result_dir)->group("");
   if (auto code = parse_args(app, args, "calibrate")) return *code;
+  o.timeout_given = app.count("--timeout") > 0;
   return calibrate_main_checked(std::move(o));
 #else
   (void)args;

@@ -33,6 +33,13 @@ Result<CheckpointReader> open_checkpoint(const fs::path& dir) {
   return CheckpointReader::open(dir);
 }
 
+// What the messages call the checkpoint: the merged file itself when one was given, else the
+// step directory read.
+std::string shown(const CheckpointReader& reader, const fs::path& given) {
+  std::error_code ec;
+  return fs::is_regular_file(given, ec) ? given.string() : reader.dir().string();
+}
+
 std::string ranges_text(const SliceRanges& ranges) {
   std::string s = "[";
   for (size_t d = 0; d < ranges.size(); ++d)
@@ -46,7 +53,7 @@ int inspect(const fs::path& dir) {
   // The listing vouches for the shards it names: check them all before printing any of it.
   if (Status s = reader->verify(); !s.ok()) return bad_input(s.error().message);
   const CheckpointManifest& m = reader->manifest();
-  std::printf("checkpoint %s\n", reader->dir().string().c_str());
+  std::printf("checkpoint %s\n", shown(*reader, dir).c_str());
   std::printf(
       "step %lld, samples seen %lld, saved under %s on %lld ranks, seed %lld, optimizer %s (%lld "
       "steps)\n",
@@ -79,8 +86,13 @@ int inspect(const fs::path& dir) {
 // Where merge may write: never over one of the checkpoint's own files (nor over one through
 // the temporary name the durable write uses next to OUT), never onto a directory, and only in
 // a folder that exists. The merge itself reads every shard before it writes anything.
-Status check_merge_output(const CheckpointReader& reader, const fs::path& out) {
+Status check_merge_output(const CheckpointReader& reader, const fs::path& given,
+                          const fs::path& out) {
   std::error_code ec;
+  if (out.empty())
+    return Error::at("OUT",
+                     "OUT is empty; give the safetensors file to write, e.g. "
+                     "'merged.safetensors'");
   if (fs::is_directory(out, ec))
     return Error::at(out.string(), "OUT '" + out.string() +
                                        "' is a directory; give the safetensors file to write, "
@@ -105,17 +117,29 @@ Status check_merge_output(const CheckpointReader& reader, const fs::path& out) {
               "file somewhere else");
     }
   }
+  // Inside the checkpoint, OUT could take the name of a file the checkpoint has or will look
+  // for (a rank's manifest, a shard): never write there.
+  const fs::path inside =
+      fs::is_regular_file(given, ec) ? fs::path() : fs::weakly_canonical(folder, ec);
+  for (fs::path d = inside; !d.empty() && d != d.parent_path(); d = d.parent_path()) {
+    if (!fs::equivalent(d, reader.dir(), ec)) continue;
+    return Error::at(out.string(), "OUT '" + out.string() + "' is inside the checkpoint '" +
+                                       reader.dir().string() +
+                                       "'; merging into it could destroy the checkpoint: write "
+                                       "the merged file somewhere else");
+  }
   return Status::success();
 }
 
 int merge(const fs::path& dir, const fs::path& out) {
   auto reader = open_checkpoint(dir);
   if (!reader.ok()) return bad_input(reader.error().message);
-  if (Status s = check_merge_output(*reader, out); !s.ok()) return bad_input(s.error().message);
+  if (Status s = check_merge_output(*reader, dir, out); !s.ok())
+    return bad_input(s.error().message);
   auto bytes = merge_checkpoint(*reader);
   if (!bytes.ok()) return bad_input(bytes.error().message);
   if (Status s = write_file_durably(out, *bytes); !s.ok()) return bad_input(s.error().message);
-  std::printf("loom: merged %s (step %lld, %zu shards) into %s\n", reader->dir().string().c_str(),
+  std::printf("loom: merged %s (step %lld, %zu shards) into %s\n", shown(*reader, dir).c_str(),
               static_cast<long long>(reader->manifest().step), reader->manifest().files.size(),
               out.string().c_str());
   return kExitOk;
@@ -126,7 +150,7 @@ int export_hf_folder(const fs::path& dir, const fs::path& out) {
   if (!reader.ok()) return bad_input(reader.error().message);
   if (Status s = export_hf(*reader, out); !s.ok()) return bad_input(s.error().message);
   std::printf("loom: exported %s (step %lld) as the Hugging Face folder %s\n",
-              reader->dir().string().c_str(), static_cast<long long>(reader->manifest().step),
+              shown(*reader, dir).c_str(), static_cast<long long>(reader->manifest().step),
               out.string().c_str());
   return kExitOk;
 }

@@ -19,6 +19,7 @@ int config_main(const Args& args);
 int checkpoint_main(const Args& args);  // loom checkpoint inspect DIR | merge DIR OUT
 int plan_main(const Args& args);        // loom plan CONFIG [key=value ...] --world-size N --out DIR
 int env_main(const Args& args);         // loom env: LibTorch, CPU kernels, BLAS and threads
+int version_main(const Args& args);     // loom --version: loom, its build, LibTorch, CUDA, NCCL
 int calibrate_main(
     const Args& args);              // loom calibrate [CONFIG] [--out FILE]: a measured cost model
 int verify_main(const Args& args);  // loom verify CONFIG [key=value ...] [--steps N] [--json FILE]

@@ -3,6 +3,7 @@
 #include "core/config.h"
 #include "launch/command.h"
 #include "launch/config_file.h"
+#include "models/model.h"
 
 namespace loom::cli {
 
@@ -16,6 +17,11 @@ int config_main(const Args& args) {
   auto config = load_config_file(args[0], Args(args.begin() + 1, args.end()));
   if (!config.ok()) {
     std::fprintf(stderr, "loom config: error: %s\n", config.error().message.c_str());
+    return kExitBadInput;
+  }
+  // The model's keys too (model.args, model.preset) and what the degrees ask of the model.
+  if (Status s = models::check_parallel(*config); !s.ok()) {
+    std::fprintf(stderr, "loom config: error: %s\n", s.error().message.c_str());
     return kExitBadInput;
   }
   std::fputs(to_yaml(*config).c_str(), stdout);

@@ -4,7 +4,12 @@
 
 #include "launch/command.h"
 #ifdef LOOM_HAVE_RUNTIME
+#include "runtime/build_info.h"
 #include "runtime/machine.h"
+#endif
+
+#ifndef LOOM_VERSION_STRING
+#define LOOM_VERSION_STRING "unknown"
 #endif
 
 namespace loom::cli {
@@ -30,6 +35,22 @@ int env_main(const Args& args) {
                "loom env: error: this build of loom has no runtime (LOOM_WITH_RUNTIME=OFF)\n");
   return kExitFailure;
 #endif
+}
+
+int version_main(const Args& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "loom --version: error: unexpected argument '%s'\n", args[0].c_str());
+    return kExitBadInput;
+  }
+#ifdef LOOM_HAVE_RUNTIME
+  const runtime::BuildInfo b = runtime::build_info();
+  std::printf("loom %s\n", b.loom.c_str());
+  for (const auto& [name, value] : b.lines())
+    if (name != "loom") std::printf("%s: %s\n", name.c_str(), value.c_str());
+#else
+  std::printf("loom %s\nlibtorch: none (built with LOOM_WITH_RUNTIME=OFF)\n", LOOM_VERSION_STRING);
+#endif
+  return kExitOk;
 }
 
 }  // namespace loom::cli

@@ -144,6 +144,8 @@ Status write_weights(CheckpointReader& reader, const std::map<std::string, HfTen
 
 Status check_out(const fs::path& out) {
   std::error_code ec;
+  if (out.empty())
+    return Error::at("OUT", "OUT is empty; give the folder to write, e.g. 'exported-hf'");
   if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
     return Error::at(out.string(), "OUT '" + out.string() +
                                        "' exists; export-hf writes a new folder (remove it or "
@@ -161,7 +163,10 @@ Status export_hf(CheckpointReader& reader, const fs::path& out_arg) {
   fs::path out = out_arg;
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
   LOOM_TRY(check_out(out));
-  const std::string source = reader.dir().string() + " (the checkpoint's config)";
+  // A merged checkpoint is one file (a directory has its manifest.json besides): name it.
+  const std::vector<fs::path> files = reader.files();
+  const std::string source =
+      (files.size() == 1 ? files[0] : reader.dir()).string() + " (the checkpoint's config)";
   LOOM_ASSIGN_OR_RETURN(Config config, parse_config(reader.manifest().config_yaml, source));
   if (!has_hf_names(config.model.type))
     return config.error("model.type", "model.type '" + config.model.type +

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/secret.h"
 #include "launch/loomrun_options.h"
 
 namespace loom::launch {
@@ -161,8 +162,9 @@ struct Worker {
   int rank = 0;
   pid_t pid = -1;  // also its process group id
   bool running = false;
-  int status = 0;          // waitpid status once reaped
-  int64_t exited_ns = -1;  // CLOCK_MONOTONIC when it was reaped
+  int status = 0;                // waitpid status once reaped
+  int64_t exited_ns = -1;        // CLOCK_MONOTONIC when it was reaped
+  bool killed_by_group = false;  // still running when loomrun stopped the group
   Stream out, err;
   std::deque<std::string> err_tail;
 };
@@ -226,6 +228,7 @@ struct WorkerEnv {
   int rank, local_rank, world_size, local_world_size, group_rank, master_port, attempt;
   std::string master_addr;
   std::string omp_threads;  // empty: leave OMP_NUM_THREADS as it is
+  std::string rdzv_token;
 };
 
 // In the forked child: its own process group, the pipes as stdout/stderr, stdin from /dev/null (a
@@ -255,6 +258,7 @@ struct WorkerEnv {
   set("MASTER_ADDR", e.master_addr);
   set("MASTER_PORT", std::to_string(e.master_port));
   set("LOOM_RESTART_COUNT", std::to_string(e.attempt));
+  set(loom::kRdzvTokenEnv, e.rdzv_token);
   if (!e.omp_threads.empty()) set("OMP_NUM_THREADS", e.omp_threads);
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(o.program.c_str()));
@@ -392,15 +396,78 @@ void close_stream(Worker& w, Stream& s) {
   s.log = nullptr;
 }
 
+// Whether the kernel holds `pid` stopped (SIGSTOP, SIGTSTP, a debugger): state T or t.
+bool is_stopped(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return false;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* end = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
+  return end != nullptr && end[1] == ' ' && (end[2] == 'T' || end[2] == 't');
+}
+
+// The ranks named in "rank 3 did not arrive" / "ranks 1, 3 did not arrive" in `line`.
+std::vector<int> ranks_not_arrived(const std::string& line) {
+  std::vector<int> out;
+  for (size_t at = line.find(" did not arrive"); at != std::string::npos;
+       at = line.find(" did not arrive", at + 1)) {
+    size_t start = line.rfind("rank", at);
+    if (start == std::string::npos) continue;
+    const char* p = line.c_str() + start + (line.compare(start, 5, "ranks") == 0 ? 5 : 4);
+    while (p < line.c_str() + at) {
+      char* end = nullptr;
+      const long r = std::strtol(p, &end, 10);
+      if (end == p) break;
+      out.push_back(static_cast<int>(r));
+      p = end;
+      while (*p == ',' || *p == ' ') ++p;
+    }
+  }
+  return out;
+}
+
+// The worker the others waited for when the first failure came: one the kernel held stopped,
+// else the rank the failed workers' timeouts name most ("rank 2 did not arrive"), when it is
+// not itself among the failed. -1 when there is none.
+int hung_worker(const std::vector<Worker>& ws, const std::vector<bool>& stopped) {
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (stopped[i]) return static_cast<int>(i);
+  std::vector<int> votes(ws.size(), 0);
+  for (const Worker& w : ws) {
+    if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
+    std::vector<bool> named(ws.size(), false);
+    for (const std::string& line : w.err_tail)
+      for (int r : ranks_not_arrived(line))
+        for (size_t i = 0; i < ws.size(); ++i)
+          if (ws[i].rank == r && !named[i]) named[i] = true, ++votes[i];
+  }
+  int best = -1;
+  for (size_t i = 0; i < ws.size(); ++i)
+    if (votes[i] > 0 && (best < 0 || votes[i] > votes[static_cast<size_t>(best)]))
+      best = static_cast<int>(i);
+  if (best < 0) return -1;
+  // A rank that failed on its own first is the cause, not one the others waited for.
+  const Worker& b = ws[static_cast<size_t>(best)];
+  const bool failed_itself =
+      !b.running && !(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 0) && !b.killed_by_group;
+  return failed_itself ? -1 : best;
+}
+
 // How one attempt ended.
 struct AttemptResult {
-  int failed = -1;      // index of the first failed worker, -1 if none
-  int stop_signal = 0;  // SIGINT/SIGTERM received by loomrun, 0 if none
+  int failed = -1;            // index of the first failed worker, -1 if none
+  int hung = -1;              // index of the worker the others waited for, -1 if none
+  bool hung_stopped = false;  // the kernel held it stopped
+  int stop_signal = 0;        // SIGINT/SIGTERM received by loomrun, 0 if none
 };
 
 // Runs one attempt to the end: all workers exited, or the group stopped after a failure or a
 // signal.
-AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vector<Worker>& ws) {
+AttemptResult run_attempt(const RunOptions& o, int port, const std::string& token, int attempt,
+                          std::vector<Worker>& ws) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   std::string omp;
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
@@ -414,10 +481,12 @@ AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vecto
                 port,
                 attempt,
                 o.master_addr,
-                omp};
+                omp,
+                token};
     ws.push_back(start_worker(o, e));
   }
   AttemptResult res;
+  std::vector<bool> stopped(ws.size(), false);
   bool stopping = false;
   Clock::time_point kill_at{};
   bool killed = false;
@@ -429,6 +498,10 @@ AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vecto
     if (!stopping && (res.failed >= 0 || g_stop_signal != 0)) {
       stopping = true;
       res.stop_signal = g_stop_signal;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        stopped[i] = ws[i].running && is_stopped(ws[i].pid);
+        ws[i].killed_by_group = ws[i].running;
+      }
       signal_all(ws, res.stop_signal != 0 ? res.stop_signal : SIGTERM);
       kill_at = Clock::now() + kGracePeriod;
     }
@@ -447,6 +520,10 @@ AttemptResult run_attempt(const RunOptions& o, int port, int attempt, std::vecto
     close_stream(w, w.out);
     close_stream(w, w.err);
   }
+  if (res.failed >= 0) {
+    res.hung = hung_worker(ws, stopped);
+    res.hung_stopped = res.hung >= 0 && stopped[static_cast<size_t>(res.hung)];
+  }
   return res;
 }
 
@@ -460,10 +537,11 @@ int exit_code_of(int status) {
   return WEXITSTATUS(status);
 }
 
-void report_root_cause(const Worker& w, int attempt, const RunOptions& o) {
-  std::string msg = "loomrun: root cause: rank " + std::to_string(w.rank) + " (pid " +
-                    std::to_string(w.pid) + ") failed with " + describe_status(w.status) +
-                    " on attempt " + std::to_string(attempt) + "\n";
+// `effect`: another rank was the cause (report_hung), this one only failed first.
+void report_root_cause(const Worker& w, int attempt, const RunOptions& o, bool effect) {
+  std::string msg = std::string(effect ? "loomrun: " : "loomrun: root cause: ") + "rank " +
+                    std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") failed with " +
+                    describe_status(w.status) + " on attempt " + std::to_string(attempt) + "\n";
   if (w.err_tail.empty()) {
     msg += "loomrun: rank " + std::to_string(w.rank) + " wrote nothing to stderr\n";
   } else {
@@ -475,6 +553,16 @@ void report_root_cause(const Worker& w, int attempt, const RunOptions& o) {
     msg += "loomrun: full logs in " + o.log_dir + "/attempt_" + std::to_string(attempt) + "/" +
            std::to_string(w.rank) + "/\n";
   write_all(2, msg);
+}
+
+// The rank the others waited for is the cause; the first failure (reported next) is its effect.
+void report_hung(const Worker& hung, bool stopped, const Worker& first, int attempt) {
+  write_all(2, "loomrun: root cause: rank " + std::to_string(hung.rank) + " (pid " +
+                   std::to_string(hung.pid) + ") stopped answering on attempt " +
+                   std::to_string(attempt) +
+                   (stopped ? " (the kernel held it stopped: SIGSTOP or a debugger)" : "") +
+                   "; the other ranks timed out waiting for it, rank " +
+                   std::to_string(first.rank) + " first:\n");
 }
 
 void install_signals() {
@@ -490,11 +578,21 @@ void install_signals() {
 }
 
 int run(const RunOptions& o) {
+  std::string error;
+  const std::string token = rdzv_token(o, std::getenv(loom::kRdzvTokenEnv), &error);
+  if (token.empty()) die_usage(error);
+  // A log folder that cannot be made is the user's to fix, found before any worker starts.
+  if (!o.log_dir.empty()) {
+    const std::string probe = o.log_dir + "/attempt_0";
+    if (!make_dirs(probe) || access(probe.c_str(), W_OK) != 0)
+      die_usage("--log-dir " + o.log_dir + ": cannot create or write " + probe + ": " +
+                std::strerror(errno));
+  }
   int port = settle_master_port(o);
   install_signals();
   for (int attempt = 0;; ++attempt) {
     std::vector<Worker> ws;
-    AttemptResult res = run_attempt(o, port, attempt, ws);
+    AttemptResult res = run_attempt(o, port, token, attempt, ws);
     if (res.stop_signal != 0) {
       std::fprintf(stderr, "loomrun: stopped the workers on %s\n",
                    signal_name(res.stop_signal).c_str());
@@ -502,7 +600,9 @@ int run(const RunOptions& o) {
     }
     if (res.failed < 0) return 0;
     const Worker& w = ws[static_cast<size_t>(res.failed)];
-    report_root_cause(w, attempt, o);
+    const bool hung = res.hung >= 0 && res.hung != res.failed;
+    if (hung) report_hung(ws[static_cast<size_t>(res.hung)], res.hung_stopped, w, attempt);
+    report_root_cause(w, attempt, o, hung);
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0)
         std::fprintf(stderr, "loomrun: giving up after %d restarts\n", o.max_restarts);

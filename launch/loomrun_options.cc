@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/secret.h"
+
 namespace loom::launch {
 namespace {
 
@@ -80,6 +82,11 @@ std::string set_option(const std::string& name, const std::string& value, RunOpt
     o->log_dir = value;
     return "";
   }
+  if (name == "--rdzv-token") {
+    if (value.empty()) return "--rdzv-token must not be empty";
+    o->rdzv_token = value;
+    return "";
+  }
   const struct {
     const char* name;
     long lo, hi;
@@ -135,6 +142,20 @@ std::string check_worker_count(const RunOptions& o, const ProcessLimits& limits)
   return "";
 }
 
+std::string rdzv_token(const RunOptions& o, const char* env_token, std::string* error) {
+  if (!o.rdzv_token.empty()) return o.rdzv_token;
+  if (env_token != nullptr && env_token[0] != '\0') return env_token;
+  if (o.nnodes == 1) {
+    std::string made = random_secret();
+    if (made.empty()) *error = "cannot make the job's secret: the kernel gave no random bytes";
+    return made;
+  }
+  *error = "--nnodes " + std::to_string(o.nnodes) +
+           " needs the job's secret, the same on every node: set LOOM_RDZV_TOKEN (or "
+           "--rdzv-token) on each, e.g. to the output of 'openssl rand -hex 16'";
+  return "";
+}
+
 std::string run_usage() {
   return "usage: loomrun [options] PROGRAM [ARGS...]\n"
          "  --nproc-per-node N   workers on this node (default 1)\n"
@@ -143,6 +164,8 @@ std::string run_usage() {
          "  --master-addr HOST   rank 0's address (default 127.0.0.1)\n"
          "  --master-port P      rank 0's port, 0 picks a free one (default 29500)\n"
          "  --standalone         one node on 127.0.0.1 with a free port\n"
+         "  --rdzv-token SECRET  the job's secret, the same on every node (or set\n"
+         "                       LOOM_RDZV_TOKEN); one node makes its own\n"
          "  --max-restarts N     restart the whole group up to N times (default 0)\n"
          "  --log-dir DIR        keep DIR/attempt_K/RANK/{stdout,stderr}.log\n"
          "  --tee                with --log-dir, also print workers' output\n"
@@ -152,6 +175,7 @@ std::string run_usage() {
 ParseResult parse_run_options(const std::vector<std::string>& argv) {
   ParseResult r;
   RunOptions& o = r.options;
+  std::string master_flag;  // --master-addr or --master-port when given
   size_t i = 0;
   for (; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
@@ -183,7 +207,7 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
     }
     static const char* kValued[] = {"--nproc-per-node", "--nnodes",      "--node-rank",
                                     "--master-addr",    "--master-port", "--max-restarts",
-                                    "--log-dir"};
+                                    "--log-dir",        "--rdzv-token"};
     if (std::find(std::begin(kValued), std::end(kValued), name) == std::end(kValued)) {
       r.error = "unknown option " + arg + " (see loomrun --help)";
       return r;
@@ -197,10 +221,16 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
     }
     r.error = set_option(name, value, &o);
     if (!r.error.empty()) return r;
+    if (name == "--master-addr" || name == "--master-port") master_flag = name;
   }
   if (i < argv.size()) {
     o.program = argv[i];
     o.args.assign(argv.begin() + static_cast<long>(i) + 1, argv.end());
+  }
+  if (o.standalone && !master_flag.empty()) {
+    r.error = "--standalone picks 127.0.0.1 and a free port itself; drop " + master_flag +
+              " or --standalone";
+    return r;
   }
   if (o.standalone) {
     o.master_addr = "127.0.0.1";

@@ -30,6 +30,7 @@ struct RunOptions {
   int max_restarts = 0;                   // group restarts after a failure
   std::string log_dir;                    // empty: workers' output only on the console
   bool tee = false;                       // with log_dir: console as well as the files (else no-op)
+  std::string rdzv_token;                 // the job's secret (--rdzv-token); empty: see run()
   std::string program;                    // the worker program (PATH is searched)
   std::vector<std::string> args;          // passed to the program untouched
 };
@@ -48,6 +49,11 @@ ParseResult parse_run_options(const std::vector<std::string>& argv);
 // "" when o.nproc_per_node workers fit `limits`; else one line with the bound and the limit that
 // sets it, so loomrun refuses before starting any instead of failing half-way.
 std::string check_worker_count(const RunOptions& o, const ProcessLimits& limits);
+
+// The job's secret the workers get as LOOM_RDZV_TOKEN: --rdzv-token, else `env_token` (loomrun's
+// own LOOM_RDZV_TOKEN), else a fresh random one for a job on one node. A job on several nodes
+// needs the same secret on each, so without one it is "" and `error` says what to set.
+std::string rdzv_token(const RunOptions& o, const char* env_token, std::string* error);
 
 // The usage text printed by --help.
 std::string run_usage();

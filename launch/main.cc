@@ -37,7 +37,9 @@ const Command kCommands[] = {
 void usage(FILE* out) {
   std::fprintf(out, "usage: loom COMMAND [ARGS ...]\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
-  std::fprintf(out, "\nRun 'loom COMMAND --help' for a command's options.\n");
+  std::fprintf(out,
+               "\nRun 'loom COMMAND --help' for a command's options; 'loom --version' for "
+               "the versions of loom, LibTorch, CUDA and NCCL.\n");
 }
 
 }  // namespace
@@ -52,6 +54,8 @@ int main(int argc, char** argv) {
     usage(stdout);
     return loom::cli::kExitOk;
   }
+  if (verb == "--version" || verb == "-V" || verb == "version")
+    return loom::cli::version_main(loom::cli::Args(argv + 2, argv + argc));
   for (const auto& c : kCommands) {
     if (verb != c.name) continue;
     loom::cli::Args args(argv + 2, argv + argc);

@@ -55,7 +55,7 @@ int plan_main(const Args& args) {
   if (!cost_file.empty()) overrides.push_back("cost.file=" + cost_file);
   auto config = load_config_file(config_path, overrides);
   if (!config.ok()) return fail(config.error().message);
-  if (world_size == 0) world_size = config->parallel.world_size();
+  if (app.count("--world-size") == 0) world_size = config->parallel.world_size();
   if (world_size < 1)
     return fail("--world-size must be positive, got " + std::to_string(world_size));
   auto cost = resolve_cost_model(*config);

@@ -183,6 +183,7 @@ std::vector<ProcessResult> spawn_workers(const std::string& worker, int world_si
     l.env["WORLD_SIZE"] = l.env["LOCAL_WORLD_SIZE"] = std::to_string(world_size);
     l.env["MASTER_ADDR"] = "127.0.0.1";
     l.env["MASTER_PORT"] = port;
+    l.env.emplace("LOOM_RDZV_TOKEN", "spawned-job-" + port);  // unless the caller gave one
     launches.push_back(std::move(l));
   }
   return run_processes(launches, deadline_s);

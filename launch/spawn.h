@@ -41,7 +41,8 @@ std::vector<std::string> mpirun_argv();
 int free_port();
 
 // `world_size` copies of `worker args...` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1 and MASTER_PORT=<free port>, as loomrun would start them.
+// MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port> and a LOOM_RDZV_TOKEN (unless `env` sets one),
+// as loomrun would start them.
 std::vector<ProcessResult> spawn_workers(const std::string& worker, int world_size,
                                          const std::vector<std::string>& args, double deadline_s,
                                          const std::map<std::string, std::string>& env = {});

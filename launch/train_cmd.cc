@@ -29,6 +29,7 @@
 #include "launch/planned_trainer.h"
 #include "lower/plan_file.h"
 #include "models/model.h"
+#include "runtime/checkpoint.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/metrics_file.h"
 #include "runtime/run_lock.h"
@@ -247,6 +248,13 @@ bool nothing_to_train(const runtime::Trainer& trainer) {
 
 int train_lead(const Config& config, runtime::Trainer& trainer) {
   if (nothing_to_train(trainer)) return kExitOk;
+  // A checkpoint folder that cannot be written is found now, not after the steps before the
+  // first checkpoint.
+  if (config.checkpoint.every > 0) {
+    const std::string key = config.checkpoint.dir.empty() ? "run.output_dir" : "checkpoint.dir";
+    if (Status s = check_writable_dir(runtime::checkpoint_root(config).string(), key); !s.ok())
+      return bad_input(config.error(key, s.error().message).message);
+  }
   // Only now, with every input validated, does anything get written.
   const int64_t resumed_at = trainer.steps_done();
   auto opened = open_run_output(config, resumed_at);
@@ -324,9 +332,11 @@ int train_main(const Args& args) {
                  "run the plan in this plan.json (from `loom plan`) instead of planning");
   if (auto code = parse_args(app, args, "train")) return *code;
 
+  if (Status s = check_launcher_env(); !s.ok()) return bad_input(s.error().message);
   auto loaded = load_config_file(config_path, overrides);
   if (!loaded.ok()) return bad_input(loaded.error().message);
   const Config& config = *loaded;
+  if (Status s = check_run_asks(config); !s.ok()) return bad_input(s.error().message);
   if (Status s = init_logging(-1, config.logging.level); !s.ok())
     return bad_input(s.error().message);
 

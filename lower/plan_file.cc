@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -494,6 +495,14 @@ Result<PlanFile> plan_from_json(const std::string& json, const std::string& sour
 }
 
 Result<PlanFile> load_plan_file(const std::string& path, SealState* seal) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    const std::filesystem::path inside = std::filesystem::path(path) / "plan.json";
+    return Error::at(path, "'" + path + "' is a directory, not a plan file" +
+                               (std::filesystem::is_regular_file(inside, ec)
+                                    ? " (did you mean '" + inside.string() + "'?)"
+                                    : "; give the plan.json that loom plan wrote"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Error::at(path, "cannot read plan file '" + path + "'");
   std::stringstream text;

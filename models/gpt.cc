@@ -119,6 +119,7 @@ Result<GptSpec> gpt_spec(const Config& config) {
     return config.error(config.model.args.count("heads") ? key("heads") : key("hidden"),
                         "hidden (" + std::to_string(s.hidden) + ") is not divisible by heads (" +
                             std::to_string(s.heads) + ")");
+  LOOM_TRY(check_moe_layers(config, s.moe, s.layers));
   return s;
 }
 

@@ -181,6 +181,7 @@ Result<LlamaSpec> llama_spec(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(LlamaSpec preset_spec, find_preset(config, presets(), "Llama"));
   LOOM_ASSIGN_OR_RETURN(LlamaSpec s, apply_args(config, preset_spec));
   LOOM_TRY(validate(config, s));
+  LOOM_TRY(check_moe_layers(config, s.moe, s.layers));
   return s;
 }
 

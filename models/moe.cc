@@ -79,6 +79,18 @@ Result<MoeSpec> moe_spec(const Config& config, MoeSpec m, int64_t dense_ffn) {
   return m;
 }
 
+Status check_moe_layers(const Config& config, const MoeSpec& moe, int64_t layers) {
+  if (!moe.enabled() || moe.first_dense + moe.every - 1 < layers) return Status::success();
+  const std::string key = config.model.args.count("moe.first_dense") ? "model.args.moe.first_dense"
+                                                                     : std::string("model.preset");
+  return config.error(
+      key, "moe.first_dense (" + std::to_string(moe.first_dense) +
+               (moe.every > 1 ? ") with moe.every (" + std::to_string(moe.every) : std::string()) +
+               ") leaves none of the " + std::to_string(layers) +
+               " layers with experts: the mixture of " + std::to_string(moe.experts) +
+               " experts would never be used; lower it below the layers");
+}
+
 Status check_expert_parallel(const Config& config, const planner::SpaceSpec& space,
                              const MoeSpec& moe) {
   const int64_t ep = space.ep;

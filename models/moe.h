@@ -41,6 +41,9 @@ struct MoeSpec {
 Result<MoeSpec> moe_spec(const Config& config, MoeSpec preset, int64_t dense_ffn);
 // The model.args names moe_spec reads ("moe.experts", ...).
 std::vector<std::string> moe_arg_names();
+// A mixture needs a layer with experts among the model's `layers` (moe.first_dense and
+// moe.every place them); the error names moe.first_dense.
+Status check_moe_layers(const Config& config, const MoeSpec& moe, int64_t layers);
 // parallel.ep against the experts: ep divides them; ep above 1 needs experts. Errors name keys.
 Status check_expert_parallel(const Config& config, const planner::SpaceSpec& space,
                              const MoeSpec& moe);

@@ -649,6 +649,14 @@ Result<AutoPlan> auto_plan(const Config& config, const Registries& registries,
     fits = whole.ranked;
   }
   result.planned = planned;
+  if (fits.empty() && result.over_memory == 0)
+    return config.error(
+        "parallel.policy",
+        "auto found no way to split this model over " + std::to_string(world_size) +
+            " ranks: none of the " + std::to_string(result.considered) +
+            " shapes whose degrees multiply to " + std::to_string(world_size) +
+            " fits the model (the degrees must divide its heads, layers, experts and the "
+            "batch); run on a number of ranks the model divides, e.g. a power of two");
   if (fits.empty())
     return config.error("parallel.memory_limit_gb",
                         "no plan of " + std::to_string(world_size) + " ranks fits " +

@@ -311,6 +311,14 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
         where + " was saved after " + std::to_string(m.samples_seen) + " samples at step " +
             std::to_string(m.step) + "; batch.global " + std::to_string(config.batch.global) +
             " would resume at another data position (use the batch.global it was saved with)");
+  // The seed orders the data (data.seed -1 follows it): another one would not continue the run.
+  if (m.seed != config.run.seed)
+    return config.error("run.seed", where + " was saved by a run with run.seed " +
+                                        std::to_string(m.seed) + "; run.seed " +
+                                        std::to_string(config.run.seed) +
+                                        " would continue it with another data order (resume "
+                                        "with run.seed=" +
+                                        std::to_string(m.seed) + ")");
   const bool with_optimizer = t.optimizer != nullptr;
   if (with_optimizer && m.optimizer != t.optimizer->type())
     return config.error("optimizer.type", where + " was saved with optimizer " + m.optimizer +

@@ -31,6 +31,7 @@
 #include "runtime/lr_schedule.h"
 #include "runtime/memory.h"
 #include "runtime/optimizer.h"
+#include "runtime/rank_agreement.h"
 #include "runtime/step_trace.h"
 #include "runtime/stop_signal.h"
 
@@ -275,6 +276,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
                                            std::to_string(world_size) + " ranks, but " +
                                            std::to_string(world->size()) +
                                            " processes were started");
+  LOOM_TRY(check_ranks_agree(*world, impl->device,
+                             facts_of(config, plan.file.hash + "/" + plan.file.model_digest)));
   impl->world = world;
   impl->planned = std::move(plan.file.graph);
   impl->lowered = std::move(plan.file.lowered);

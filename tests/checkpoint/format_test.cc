@@ -102,6 +102,21 @@ TEST(SafeTensors, MalformedFilesNameTheFileAndProblem) {
       "overlap");
   expect_bad(header(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
              "non-negative");
+  // Offsets the wrong way round are not a short file; a float8 tensor is not a broken file.
+  auto reversed = SafeTensorsFile::parse(
+      header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4), "x.safetensors");
+  ASSERT_FALSE(reversed.ok());
+  EXPECT_NE(reversed.error().message.find("data_offsets [4, 0] end before they begin"),
+            std::string::npos)
+      << reversed.error().message;
+  EXPECT_EQ(reversed.error().message.find("truncated"), std::string::npos);
+  auto fp8 = SafeTensorsFile::parse(
+      header(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4), "x.safetensors");
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_NE(fp8.error().message.find("tensor 'a': dtype F8_E4M3 is not supported by loom"),
+            std::string::npos)
+      << fp8.error().message;
+  EXPECT_EQ(fp8.error().message.find("not a valid safetensors file"), std::string::npos);
 }
 
 // Two shards of a [4, 6] tensor split by columns, read back under another split.

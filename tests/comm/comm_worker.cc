@@ -7,6 +7,8 @@
 //                                        all_reduce (by hand, not a test)
 //   comm_worker skip [timeout_s]         the same, but the last rank stays alive and never calls #4
 //                                        (LOOM_TEST_VICTIM=r picks another rank)
+//   comm_worker stranger HOST PORT       no rank: tries to join the store at HOST:PORT as a
+//                                        stranger would; exit 0 when every try was refused
 //
 // The backend is `auto` (mpi under mpirun, gloo under spawn_workers) unless LOOM_TEST_BACKEND
 // names one. Exit 0 when the scenario went as expected; every failure is printed.
@@ -24,6 +26,7 @@
 
 #include "comm/make_comm.h"
 #include "tests/comm/primitive_checks.h"
+#include "tests/comm/stranger.h"
 
 namespace {
 
@@ -139,6 +142,15 @@ int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "primitives";
   const double timeout_s = argc > 2 ? std::atof(argv[2]) : 30;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (scenario == "stranger" && argc == 4) {
+    int refused = 0;
+    const auto tries = loom::comm::testing::try_as_stranger(argv[2], std::atoi(argv[3]), 30);
+    for (const std::string& line : tries) {
+      std::printf("%s\n", line.c_str());
+      refused += line.rfind("refused", 0) == 0;
+    }
+    return refused == static_cast<int>(tries.size()) ? 0 : 1;
+  }
 
   loom::comm::configure_worker_threads();
   loom::CommConfig config;

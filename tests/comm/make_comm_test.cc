@@ -114,6 +114,14 @@ TEST(MakeComm, GlooNeedsTheLauncherVariables) {
 
   auto not_a_number = make_comm(config("gloo"), env_of({{"WORLD_SIZE", "two"}, {"RANK", "0"}}));
   EXPECT_NE(error_of(not_a_number).find("WORLD_SIZE=two is not valid"), std::string::npos);
+
+  // Without the job's secret no rank hosts or joins a store that strangers could join.
+  auto no_secret = make_comm(config("gloo"), env_of({{"WORLD_SIZE", "2"},
+                                                     {"RANK", "0"},
+                                                     {"MASTER_ADDR", "127.0.0.1"},
+                                                     {"MASTER_PORT", "29500"}}));
+  EXPECT_NE(error_of(no_secret).find("gloo: LOOM_RDZV_TOKEN is not set"), std::string::npos)
+      << error_of(no_secret);
 }
 
 // Nobody hosts the store: rank 1 gives up at the timeout with a message, not a hang.
@@ -124,7 +132,8 @@ TEST(MakeComm, UnreachableRendezvousIsAClearErrorAtTheTimeout) {
   auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
                                                      {"RANK", "1"},
                                                      {"MASTER_ADDR", "127.0.0.1"},
-                                                     {"MASTER_PORT", std::to_string(port)}}));
+                                                     {"MASTER_PORT", std::to_string(port)},
+                                                     {"LOOM_RDZV_TOKEN", "s3cret"}}));
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
   std::cout << error_of(comm) << "\n";
   EXPECT_NE(error_of(comm).find("gloo: rank 1 could not reach the rendezvous store at 127.0.0.1:" +
@@ -140,7 +149,8 @@ TEST(MakeComm, MissingRankAtRendezvousIsAClearErrorAtTheTimeout) {
   auto comm = make_comm(config("gloo", 1.0), env_of({{"WORLD_SIZE", "2"},
                                                      {"RANK", "0"},
                                                      {"MASTER_ADDR", "127.0.0.1"},
-                                                     {"MASTER_PORT", std::to_string(port)}}));
+                                                     {"MASTER_PORT", std::to_string(port)},
+                                                     {"LOOM_RDZV_TOKEN", "s3cret"}}));
   EXPECT_EQ(error_of(comm),
             "comm.backend: gloo: rank 1 of 2 did not join the rendezvous store at "
             "127.0.0.1:" +

@@ -32,7 +32,9 @@ namespace {
 Result<std::shared_ptr<Comm>> one_rank_world(double timeout_s) {
   if (Status s = nccl_usable(); !s.ok()) return s.error();
   if (!at::hasCUDA()) return Error{"this LibTorch has no CUDA, so it makes no CUDA tensors", {}};
-  LOOM_ASSIGN_OR_RETURN(auto store, RendezvousStore::connect("127.0.0.1", 0, 0, 1, timeout_s));
+  LOOM_ASSIGN_OR_RETURN(
+      auto store,
+      RendezvousStore::connect(StoreAddress{"127.0.0.1", 0, "test-secret", ""}, 0, 1, timeout_s));
   return make_nccl_comm(std::move(store), 0, 1, 0, timeout_s);
 }
 

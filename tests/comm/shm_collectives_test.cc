@@ -14,14 +14,14 @@
 namespace loom::comm {
 namespace {
 
-// One store client per member, as processes have: a c10d TCPStore client serves one call at a
-// time, so members sharing one would wait on each other's blocking gets. Member 0 hosts; member r
-// joins a "world" of r + 1, whose other members have joined already.
+// One store client per member, as processes have: a store client serves one call at a time, so
+// members sharing one would wait on each other's blocking gets. Member 0 hosts; member r joins a
+// "world" of r + 1, whose other members have joined already.
 std::vector<std::shared_ptr<RendezvousStore>> stores_for(int size) {
   std::vector<std::shared_ptr<RendezvousStore>> stores;
   for (int r = 0; r < size; ++r) {
-    auto store =
-        RendezvousStore::connect("127.0.0.1", r == 0 ? 0 : stores[0]->port(), r, r + 1, 30);
+    auto store = RendezvousStore::connect(
+        StoreAddress{"127.0.0.1", r == 0 ? 0 : stores[0]->port(), "test-secret", ""}, r, r + 1, 30);
     EXPECT_TRUE(store.ok()) << store.error().message;
     if (!store.ok()) return {};
     stores.push_back(*store);

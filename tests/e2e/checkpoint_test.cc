@@ -420,7 +420,8 @@ TEST_F(CheckpointWriterKilled, AtRandomInstantsThePreviousCheckpointStaysLoadabl
   std::printf("writer killed mid-run in %d of 8 runs\n", killed);
 }
 
-// `loom train` resuming a damaged checkpoint: exit 2, one message naming the file, nothing written.
+// `loom train` resuming a damaged checkpoint, or under another run.seed: exit 2, one message naming
+// the file or the key, nothing written.
 TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
   const fs::path dir = fresh_dir("cli");
   const fs::path config = dir / "run.yaml";
@@ -436,8 +437,10 @@ TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
   ASSERT_TRUE(launch::run_processes({save}, 60)[0].ok());
   const fs::path shard = dir / "first" / "checkpoints" / "step_00000001" / "rank_00000.safetensors";
   std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(200);
+  const char byte = static_cast<char>(f.get());
   f.seekp(200);
-  f.put('\x7f');
+  f.put(byte == '\x7f' ? '\x7e' : '\x7f');
   f.close();
   launch::Launch resume;
   resume.argv = {kLoom,
@@ -453,6 +456,22 @@ TEST(CheckpointCli, ACorruptedCheckpointIsRefusedWithExitCode2) {
   EXPECT_NE(r.output.find("corrupted"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir / "second")) << "a refused resume wrote its run directory";
+  // The shard repaired: resuming under another run.seed is refused naming both seeds.
+  f.open(shard, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(200);
+  f.put(byte);
+  f.close();
+  resume.argv.push_back("run.seed=4");
+  r = launch::run_processes({resume}, 60)[0];
+  EXPECT_EQ(r.exit_code, 2) << r.describe();
+  EXPECT_NE(r.output.find("was saved by a run with run.seed 3; run.seed 4 would continue it with "
+                          "another data order"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "second"));
+  resume.argv.back() = "run.seed=3";
+  r = launch::run_processes({resume}, 60)[0];
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
 }
 
 }  // namespace

@@ -272,6 +272,18 @@ TEST_F(Cli, CheckpointMergeNeverWritesOverItsInput) {
                   "OUT '" + merged.string() + "' is the checkpoint's own file");
   EXPECT_EQ(file_bytes(merged), merged_bytes);
   expect_rejected("checkpoint merge " + ckpt.string() + " " + dir_.string(), "is a directory");
+  // A rank's manifest is no file the reader lists, but it is the checkpoint's all the same.
+  const std::string manifest = file_bytes(ckpt / "rank_00000.json");
+  ASSERT_FALSE(manifest.empty());
+  expect_rejected("checkpoint merge " + ckpt.string() + " " + (ckpt / "rank_00000.json").string(),
+                  "is inside the checkpoint");
+  EXPECT_EQ(file_bytes(ckpt / "rank_00000.json"), manifest);
+  expect_rejected("checkpoint merge " + ckpt.string() + " ''", "OUT is empty");
+  expect_rejected("checkpoint export-hf " + ckpt.string() + " ''", "OUT is empty");
+  // Inspecting and exporting a merged file name the file, not its folder.
+  Outcome listed = run("checkpoint inspect " + merged.string());
+  EXPECT_EQ(listed.code, 0) << listed.output;
+  EXPECT_EQ(listed.output.rfind("checkpoint " + merged.string() + "\n", 0), 0u) << listed.output;
   expect_rejected("checkpoint merge " + ckpt.string() + " " + (dir_ / "no" / "m.st").string(),
                   "its folder '" + (dir_ / "no").string() + "' does not exist");
 }
@@ -303,7 +315,8 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   int port = loom::launch::free_port();
   for (int r = 0; r < 2; ++r)
     cmd += "RANK=" + std::to_string(r) +
-           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 LOOM_RDZV_TOKEN=cli-test MASTER_ADDR=127.0.0.1 "
+           "MASTER_PORT=" +
            std::to_string(port) + " " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " + config +
            " > " + (dir_ / ("rank" + std::to_string(r) + ".log")).string() + " 2>&1 & ";
   ASSERT_EQ(std::system(("timeout 120 bash -c '" + cmd + "wait'").c_str()), 0);
@@ -317,6 +330,45 @@ TEST_F(Cli, TwoRanksOfLoomTrainWriteOneRunDirectory) {
   quiet << rank1.rdbuf();
   EXPECT_EQ(quiet.str().find("step"), std::string::npos)
       << "rank 1 reported progress: " << quiet.str();
+}
+
+// Two ranks of one job started with different overrides stop at start, each with exit 2 and
+// the same message naming the first key that differs, both values and the rank.
+TEST_F(Cli, RanksStartedWithDifferentConfigsStopNamingTheKey) {
+  std::string config = write(
+      "c.yaml", base_config() + "parallel:\n  dp: 2\ncomm:\n  backend: gloo\n  timeout_s: 60\n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"model.args.layers=2", "model.args.layers=3"},
+       "rank 1 was started with another config than rank 0: model.args.layers is 2 on rank 0 "
+       "and 3 on rank 1"},
+      {{"optimizer.lr=0.003", "optimizer.lr=0.004"},
+       "optimizer.lr is 0.0030000000000000001 on rank 0 and 0.0040000000000000001 on rank 1"}};
+  for (const auto& [overrides, expect] : cases) {
+    std::string cmd;
+    const int port = loom::launch::free_port();
+    for (int r = 0; r < 2; ++r)
+      cmd += "(RANK=" + std::to_string(r) +
+             " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 LOOM_RDZV_TOKEN=cli-test MASTER_ADDR=127.0.0.1 "
+             "MASTER_PORT=" +
+             std::to_string(port) + " " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " +
+             config + " " + overrides[static_cast<size_t>(r)] + " > " +
+             (dir_ / ("rank" + std::to_string(r) + ".log")).string() + " 2>&1; echo $? > " +
+             (dir_ / ("rank" + std::to_string(r) + ".code")).string() + ") & ";
+    ASSERT_EQ(std::system(("timeout 120 bash -c '" + cmd + "wait'").c_str()), 0);
+    for (int r = 0; r < 2; ++r) {
+      auto slurp = [&](const std::string& name) {
+        std::ifstream in(dir_ / name);
+        std::stringstream text;
+        text << in.rdbuf();
+        return text.str();
+      };
+      const std::string log = slurp("rank" + std::to_string(r) + ".log");
+      EXPECT_EQ(slurp("rank" + std::to_string(r) + ".code"), "2\n") << log;
+      EXPECT_NE(log.find(expect), std::string::npos) << log;
+      EXPECT_NE(log.find("(rank 1 of 2 differs from rank 0)"), std::string::npos) << log;
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "run" / "metrics.jsonl"));
+  }
 }
 
 TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
@@ -336,6 +388,50 @@ TEST_F(Cli, PlanWritesProgramsScheduleAndSummary) {
   expect_rejected(
       "plan " + config + " parallel.tp=2 --world-size 4 --out " + (dir_ / "run").string(),
       "= 2, but the world size is 4");
+}
+
+// Asks that used to be ignored are refused with exit 2 naming the key or flag; nothing is written.
+TEST_F(Cli, AsksThatCannotBeHonouredAreRefused) {
+  const std::string config = write("c.yaml", base_config());
+  const std::string moe =
+      " model.args.moe.experts=4 model.args.moe.first_dense=2 parallel.dp=2 parallel.ep=2";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"config " + config + " model.args.nonsense=3", "nonsense"},
+      {"config " + config + " model.args.layers=abc", "model.args.layers"},
+      {"config " + config + " model.preset=huge", "unknown GPT preset 'huge'"},
+      {"config " + config + moe, "moe.first_dense (2) leaves none of the 2 layers with experts"},
+      {"train " + config + " logging.trace_steps=[13]",
+       "logging.trace_steps: step 13 is beyond the run (run.steps 12)"},
+      {"plan " + config + " --world-size 0 --out " + (dir_ / "run").string(),
+       "--world-size must be positive, got 0"},
+      {"calibrate --timeout 0 --out " + (dir_ / "run").string(), "--timeout: expected seconds > 0"},
+      {"train " + config + " --plan " + dir_.string(), "is a directory, not a plan file"},
+      {"checkpoint frob", "unknown sub-command 'frob' (expected inspect, merge or export-hf)"},
+      {"plan " + config + " parallel.policy=auto --world-size 7 --out " + (dir_ / "run").string(),
+       "auto found no way to split this model over 7 ranks"},
+  };
+  for (const auto& [args, expect] : cases) expect_rejected(args, expect);
+  Outcome abc =
+      run_command("WORLD_SIZE=abc " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " + config);
+  EXPECT_EQ(abc.code, 2) << abc.output;
+  EXPECT_NE(abc.output.find("WORLD_SIZE=abc is not valid"), std::string::npos) << abc.output;
+  EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+// A checkpoint folder that cannot be written stops the run before its first step, not at the
+// first checkpoint; --version names loom, LibTorch, CUDA and NCCL.
+TEST_F(Cli, AnUnwritableCheckpointDirIsRefusedAtStartAndVersionSaysWhatRuns) {
+  const std::string config = write("c.yaml", base_config());
+  expect_rejected("train " + config + " checkpoint.every=4 checkpoint.dir=/proc/loom/ckpt",
+                  "checkpoint.dir: cannot write checkpoints to '/proc/loom/ckpt'");
+  const fs::path blocker = write("a-file", "x");
+  expect_rejected(
+      "train " + config + " checkpoint.every=4 checkpoint.dir=" + (blocker / "ckpt").string(),
+      "checkpoint.dir: cannot write checkpoints to");
+  Outcome v = run("--version");
+  EXPECT_EQ(v.code, 0) << v.output;
+  for (const char* line : {"loom 0.", "\nbuild id: ", "\nlibtorch: 2.", "\ncuda: ", "\nnccl: "})
+    EXPECT_NE(v.output.find(line), std::string::npos) << line << " in\n" << v.output;
 }
 
 TEST_F(Cli, PlanJsonRunsAndAStaleOrDamagedOneIsRefused) {

@@ -1,6 +1,8 @@
 // Two nodes on one machine: two network namespaces joined by a veth pair, `loomrun --nnodes 2`
 // in each (one rank per node, gloo across the link), and the losses equal the single-node run
-// of the same two ranks and the single-process run. Skipped, with the reason, where network
+// of the same two ranks and the single-process run; and a stranger on the other side of the
+// link (a wrong secret, none, a plain c10d TCPStore client) is refused by rank 0's store, which
+// listens on the master address only, while the job runs. Skipped, with the reason, where network
 // namespaces cannot be made (not root, no `ip`, a kernel or container that refuses them).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -128,6 +130,7 @@ TEST(MultiNode, TwoNamespacesOverVethTrainLikeOneNode) {
   TwoNodes nodes;
   if (!nodes.ok()) GTEST_SKIP() << nodes.reason();
   const int port = loom::launch::free_port();
+  setenv("LOOM_RDZV_TOKEN", "two-nodes-secret", 1);  // the same on both nodes
   auto node = [&](int k) {
     return "timeout 120 " + nodes.exec(k) + bin + "loomrun --nnodes 2 --node-rank " +
            std::to_string(k) + " --nproc-per-node 1 --master-addr " + TwoNodes::kAddr0 +
@@ -150,6 +153,55 @@ TEST(MultiNode, TwoNamespacesOverVethTrainLikeOneNode) {
     EXPECT_NEAR(two_nodes[i], single_node[i], 1e-6 * single_node[i]) << "step " << i + 1;
     EXPECT_NEAR(two_nodes[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
   }
+}
+
+// Node 0 waits for node 1 while, from node 1's namespace, a stranger tries the store three
+// ways and a plain connect to node 0's loopback finds nothing; then node 1 joins and the job runs.
+TEST(MultiNode, AStrangerAcrossTheVethIsRefusedWhileTheJobRuns) {
+  const fs::path dir = fs::path(testing::TempDir()) / ("loom_stranger_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string bin = std::string(LOOM_BINARY_DIR) + "/bin/";
+  TwoNodes nodes;
+  if (!nodes.ok()) GTEST_SKIP() << nodes.reason();
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("LOOM_RDZV_TOKEN", "veth-job-secret", 1);
+  std::ofstream(dir / "c.yaml") << "run: {steps: 1, seed: 5}\nmodel: {type: gpt, preset: tiny}\n"
+                                   "batch: {global: 8, micro: 4}\noptimizer: {type: sgd, lr: 0.3}\n"
+                                   "comm: {backend: gloo, timeout_s: 60}\nparallel: {tp: 2}\n";
+  const std::string port = std::to_string(loom::launch::free_port());
+  auto node = [&](int k) {
+    return "timeout 120 " + nodes.exec(k) + bin + "loomrun --nnodes 2 --node-rank " +
+           std::to_string(k) + " --master-addr " + TwoNodes::kAddr0 + " --master-port " + port +
+           " " + bin + "loom train " + (dir / "c.yaml").string() +
+           " run.output_dir=" + (dir / "run").string() + " > " +
+           (dir / ("node" + std::to_string(k) + ".log")).string() + " 2>&1";
+  };
+  const std::string stranger = "timeout 60 " + nodes.exec(1) + bin + "comm_worker stranger " +
+                               TwoNodes::kAddr0 + " " + port + " > " +
+                               (dir / "stranger.log").string() + " 2>&1";
+  const std::string loopback = "timeout 10 " + nodes.exec(0) +
+                               "bash -c 'exec 3<>/dev/tcp/127.0.0.1/" + port + "' 2> /dev/null";
+  const std::string script =
+      "(" + node(0) + ") & n0=$!; " + stranger + "; s=$?; " + loopback + "; l=$?; " + node(1) +
+      "; n1=$?; wait $n0; n0=$?; echo $s $l $n1 $n0 > " + (dir / "codes").string();
+  std::ofstream(dir / "run.sh") << script << "\n";
+  sh("bash " + (dir / "run.sh").string());
+  std::istringstream codes(read(dir / "codes"));
+  int stranger_code = -1, loopback_code = -1, node1_code = -1, node0_code = -1;
+  codes >> stranger_code >> loopback_code >> node1_code >> node0_code;
+  const std::string logs = "stranger:\n" + read(dir / "stranger.log") + "\nnode 0:\n" +
+                           read(dir / "node0.log") + "\nnode 1:\n" + read(dir / "node1.log");
+  EXPECT_EQ(stranger_code, 0) << logs;
+  EXPECT_NE(loopback_code, 0) << "node 0's store answered on its loopback address\n" << logs;
+  EXPECT_EQ(node0_code, 0) << logs;
+  EXPECT_EQ(node1_code, 0) << logs;
+  const std::string node0 = read(dir / "node0.log");
+  EXPECT_NE(node0.find("refused a connection from " + std::string(TwoNodes::kAddr1) + ":"),
+            std::string::npos)
+      << logs;
+  EXPECT_NE(node0.find("wrong secret"), std::string::npos) << logs;
+  EXPECT_NE(node0.find("not a loom rendezvous client"), std::string::npos) << logs;
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 //   flaky           rank 0 fails on attempt 0 (LOOM_RESTART_COUNT), everyone succeeds after
 //   args ...        print each argument as ARG<i>=<arg>
 //   lines           print two stdout lines and one stderr line
+//   hang RANK HOW   rank RANK stops answering (HOW: stop = SIGSTOPs itself, spin = sleeps);
+//                   the others wait 0.5 s, then fail as a collective's timeout does, naming it
 #include <signal.h>
 #include <unistd.h>
 
@@ -36,8 +38,9 @@ int main(int argc, char** argv) {
   int rank = std::atoi(env("RANK").c_str());
   if (mode == "env") {
     std::printf("PID=%d\n", static_cast<int>(getpid()));
-    for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                          "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "LOOM_RESTART_COUNT"})
+    for (const char* k :
+         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+          "MASTER_PORT", "OMP_NUM_THREADS", "LOOM_RESTART_COUNT", "LOOM_RDZV_TOKEN"})
       std::printf("%s=%s\n", k, env(k).c_str());
     return 0;
   }
@@ -68,6 +71,21 @@ int main(int argc, char** argv) {
     }
     std::printf("ok on attempt %s\n", env("LOOM_RESTART_COUNT").c_str());
     return 0;
+  }
+  if (mode == "hang" && argc == 4) {
+    const int hung = std::atoi(argv[2]);
+    if (rank == hung) {
+      std::printf("PID=%d\n", static_cast<int>(getpid()));
+      std::fflush(stdout);
+      if (std::strcmp(argv[3], "stop") == 0) raise(SIGSTOP);
+      for (int i = 0; i < 600; ++i) sleep(1);
+      return 0;
+    }
+    usleep((500 + 100 * rank) * 1000);
+    std::fprintf(stderr,
+                 "all_reduce #1 on group world timed out after 0.5 s: rank %d did not arrive\n",
+                 hung);
+    return 1;
   }
   if (mode == "args") {
     for (int i = 2; i < argc; ++i) std::printf("ARG%d=%s\n", i - 2, argv[i]);

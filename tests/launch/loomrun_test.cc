@@ -158,7 +158,35 @@ TEST(Loomrun, EnvContractForThreeWorkers) {
     EXPECT_EQ(e["OMP_NUM_THREADS"], std::to_string(std::max(1L, cores / 3)));
     EXPECT_GT(std::atoi(e["MASTER_PORT"].c_str()), 0);
     EXPECT_EQ(e["MASTER_PORT"], env[0]["MASTER_PORT"]);
+    // One secret per job, the same for its workers: 128 random bits.
+    EXPECT_EQ(e["LOOM_RDZV_TOKEN"].size(), 32u);
+    EXPECT_EQ(e["LOOM_RDZV_TOKEN"], env[0]["LOOM_RDZV_TOKEN"]);
   }
+  Outcome again = run_loomrun(with_worker({"--standalone"}, {"env"}));
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(env_by_rank(again.out)[0]["LOOM_RDZV_TOKEN"], env[0]["LOOM_RDZV_TOKEN"]);
+}
+
+// Several nodes share a secret the user sets once (flag or environment); without one loomrun
+// refuses, since each node would make its own and no rank could join rank 0.
+TEST(Loomrun, NodesShareTheSecretTheUserSets) {
+  Outcome flag =
+      run_loomrun(with_worker({"--standalone", "--rdzv-token", "from-the-flag"}, {"env"}));
+  ASSERT_EQ(flag.code, 0) << flag.err;
+  EXPECT_EQ(env_by_rank(flag.out)[0]["LOOM_RDZV_TOKEN"], "from-the-flag");
+  setenv("LOOM_RDZV_TOKEN", "from-the-env", 1);
+  Outcome from_env = run_loomrun(with_worker({"--standalone"}, {"env"}));
+  unsetenv("LOOM_RDZV_TOKEN");
+  ASSERT_EQ(from_env.code, 0) << from_env.err;
+  EXPECT_EQ(env_by_rank(from_env.out)[0]["LOOM_RDZV_TOKEN"], "from-the-env");
+  Outcome none = run_loomrun(with_worker(
+      {"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3", "--master-port", "29611"},
+      {"env"}));
+  EXPECT_EQ(none.code, 2) << none.err;
+  EXPECT_NE(none.err.find("--nnodes 2 needs the job's secret, the same on every node: set "
+                          "LOOM_RDZV_TOKEN (or --rdzv-token)"),
+            std::string::npos)
+      << none.err;
 }
 
 TEST(Loomrun, KeepsAnOmpNumThreadsAlreadySet) {
@@ -170,9 +198,10 @@ TEST(Loomrun, KeepsAnOmpNumThreadsAlreadySet) {
 }
 
 TEST(Loomrun, SecondNodeRankArithmetic) {
-  Outcome o = run_loomrun(with_worker({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
-                                       "--master-addr", "10.1.2.3", "--master-port", "29611"},
-                                      {"env"}));
+  Outcome o = run_loomrun(
+      with_worker({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
+                   "10.1.2.3", "--master-port", "29611", "--rdzv-token", "shared"},
+                  {"env"}));
   ASSERT_EQ(o.code, 0) << o.err;
   auto env = env_by_rank(o.out);
   ASSERT_EQ(env.size(), 2u) << o.out;
@@ -249,6 +278,23 @@ TEST(Loomrun, RootCauseIsTheRankThatExitedFirstNotTheLowest) {
     EXPECT_NE(o.err.find("  | the real error"), std::string::npos) << o.err;
     EXPECT_EQ(o.err.find("  | Connection closed by peer"), std::string::npos) << o.err;
     EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+  }
+}
+
+// A rank that stops answering makes the others time out naming it; the first of those to exit
+// is not the cause: loomrun names the rank they waited for, stopped by SIGSTOP or not.
+TEST(Loomrun, AHungRankIsTheRootCauseNotTheFirstToTimeOut) {
+  for (const char* how : {"stop", "spin"}) {
+    Outcome o =
+        run_loomrun(with_worker({"--nproc-per-node", "3", "--standalone"}, {"hang", "2", how}), 30);
+    EXPECT_EQ(o.code, 1) << o.err;
+    EXPECT_NE(o.err.find("loomrun: root cause: rank 2 "), std::string::npos) << how << o.err;
+    EXPECT_NE(o.err.find("stopped answering"), std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("root cause: rank 0"), std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("(the kernel held it stopped") != std::string::npos,
+              std::string(how) == "stop")
+        << o.err;
+    EXPECT_NE(o.err.find("loomrun: rank 0 (pid"), std::string::npos) << o.err;  // first to fail
   }
 }
 
@@ -345,6 +391,10 @@ TEST(Loomrun, BadCommandLinesExitTwoWithOneLine) {
       {"--master-port", "70000", kWorker},
       {"--master-port", "-1", kWorker},
       {"--nproc-per-node"},
+      {"--standalone", "--master-port", "29500", kWorker},
+      {"--master-addr", "10.0.0.1", "--standalone", kWorker},
+      {"--rdzv-token", "", kWorker},
+      {"--log-dir", "/proc/loom_no_such_dir", kWorker},
   };
   for (const auto& args : bad) {
     Outcome o = run_loomrun(args);

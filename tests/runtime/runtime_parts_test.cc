@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <fstream>
 
+#include "comm/local_comm.h"
 #include "data/sources.h"
 #include "runtime/init.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer.h"
+#include "runtime/rank_agreement.h"
 
 namespace loom::runtime {
 namespace {
@@ -231,6 +233,44 @@ TEST(Optimizer, ClippingUsesTheGlobalNorm) {
   clip_gradients({a, b}, norm, 1.0);
   EXPECT_NEAR(a.grad().item<double>(), 0.6, 1e-6);
   EXPECT_NEAR(b.grad().item<double>(), 0.8, 1e-6);
+}
+
+// Three ranks, rank 2 different from rank 0 in one fact: every rank stops with the same message
+// naming what differs (the build before the config before the plan), both values and the rank.
+TEST(RankAgreement, EveryRankNamesWhatDiffersFromRankZero) {
+  const RankFacts zero{"run:\n  seed: 1\nmodel:\n  args:\n    layers: 2\n", "plan-a", "loom 1"};
+  struct Case {
+    RankFacts other;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {zero, ""},
+      {{"run:\n  seed: 1\nmodel:\n  args:\n    layers: 3\n", "plan-b", "loom 1"},
+       "rank 2 was started with another config than rank 0: model.args.layers is 2 on rank 0 and "
+       "3 on rank 2; start every rank with the same config file and overrides (rank 2 of 3 "
+       "differs from rank 0)"},
+      {{zero.config_yaml, "plan-b", "loom 1"}, "rank 2 made another plan than rank 0"},
+      {{zero.config_yaml, "plan-b", "loom 2"},
+       "rank 2 runs another build of loom than rank 0: loom 2 on rank 2, loom 1 on rank 0"},
+  };
+  for (const Case& c : cases) {
+    comm::LocalWorld world(3, 10);
+    const auto results = world.run([&](comm::Comm& comm) {
+      return check_ranks_agree(comm, RunDevice{}, comm.rank().value() == 2 ? c.other : zero);
+    });
+    for (const Status& s : results) {
+      if (c.expect.empty()) {
+        EXPECT_TRUE(s.ok()) << s.error().message;
+      } else {
+        ASSERT_FALSE(s.ok()) << c.expect;
+        EXPECT_NE(s.error().message.find(c.expect), std::string::npos) << s.error().message;
+      }
+    }
+  }
+  const auto flat = flatten_config_yaml("a:\n  b: 1\n  c:\n    - x\n    - y\n  d:\n    []\ne: 2\n");
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"a.b", "1"}, {"a.c", "- x - y"}, {"a.d", "[]"}, {"e", "2"}};
+  EXPECT_EQ(flat, expected);
 }
 
 }  // namespace
