@@ -249,6 +249,8 @@ TEST(CheckpointWhen, AStopSignalSavesTheStepItEnds) {
   std::raise(SIGTERM);
   auto st = (*t)->step();
   runtime::set_stop_signal(0);
+  std::signal(SIGTERM, SIG_DFL);  // the rest of the binary as it was
+  std::signal(SIGINT, SIG_DFL);
   ASSERT_TRUE(st.ok()) << st.error().message;
   EXPECT_EQ(st->stop_signal, SIGTERM);
   EXPECT_TRUE(st->checkpointed);
