@@ -29,8 +29,67 @@ int64_t safetensors_dtype_size(std::string_view dtype) {
   return 0;
 }
 
-Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64_t file_size,
-                                                   const std::string& file) {
+namespace {
+
+// One tensor's entry of the header: its dtype, shape and data offsets, checked against the
+// `data_size` bytes after the header.
+Result<SafeTensor> parse_entry(const std::string& name, const json& v, uint64_t data_size,
+                               const std::string& file) {
+  const std::string where = "tensor '" + name + "': ";
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+    return bad(file, where + "needs dtype, shape and data_offsets");
+  SafeTensor t;
+  t.name = name;
+  if (!v["dtype"].is_string()) return bad(file, where + "dtype is not a string");
+  t.dtype = v["dtype"].get<std::string>();
+  const int64_t elem = safetensors_dtype_size(t.dtype);
+  if (elem == 0) {
+    // A dtype of the format loom does not read (F8_E4M3, F8_E5M2, ...): the file may be fine.
+    static const char* kKnown[] = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
+                                   "F4",      "C64",     "I4",      "U4"};
+    for (const char* known : kKnown)
+      if (t.dtype == known)
+        return Error::at(file, "'" + file + "': " + where + "dtype " + t.dtype +
+                                   " is not supported by loom (it reads F64, F32, F16, BF16 "
+                                   "and integer tensors)");
+    return bad(file, where + "unknown dtype '" + t.dtype + "'");
+  }
+  const json& shape = v["shape"];
+  if (!shape.is_array() || shape.size() > 64)
+    return bad(file, where + "shape is not an array of dimensions");
+  uint64_t count = 1;
+  for (const json& d : shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      return bad(file, where + "a dimension is not a non-negative integer");
+    const auto dim = static_cast<uint64_t>(d.get<int64_t>());
+    if (dim != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / dim)
+      return bad(file, where + "shape is too large");
+    count *= dim;
+    t.shape.push_back(d.get<int64_t>());
+  }
+  const json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned())
+    return bad(file, where + "data_offsets is not [begin, end]");
+  t.begin = off[0].get<uint64_t>();
+  t.end = off[1].get<uint64_t>();
+  if (t.begin > t.end)
+    return bad(file, where + "data_offsets [" + std::to_string(t.begin) + ", " +
+                         std::to_string(t.end) + "] end before they begin");
+  if (t.end > data_size)
+    return bad(file, where + "data_offsets [" + std::to_string(t.begin) + ", " +
+                         std::to_string(t.end) + "] lie outside the " + std::to_string(data_size) +
+                         " data bytes (truncated?)");
+  if (t.end - t.begin != count * static_cast<uint64_t>(elem))
+    return bad(file, where + "data_offsets hold " + std::to_string(t.end - t.begin) +
+                         " bytes but shape " + to_string(t.shape) + " of " + t.dtype + " needs " +
+                         std::to_string(count * static_cast<uint64_t>(elem)));
+  return t;
+}
+
+// The header's JSON object, after its 8-byte length; `data_start` set.
+Result<json> header_json(std::string_view head, uint64_t file_size, const std::string& file,
+                         uint64_t& data_start) {
   if (head.size() < 8 || file_size < 8)
     return bad(file, "shorter than its 8-byte header length (truncated?)");
   uint64_t header_len = 0;
@@ -47,8 +106,16 @@ Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64
                             /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object())
     return bad(file, "the header is not a JSON object");
+  data_start = 8 + header_len;
+  return header;
+}
+
+}  // namespace
+
+Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64_t file_size,
+                                                   const std::string& file) {
   SafeTensorsHeader out;
-  out.data_start = 8 + header_len;
+  LOOM_ASSIGN_OR_RETURN(const json header, header_json(head, file_size, file, out.data_start));
   const uint64_t data_size = file_size - out.data_start;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -62,56 +129,7 @@ Result<SafeTensorsHeader> SafeTensorsHeader::parse(std::string_view head, uint64
       }
       continue;
     }
-    const std::string where = "tensor '" + name + "': ";
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-        !v.contains("data_offsets"))
-      return bad(file, where + "needs dtype, shape and data_offsets");
-    SafeTensor t;
-    t.name = name;
-    if (!v["dtype"].is_string()) return bad(file, where + "dtype is not a string");
-    t.dtype = v["dtype"].get<std::string>();
-    const int64_t elem = safetensors_dtype_size(t.dtype);
-    if (elem == 0) {
-      // A dtype of the format loom does not read (F8_E4M3, F8_E5M2, ...): the file may be fine.
-      static const char* kKnown[] = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-                                     "F4",      "C64",     "I4",      "U4"};
-      for (const char* known : kKnown)
-        if (t.dtype == known)
-          return Error::at(file, "'" + file + "': " + where + "dtype " + t.dtype +
-                                     " is not supported by loom (it reads F64, F32, F16, BF16 "
-                                     "and integer tensors)");
-      return bad(file, where + "unknown dtype '" + t.dtype + "'");
-    }
-    const json& shape = v["shape"];
-    if (!shape.is_array() || shape.size() > 64)
-      return bad(file, where + "shape is not an array of dimensions");
-    uint64_t count = 1;
-    for (const json& d : shape) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        return bad(file, where + "a dimension is not a non-negative integer");
-      const auto dim = static_cast<uint64_t>(d.get<int64_t>());
-      if (dim != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / dim)
-        return bad(file, where + "shape is too large");
-      count *= dim;
-      t.shape.push_back(d.get<int64_t>());
-    }
-    const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned())
-      return bad(file, where + "data_offsets is not [begin, end]");
-    t.begin = off[0].get<uint64_t>();
-    t.end = off[1].get<uint64_t>();
-    if (t.begin > t.end)
-      return bad(file, where + "data_offsets [" + std::to_string(t.begin) + ", " +
-                           std::to_string(t.end) + "] end before they begin");
-    if (t.end > data_size)
-      return bad(file, where + "data_offsets [" + std::to_string(t.begin) + ", " +
-                           std::to_string(t.end) + "] lie outside the " +
-                           std::to_string(data_size) + " data bytes (truncated?)");
-    if (t.end - t.begin != count * static_cast<uint64_t>(elem))
-      return bad(file, where + "data_offsets hold " + std::to_string(t.end - t.begin) +
-                           " bytes but shape " + to_string(t.shape) + " of " + t.dtype + " needs " +
-                           std::to_string(count * static_cast<uint64_t>(elem)));
+    LOOM_ASSIGN_OR_RETURN(SafeTensor t, parse_entry(name, v, data_size, file));
     out.tensors.push_back(std::move(t));
   }
   std::vector<const SafeTensor*> sorted;

@@ -118,21 +118,9 @@ void visit_data_fields(Config& c, V& v) {
     }));
 }
 
-// The one table of config fields. Reading, writing and the list of known keys all walk it.
+// parallel.*, a section of the one table of config fields (visit_fields).
 template <class V>
-void visit_fields(Config& c, V& v) {
-  v("run", "name", c.run.name, non_empty());
-  v("run", "output_dir", c.run.output_dir, non_empty());
-  v("run", "seed", c.run.seed, non_negative());
-  v("run", "steps", c.run.steps, positive());
-  v("run", "device", c.run.device, one_of({"cpu", "cuda"}));
-  v("run", "precision", c.run.precision, one_of({"fp32", "bf16"}));
-  v("run", "overwrite", c.run.overwrite, Check<bool>());
-
-  v("model", "type", c.model.type, non_empty());
-  v("model", "preset", c.model.preset, non_empty());
-  v("model", "from_hf", c.model.from_hf, Check<std::string>());
-
+void visit_parallel_fields(Config& c, V& v) {
   v("parallel", "dp", c.parallel.dp, positive());
   v("parallel", "tp", c.parallel.tp, positive());
   v("parallel", "pp", c.parallel.pp, positive());
@@ -156,6 +144,24 @@ void visit_fields(Config& c, V& v) {
     }));
   v("parallel", "stages", c.parallel.stages, Check<std::vector<std::vector<int64_t>>>());
   v("parallel", "memory_limit_gb", c.parallel.memory_limit_gb, non_negative_real());
+}
+
+// The one table of config fields. Reading, writing and the list of known keys all walk it.
+template <class V>
+void visit_fields(Config& c, V& v) {
+  v("run", "name", c.run.name, non_empty());
+  v("run", "output_dir", c.run.output_dir, non_empty());
+  v("run", "seed", c.run.seed, non_negative());
+  v("run", "steps", c.run.steps, positive());
+  v("run", "device", c.run.device, one_of({"cpu", "cuda"}));
+  v("run", "precision", c.run.precision, one_of({"fp32", "bf16"}));
+  v("run", "overwrite", c.run.overwrite, Check<bool>());
+
+  v("model", "type", c.model.type, non_empty());
+  v("model", "preset", c.model.preset, non_empty());
+  v("model", "from_hf", c.model.from_hf, Check<std::string>());
+
+  visit_parallel_fields(c, v);
 
   v("batch", "global", c.batch.global, positive());
   v("batch", "micro", c.batch.micro, positive());

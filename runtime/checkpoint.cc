@@ -197,27 +197,11 @@ Result<fs::path> resume_path(const Config& config) {
   return fs::path(r);
 }
 
-Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t step,
-                       const fs::path& root) {
-  const fs::path dir = root / checkpoint_dir_name(step);
-  LOOM_TRY(check_finite(t, step));
-  LOOM_TRY(check_inside(root, dir));
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    return Error::at("checkpoint.dir",
-                     "checkpoint.dir: cannot create '" + dir.string() + "': " + ec.message());
-  if (t.rank == 0) {
-    // Saving again at a step that has a checkpoint: it stops counting before any shard changes.
-    if (fs::exists(dir / kManifestName)) {
-      crash_point();
-      fs::remove(dir / kManifestName, ec);
-      LOOM_TRY(sync_directory(dir));
-    }
-    LOOM_TRY(sync_directory(root));
-  }
-  LOOM_TRY(barrier(t, "start"));
+namespace {
 
+// This rank's shard (every piece it stores, and its generator state) and its part of the
+// manifest, written durably into `dir`.
+Status write_shard(const CheckpointTarget& t, const fs::path& dir) {
   // This rank's shard and its part of the manifest.
   CheckpointManifest part;
   const std::string shard_name = rank_name(t.rank, "safetensors");
@@ -257,10 +241,13 @@ Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t 
   part.files.push_back({shard_name, shard.size(), crc32(shard)});
   LOOM_TRY(write_file_durably(dir / shard_name, shard, crash_hook()));
   LOOM_TRY(write_file_durably(dir / rank_name(t.rank, "json"), to_json(part), crash_hook()));
-  LOOM_TRY(barrier(t, "shards written"));
-  if (t.rank != 0) return Status::success();
+  return Status::success();
+}
 
-  // Every shard is durable: the manifest makes the checkpoint count.
+// Rank 0, once every shard is durable: the manifest of all ranks' parts, which makes the
+// checkpoint count.
+Status write_manifest(const CheckpointTarget& t, const Config& config, int64_t step,
+                      const fs::path& dir) {
   CheckpointManifest m;
   m.step = step;
   m.samples_seen = step * config.batch.global;
@@ -278,14 +265,14 @@ Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t 
     m.slices.insert(m.slices.end(), rp.slices.begin(), rp.slices.end());
   }
   LOOM_TRY(write_file_durably(dir / kManifestName, to_json(m), crash_hook()));
-  return prune(root, config.checkpoint.keep, step);
+  return Status::success();
 }
 
-Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
-                                const fs::path& dir) {
-  LOOM_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
+// Whether the checkpoint read by `reader` is this model's and continues this run: the same
+// parameters and shapes, batch size, seed and optimizer.
+Status check_resumable(CheckpointReader& reader, const CheckpointTarget& t, const Config& config,
+                       const std::string& where) {
   const CheckpointManifest& m = reader.manifest();
-  const std::string where = "checkpoint '" + dir.string() + "'";
   // The model and the checkpoint must hold the same parameters with the same shapes.
   std::vector<std::string> stored = reader.tensors(kSliceParam);
   for (const auto& full : t.graph->tensors()) {
@@ -324,9 +311,16 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
     return config.error("optimizer.type", where + " was saved with optimizer " + m.optimizer +
                                               ", but optimizer.type is " + t.optimizer->type());
 
+  return Status::success();
+}
+
+// Every stored piece of `kinds`, read before anything is changed (undefined: state of a piece
+// another rank owns).
+Result<std::vector<std::vector<at::Tensor>>> read_pieces(
+    CheckpointReader& reader, const CheckpointTarget& t,
+    const std::vector<std::pair<const char*, const std::vector<at::Tensor>*>>& kinds) {
   // Read everything before changing anything.
   std::vector<std::vector<at::Tensor>> loaded;
-  auto kinds = stored_kinds(t);
   for (const auto& [kind, tensors] : kinds) {
     std::vector<at::Tensor> values;
     for (size_t i = 0; i < t.pieces.size(); ++i) {
@@ -352,7 +346,14 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
     }
     loaded.push_back(std::move(values));
   }
-  // The generator of this rank when the world is the same, else rank 0's.
+  return loaded;
+}
+
+// The generator state to resume: this rank's when the world is the same, else rank 0's;
+// undefined when the checkpoint has none. Checked on a scratch generator.
+Result<at::Tensor> read_generator(CheckpointReader& reader, const CheckpointTarget& t,
+                                  const std::string& where) {
+  const CheckpointManifest& m = reader.manifest();
   const int64_t rng_rank = m.world_size == t.world_size ? t.rank : 0;
   const std::string rng_name = "cpu_generator/rank_" + std::to_string(rng_rank);
   at::Tensor rng;
@@ -368,6 +369,48 @@ Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
     }
   }
 
+  return rng;
+}
+
+}  // namespace
+
+Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t step,
+                       const fs::path& root) {
+  const fs::path dir = root / checkpoint_dir_name(step);
+  LOOM_TRY(check_finite(t, step));
+  LOOM_TRY(check_inside(root, dir));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return Error::at("checkpoint.dir",
+                     "checkpoint.dir: cannot create '" + dir.string() + "': " + ec.message());
+  if (t.rank == 0) {
+    // Saving again at a step that has a checkpoint: it stops counting before any shard changes.
+    if (fs::exists(dir / kManifestName)) {
+      crash_point();
+      fs::remove(dir / kManifestName, ec);
+      LOOM_TRY(sync_directory(dir));
+    }
+    LOOM_TRY(sync_directory(root));
+  }
+  LOOM_TRY(barrier(t, "start"));
+
+  LOOM_TRY(write_shard(t, dir));
+  LOOM_TRY(barrier(t, "shards written"));
+  if (t.rank != 0) return Status::success();
+  LOOM_TRY(write_manifest(t, config, step, dir));
+  return prune(root, config.checkpoint.keep, step);
+}
+
+Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,
+                                const fs::path& dir) {
+  LOOM_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
+  const CheckpointManifest& m = reader.manifest();
+  const std::string where = "checkpoint '" + dir.string() + "'";
+  LOOM_TRY(check_resumable(reader, t, config, where));
+  auto kinds = stored_kinds(t);
+  LOOM_ASSIGN_OR_RETURN(auto loaded, read_pieces(reader, t, kinds));
+  LOOM_ASSIGN_OR_RETURN(at::Tensor rng, read_generator(reader, t, where));
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < kinds.size(); ++k)
     for (size_t i = 0; i < t.pieces.size(); ++i)
