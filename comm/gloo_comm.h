@@ -1,5 +1,5 @@
-// The gloo backend: LibTorch c10d's ProcessGroupGloo over a TCPStore rendezvous. The default
-// backend on CPU.
+// The gloo backend: LibTorch c10d's ProcessGroupGloo over loom's rendezvous store (store.h). The
+// default backend on CPU.
 #pragma once
 
 #include <memory>

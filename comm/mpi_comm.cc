@@ -483,7 +483,8 @@ int free_port() {
   return port;
 }
 
-// The arrival board: a TCPStore hosted by rank 0. Its address goes round by MPI_Bcast.
+// The arrival board: a rendezvous store hosted by rank 0. Its address and secret go round by
+// MPI_Bcast.
 std::shared_ptr<Arrivals> arrival_board(std::optional<std::string> addr, std::optional<int> port,
                                         int rank, int size, double timeout_s) {
   char host[256] = {0};
