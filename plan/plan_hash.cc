@@ -47,12 +47,10 @@ Status check_plan_current(const lower::PlanFile& plan, const Config& config,
   auto then_config = parse_config(plan.config_yaml, plan.source + " (its config)");
   auto then_spec =
       then_config.ok() ? PlanSpec::of(*then_config) : Result<PlanSpec>(then_config.error());
+  // Its cost model is not resolved again: that would read whatever cost.file the plan names.
   if (then_spec.ok()) {
     what = differences(then_spec->plan_fields(), spec.plan_fields());
     spec_differs = !what.empty();
-    auto then_cost = resolve_cost_model(*then_config);
-    if (then_cost.ok() && cost_model_values(*then_cost) != cost_model_values(cost))
-      add(what, "the cost model differs (cost.*)");
   }
   if (plan.code_fingerprint != code_fingerprint)
     add(what, "made by another loom build ('" + plan.code_fingerprint + "'; this is '" +
@@ -60,7 +58,8 @@ Status check_plan_current(const lower::PlanFile& plan, const Config& config,
   if (plan.model_digest != model_digest && !spec_differs)
     add(what, "the model graph differs (model code or model.* changed)");
   if (what.empty())
-    what = "its hash " + plan.hash + " does not match " + expected + " (the file was edited)";
+    what = "its hash " + plan.hash + " does not match " + expected +
+           " (made on another cost model, cost.*, or the file was edited)";
   return Error::at(plan.source,
                    plan.source + ": stale plan: " + what + "; make it again with `loom plan`");
 }

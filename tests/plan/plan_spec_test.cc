@@ -135,6 +135,25 @@ TEST(PlanHash, FollowsThePlanValuesOnly) {
   EXPECT_NE(base, plan_hash(*PlanSpec::of(config("{tp: 2}")), slower, "m", "code"));
 }
 
+// A plan made on another cost model is stale, and says so; the plan's recorded config is not
+// used to read any cost file.
+TEST(PlanHash, APlanOfAnotherCostModelIsStale) {
+  const Config made_on = config("{tp: 2}");
+  auto plan = make_plan(made_on);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  plan->file.source = "p/plan.json";
+  Config now = made_on;
+  now.cost.device_flops_per_s = 1e9;
+  Status s =
+      check_plan_current(plan->file, now, plan->file.model_digest, plan->file.code_fingerprint);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("made on another cost model, cost.*"), std::string::npos)
+      << s.error().message;
+  EXPECT_TRUE(
+      check_plan_current(plan->file, made_on, plan->file.model_digest, plan->file.code_fingerprint)
+          .ok());
+}
+
 // plan_for: make_plan's plan for a given split, the auto-planner's choice (and what it ranked)
 // under parallel.policy auto, with the config that choice is made of.
 TEST(PlanFor, GivenOrSearched) {
