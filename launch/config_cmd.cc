@@ -4,22 +4,9 @@
 #include "launch/command.h"
 #include "launch/config_file.h"
 #include "models/model.h"
-#include "plan/plan_spec.h"
+#include "plan/model_check.h"
 
 namespace loom::cli {
-namespace {
-
-// The model type's reading of model.* and its checks of the config's split in space.
-Status check_model(const Config& config) {
-  LOOM_ASSIGN_OR_RETURN(const plan::PlanSpec spec, plan::PlanSpec::of(config));
-  const models::ModelRegistry zoo = models::ModelRegistry::with_builtin_models();
-  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, zoo.of(config));
-  Status s = models::check_parallel(config, spec.space, *type);
-  if (!s.ok()) return plan::locate(config, s.error());
-  return s;
-}
-
-}  // namespace
 
 int config_main(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -34,7 +21,8 @@ int config_main(const Args& args) {
     return kExitBadInput;
   }
   // The model's keys too (model.args, model.preset) and what the split asks of the model.
-  if (Status s = check_model(*config); !s.ok()) {
+  if (Status s = plan::check_model(*config, models::ModelRegistry::with_builtin_models());
+      !s.ok()) {
     std::fprintf(stderr, "loom config: error: %s\n", s.error().message.c_str());
     return kExitBadInput;
   }

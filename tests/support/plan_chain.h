@@ -8,6 +8,7 @@
 #include "graph/graph.h"
 #include "graph/op_registry.h"
 #include "models/model.h"
+#include "plan/model_check.h"
 #include "plan/plan.h"
 #include "plan/plan_hash.h"
 #include "plan/plan_spec.h"
@@ -28,14 +29,9 @@ inline Result<graph::Graph> single_device_graph(
   return plan::build_model(config, registries_with(ops), 1);
 }
 
-// The model type's checks of the config's split in space (models::check_parallel).
+// The model type's checks of the config's split in space (plan::check_model).
 inline Status check_split(const Config& config) {
-  LOOM_ASSIGN_OR_RETURN(const plan::PlanSpec spec, plan::PlanSpec::of(config));
-  const models::ModelRegistry zoo = models::ModelRegistry::with_builtin_models();
-  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, zoo.of(config));
-  Status s = models::check_parallel(config, spec.space, *type);
-  if (!s.ok()) return plan::locate(config, s.error());
-  return s;
+  return plan::check_model(config, models::ModelRegistry::with_builtin_models());
 }
 
 // The space spec of `config` (plan::PlanSpec::of(config)->space).
