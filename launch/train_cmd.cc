@@ -40,13 +40,6 @@
 namespace loom::cli {
 namespace {
 
-// What a throughput figure of the config's model type counts (tokens, images), from the zoo.
-Result<models::SampleItems> sample_items(const Config& config) {
-  const models::ModelRegistry zoo = models::ModelRegistry::with_builtin_models();
-  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, zoo.of(config));
-  return type->items ? type->items(config) : models::SampleItems{};
-}
-
 int bad_input(const std::string& message) {
   std::fprintf(stderr, "loom train: error: %s\n", message.c_str());
   return kExitBadInput;
@@ -86,6 +79,13 @@ int bad_input(const std::string& message) {
 
 #if LOOM_HAVE_RUNTIME
 namespace fs = std::filesystem;
+
+// What a throughput figure of the config's model type counts (tokens, images), from the zoo.
+Result<models::SampleItems> sample_items(const Config& config) {
+  const models::ModelRegistry zoo = models::ModelRegistry::with_builtin_models();
+  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, zoo.of(config));
+  return type->items ? type->items(config) : models::SampleItems{};
+}
 
 // What rank 0 writes into the run directory, held open for the whole run.
 struct RunOutput {
