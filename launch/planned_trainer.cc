@@ -9,6 +9,7 @@
 
 #include "comm/comm.h"
 #include "comm/make_comm.h"
+#include "lower/equivalence.h"
 #include "models/model.h"
 #include "plan/plan_for.h"
 #include "plan/plan_hash.h"
@@ -26,7 +27,7 @@ observe::EstimateFigures estimate_figures(const plan::Estimate& estimate, const 
 }
 
 // A plan.json for this run: refused when stale for this config and code, of another world
-// size or micro-batch count, or not deadlock-free.
+// size or micro-batch count, not deadlock-free, or not proven equal to one device.
 Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
                              const plan::Registries& registries) {
   const int64_t world_size = config.parallel.world_size();
@@ -45,6 +46,15 @@ Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
                                       " micro-batches per step, this config " +
                                       std::to_string(config.micro_batches()));
   LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
+  // A plan file is run only once proven equal to the model this config builds: its seal is a
+  // checksum anyone can recompute, and an edited plan would otherwise crash or train wrongly.
+  if (Status proven = lower::prove_equivalent(plan.model, file.graph, file.lowered,
+                                              file.micro_batches);
+      !proven.ok())
+    return Error::at(file.source, file.source + ": the plan is not equal to one device, so it is "
+                                                "not run (" +
+                                      proven.error().message +
+                                      "); make it again with `loom plan`");
   plan.file = file;
   return plan;
 }

@@ -12,6 +12,8 @@
 #include <set>
 #include <string>
 
+#include "lower/plan_file.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -274,6 +276,46 @@ TEST(VerifyCli, StaticNamesAnInputRangeShiftedByOne) {
   EXPECT_NE(r.output.find("NOT equal to one device"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("op '"), std::string::npos) << r.output;
   std::printf("%s", r.output.c_str());
+}
+
+// The seal is a checksum anyone can recompute: an edited plan sealed again passes the loader, so
+// `loom train --plan` proves every plan against the config's model before running it. Here the
+// op moved to another rank (a segmentation fault in training before) is refused with exit 2 by
+// every rank, naming the file, and no step runs.
+TEST(VerifyCli, TrainRefusesAResealedEditedPlan) {
+  const std::string config = config_file("gpt", kGptSgd);
+  const fs::path dir = own_file("plan");
+  fs::remove_all(dir);
+  Outcome planned = run("plan " + config + " parallel.tp=2 --out " + dir.string());
+  ASSERT_EQ(planned.code, 0) << planned.output;
+  const fs::path file = dir / "plan.json";
+  nlohmann::ordered_json plan;
+  {
+    std::ifstream in(file);
+    plan = nlohmann::ordered_json::parse(in);
+  }
+  bool moved = false;
+  for (auto& op : plan["graph"]["ops"])
+    if (!op.contains("device")) {  // rank 0 (zero is left out)
+      op["device"] = "1";
+      moved = true;
+      break;
+    }
+  ASSERT_TRUE(moved);
+  plan.erase("seal");
+  std::ofstream(file) << loom::lower::seal_plan_json(plan.dump());
+  const fs::path out = own_file("run");
+  fs::remove_all(out);
+  Outcome r = run_launcher("--nproc-per-node 2 --standalone " + std::string(LOOM_BINARY_DIR) +
+                           "/bin/loom train " + config +
+                           " parallel.tp=2 comm.backend=gloo run.steps=2 run.output_dir=" +
+                           out.string() + " --plan " + file.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(file.string() + ": the plan is not equal to one device"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "a step ran";
 }
 
 TEST(VerifyCli, StaticBadInputExitsTwo) {

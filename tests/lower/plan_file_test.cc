@@ -285,6 +285,11 @@ TEST(PlanJson, EditedOrUnsealedFilesAreRefused) {
   std::string wider = *json;
   wider[shape + 10] = wider[shape + 10] == '9' ? '8' : '9';
   expect_refused(wider, edited);
+  // The refusal never prints the seal that would make the edit pass.
+  const std::string resealed = seal_plan_json(wider).substr(9, 16);
+  auto refused = plan_from_json(wider, "x/plan.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().message.find(resealed), std::string::npos) << refused.error().message;
   const size_t yaml = json->find("\"config_yaml\":\"");
   ASSERT_NE(yaml, std::string::npos);
   std::string config = *json;
