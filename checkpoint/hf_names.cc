@@ -117,6 +117,10 @@ std::string hf_base_prefix(const std::string& model_type) {
   return model_type == "gpt" ? "transformer." : "model.";
 }
 
+std::string hf_embedding_name(const std::string& model_type) {
+  return model_type == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
+}
+
 bool hf_buffer(const std::string& model_type, const std::string& hf_name) {
   auto ends_with = [&](const std::string& tail) {
     return hf_name.size() >= tail.size() &&

@@ -45,6 +45,9 @@ Result<HfSource> hf_source(const std::string& model_type, const std::string& nam
 // saved from the base model alone (GPT2Model, as openai-community/gpt2 is) names its tensors
 // without it, and transformers accepts both.
 std::string hf_base_prefix(const std::string& model_type);
+// The token embedding's name in the full model ("transformer.wte.weight", "model.embed_tokens.
+// weight"): the tensor a tied LM head shares.
+std::string hf_embedding_name(const std::string& model_type);
 // Whether a tensor of a folder may go unread by loom's model: buffers transformers once saved
 // (GPT-2's causal masks attn.bias and attn.masked_bias, rotary inv_freq), not weights. Any
 // other tensor no loom parameter reads means the folder holds another model (more layers, an
