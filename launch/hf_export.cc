@@ -17,7 +17,9 @@
 #include "checkpoint/safetensors.h"
 #include "core/config.h"
 #include "core/durable_file.h"
+#include "models/gpt.h"
 #include "models/hf_config.h"
+#include "models/llama.h"
 
 namespace loom::cli {
 namespace {
@@ -131,9 +133,22 @@ Result<std::string> exported_config(const Config& config, const Imported& import
   return j.dump(2) + "\n";
 }
 
+// The model's vocabulary: the rows export-hf writes of an embedding padded for tensor
+// parallelism.
+Result<int64_t> model_vocab(const Config& config) {
+  if (config.model.type == "gpt") {
+    LOOM_ASSIGN_OR_RETURN(models::GptSpec spec, models::gpt_spec(config));
+    return spec.vocab;
+  }
+  LOOM_ASSIGN_OR_RETURN(models::LlamaSpec spec, models::llama_spec(config));
+  return spec.vocab;
+}
+
 // Which parameters make which Hugging Face tensor, from the checkpoint's manifest alone.
 Result<std::map<std::string, HfTensor>> plan_tensors(const CheckpointReader& reader,
-                                                     const std::string& model_type) {
+                                                     const Config& config) {
+  const std::string& model_type = config.model.type;
+  LOOM_ASSIGN_OR_RETURN(int64_t vocab, model_vocab(config));
   std::map<std::string, HfTensor> out;
   for (const std::string& name : reader.tensors(kSliceParam)) {
     LOOM_ASSIGN_OR_RETURN(auto desc, reader.describe(name, kSliceParam));
@@ -141,7 +156,7 @@ Result<std::map<std::string, HfTensor>> plan_tensors(const CheckpointReader& rea
     if (dtype != "F32")
       return Error::at(name, "parameter '" + name + "' is stored as " + dtype +
                                  "; export-hf reads float32 parameters");
-    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(model_type, name, shape));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(model_type, name, shape, vocab));
     HfTensor& t = out[src.tensor];
     const Shape want = exported_shape(src, shape);
     if (t.parts.empty()) t.shape = want;
@@ -191,7 +206,7 @@ Result<std::vector<float>> assemble(CheckpointReader& reader, const Imported& im
       values = std::move(flipped);
     }
     const SliceRanges region = part.src.region(full);
-    for (size_t d = 0; d < region.size(); ++d)
+    for (size_t d = part.src.padded_rows ? 1 : 0; d < region.size(); ++d)  // padding: cut
       if (region[d].second > t.shape[d])
         return Error::at(part.name, "parameter '" + part.name + "' " + to_string(part.shape) +
                                         " does not fit Hugging Face tensor '" + hf_name + "' " +
@@ -268,7 +283,7 @@ Status export_hf(CheckpointReader& reader, const fs::path& out_arg, std::string*
   if (!has_hf_names(config.model.type))
     return config.error("model.type", "model.type '" + config.model.type +
                                           "' has no Hugging Face name map (gpt and llama have)");
-  LOOM_ASSIGN_OR_RETURN(auto tensors, plan_tensors(reader, config.model.type));
+  LOOM_ASSIGN_OR_RETURN(auto tensors, plan_tensors(reader, config));
   const Imported imported = read_imported(config, note);
   add_tails(tensors, imported, config.model.type);
   LOOM_ASSIGN_OR_RETURN(std::string config_json, exported_config(config, imported, tensors));

@@ -101,6 +101,40 @@ Status check_shape(const HfFolder& folder, const HfSource& src, const std::strin
                                    " (does model.args match the folder's config.json?)");
 }
 
+// The model's vocabulary: the token ids' bound (the embedding may hold padded rows past it).
+int64_t graph_vocab(const graph::Graph& g) {
+  for (const graph::FullTensor& t : g.tensors())
+    if (t.role == graph::TensorRole::kInput && t.name == "tokens") return t.value_bound;
+  return 0;
+}
+
+// Reads one parameter piece from the folder; rows of a padded vocabulary past the file's are 0.
+Status load_piece(const HfFolder& folder, const HfSource& src, const graph::SubTensor& piece,
+                  at::Tensor param) {
+  // A value-split piece holds a share of a sum: chunk 0 the values, the others zeros (as the
+  // seeded init).
+  if (piece.value_chunk != 0) {
+    param.zero_();
+    return Status::success();
+  }
+  SliceRanges loom;
+  for (const auto& r : piece.ranges) loom.emplace_back(r.start, r.end);
+  SliceRanges region = src.region(loom);
+  if (src.padded_rows) {
+    param.zero_();
+    region[0].second = std::min(region[0].second, src.shape[0]);
+    if (region[0].second <= region[0].first) return Status::success();
+    param = param.narrow(0, 0, region[0].second - region[0].first);
+  }
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> values, folder.read(src.tensor, region));
+  std::vector<int64_t> region_shape;
+  for (const auto& [start, end] : region) region_shape.push_back(end - start);
+  at::Tensor host = at::from_blob(values.data(), region_shape, at::kFloat);
+  if (src.transposed) host = host.t();
+  param.copy_(host.reshape(param.sizes()));
+  return Status::success();
+}
+
 }  // namespace
 
 Status load_hf_weights(const CheckpointTarget& target, const Config& config,
@@ -110,13 +144,14 @@ Status load_hf_weights(const CheckpointTarget& target, const Config& config,
     return config.error("checkpoint.init_from", "model.type '" + config.model.type +
                                                     "' has no Hugging Face name map (gpt and "
                                                     "llama have)");
+  const int64_t vocab = graph_vocab(*target.graph);
   // Every parameter of the model is checked against the folder's headers, not only this rank's:
   // every rank then refuses a folder with the same message, before any reads a byte.
   std::set<std::string> read;
   bool tied = true;
   for (const graph::FullTensor& t : target.graph->tensors()) {
     if (t.role != graph::TensorRole::kParameter) continue;
-    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape, vocab));
     src.tensor = folder_name(folder, config.model.type, src.tensor);
     LOOM_TRY(check_shape(folder, src, t.name, t.shape));
     read.insert(src.tensor);
@@ -131,24 +166,9 @@ Status load_hf_weights(const CheckpointTarget& target, const Config& config,
   for (size_t i = 0; i < target.pieces.size(); ++i) {
     const graph::SubTensor& piece = target.pieces[i];
     const graph::FullTensor& t = target.graph->tensor(piece.tensor);
-    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape, vocab));
     src.tensor = folder_name(folder, config.model.type, src.tensor);
-    at::Tensor param = target.params[i];
-    // A value-split piece holds a share of a sum: chunk 0 the values, the others zeros (as the
-    // seeded init).
-    if (piece.value_chunk != 0) {
-      param.zero_();
-      continue;
-    }
-    SliceRanges loom;
-    for (const auto& r : piece.ranges) loom.emplace_back(r.start, r.end);
-    const SliceRanges region = src.region(loom);
-    LOOM_ASSIGN_OR_RETURN(std::vector<float> values, folder.read(src.tensor, region));
-    std::vector<int64_t> region_shape;
-    for (const auto& [start, end] : region) region_shape.push_back(end - start);
-    at::Tensor host = at::from_blob(values.data(), region_shape, at::kFloat);
-    if (src.transposed) host = host.t();
-    param.copy_(host.reshape(param.sizes()));
+    LOOM_TRY(load_piece(folder, src, piece, target.params[i]));
   }
   return Status::success();
 }
