@@ -139,6 +139,13 @@ Result<HfFolder> HfFolder::open(const fs::path& dir) {
   return out;
 }
 
+std::string HfFolder::resolve(const std::string& tensor, const std::string& prefix) const {
+  if (contains(tensor)) return tensor;
+  if (tensor.rfind(prefix, 0) == 0 && contains(tensor.substr(prefix.size())))
+    return tensor.substr(prefix.size());
+  return tensor;
+}
+
 std::vector<std::string> HfFolder::tensor_names() const {
   std::vector<std::string> out;
   for (const auto& [name, e] : tensors_) out.push_back(name);

@@ -29,6 +29,10 @@ class HfFolder {
   const std::string& config_text() const { return config_text_; }  // config.json as read
 
   bool contains(const std::string& tensor) const { return tensors_.count(tensor) > 0; }
+  // `tensor` as this folder names it: as given, or without the base model's `prefix` (a folder
+  // saved from GPT2Model names "wte.weight" what the full model names "transformer.wte.weight");
+  // as given when the folder has neither, for the error that follows.
+  std::string resolve(const std::string& tensor, const std::string& prefix) const;
   // Every tensor name, sorted.
   std::vector<std::string> tensor_names() const;
   // The file holding `tensor` and its header entry; an error naming the tensor and the folder.

@@ -106,15 +106,27 @@ bool has_hf_names(const std::string& model_type) {
 }
 
 Result<HfSource> hf_source(const std::string& model_type, const std::string& name,
-                           const Shape& shape) {
-  if (model_type == "gpt") return gpt_source(name, shape);
-  if (model_type == "llama") return llama_source(name, shape);
-  return Error::at("model.type", "model.type '" + model_type +
-                                     "' has no Hugging Face name map (gpt and llama have)");
+                           const Shape& shape, int64_t vocab) {
+  if (!has_hf_names(model_type))
+    return Error::at("model.type", "model.type '" + model_type +
+                                       "' has no Hugging Face name map (gpt and llama have)");
+  LOOM_ASSIGN_OR_RETURN(HfSource src,
+                        model_type == "gpt" ? gpt_source(name, shape) : llama_source(name, shape));
+  const bool vocab_rows =
+      src.tensor == hf_embedding_name(model_type) || src.tensor == "lm_head.weight";
+  if (vocab_rows && vocab > 0 && shape.size() == 2 && shape[0] > vocab) {
+    src.shape[0] = vocab;
+    src.padded_rows = true;
+  }
+  return src;
 }
 
 std::string hf_base_prefix(const std::string& model_type) {
   return model_type == "gpt" ? "transformer." : "model.";
+}
+
+std::string hf_embedding_name(const std::string& model_type) {
+  return model_type == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
 }
 
 bool hf_buffer(const std::string& model_type, const std::string& hf_name) {

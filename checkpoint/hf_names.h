@@ -29,6 +29,9 @@ struct HfSource {
   // The loom parameter is the transpose of its region (GPT-2's Conv1D stores in x out; loom's
   // linears out x in).
   bool transposed = false;
+  // The loom parameter has rows past the tensor's `shape[0]` (a vocabulary padded for tensor
+  // parallelism): they are in no file, zero when loaded, and left out of an export.
+  bool padded_rows = false;
 
   // The region of the Hugging Face tensor that holds region `loom` of the loom parameter.
   SliceRanges region(const SliceRanges& loom) const;
@@ -37,14 +40,18 @@ struct HfSource {
 // The families with a map (model.type): gpt (GPT-2 names), llama.
 bool has_hf_names(const std::string& model_type);
 // The source of loom parameter `name` (full shape `shape`) of model family `model_type`; an
-// error naming the parameter when the family's map has no such name.
+// error naming the parameter when the family's map has no such name. `vocab` (0: unknown) is the
+// model's vocabulary: a token embedding or LM head with more rows holds padding past it.
 Result<HfSource> hf_source(const std::string& model_type, const std::string& name,
-                           const Shape& shape);
+                           const Shape& shape, int64_t vocab = 0);
 
 // The prefix of the base model's names ("transformer." for GPT-2, "model." for Llama): a folder
 // saved from the base model alone (GPT2Model, as openai-community/gpt2 is) names its tensors
 // without it, and transformers accepts both.
 std::string hf_base_prefix(const std::string& model_type);
+// The token embedding's name in the full model ("transformer.wte.weight", "model.embed_tokens.
+// weight"): the tensor a tied LM head shares.
+std::string hf_embedding_name(const std::string& model_type);
 // Whether a tensor of a folder may go unread by loom's model: buffers transformers once saved
 // (GPT-2's causal masks attn.bias and attn.masked_bias, rotary inv_freq), not weights. Any
 // other tensor no loom parameter reads means the folder holds another model (more layers, an

@@ -163,12 +163,18 @@ OpRegistry OpRegistry::with_builtin_ops() {
 }
 
 TensorId vocab_group_loss(GraphBuilder& b, TensorId logits, TensorId targets, int64_t group_width,
-                          int64_t normalizer) {
-  const Attrs groups{{"v", group_width}};
+                          int64_t normalizer, int64_t valid) {
+  Attrs groups{{"v", group_width}};
+  Attrs nll{{"normalizer", normalizer}};
+  const Attrs picked = groups;
+  if (valid > 0) {
+    groups.set("valid", valid);
+    nll.set("valid", valid);
+  }
   const TensorId group_lse = b.op1(kGroupLogSumExp, "loss.group_lse", {logits}, groups);
   const TensorId lse = b.op1(kLogSumExp, "loss.lse", {group_lse});
-  const TensorId target_logit = b.op1(kPick, "loss.target", {logits, targets}, groups);
-  return b.op1(kNll, "loss", {lse, target_logit}, Attrs{{"normalizer", normalizer}});
+  const TensorId target_logit = b.op1(kPick, "loss.target", {logits, targets}, picked);
+  return b.op1(kNll, "loss", {lse, target_logit}, nll);
 }
 
 }  // namespace loom::graph

@@ -21,8 +21,10 @@ inline constexpr const char* kNll = "nll";
 
 // The loss of `logits` [b, s, vocab] against `targets` [b, s] in groups of `group_width`
 // entries: the four ops above, named loss.group_lse, loss.lse, loss.target and loss; returns the
-// loss (the token losses' sum over `normalizer`).
+// loss (the token losses' sum over `normalizer`). With `valid` > 0 the logits' columns from
+// `valid` on are padding (a vocabulary padded for tensor parallelism): attribute valid on
+// group_logsumexp and nll leaves them out of the log-sum-exp, as if the vocabulary ended there.
 TensorId vocab_group_loss(GraphBuilder& b, TensorId logits, TensorId targets, int64_t group_width,
-                          int64_t normalizer);
+                          int64_t normalizer, int64_t valid = 0);
 
 }  // namespace loom::graph

@@ -148,7 +148,9 @@ int merge(const fs::path& dir, const fs::path& out) {
 int export_hf_folder(const fs::path& dir, const fs::path& out) {
   auto reader = open_checkpoint(dir);
   if (!reader.ok()) return bad_input(reader.error().message);
-  if (Status s = export_hf(*reader, out); !s.ok()) return bad_input(s.error().message);
+  std::string note;
+  if (Status s = export_hf(*reader, out, &note); !s.ok()) return bad_input(s.error().message);
+  if (!note.empty()) std::fprintf(stderr, "loom: note: %s\n", note.c_str());
   std::printf("loom: exported %s (step %lld) as the Hugging Face folder %s\n",
               shown(*reader, dir).c_str(), static_cast<long long>(reader->manifest().step),
               out.string().c_str());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include "checkpoint/reader.h"
 #include "core/result.h"
@@ -15,6 +16,10 @@ namespace loom::cli {
 // Hugging Face tensor is assembled and written in turn: the export holds one of them at a time
 // (besides the shards the reader keeps). `out` must not
 // exist (or be an empty directory). Errors name the file, tensor or config key.
-Status export_hf(CheckpointReader& reader, const std::filesystem::path& out);
+// What the run imported and never changed is exported as it was read from the folder the run was
+// made from (checkpoint.init_from, model.from_hf): GPT-2's positions past the run's seq and the
+// config's token ids. A folder that can no longer be read is said in `note`, not an error.
+Status export_hf(CheckpointReader& reader, const std::filesystem::path& out,
+                 std::string* note = nullptr);
 
 }  // namespace loom::cli

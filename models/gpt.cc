@@ -90,6 +90,7 @@ Result<GptSpec> gpt_spec(const Config& config) {
   int64_t groups = 64;  // the largest power of two up to 64 that divides the vocabulary
   while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
   LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
+  s.vocab_rows = pad_vocab(config, s.vocab, &s.vocab_groups);
   (void)ffn_given;
   LOOM_ASSIGN_OR_RETURN(s.moe, moe_spec(config, s.moe, s.ffn_hidden));
 
@@ -111,7 +112,7 @@ Result<GptSpec> gpt_spec(const Config& config) {
   if (s.activation != "gelu" && s.activation != "gelu_tanh")
     return config.error(key("activation"),
                         "activation must be gelu or gelu_tanh, got '" + s.activation + "'");
-  if (s.vocab % s.vocab_groups != 0)
+  if (s.vocab_rows % s.vocab_groups != 0)
     return config.error(key("vocab_groups"), "vocab (" + std::to_string(s.vocab) +
                                                  ") is not divisible by vocab_groups (" +
                                                  std::to_string(s.vocab_groups) + ")");
@@ -132,7 +133,7 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
 
   TensorId tokens = b.input("tokens", {batch, s.seq}, DType::kInt64, s.vocab);
   TensorId targets = b.input("targets", {batch, s.seq}, DType::kInt64, s.vocab);
-  TensorId wte = b.parameter("wte", {s.vocab, s.hidden}, ParamInit::normal(std));
+  TensorId wte = b.parameter("wte", {s.vocab_rows, s.hidden}, ParamInit::normal(std));
   TensorId wpe = b.parameter("wpe", {s.seq, s.hidden}, ParamInit::normal(std));
 
   b.set_layer(graph::kPreLayers);
@@ -191,12 +192,13 @@ Result<graph::Graph> build_gpt(const GptSpec& s, int64_t batch, const graph::OpR
   b.set_layer(graph::kPostLayers);
   x = layer_norm("lnf", x);
   TensorId head =
-      s.tied ? wte : b.parameter("lm_head.w", {s.vocab, s.hidden}, ParamInit::normal(std));
+      s.tied ? wte : b.parameter("lm_head.w", {s.vocab_rows, s.hidden}, ParamInit::normal(std));
   TensorId logits = b.op1("linear", "lm_head", {x, head}, Attrs{{"tp", std::string("column")}});
   // The loss in vocabulary groups, so tensor parallelism splits it like the LM head (a rank
   // holding the whole vocabulary runs the four ops as one cross-entropy, lower/fusion.h).
   const TensorId loss =
-      graph::vocab_group_loss(b, logits, targets, s.vocab / s.vocab_groups, batch * s.seq);
+      graph::vocab_group_loss(b, logits, targets, s.vocab_rows / s.vocab_groups, batch * s.seq,
+                              s.vocab_rows > s.vocab ? s.vocab : 0);
   b.set_loss(add_aux_loss(b, loss, aux));
   return b.finish();
 }

@@ -29,6 +29,9 @@ struct GptSpec {
   // The loss's log-sum-exp runs in this many vocabulary groups; tensor parallelism over the
   // vocabulary needs tp to divide it.
   int64_t vocab_groups = 16;
+  // The embedding's and LM head's rows: vocab, or vocab padded where parallel.tp could not split
+  // it (models/model.h, pad_vocab); the padded rows' logits are left out of the loss.
+  int64_t vocab_rows = 256;
   // Mixture of experts in place of the MLP of some layers (model.args.moe); experts have no
   // biases.
   MoeSpec moe;

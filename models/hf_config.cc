@@ -1,5 +1,6 @@
 #include "models/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -293,52 +294,38 @@ Result<std::string> write_llama(const Config& config) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace
-
-Status apply_from_hf(Config& config) {
-  if (config.model.from_hf.empty()) return Status::success();
-  const fs::path file = fs::path(config.model.from_hf) / "config.json";
-  std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
-    return config.error("model.from_hf", "'" + file.string() +
-                                             "' is missing: model.from_hf names a Hugging Face "
-                                             "model folder (with config.json)");
+// The model.args values `dir`/config.json determines, and its positions; errors are reported
+// under `key` (the config key naming the folder).
+Result<std::vector<Resolved>> folder_args(const Config& config, const std::string& key,
+                                          const fs::path& dir, int64_t* positions) {
+  const fs::path file = dir / "config.json";
   LOOM_ASSIGN_OR_RETURN(std::string text, read_whole_file(file));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
-    return config.error("model.from_hf", "'" + file.string() + "' is not a JSON object");
+    return config.error(key, "'" + file.string() + "' is not a JSON object");
   HfKeys keys(std::move(j), file.string());
   LOOM_ASSIGN_OR_RETURN(std::string hf_type, keys.text("model_type", ""));
   const std::string want = config.model.type == "gpt" ? "gpt2" : config.model.type;
   if (config.model.type != "gpt" && config.model.type != "llama")
-    return config.error("model.from_hf", "model.type '" + config.model.type +
-                                             "' cannot read a Hugging Face config.json (gpt and "
-                                             "llama can)");
+    return config.error(key, "model.type '" + config.model.type +
+                                 "' cannot read a Hugging Face config.json (gpt and llama can)");
   if (hf_type != want)
     return config.error("model.type", "model.type is '" + config.model.type + "' but '" +
                                           file.string() + "' has model_type '" + hf_type +
                                           "' (expected '" + want + "')");
-  int64_t positions = 0;
-  std::vector<Resolved> resolved;
-  if (config.model.type == "gpt") {
-    LOOM_ASSIGN_OR_RETURN(resolved, gpt2_args(keys, &positions));
-  } else {
-    LOOM_ASSIGN_OR_RETURN(resolved, llama_args(keys, &positions));
-  }
-  for (const Resolved& r : resolved) {
-    const std::string key = "model.args." + r.arg;
-    auto given = config.model.args.find(r.arg);
-    if (given != config.model.args.end()) {
-      if (!same_value(r.kind, given->second, r.value))
-        return config.error(key, key + " is " + given->second + " but " + r.hf_key + " in '" +
-                                     file.string() + "' is " + r.value + "; remove model.args." +
-                                     r.arg + " or make them agree");
-      continue;
-    }
-    config.model.args[r.arg] = r.value;
-    config.where_[key] = file.string() + " (" + r.hf_key + ", model.from_hf)";
-  }
-  // seq is the run's choice; the folder's position table bounds it.
+  if (config.model.type == "gpt") return gpt2_args(keys, positions);
+  return llama_args(keys, positions);
+}
+
+// An explicit model.args.tied false may untie a folder whose config.json says tied: transformers
+// unties such a folder when it holds its own lm_head.weight (the loader then reads it).
+bool untie_allowed(const Resolved& folder, const std::string& run_value) {
+  return folder.arg == "tied" && folder.value == "true" &&
+         same_value(Kind::kBool, run_value, "false");
+}
+
+// seq is the run's choice; the folder's position table (`positions` rows of `file`) bounds it.
+Status check_seq_fits(const Config& config, const fs::path& file, int64_t positions) {
   std::optional<int64_t> seq;
   if (config.model.args.count("seq")) {
     LOOM_ASSIGN_OR_RETURN(seq, ModelArgs(config).get_int("seq", 0));
@@ -357,6 +344,70 @@ Status apply_from_hf(Config& config) {
             (config.model.type == "gpt" ? "n_positions" : "max_position_embeddings") +
             "); set model.args.seq to at most that");
   return Status::success();
+}
+
+// checkpoint.init_from's config.json against the run's model: weights loaded into a model with
+// another norm epsilon or rotary base would train silently differently from the folder's model.
+// The run's values are read back through the config.json loom would write for it, so both sides
+// go through one reader. A folder without config.json is left to the loader, which names it.
+Status check_init_from(const Config& config) {
+  const std::string& dir = config.checkpoint.init_from;
+  std::error_code ec;
+  if (dir.empty() || dir == config.model.from_hf ||
+      (config.model.type != "gpt" && config.model.type != "llama") ||
+      !fs::is_regular_file(fs::path(dir) / "config.json", ec))
+    return Status::success();
+  int64_t positions = 0;
+  LOOM_ASSIGN_OR_RETURN(auto folder, folder_args(config, "checkpoint.init_from", dir, &positions));
+  LOOM_ASSIGN_OR_RETURN(std::string run_json, hf_config_json(config));
+  HfKeys run_keys(json::parse(run_json), "the run's model");
+  int64_t unused = 0;
+  LOOM_ASSIGN_OR_RETURN(auto run, config.model.type == "gpt" ? gpt2_args(run_keys, &unused)
+                                                             : llama_args(run_keys, &unused));
+  const std::string file = (fs::path(dir) / "config.json").string();
+  for (const Resolved& want : folder) {
+    auto have =
+        std::find_if(run.begin(), run.end(), [&](const Resolved& r) { return r.arg == want.arg; });
+    if (have == run.end() || same_value(want.kind, have->value, want.value) ||
+        untie_allowed(want, have->value))
+      continue;
+    return config.error("checkpoint.init_from",
+                        "'" + file + "' says " + want.hf_key + " " + want.value +
+                            ", the run's model.args." + want.arg + " is " + have->value +
+                            "; set model.from_hf: " + dir +
+                            " (it fills model.args from the folder) or make them agree");
+  }
+  return check_seq_fits(config, file, positions);
+}
+
+}  // namespace
+
+Status apply_from_hf(Config& config) {
+  if (config.model.from_hf.empty()) return check_init_from(config);
+  const fs::path file = fs::path(config.model.from_hf) / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    return config.error("model.from_hf", "'" + file.string() +
+                                             "' is missing: model.from_hf names a Hugging Face "
+                                             "model folder (with config.json)");
+  int64_t positions = 0;
+  LOOM_ASSIGN_OR_RETURN(auto resolved,
+                        folder_args(config, "model.from_hf", config.model.from_hf, &positions));
+  for (const Resolved& r : resolved) {
+    const std::string key = "model.args." + r.arg;
+    auto given = config.model.args.find(r.arg);
+    if (given != config.model.args.end()) {
+      if (!same_value(r.kind, given->second, r.value) && !untie_allowed(r, given->second))
+        return config.error(key, key + " is " + given->second + " but " + r.hf_key + " in '" +
+                                     file.string() + "' is " + r.value + "; remove model.args." +
+                                     r.arg + " or make them agree");
+      continue;
+    }
+    config.model.args[r.arg] = r.value;
+    config.where_[key] = file.string() + " (" + r.hf_key + ", model.from_hf)";
+  }
+  LOOM_TRY(check_seq_fits(config, file, positions));
+  return check_init_from(config);
 }
 
 Result<std::string> hf_config_json(const Config& config) {

@@ -112,6 +112,7 @@ Result<LlamaSpec> apply_args(const Config& config, LlamaSpec s) {
   int64_t groups = 64;  // the largest power of two up to 64 that divides the vocabulary
   while (groups > 1 && s.vocab > 0 && s.vocab % groups != 0) groups /= 2;
   LOOM_ASSIGN_OR_RETURN(s.vocab_groups, args.get_int("vocab_groups", groups));
+  s.vocab_rows = pad_vocab(config, s.vocab, &s.vocab_groups);
   LOOM_ASSIGN_OR_RETURN(s.moe, moe_spec(config, s.moe, s.ffn_hidden));
   return s;
 }
@@ -150,7 +151,7 @@ Status validate(const Config& config, const LlamaSpec& s) {
   };
   LOOM_TRY(divides("hidden", s.hidden, "heads", s.heads));
   LOOM_TRY(divides("heads", s.heads, "kv_heads", s.kv_heads));
-  LOOM_TRY(divides("vocab", s.vocab, "vocab_groups", s.vocab_groups));
+  LOOM_TRY(divides("vocab", s.vocab_rows, "vocab_groups", s.vocab_groups));
   if (s.head_dim() % 2 != 0)
     return config.error(key("heads"),
                         "rotary embeddings need an even head size, got hidden/heads = " +
@@ -243,7 +244,7 @@ class LlamaGraph {
   Result<graph::Graph> build(int64_t batch) {
     TensorId tokens = b_.input("tokens", {batch, s_.seq}, DType::kInt64, s_.vocab);
     TensorId targets = b_.input("targets", {batch, s_.seq}, DType::kInt64, s_.vocab);
-    TensorId embed = b_.parameter("embed.w", {s_.vocab, s_.hidden}, ParamInit::normal(std_));
+    TensorId embed = b_.parameter("embed.w", {s_.vocab_rows, s_.hidden}, ParamInit::normal(std_));
     b_.set_layer(graph::kPreLayers);
     TensorId x = b_.op1("embedding", "embed", {tokens, embed});
     TensorId aux;  // the layers' load-balancing losses so far
@@ -321,11 +322,13 @@ class LlamaGraph {
     b_.set_layer(graph::kPostLayers);
     x = rms_norm("norm", x);
     TensorId weight =
-        s_.tied ? embed : b_.parameter("lm_head.w", {s_.vocab, s_.hidden}, ParamInit::normal(std_));
+        s_.tied ? embed
+                : b_.parameter("lm_head.w", {s_.vocab_rows, s_.hidden}, ParamInit::normal(std_));
     TensorId logits =
         b_.op1("linear", "lm_head", {x, weight}, Attrs{{"tp", std::string("column")}});
     const TensorId loss =
-        graph::vocab_group_loss(b_, logits, targets, s_.vocab / s_.vocab_groups, batch * s_.seq);
+        graph::vocab_group_loss(b_, logits, targets, s_.vocab_rows / s_.vocab_groups,
+                                batch * s_.seq, s_.vocab_rows > s_.vocab ? s_.vocab : 0);
     return add_aux_loss(b_, loss, aux);
   }
 

@@ -32,6 +32,7 @@ struct LlamaSpec {
   double rope_high_freq_factor = 4;
   int64_t rope_original_max_positions = 8192;
   int64_t vocab_groups = 16;  // as GptSpec::vocab_groups
+  int64_t vocab_rows = 256;   // as GptSpec::vocab_rows
   // Mixture of experts in place of the SwiGLU MLP of some layers (model.args.moe).
   MoeSpec moe;
 

@@ -133,6 +133,16 @@ Result<const ModelType*> ModelRegistry::of(const Config& config) const {
   return config.error("model.type", msg + "; types: " + join(names(), ", "));
 }
 
+int64_t pad_vocab(const Config& config, int64_t vocab, int64_t* groups) {
+  constexpr int64_t kMultiple = 64;  // the most groups the default takes; every tp up to it splits
+  const int64_t tp = config.parallel.tp;
+  if (config.model.args.count("vocab_groups") || tp <= 1 || *groups % tp == 0 ||
+      kMultiple % tp != 0 || vocab <= 0)
+    return vocab;
+  *groups = kMultiple;
+  return (vocab + kMultiple - 1) / kMultiple * kMultiple;
+}
+
 Status check_vocab_split(const Config& config, const planner::SpaceSpec& space, int64_t vocab,
                          int64_t vocab_groups) {
   const int64_t tp = space.mesh.tp();

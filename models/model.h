@@ -69,9 +69,16 @@ Status check_context_parallel(const planner::SpaceSpec& space, const ModelType& 
 Status check_decoder_parallel(const Config& config, const planner::SpaceSpec& space, int64_t layers,
                               int64_t seq, const std::string& heads_key, int64_t heads);
 
+// The vocabulary rows of a language model under `config`'s parallel.tp, as Megatron's
+// make_vocab_size_divisible_by: `vocab` itself, or, where tp does not divide the default
+// `groups` (model.args.vocab_groups not given) and divides 64, `vocab` padded to a multiple of 64
+// with 64 groups. The padded rows are zero in a loaded folder, left out of the loss and of
+// export-hf. Updates `groups` to the padded vocabulary's.
+int64_t pad_vocab(const Config& config, int64_t vocab, int64_t* groups);
+
 // Tensor parallelism splits a language model's vocabulary in its loss's `vocab_groups` groups:
-// tp must divide them. Where vocab_groups is the default (the largest power of two up to 64
-// dividing the vocabulary), says to pad the vocabulary and to what.
+// tp must divide them. pad_vocab pads where it can; what is left (a tp that does not divide 64,
+// an explicit vocab_groups) is refused, saying to pad the vocabulary and to what.
 Status check_vocab_split(const Config& config, const planner::SpaceSpec& space, int64_t vocab,
                          int64_t vocab_groups);
 

@@ -376,10 +376,13 @@ struct SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntrop
   }
 };
 
-// Sum of the token losses of this piece over the full micro-batch's token count.
+// Sum of the token losses of this piece over the full micro-batch's token count. It holds the
+// whole vocabulary (lower/fusion.h); columns past attribute valid are padding, left out.
 Tensors cross_entropy(const Ctx& ctx, const Tensors& in) {
   const int64_t normalizer = ctx.op.attrs().get<int64_t>("normalizer");
-  const at::Tensor logits = in[0].to(at::kFloat);
+  const int64_t valid = ctx.op.attrs().get_or<int64_t>("valid", 0);
+  at::Tensor logits = in[0].to(at::kFloat);
+  if (valid > 0 && valid < logits.size(-1)) logits = logits.narrow(-1, 0, valid);
   const at::Tensor flat = logits.reshape({-1, logits.size(-1)}), targets = in[1].reshape({-1});
   // On the CPU loom's own (the host read of its underflow check costs nothing there).
   at::Tensor loss = flat.device().is_cpu()
@@ -407,9 +410,19 @@ struct LogSumExp : public torch::autograd::Function<LogSumExp> {
   }
 };
 
+// Columns past attribute valid (of the full vocabulary) are padding: they get the lowest finite
+// float, whose exponential is exactly 0 next to any real logit, so the log-sum-exp and its
+// gradient are the unpadded vocabulary's. Finite, not -inf: a group of padding alone then has a
+// finite log-sum-exp and no 0/0 in its backward.
 Tensors group_logsumexp(const Ctx& ctx, const Tensors& in) {
   const int64_t v = ctx.op.attrs().get<int64_t>("v");
-  const at::Tensor x = in[0].to(at::kFloat);
+  const int64_t valid = ctx.op.attrs().get_or<int64_t>("valid", 0);
+  at::Tensor x = in[0].to(at::kFloat);
+  const int64_t v0 = ctx.op.inputs[0].ranges[2].start;
+  if (valid > 0 && v0 + x.size(2) > valid) {
+    const at::Tensor column = at::arange(v0, v0 + x.size(2), x.options().dtype(at::kLong));
+    x = x.masked_fill(column >= valid, std::numeric_limits<float>::lowest());
+  }
   return {LogSumExp::apply(x.view({x.size(0), x.size(1), x.size(2) / v, v}))};
 }
 

@@ -44,6 +44,13 @@ TEST(HfNames, Gpt2Names) {
     EXPECT_FALSE(s->transposed) << loom;
   }
   EXPECT_TRUE(hf_source("gpt", "wpe", {16, 8})->more_rows);
+  // A vocabulary padded for tensor parallelism: the file holds the real rows alone.
+  auto padded = hf_source("gpt", "wte", {64, 8}, /*vocab=*/63);
+  ASSERT_TRUE(padded.ok());
+  EXPECT_TRUE(padded->padded_rows);
+  EXPECT_EQ(padded->shape, (Shape{63, 8}));
+  EXPECT_FALSE(hf_source("gpt", "wte", {63, 8}, 63)->padded_rows);
+  EXPECT_TRUE(hf_source("llama", "lm_head.w", {64, 8}, 50)->padded_rows);
   auto fc1 = hf_source("gpt", "h1.mlp.fc1.w", {128, 32});  // loom [out, in]
   ASSERT_TRUE(fc1.ok());
   EXPECT_EQ(fc1->tensor, "transformer.h.1.mlp.c_fc.weight");

@@ -30,7 +30,9 @@ SKIP = 77
 
 SEQ = 16        # the run's sequence length (the folder's positions are 32: loom uses fewer)
 GLOBAL = 4      # samples per step
-VOCAB = 64
+# Odd, as GPT-2's 50257: tensor parallelism cannot split it, so the tp plans pad it to 64 (the
+# padded logits left out of the loss) and must still give transformers' loss and gradients.
+VOCAB = 63
 STEPS = 3
 
 # Plans: name, parallel.* and batch.micro (dp x micro x micro-batches = GLOBAL).
@@ -204,15 +206,25 @@ def check_errors(args, env, folder, tokens_path, model_type, failures):
     expect_bad_input(train + ["model.args.layers=5"], env,
                      ["model.args.layers", "5", "config.json"], "model.args against config.json",
                      failures)
-    # A folder with more layers than model.args says (no model.from_hf): refused, not loaded in
-    # part.
-    dims = {"gpt": "layers=1 hidden=32 heads=4 vocab=64 activation=gelu_tanh",
-            "llama": "layers=1 hidden=32 heads=4 kv_heads=2 ffn_hidden=48 vocab=64 norm_eps=3e-5 "
-                     "rope_theta=5000 rope_factor=0"}[model_type]
-    layer1 = {"gpt": "transformer.h.1.", "llama": "model.layers.1."}[model_type]
-    expect_bad_input(train + ["model.from_hf="] + ["model.args." + d for d in dims.split()], env,
-                     [layer1, folder, "model.args"], "folder with more layers than model.args",
-                     failures)
+    # checkpoint.init_from without model.from_hf: a run whose model.args (or preset) disagree
+    # with the folder's config.json is refused naming both values, not loaded into another model
+    # (more layers would load in part; another norm epsilon would train a different model).
+    dims = {"gpt": "layers=2 hidden=32 heads=4 vocab=%d activation=gelu_tanh" % VOCAB,
+            "llama": "layers=2 hidden=32 heads=4 kv_heads=2 ffn_hidden=48 vocab=%d norm_eps=3e-5 "
+                     "rope_theta=5000 rope_factor=0" % VOCAB}[model_type]
+    config_json = os.path.join(folder, "config.json")
+    layers = {"gpt": "n_layer 2", "llama": "num_hidden_layers 2"}[model_type]
+    no_hf = train + ["model.from_hf="]
+    expect_bad_input(no_hf + ["model.args." + d for d in dims.replace("layers=2", "layers=1").split()],
+                     env, [config_json, layers, "model.args.layers is 1", "model.from_hf"],
+                     "init_from with fewer layers than its config.json", failures)
+    # The preset's epsilon (1e-5) against the folder's: the issue's silent difference.
+    eps = {"gpt": ("ln_eps", "layer_norm_epsilon 1e-05", "1e-4"),
+           "llama": ("norm_eps", "rms_norm_eps 3e-05", "1e-5")}[model_type]
+    other = [d for d in dims.split() if not d.startswith(eps[0] + "=")] + [eps[0] + "=" + eps[2]]
+    expect_bad_input(no_hf + ["model.args." + d for d in other], env,
+                     [config_json, eps[1], "model.args." + eps[0], "model.from_hf"],
+                     "init_from with another norm epsilon than its config.json", failures)
     out = os.path.join(args.work, "single_export_1")  # exists: written by the single plan
     expect_bad_input([args.loom, "checkpoint", "export-hf",
                       os.path.join(args.work, "single", "ckpt", "step_%08d" % 1), out], env,
@@ -241,6 +253,66 @@ def check_bf16_folder(args, env, model, tokens, tokens_path, model_type, failure
           (got, want, rel, LOSS_RTOL, "ok" if ok else "FAIL"))
     if not ok:
         failures.append("bf16 folder: loss")
+
+
+def check_own_head(args, env, model, tokens, tokens_path, failures):
+    """A folder whose config.json ties the head (GPT-2's default) but which holds its own
+    lm_head.weight, unlike the embedding: transformers then unties them and uses the file's head.
+    loom refuses it under a tied model naming model.args.tied=false, and with that setting its
+    first loss is transformers' on the folder."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    folder = os.path.join(args.work, "hf_own_head")
+    model.save_pretrained(folder)
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    g = torch.Generator().manual_seed(2)
+    wte = weights["transformer.wte.weight"]
+    weights["lm_head.weight"] = wte + 0.05 * torch.randn(wte.shape, generator=g)
+    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    ref = model.__class__.from_pretrained(folder, dtype=torch.float64)
+    ref.eval()
+    if torch.equal(ref.lm_head.weight, ref.transformer.wte.weight):
+        print("own head: transformers %s ties the file's head; nothing to compare" %
+              __import__("transformers").__version__)
+        return
+    inputs, targets = samples(tokens, 0, GLOBAL)
+    with torch.no_grad():
+        want = hf_loss(torch, ref, inputs, targets).item()
+    cfg, run_dir = loom_config(args.work, "own_head", folder, tokens_path, "gpt", {}, 2)
+    train = [args.loom, "train", cfg, "run.steps=1", "checkpoint.every=0"]
+    expect_bad_input(train, env, ["lm_head.weight", folder, "model.args.tied=false"],
+                     "tied folder with its own head", failures)
+    run(train + ["model.args.tied=false"], env, os.path.join(args.work, "own_head.log"))
+    got = losses(run_dir)[1]
+    rel = abs(got - want) / abs(want)
+    ok = rel <= LOSS_RTOL
+    print("own     head (model.args.tied=false): loom %.8f transformers %.8f rel %.1e "
+          "(bound %.0e) %s" % (got, want, rel, LOSS_RTOL, "ok" if ok else "FAIL"))
+    if not ok:
+        failures.append("own head: loss")
+
+
+def check_export_keeps_import(name, exported, folder, initial, failures):
+    """What the run imported and never changed is exported as the folder had it: the token ids
+    of its config.json, GPT-2's position table past the run's SEQ positions (and n_positions)."""
+    from safetensors.torch import load_file
+    with open(os.path.join(folder, "config.json")) as f:
+        want = json.load(f)
+    with open(os.path.join(exported, "config.json")) as f:
+        got = json.load(f)
+    bad = ["%s %s (folder %s)" % (k, got.get(k), want[k])
+           for k in ("bos_token_id", "eos_token_id", "n_positions", "max_position_embeddings")
+           if k in want and got.get(k) != want[k]]
+    if "transformer.wpe.weight" in initial:
+        wpe = load_file(os.path.join(exported, "model.safetensors"))["transformer.wpe.weight"]
+        full = initial["transformer.wpe.weight"]
+        # Never held by the run, so exactly the folder's float32 values.
+        if wpe.shape != full.shape or not wpe[SEQ:].double().equal(full[SEQ:]):
+            bad.append("wpe %s past row %d differs from the folder's %s" %
+                       (list(wpe.shape), SEQ, list(full.shape)))
+    print("%-7s export keeps the import: %s" % (name, "; ".join(bad) + " FAIL" if bad else "ok"))
+    if bad:
+        failures.append("%s: export drops what was imported" % name)
 
 
 def check_base_model_names(args, env, model, ref_loss, tokens_path, failures):
@@ -354,9 +426,9 @@ def main():
                 failures.append("%s: %s missing from the export" % (name, hf_name))
                 continue
             w1 = after[hf_name].to(torch.float64)
-            w0 = initial[hf_name][:w1.shape[0]]  # wpe: loom keeps the run's seq positions
+            w0 = initial[hf_name]
             g_loom = w0 - w1
-            g_ref = grad[:w1.shape[0]]
+            g_ref = grad
             r = grad_ratio(g_loom, g_ref, w0)
             worst = max(worst, (r, hf_name))
             if r > 1:
@@ -365,6 +437,7 @@ def main():
                 print("%-7s gradient %s: %.2f of its bound FAIL" % (name, hf_name, r))
         print("%-7s %d gradients, worst %s at %.2f of its bound" %
               (name, len(grads), worst[1], worst[0]))
+        check_export_keeps_import(name, exported[1], folder, initial, failures)
 
         # 2. The model exported after two steps, loaded by transformers, gives loom's third loss.
         model2 = model.__class__.from_pretrained(exported[2], dtype=torch.float64)
@@ -383,6 +456,7 @@ def main():
         check_errors(args, env, folder, tokens_path, model_type, failures)
     if args.model == "gpt2":
         check_base_model_names(args, env, model, ref_loss, tokens_path, failures)
+        check_own_head(args, env, model, tokens, tokens_path, failures)
     if args.model == "llama":
         check_bf16_folder(args, env, model, tokens, tokens_path, model_type, failures)
     if failures:

@@ -78,5 +78,32 @@ TEST(GptGraph, BadArgumentsNameTheKey) {
   EXPECT_NE(arg.error().message.find("did you mean 'model.args.hidden'"), std::string::npos);
 }
 
+// A vocabulary tensor parallelism cannot split (GPT-2's 50257) is padded to a multiple of 64 in
+// 64 groups; the loss is told where the real vocabulary ends. One device keeps it as it is.
+TEST(GptGraph, OddVocabularyIsPaddedForTensorParallelism) {
+  auto one = gpt_spec(config_with({"model.args.vocab=50257"}));
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  EXPECT_EQ(one->vocab_rows, 50257);
+  auto tp2 = gpt_spec(config_with({"model.args.vocab=50257", "parallel.tp=2"}));
+  ASSERT_TRUE(tp2.ok()) << tp2.error().message;
+  EXPECT_EQ(tp2->vocab, 50257);
+  EXPECT_EQ(tp2->vocab_rows, 50304);
+  EXPECT_EQ(tp2->vocab_groups, 64);
+  graph::OpRegistry r = graph::OpRegistry::with_builtin_ops();
+  auto g = build_gpt(*tp2, 1, r);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  for (const graph::FullTensor& t : g->tensors())
+    if (t.name == "wte") EXPECT_EQ(t.shape, (Shape{50304, tp2->hidden}));
+  int valid = 0;
+  for (const graph::Op& op : g->ops())
+    if (op.attrs().get_or<int64_t>("valid", 0) == 50257) ++valid;
+  EXPECT_EQ(valid, 2);  // group_logsumexp and nll
+  // An explicit vocab_groups is the user's: not padded, refused as before.
+  auto given = gpt_spec(
+      config_with({"model.args.vocab=50257", "model.args.vocab_groups=1", "parallel.tp=2"}));
+  ASSERT_TRUE(given.ok());
+  EXPECT_EQ(given->vocab_rows, 50257);
+}
+
 }  // namespace
 }  // namespace loom::models

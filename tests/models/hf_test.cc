@@ -135,6 +135,63 @@ TEST_F(FromHf, LlamaRopeParametersAndScaling) {
   EXPECT_NE(yarn.error().message.find("rope_parameters.rope_type"), std::string::npos);
 }
 
+const char* kLlama = R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 64,
+  "max_position_embeddings": 64, "rms_norm_eps": 1e-06, "rope_theta": 5000.0,
+  "tie_word_embeddings": false})";
+
+// checkpoint.init_from without model.from_hf: the run's model (preset and model.args) must be the
+// folder's, else its weights train a model transformers would not compute.
+TEST_F(FromHf, InitFromDisagreeingWithTheRunIsRefused) {
+  ASSERT_TRUE(write_file_durably(dir_ / "config.json", kLlama).ok());
+  auto run = [&](const std::string& args) -> Result<Config> {
+    LOOM_ASSIGN_OR_RETURN(
+        Config c, parse_config("model:\n  type: llama\n  args: {layers: 2, hidden: 32, heads: 4, "
+                               "kv_heads: 2, ffn_hidden: 48, vocab: 64" +
+                                   args + "}\ncheckpoint:\n  init_from: " + dir_.string() + "\n",
+                               "test.yaml"));
+    LOOM_TRY(apply_from_hf(c));
+    return c;
+  };
+  auto eps = run(", seq: 16");  // the preset's norm_eps 1e-5 and rope_theta 10000
+  ASSERT_FALSE(eps.ok());
+  for (const std::string& want : std::vector<std::string>{
+           "checkpoint.init_from", (dir_ / "config.json").string(), "rms_norm_eps 1e-06",
+           "model.args.norm_eps is 1e-05", "model.from_hf", "test.yaml"})
+    EXPECT_NE(eps.error().message.find(want), std::string::npos)
+        << want << " in " << eps.error().message;
+  auto theta = run(", seq: 16, norm_eps: 1e-6");
+  ASSERT_FALSE(theta.ok());
+  EXPECT_NE(theta.error().message.find("rope_theta 5000"), std::string::npos)
+      << theta.error().message;
+  EXPECT_NE(theta.error().message.find("model.args.rope_theta is 10000"), std::string::npos)
+      << theta.error().message;
+  auto tied = run(", seq: 16, norm_eps: 1e-6, rope_theta: 5000, tied: true");
+  ASSERT_FALSE(tied.ok());
+  EXPECT_NE(tied.error().message.find("tie_word_embeddings false"), std::string::npos)
+      << tied.error().message;
+  EXPECT_TRUE(run(", seq: 16, norm_eps: 1e-6, rope_theta: 5000").ok());
+  auto seq = run(", norm_eps: 1e-6, rope_theta: 5000, seq: 128");
+  ASSERT_FALSE(seq.ok());
+  EXPECT_NE(seq.error().message.find("max_position_embeddings"), std::string::npos)
+      << seq.error().message;
+  // model.from_hf naming the same folder fills model.args from it: nothing to disagree.
+  EXPECT_TRUE(load(kLlama, "checkpoint:\n  init_from: " + dir_.string() +
+                               "\nmodel:\n  type: llama\n  args: {seq: 16}")
+                  .ok());
+}
+
+// A folder that says tied may be untied explicitly (transformers unties one holding its own
+// lm_head.weight); the opposite, a tied run of an untied folder, is a disagreement.
+TEST_F(FromHf, ModelArgsMayUntieATiedFolder) {
+  auto untied = load(kGpt2, "model:\n  type: gpt\n  args: {seq: 16, tied: false}");
+  ASSERT_TRUE(untied.ok()) << untied.error().message;
+  EXPECT_EQ(untied->model.args.at("tied"), "false");
+  auto tied = load(kLlama, "model:\n  type: llama\n  args: {seq: 16, tied: true}");
+  ASSERT_FALSE(tied.ok());
+  EXPECT_NE(tied.error().message.find("tie_word_embeddings"), std::string::npos);
+}
+
 TEST(HfConfigJson, Gpt2RoundTrip) {
   auto c = parse_config(
       "model:\n  type: gpt\n  args: {layers: 3, hidden: 48, heads: 6, vocab: "

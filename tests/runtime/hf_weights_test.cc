@@ -168,5 +168,36 @@ TEST(HfWeights, EveryPlanReadsItsSlices) {
   }
 }
 
+// A folder whose config.json ties the head (GPT-2's default) but which holds its own
+// lm_head.weight: transformers ties the two only when the values are equal, and otherwise keeps
+// the file's head. loom loads the first as tied and refuses the second under a tied model, naming
+// model.args.tied=false, with which the head is the file's.
+TEST(HfWeights, TiedFolderWithItsOwnHead) {
+  auto hf = gpt2_tensors();
+  hf["lm_head.weight"] = hf.at("transformer.wte.weight").clone();
+  const auto same = full_params(load(config(write_folder(hf), {}), 1)[0]);
+  EXPECT_EQ(same.count("lm_head.w"), 0u);
+  EXPECT_TRUE(at::equal(same.at("wte"), hf.at("transformer.wte.weight")));
+
+  hf["lm_head.weight"] = hf.at("transformer.wte.weight") * -1.0;
+  const fs::path folder = write_folder(hf);
+  comm::LocalWorld world(1, 60);
+  const Config tied = config(folder, {});
+  auto statuses = world.run([&](comm::Comm& comm) -> Status {
+    auto trainer = launch::create_trainer(tied, comm.shared_from_this());
+    if (!trainer.ok()) return trainer.error();
+    return Status::success();
+  });
+  ASSERT_FALSE(statuses[0].ok()) << "a head unlike the embedding was dropped";
+  for (const char* want : {"lm_head.weight", "transformer.wte.weight", "model.args.tied=false"})
+    EXPECT_NE(statuses[0].error().message.find(want), std::string::npos)
+        << want << " in " << statuses[0].error().message;
+
+  const auto untied = full_params(load(config(folder, {"model.args.tied=false"}), 1)[0]);
+  ASSERT_EQ(untied.count("lm_head.w"), 1u);
+  EXPECT_TRUE(at::equal(untied.at("lm_head.w"), hf.at("lm_head.weight")));
+  EXPECT_TRUE(at::equal(untied.at("wte"), hf.at("transformer.wte.weight")));
+}
+
 }  // namespace
 }  // namespace loom
