@@ -48,13 +48,13 @@ Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
   LOOM_TRY(lower::check_deadlock_free(file.graph, file.lowered));
   // A plan file is run only once proven equal to the model this config builds: its seal is a
   // checksum anyone can recompute, and an edited plan would otherwise crash or train wrongly.
-  if (Status proven = lower::prove_equivalent(plan.model, file.graph, file.lowered,
-                                              file.micro_batches);
+  if (Status proven =
+          lower::prove_equivalent(plan.model, file.graph, file.lowered, file.micro_batches);
       !proven.ok())
-    return Error::at(file.source, file.source + ": the plan is not equal to one device, so it is "
-                                                "not run (" +
-                                      proven.error().message +
-                                      "); make it again with `loom plan`");
+    return Error::at(file.source, file.source +
+                                      ": the plan is not equal to one device, so it is "
+                                      "not run (" +
+                                      proven.error().message + "); make it again with `loom plan`");
   plan.file = file;
   return plan;
 }

@@ -1,5 +1,8 @@
 #include "models/model.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 #include "core/strings.h"
 #include "models/evoformer.h"
@@ -37,6 +40,63 @@ Status check_gpt_parallel(const Config& config, const planner::SpaceSpec& space)
 
 int64_t replicas_batch(const Config& config) { return config.batch.micro * config.parallel.dp; }
 
+// The key a size names: model.args.<name> where given, else the preset's.
+std::string arg_key(const Config& config, const std::string& name) {
+  return config.model.args.count(name) ? "model.args." + name
+                                       : "model.preset (" + config.model.preset + ") " + name;
+}
+
+// A lower bound of a decoder's parameters: each layer's attention and its MLP (the dense one or
+// the experts', whichever is smaller, on every layer) and the token embedding; biases and norms
+// left out. In double, so that no args overflow it.
+double decoder_parameters(double layers, double hidden, double attention, double mlp,
+                          const MoeSpec& moe, double projections, double vocab) {
+  if (moe.enabled())
+    mlp = std::min(mlp, (moe.experts + moe.shared_experts) * projections * hidden *
+                            static_cast<double>(moe.ffn_hidden));
+  return layers * (attention + mlp) + vocab * hidden;
+}
+
+Result<ModelSize> gpt_size(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(GptSpec s, gpt_spec(config));
+  const double h = static_cast<double>(s.hidden);
+  return ModelSize{decoder_parameters(static_cast<double>(s.layers), h, 4 * h * h,
+                                      2 * h * static_cast<double>(s.ffn_hidden), s.moe, 2,
+                                      static_cast<double>(s.vocab)),
+                   arg_key(config, "layers"), s.layers};
+}
+
+Result<ModelSize> llama_size(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(LlamaSpec s, llama_spec(config));
+  const double h = static_cast<double>(s.hidden);
+  const double kv = static_cast<double>(s.kv_heads) * static_cast<double>(s.head_dim());
+  return ModelSize{decoder_parameters(static_cast<double>(s.layers), h, 2 * h * h + 2 * h * kv,
+                                      3 * h * static_cast<double>(s.ffn_hidden), s.moe, 3,
+                                      static_cast<double>(s.vocab)),
+                   arg_key(config, "layers"), s.layers};
+}
+
+// Each block's attention projections and MLP, at its stage's width.
+Result<ModelSize> swin_size(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(SwinSpec s, swin_spec(config));
+  double n = 0;
+  for (int64_t i = 0; i < s.stages(); ++i) {
+    const double c = static_cast<double>(s.embed) * std::ldexp(1.0, static_cast<int>(i));
+    n += static_cast<double>(s.depths[static_cast<size_t>(i)]) *
+         (4 * c * c + 2 * static_cast<double>(s.mlp_ratio) * c * c);
+  }
+  return ModelSize{n, arg_key(config, "depths"), s.blocks()};
+}
+
+// Each block's two transitions (MSA and pair), the widest weights it has.
+Result<ModelSize> evoformer_size(const Config& config) {
+  LOOM_ASSIGN_OR_RETURN(EvoformerSpec s, evoformer_spec(config));
+  const double widen = 2 * static_cast<double>(s.transition);
+  const double cm = static_cast<double>(s.c_m), cz = static_cast<double>(s.c_z);
+  return ModelSize{static_cast<double>(s.blocks) * widen * (cm * cm + cz * cz),
+                   arg_key(config, "blocks"), s.blocks};
+}
+
 ModelType gpt_type() {
   return {"gpt",
           [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
@@ -49,7 +109,8 @@ ModelType gpt_type() {
             return SampleItems{spec.seq, "tokens", "tok/s"};
           },
           /*context_parallel=*/true,
-          /*experts=*/true};
+          /*experts=*/true,
+          gpt_size};
 }
 
 ModelType evoformer_type() {
@@ -65,7 +126,10 @@ ModelType evoformer_type() {
           [](const Config& c) -> Result<SampleItems> {
             LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
             return SampleItems{spec.residues, "residues", "res/s"};
-          }};
+          },
+          /*context_parallel=*/false,
+          /*experts=*/false,
+          evoformer_size};
 }
 
 ModelType llama_type() {
@@ -80,7 +144,8 @@ ModelType llama_type() {
             return SampleItems{spec.seq, "tokens", "tok/s"};
           },
           /*context_parallel=*/true,
-          /*experts=*/true};
+          /*experts=*/true,
+          llama_size};
 }
 
 ModelType swin_type() {
@@ -92,7 +157,10 @@ ModelType swin_type() {
           check_swin_parallel,
           [](const Config&) -> Result<SampleItems> {
             return SampleItems{1, "images", "img/s"};
-          }};
+          },
+          /*context_parallel=*/false,
+          /*experts=*/false,
+          swin_size};
 }
 
 }  // namespace
@@ -135,9 +203,8 @@ Result<const ModelType*> ModelRegistry::of(const Config& config) const {
 
 int64_t pad_vocab(const Config& config, int64_t vocab, int64_t* groups) {
   constexpr int64_t kMultiple = 64;  // the most groups the default takes; every tp up to it splits
-  const int64_t tp = config.parallel.tp;
-  if (config.model.args.count("vocab_groups") || tp <= 1 || *groups % tp == 0 ||
-      kMultiple % tp != 0 || vocab <= 0)
+  // Every plan pads alike (tp 1 too), so a checkpoint saved under one plan loads under any other.
+  if (config.model.args.count("vocab_groups") || *groups % kMultiple == 0 || vocab <= 0)
     return vocab;
   *groups = kMultiple;
   return (vocab + kMultiple - 1) / kMultiple * kMultiple;

@@ -25,6 +25,14 @@ struct SampleItems {
   std::string rate_label = "samples/s";  // how progress lines print the rate: tok/s, img/s
 };
 
+// What a model will hold, known before it is built: enough to refuse one that cannot fit in
+// well under a second, naming the key that made it large.
+struct ModelSize {
+  double parameters = 0;  // a lower bound (the dominant weights), in double: any args fit
+  std::string depth_key;  // what sets its depth: model.args.layers, or the preset's
+  int64_t depth = 0;      // layers or blocks
+};
+
 struct ModelType {
   std::string name;  // the model.type that selects it
   // The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
@@ -40,6 +48,8 @@ struct ModelType {
   bool context_parallel = false;
   // Whether the model may hold a mixture of experts (parallel.ep above 1); others refuse it.
   bool experts = false;
+  // Empty: no size check before building.
+  std::function<Result<ModelSize>(const Config&)> size;
 };
 
 class ModelRegistry {
@@ -69,11 +79,12 @@ Status check_context_parallel(const planner::SpaceSpec& space, const ModelType& 
 Status check_decoder_parallel(const Config& config, const planner::SpaceSpec& space, int64_t layers,
                               int64_t seq, const std::string& heads_key, int64_t heads);
 
-// The vocabulary rows of a language model under `config`'s parallel.tp, as Megatron's
-// make_vocab_size_divisible_by: `vocab` itself, or, where tp does not divide the default
-// `groups` (model.args.vocab_groups not given) and divides 64, `vocab` padded to a multiple of 64
-// with 64 groups. The padded rows are zero in a loaded folder, left out of the loss and of
-// export-hf. Updates `groups` to the padded vocabulary's.
+// The vocabulary rows of a language model, as Megatron's make_vocab_size_divisible_by: `vocab`
+// itself where the default `groups` are 64 (a multiple of 64) or model.args.vocab_groups is
+// given, else `vocab` padded to a multiple of 64 with 64 groups, so that every tp dividing 64
+// splits it. The same under every plan (a checkpoint reshards between any two). The padded rows
+// are zero in a loaded folder, left out of the loss and of export-hf. Updates `groups` to the
+// padded vocabulary's.
 int64_t pad_vocab(const Config& config, int64_t vocab, int64_t* groups);
 
 // Tensor parallelism splits a language model's vocabulary in its loss's `vocab_groups` groups:

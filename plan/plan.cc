@@ -15,6 +15,7 @@
 #include "lower/schedule_order.h"
 #include "plan/plan_hash.h"
 #include "plan/plan_spec.h"
+#include "plan/size_check.h"
 #include "planner/context_parallel.h"
 #include "scheduler/csv.h"
 #include "scheduler/predefined.h"
@@ -463,9 +464,14 @@ Result<Plan> plan_of(const Config& config, const PlanSpec& spec, const Registrie
   planner::FlopsMemo& flops = cache ? cache->flops() : own_flops;
   Plan plan;
   plan.cost = cost;
+  if (!registries.model) {
+    LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
+    LOOM_TRY(check_model_fits(config, spec, *type, cost, world_size));
+  }
   LOOM_ASSIGN_OR_RETURN(PlanCache::Model model,
                         cached_model(config, spec, registries, world_size, cache));
   plan.model = std::move(model.graph);
+  LOOM_TRY(check_plan_fits(plan.model, spec, world_size));
 
   lower::PlanFile& file = plan.file;
   file.code_fingerprint =

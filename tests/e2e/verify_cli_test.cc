@@ -306,10 +306,10 @@ TEST(VerifyCli, TrainRefusesAResealedEditedPlan) {
   std::ofstream(file) << loom::lower::seal_plan_json(plan.dump());
   const fs::path out = own_file("run");
   fs::remove_all(out);
-  Outcome r = run_launcher("--nproc-per-node 2 --standalone " + std::string(LOOM_BINARY_DIR) +
-                           "/bin/loom train " + config +
-                           " parallel.tp=2 comm.backend=gloo run.steps=2 run.output_dir=" +
-                           out.string() + " --plan " + file.string());
+  Outcome r = run_launcher(
+      "--nproc-per-node 2 --standalone " + std::string(LOOM_BINARY_DIR) + "/bin/loom train " +
+      config + " parallel.tp=2 comm.backend=gloo run.steps=2 run.output_dir=" + out.string() +
+      " --plan " + file.string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find(file.string() + ": the plan is not equal to one device"),
             std::string::npos)
