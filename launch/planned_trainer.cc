@@ -59,25 +59,37 @@ Result<plan::Plan> read_plan(const Config& config, const lower::PlanFile& file,
   return plan;
 }
 
+// The ranks a launcher started (WORLD_SIZE), where it says a valid number; else none (a
+// malformed one is make_comm's to report).
+std::optional<int64_t> launched_ranks(const comm::EnvLookup& env) {
+  const std::optional<std::string> v = env("WORLD_SIZE");
+  if (!v || v->empty() || v->size() > 9 || v->find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  const int64_t n = std::atoll(v->c_str());
+  return n >= 1 ? std::optional<int64_t>(n) : std::nullopt;
+}
+
 }  // namespace
 
-// Under parallel.policy auto every rank searches the same plan (a pure function of the config
-// and the cost model).
+// The plan for the ranks the run was started on (plan::for_world: an elastic restart on fewer
+// or more machines goes on with fewer or more data-parallel replicas). Under parallel.policy
+// auto every rank searches the same plan (a pure function of the config and the cost model).
 Result<plan::PlanChoice> plan_run(const Config& config, const plan::Registries& registries,
                                   const comm::Comm* world) {
   const comm::EnvLookup env = comm::process_env();
   int64_t ranks = config.parallel.world_size(), rank = 0;
   if (world) {
     rank = world->world_rank().value();
-    if (config.parallel.policy == "auto") ranks = world->size();
+    ranks = world->size();
   } else {
     if (std::optional<std::string> v = env("RANK")) rank = std::atoll(v->c_str());
-    if (std::optional<std::string> v = env("WORLD_SIZE"); v && config.parallel.policy == "auto")
-      ranks = std::atoll(v->c_str());
+    if (std::optional<int64_t> n = launched_ranks(env)) ranks = *n;
   }
-  LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(config));
-  LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen,
-                        plan::plan_for(config, registries, cost, std::max<int64_t>(ranks, 1)));
+  std::string note;
+  LOOM_ASSIGN_OR_RETURN(const Config fitted, plan::for_world(config, ranks, &note));
+  if (rank == 0) std::fputs(note.c_str(), stdout);
+  LOOM_ASSIGN_OR_RETURN(CostModel cost, resolve_cost_model(fitted));
+  LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen, plan::plan_for(fitted, registries, cost, ranks));
   if (rank == 0) std::fputs(chosen.search.c_str(), stderr);
   return chosen;
 }

@@ -143,10 +143,13 @@ Result<RunOutput> open_run_output(const Config& config, int64_t resumed_at) {
   return out;
 }
 
-// A step's metrics.jsonl row and TensorBoard scalars, the row durable before the step's
-// checkpoint commits; a write that fails stops the run.
-Status record_step(const Config& config, RunOutput& out, const runtime::StepStats& st) {
+// A step's metrics.jsonl row and TensorBoard scalars (with the ranks it ran on: an elastic
+// restart changes them), the row durable before the step's checkpoint commits; a write that
+// fails stops the run.
+Status record_step(const Config& config, RunOutput& out, const runtime::StepStats& st,
+                   int64_t world_size) {
   nlohmann::json line = {{"step", st.step},
+                         {"world_size", world_size},
                          {"loss", st.loss},
                          {"lr", st.lr},
                          {"grad_norm", st.grad_norm},
@@ -265,7 +268,7 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
   const int64_t total = config.run.steps;
   std::printf("loom: training %s (%s) for %lld steps, %lld micro-batches of %lld per step -> %s\n",
               config.model.type.c_str(), config.model.preset.c_str(), static_cast<long long>(total),
-              static_cast<long long>(config.micro_batches()),
+              static_cast<long long>(trainer.config().micro_batches()),
               static_cast<long long>(config.batch.micro), config.run.output_dir.c_str());
   if (resumed_at > 0)
     std::printf("loom: resumed from step %lld (%s)\n", static_cast<long long>(resumed_at),
@@ -281,8 +284,9 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
   const auto items = sample_items(config);
   const char* rate = items.ok() ? items->rate_label.c_str() : "samples/s";
   // The row of a step is written before its checkpoint, inside step().
-  trainer.set_step_recorder(
-      [&](const runtime::StepStats& st) { return record_step(config, out, st); });
+  trainer.set_step_recorder([&](const runtime::StepStats& st) {
+    return record_step(config, out, st, trainer.config().parallel.world_size());
+  });
   for (int64_t i = resumed_at; i < total; ++i) {
     auto st = trainer.step();
     if (!st.ok()) {

@@ -40,7 +40,9 @@ Status Setup::add_policy(const std::string& name, planner::Policy policy) {
 }
 Status Setup::add_model(const std::string& name, ModelBuilder builder,
                         std::function<Status(const Config&)> check_parallel) {
-  models::ModelType type{name, std::move(builder), {}, {}};
+  models::ModelType type;
+  type.name = name;
+  type.build = std::move(builder);
   if (check_parallel)
     type.check_parallel = [check = std::move(check_parallel)](const Config& config,
                                                               const planner::SpaceSpec&) {

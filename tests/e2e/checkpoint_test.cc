@@ -1,7 +1,8 @@
 // Checkpoints across plans and processes: saved under dp2 x tp2 at step 5 (gloo, 4 ranks) and
 // resumed under pp4 (gloo, 4 ranks) and on one rank, steps 6-10 equal the uninterrupted
 // single-device run; a worker killed mid-step under loomrun --max-restarts 1 restarts from the
-// latest checkpoint and ends with the uninterrupted run's losses. The merged checkpoint parses
+// latest checkpoint and ends with the uninterrupted run's losses; the same config started on half
+// the ranks goes on as one run (an elastic restart). The merged checkpoint parses
 // with a safetensors reader written here. The writer killed at every
 // point of writing, and at random instants, leaves the previous checkpoint loadable.
 #include <ATen/ATen.h>
@@ -295,6 +296,57 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
   auto kept = complete_checkpoints(dir / "run" / "checkpoints");
   ASSERT_EQ(kept.size(), 2u);  // checkpoint.keep
   EXPECT_EQ(kept.back().first, 10);
+}
+
+// An elastic restart on half the machines: the same config (dp 2 x tp 2) trained on 4 loomrun
+// ranks to step 4, then started on 2 ranks, plans dp 1 x tp 2 for them (same global batch, twice
+// the micro-batches per rank), resumes the latest checkpoint resharded and trains on to step 8.
+// Every step has one metrics row, world_size 4 then 2, and every loss is the uninterrupted one
+// device run's within the plan tolerance (a wrong reshard or data order moves it by 1e-3 or
+// more).
+TEST(ElasticRestart, HalfTheRanksGoOnWithTheSameConfigAsOneRun) {
+  const fs::path dir = fresh_dir("elastic");
+  const fs::path config = dir / "run.yaml";
+  std::ofstream(config) << kYaml;
+  auto train = [&](int ranks, int steps) {
+    launch::Launch l;
+    l.argv = {kLoomrun,
+              "--standalone",
+              "--nproc-per-node",
+              std::to_string(ranks),
+              kLoom,
+              "train",
+              config.string(),
+              "parallel.dp=2",
+              "parallel.tp=2",
+              "comm.backend=gloo",
+              "comm.timeout_s=30",
+              "run.steps=" + std::to_string(steps),
+              "run.output_dir=" + (dir / "run").string(),
+              "checkpoint.every=2",
+              "checkpoint.resume=latest"};
+    l.env = {{"OMP_NUM_THREADS", "1"}};
+    return launch::run_processes({l}, 150)[0];
+  };
+  auto four = train(4, 4);
+  ASSERT_TRUE(four.ok()) << four.describe();
+  auto two = train(2, 8);
+  ASSERT_TRUE(two.ok()) << two.describe();
+  EXPECT_NE(two.output.find("started on 2 ranks, the config plans for"), std::string::npos)
+      << two.output;
+  EXPECT_NE(two.output.find("parallel.dp 2 -> 1"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("resumed from step 4"), std::string::npos) << two.output;
+  std::vector<int64_t> rows, worlds;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    rows.push_back(row["step"].get<int64_t>());
+    worlds.push_back(row["world_size"].get<int64_t>());
+  }
+  EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(worlds, (std::vector<int64_t>{4, 4, 4, 4, 2, 2, 2, 2}));
+  expect_equal_losses(metrics_losses(dir / "run"), 1, 8, testing_support::kLossRelTolerance,
+                      "dp 2 x tp 2, then dp 1 x tp 2");
 }
 
 // Every complete checkpoint under `root` reads back whole (sizes, CRC-32, coverage); returns

@@ -69,9 +69,9 @@ TEST(SizeCheck, AFolderWithAHundredMillionLayersIsRefused) {
   "intermediate_size": 160, "vocab_size": 256, "max_position_embeddings": 32,
   "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false})")
                   .ok());
-  auto c = parse_config("model: {type: llama, from_hf: " + dir.string() +
-                            "}\nbatch: {global: 8, micro: 2}\n",
-                        "hf.yaml");
+  auto c = parse_config(
+      "model: {type: llama, from_hf: " + dir.string() + "}\nbatch: {global: 8, micro: 2}\n",
+      "hf.yaml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   ASSERT_TRUE(models::apply_from_hf(*c).ok());
   expect_refused(make_plan(*c), "model.args.layers", "model.args.layers (100000000)");
