@@ -29,40 +29,6 @@ std::chrono::milliseconds bounded(std::chrono::milliseconds t) {
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
-// One connection attempt: the fd, or -1 with `why` (refused: the server's reason, fatal).
-int try_connect(const sockaddr_in& address, const std::string& secret, Clock::time_point deadline,
-                std::string* why, bool* refused) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-    *why = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  std::string hello(wire::kMagic, sizeof wire::kMagic);
-  const uint32_t size = htonl(static_cast<uint32_t>(secret.size()));
-  hello.append(reinterpret_cast<const char*>(&size), sizeof size);
-  hello += secret;
-  uint8_t answer = wire::kRefused;
-  if (!wire::write_exact(fd, hello.data(), hello.size()) ||
-      !wire::read_exact(fd, &answer, 1, deadline, why)) {
-    close(fd);
-    return -1;
-  }
-  if (answer != wire::kAdmitted) {
-    uint8_t head = 0;
-    std::vector<std::string> reason;
-    *refused = true;
-    *why = wire::recv_message(fd, deadline, &head, &reason, why) && !reason.empty()
-               ? "refused by the store: " + reason[0]
-               : "refused by the store";
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 }  // namespace
 
 c10::intrusive_ptr<StoreClient> StoreClient::connect(const std::string& host, int port,
@@ -76,7 +42,7 @@ c10::intrusive_ptr<StoreClient> StoreClient::connect(const std::string& host, in
   while (true) {
     std::string why;
     bool refused = false;
-    const int fd = try_connect(*address, secret, deadline, &why, &refused);
+    const int fd = wire::connect_admitted(*address, secret, deadline, &why, &refused);
     if (fd >= 0) {
       return c10::make_intrusive<StoreClient>(fd, host, port, secret, timeout, std::move(server));
     }

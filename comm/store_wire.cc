@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -107,6 +108,38 @@ bool recv_message(int fd, Clock::time_point deadline, uint8_t* head,
     if (size > 0 && !read_exact(fd, f.data(), size, deadline, why)) return false;
   }
   return true;
+}
+
+int connect_admitted(const sockaddr_in& address, const std::string& secret,
+                     Clock::time_point deadline, std::string* why, bool* refused) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    *why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::string hello(kMagic, sizeof kMagic);
+  const uint32_t size = htonl(static_cast<uint32_t>(secret.size()));
+  hello.append(reinterpret_cast<const char*>(&size), sizeof size);
+  hello += secret;
+  uint8_t answer = kRefused;
+  if (!write_exact(fd, hello.data(), hello.size()) || !read_exact(fd, &answer, 1, deadline, why)) {
+    close(fd);
+    return -1;
+  }
+  if (answer != kAdmitted) {
+    uint8_t head = 0;
+    std::vector<std::string> reason;
+    *refused = true;
+    *why = recv_message(fd, deadline, &head, &reason, why) && !reason.empty()
+               ? "refused by the store: " + reason[0]
+               : "refused by the store";
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 Result<sockaddr_in> resolve(const std::string& host, int port) {

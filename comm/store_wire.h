@@ -49,6 +49,12 @@ bool send_message(int fd, uint8_t head, const std::vector<std::string>& fields);
 bool recv_message(int fd, Clock::time_point deadline, uint8_t* head,
                   std::vector<std::string>* fields, std::string* why);
 
+// One connection attempt that presents `secret`: the admitted socket, or -1 with `why` (and
+// `refused` set when the store turned the secret away: fatal, never worth a retry). Both the
+// workers' client (store_client.h) and loomrun's agents connect through it.
+int connect_admitted(const sockaddr_in& address, const std::string& secret,
+                     Clock::time_point deadline, std::string* why, bool* refused);
+
 // host:port as an IPv4 socket address ("0.0.0.0": every interface); the error names the host.
 Result<sockaddr_in> resolve(const std::string& host, int port);
 // "10.0.0.2:41234".

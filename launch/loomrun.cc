@@ -22,11 +22,13 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/secret.h"
 #include "launch/loomrun_options.h"
+#include "launch/rendezvous.h"
 
 namespace loom::launch {
 namespace {
@@ -458,33 +460,52 @@ int hung_worker(const std::vector<Worker>& ws, const std::vector<bool>& stopped)
 
 // How one attempt ended.
 struct AttemptResult {
-  int failed = -1;            // index of the first failed worker, -1 if none
-  int hung = -1;              // index of the worker the others waited for, -1 if none
-  bool hung_stopped = false;  // the kernel held it stopped
-  int stop_signal = 0;        // SIGINT/SIGTERM received by loomrun, 0 if none
+  int failed = -1;             // index of the first failed worker, -1 if none
+  int hung = -1;               // index of the worker the others waited for, -1 if none
+  bool hung_stopped = false;   // the kernel held it stopped
+  int stop_signal = 0;         // SIGINT/SIGTERM received by loomrun, 0 if none
+  std::string cause;           // what the watch said ended the attempt (elastic), "" if nothing
+  bool local_failure = false;  // a worker of this node failed before anything else stopped it
 };
 
-// Runs one attempt to the end: all workers exited, or the group stopped after a failure or a
-// signal.
-AttemptResult run_attempt(const RunOptions& o, int port, const std::string& token, int attempt,
-                          std::vector<Worker>& ws) {
+// Where this node's workers sit in the world of one attempt.
+struct Placement {
+  int node_rank = 0;
+  int nnodes = 1;
+  std::string master_addr;
+  int master_port = 0;
+};
+
+// Called on every turn of an attempt while it runs, with the index of the first failed worker
+// (-1 if none): a non-empty answer stops the workers (the elastic rendezvous' verdict).
+using Watch = std::function<std::string(const std::vector<Worker>& ws, int failed)>;
+
+void start_workers(const RunOptions& o, const Placement& p, const std::string& token, int attempt,
+                   std::vector<Worker>& ws) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   std::string omp;
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     omp = std::to_string(std::max(1L, cores / o.nproc_per_node));
   for (int local = 0; local < o.nproc_per_node; ++local) {
-    WorkerEnv e{o.node_rank * o.nproc_per_node + local,
+    WorkerEnv e{p.node_rank * o.nproc_per_node + local,
                 local,
-                o.nnodes * o.nproc_per_node,
+                p.nnodes * o.nproc_per_node,
                 o.nproc_per_node,
-                o.node_rank,
-                port,
+                p.node_rank,
+                p.master_port,
                 attempt,
-                o.master_addr,
+                p.master_addr,
                 omp,
                 token};
     ws.push_back(start_worker(o, e));
   }
+}
+
+// Runs one attempt to the end: all workers exited, or the group stopped after a failure, a
+// signal or the watch's word.
+AttemptResult run_attempt(const RunOptions& o, const Placement& p, const std::string& token,
+                          int attempt, std::vector<Worker>& ws, const Watch& watch) {
+  start_workers(o, p, token, attempt, ws);
   AttemptResult res;
   std::vector<bool> stopped(ws.size(), false);
   bool stopping = false;
@@ -495,9 +516,11 @@ AttemptResult run_attempt(const RunOptions& o, int port, const std::string& toke
     poll_output(ws, 50);
     reap(ws);
     res.failed = first_failure(ws);
-    if (!stopping && (res.failed >= 0 || g_stop_signal != 0)) {
+    if (!stopping && watch) res.cause = watch(ws, res.failed);
+    if (!stopping && (res.failed >= 0 || g_stop_signal != 0 || !res.cause.empty())) {
       stopping = true;
       res.stop_signal = g_stop_signal;
+      res.local_failure = res.failed >= 0;
       for (size_t i = 0; i < ws.size(); ++i) {
         stopped[i] = ws[i].running && is_stopped(ws[i].pid);
         ws[i].killed_by_group = ws[i].running;
@@ -577,6 +600,142 @@ void install_signals() {
   signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the supervisor
 }
 
+// --- the elastic agent (--rdzv-endpoint) ----------------------------------------------------
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string this_agent() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+// One round's start, and for a restart its cause and the time from the failure to this start.
+void log_round(const Round& r, const RunOptions& o, const std::string& cause,
+               Clock::time_point failed_at) {
+  std::string line = "loomrun: round " + std::to_string(r.number) + ": " +
+                     std::to_string(r.nnodes) + " node(s), world size " +
+                     std::to_string(r.nnodes * o.nproc_per_node) + ", this agent is node " +
+                     std::to_string(r.node_rank) + ", workers' store on " + r.master_addr + ":" +
+                     std::to_string(r.master_port);
+  if (r.number > 0 && !cause.empty()) {
+    char took[32];
+    std::snprintf(took, sizeof took, "%.1f", seconds_since(failed_at));
+    line += "; restarted " + std::string(took) + " s after: " + cause;
+  }
+  write_all(2, line + "\n");
+}
+
+// What ended a round on this agent, as the rendezvous knows it.
+struct RoundEnd {
+  std::string cause;       // "" when every agent's workers succeeded
+  std::string store_lost;  // the rendezvous store went away: the job cannot go on
+  Clock::time_point at{};  // when this agent learned of the cause
+  int exit_code = 1;       // this agent's exit if the job ends here
+};
+
+// Runs this agent's workers for one round and waits for the round's end.
+RoundEnd run_round(const RunOptions& o, Rendezvous& rdzv, const Round& r,
+                   const std::string& token) {
+  RoundEnd end;
+  const Watch watch = [&](const std::vector<Worker>& ws, int failed) -> std::string {
+    Result<std::string> c = std::string();
+    if (failed >= 0) {
+      const Worker& w = ws[static_cast<size_t>(failed)];
+      c = rdzv.fail("node " + std::to_string(r.node_rank) + " rank " + std::to_string(w.rank) +
+                    " (pid " + std::to_string(w.pid) + ") failed with " +
+                    describe_status(w.status));
+    } else {
+      c = rdzv.watch();
+    }
+    if (!c.ok()) end.store_lost = c.error().message;
+    if (!c.ok()) return end.store_lost;
+    if (!c->empty()) end.at = Clock::now();
+    return *c;
+  };
+  std::vector<Worker> ws;
+  const Placement p{r.node_rank, r.nnodes, r.master_addr, r.master_port};
+  AttemptResult res = run_attempt(o, p, token, r.number, ws, watch);
+  end.cause = res.cause;
+  if (res.stop_signal != 0) {
+    end.exit_code = 128 + res.stop_signal;
+    Result<std::string> c = rdzv.fail("node " + std::to_string(r.node_rank) + " was stopped by " +
+                                      signal_name(res.stop_signal));
+    end.cause = c.ok() ? *c : c.error().message;
+    return end;
+  }
+  if (res.local_failure) {
+    const Worker& w = ws[static_cast<size_t>(res.failed)];
+    report_root_cause(w, r.number, o, false);
+    end.exit_code = exit_code_of(w.status);
+  }
+  if (end.cause.empty() && end.store_lost.empty()) {
+    Result<std::string> f = rdzv.finish();
+    if (!f.ok()) end.store_lost = f.error().message;
+    if (f.ok()) end.cause = *f;
+    end.at = Clock::now();
+  }
+  return end;
+}
+
+// One loomrun per node: rendezvous, run a round, and on a failure stop, re-rendezvous with the
+// agents still alive and start the next round, while --max-restarts allow.
+int run_elastic(const RunOptions& o, const std::string& token) {
+  std::string not_hosting;
+  const pid_t keeper = keep_store(o.rdzv_host, o.rdzv_port, token, &not_hosting);
+  if (keeper < 0)
+    die_usage("cannot start the rendezvous store: " + std::string(std::strerror(errno)));
+  install_signals();
+  Result<std::unique_ptr<RdzvClient>> client =
+      RdzvClient::connect(o.rdzv_host, o.rdzv_port, token, std::chrono::seconds(o.rdzv_timeout_s));
+  if (!client.ok()) {
+    write_all(2,
+              "loomrun: " + client.error().message + " (hosting it here: " + not_hosting + ")\n");
+    return 1;
+  }
+  const RdzvSettings settings{o.nnodes_min, o.nnodes, std::chrono::seconds(o.rdzv_timeout_s),
+                              std::chrono::seconds(o.rdzv_last_call_s),
+                              std::chrono::seconds(o.heartbeat_timeout_s)};
+  Rendezvous rdzv(std::move(*client), settings, this_agent());
+  RoundEnd last;
+  while (true) {
+    Result<Round> round = rdzv.join();
+    if (!round.ok()) {
+      write_all(2, "loomrun: " + round.error().message + "\n");
+      return round.error().key == kJobOver ? 0 : 1;
+    }
+    log_round(*round, o, last.cause, last.at);
+    last = run_round(o, rdzv, *round, token);
+    if (!last.store_lost.empty()) {
+      write_all(2, "loomrun: " + last.store_lost +
+                       "; the agent hosting --rdzv-endpoint must outlive the job\n");
+      return 1;
+    }
+    if (last.cause.empty()) {
+      rdzv.leave("succeeded", keeper > 0);
+      return 0;
+    }
+    if (g_stop_signal != 0 || round->number >= o.max_restarts) {
+      write_all(2, "loomrun: round " + std::to_string(round->number) + " failed: " + last.cause +
+                       (g_stop_signal != 0
+                            ? ""
+                            : "; giving up after " + std::to_string(o.max_restarts) + " restarts") +
+                       "\n");
+      rdzv.leave("failed: " + last.cause, keeper > 0);
+      return last.exit_code;
+    }
+    write_all(2, "loomrun: round " + std::to_string(round->number) + " failed: " + last.cause +
+                     "; restarting (restart " + std::to_string(round->number + 1) + " of " +
+                     std::to_string(o.max_restarts) + ")\n");
+    if (Status s = rdzv.advance(); !s.ok()) {
+      write_all(2, "loomrun: " + s.error().message + "\n");
+      return 1;
+    }
+  }
+}
+
 int run(const RunOptions& o) {
   std::string error;
   const std::string token = rdzv_token(o, std::getenv(loom::kRdzvTokenEnv), &error);
@@ -588,11 +747,12 @@ int run(const RunOptions& o) {
       die_usage("--log-dir " + o.log_dir + ": cannot create or write " + probe + ": " +
                 std::strerror(errno));
   }
-  int port = settle_master_port(o);
+  if (is_elastic(o)) return run_elastic(o, token);
+  const Placement fixed{o.node_rank, o.nnodes, o.master_addr, settle_master_port(o)};
   install_signals();
   for (int attempt = 0;; ++attempt) {
     std::vector<Worker> ws;
-    AttemptResult res = run_attempt(o, port, token, attempt, ws);
+    AttemptResult res = run_attempt(o, fixed, token, attempt, ws, nullptr);
     if (res.stop_signal != 0) {
       std::fprintf(stderr, "loomrun: stopped the workers on %s\n",
                    signal_name(res.stop_signal).c_str());

@@ -50,6 +50,56 @@ std::string parse_nproc(const std::string& value, int* out) {
   return "";
 }
 
+// --nnodes N, or MIN:MAX for an elastic job (which --rdzv-endpoint must accompany).
+std::string parse_nnodes(const std::string& value, RunOptions* o) {
+  const size_t colon = value.find(':');
+  const std::string lo = value.substr(0, colon);
+  const std::string hi = colon == std::string::npos ? lo : value.substr(colon + 1);
+  int min = 0, max = 0;
+  if (!parse_int(lo, 0, 1 << 20, &min) || !parse_int(hi, 0, 1 << 20, &max))
+    return "--nnodes expects N or MIN:MAX (integers 1.." + std::to_string(1 << 20) + "), got '" +
+           value + "'";
+  if (min < 1) return "--nnodes " + value + ": MIN must be at least 1";
+  if (min > max)
+    return "--nnodes " + value + ": MIN " + std::to_string(min) + " exceeds MAX " +
+           std::to_string(max);
+  o->nnodes_min = min;
+  o->nnodes = max;
+  return "";
+}
+
+// --rdzv-endpoint HOST:PORT (the last colon splits, so the host may be a name).
+std::string parse_endpoint(const std::string& value, RunOptions* o) {
+  const size_t colon = value.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !parse_int(value.substr(colon + 1), 1, 65535, &port))
+    return "--rdzv-endpoint expects HOST:PORT with a port 1..65535, got '" + value + "'";
+  o->rdzv_host = value.substr(0, colon);
+  o->rdzv_port = port;
+  return "";
+}
+
+// The flags that only an elastic job takes, and those it assigns itself, against the others.
+std::string check_elastic(const RunOptions& o, const std::vector<std::string>& given) {
+  auto has = [&](const char* f) { return std::find(given.begin(), given.end(), f) != given.end(); };
+  if (!is_elastic(o)) {
+    if (o.nnodes_min != o.nnodes)
+      return "--nnodes " + std::to_string(o.nnodes_min) + ":" + std::to_string(o.nnodes) +
+             " needs --rdzv-endpoint HOST:PORT, where the agents meet";
+    for (const char* f : {"--rdzv-timeout", "--rdzv-last-call", "--heartbeat-timeout"})
+      if (has(f)) return std::string(f) + " only applies with --rdzv-endpoint HOST:PORT";
+    return "";
+  }
+  for (const char* f : {"--node-rank", "--master-addr", "--master-port"})
+    if (has(f))
+      return std::string(f) +
+             " is set by the rendezvous with --rdzv-endpoint (node ranks in join order, rank 0's "
+             "node hosts the workers' store); drop it";
+  if (o.standalone) return "--standalone runs one node without a rendezvous; drop --rdzv-endpoint";
+  return "";
+}
+
 std::string check(const RunOptions& o) {
   if (o.program.empty()) return "missing the program to run (loomrun [options] PROGRAM [ARGS...])";
   if (o.node_rank >= o.nnodes)
@@ -74,6 +124,8 @@ long soft_limit(int resource) {
 // Sets the valued option `name` (a known one) from `value`; the error names the flag and range.
 std::string set_option(const std::string& name, const std::string& value, RunOptions* o) {
   if (name == "--nproc-per-node") return parse_nproc(value, &o->nproc_per_node);
+  if (name == "--nnodes") return parse_nnodes(value, o);
+  if (name == "--rdzv-endpoint") return parse_endpoint(value, o);
   if (name == "--master-addr") {
     o->master_addr = value;
     return "";
@@ -91,15 +143,21 @@ std::string set_option(const std::string& name, const std::string& value, RunOpt
     const char* name;
     long lo, hi;
     int RunOptions::*field;
-  } kIntegers[] = {{"--nnodes", 1, 1 << 20, &RunOptions::nnodes},
+  } kIntegers[] = {{"--rdzv-timeout", 1, 86400, &RunOptions::rdzv_timeout_s},
+                   {"--rdzv-last-call", 0, 86400, &RunOptions::rdzv_last_call_s},
+                   {"--heartbeat-timeout", 1, 3600, &RunOptions::heartbeat_timeout_s},
                    {"--node-rank", 0, (1 << 20) - 1, &RunOptions::node_rank},
                    {"--master-port", 0, 65535, &RunOptions::master_port},
                    {"--max-restarts", 0, 1000, &RunOptions::max_restarts}};
   for (const auto& f : kIntegers) {
     if (name != f.name) continue;
     if (parse_int(value, f.lo, f.hi, &(o->*f.field))) return "";
-    return name + " expects " + (name == "--master-port" ? "a port" : "an integer") + " " +
-           std::to_string(f.lo) + ".." + std::to_string(f.hi) + ", got '" + value + "'";
+    const bool seconds = name.find("timeout") != std::string::npos || name == "--rdzv-last-call";
+    return name + " expects " +
+           (name == "--master-port" ? "a port"
+            : seconds               ? "seconds"
+                                    : "an integer") +
+           " " + std::to_string(f.lo) + ".." + std::to_string(f.hi) + ", got '" + value + "'";
   }
   return "unknown option " + name;
 }
@@ -145,21 +203,23 @@ std::string check_worker_count(const RunOptions& o, const ProcessLimits& limits)
 std::string rdzv_token(const RunOptions& o, const char* env_token, std::string* error) {
   if (!o.rdzv_token.empty()) return o.rdzv_token;
   if (env_token != nullptr && env_token[0] != '\0') return env_token;
-  if (o.nnodes == 1) {
+  if (o.nnodes == 1 && !is_elastic(o)) {
     std::string made = random_secret();
     if (made.empty()) *error = "cannot make the job's secret: the kernel gave no random bytes";
     return made;
   }
-  *error = "--nnodes " + std::to_string(o.nnodes) +
-           " needs the job's secret, the same on every node: set LOOM_RDZV_TOKEN (or "
-           "--rdzv-token) on each, e.g. to the output of 'openssl rand -hex 16'";
+  *error =
+      (is_elastic(o) ? std::string("--rdzv-endpoint") : "--nnodes " + std::to_string(o.nnodes)) +
+      " needs the job's secret, the same on every node: set LOOM_RDZV_TOKEN (or "
+      "--rdzv-token) on each, e.g. to the output of 'openssl rand -hex 16'";
   return "";
 }
 
 std::string run_usage() {
   return "usage: loomrun [options] PROGRAM [ARGS...]\n"
          "  --nproc-per-node N   workers on this node (default 1)\n"
-         "  --nnodes N           nodes in the job (default 1)\n"
+         "  --nnodes N|MIN:MAX   nodes in the job (default 1); MIN:MAX is elastic and\n"
+         "                       needs --rdzv-endpoint\n"
          "  --node-rank K        this node's rank, 0..nnodes-1 (default 0)\n"
          "  --master-addr HOST   rank 0's address (default 127.0.0.1)\n"
          "  --master-port P      rank 0's port, 0 picks a free one (default 29500)\n"
@@ -167,6 +227,12 @@ std::string run_usage() {
          "  --rdzv-token SECRET  the job's secret, the same on every node (or set\n"
          "                       LOOM_RDZV_TOKEN); one node makes its own\n"
          "  --max-restarts N     restart the whole group up to N times (default 0)\n"
+         "  --rdzv-endpoint H:P  elastic: agents meet in a store on H:P, hosted by the agent\n"
+         "                       that can bind it (it must outlive the job); node ranks in\n"
+         "                       join order; lost agents are left out of the next round\n"
+         "  --rdzv-timeout S     a round without MIN agents after S seconds fails (600)\n"
+         "  --rdzv-last-call S   once MIN agents joined, wait S seconds for more (30)\n"
+         "  --heartbeat-timeout S  an agent silent for S seconds is lost (30)\n"
          "  --log-dir DIR        keep DIR/attempt_K/RANK/{stdout,stderr}.log\n"
          "  --tee                with --log-dir, also print workers' output\n"
          "Underscore spellings (--nproc_per_node) are accepted too.\n";
@@ -175,7 +241,8 @@ std::string run_usage() {
 ParseResult parse_run_options(const std::vector<std::string>& argv) {
   ParseResult r;
   RunOptions& o = r.options;
-  std::string master_flag;  // --master-addr or --master-port when given
+  std::string master_flag;         // --master-addr or --master-port when given
+  std::vector<std::string> given;  // valued flags seen, normalized
   size_t i = 0;
   for (; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
@@ -205,9 +272,10 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
       (name == "--standalone" ? o.standalone : o.tee) = true;
       continue;
     }
-    static const char* kValued[] = {"--nproc-per-node", "--nnodes",      "--node-rank",
-                                    "--master-addr",    "--master-port", "--max-restarts",
-                                    "--log-dir",        "--rdzv-token"};
+    static const char* kValued[] = {"--nproc-per-node", "--nnodes",         "--node-rank",
+                                    "--master-addr",    "--master-port",    "--max-restarts",
+                                    "--log-dir",        "--rdzv-token",     "--rdzv-endpoint",
+                                    "--rdzv-timeout",   "--rdzv-last-call", "--heartbeat-timeout"};
     if (std::find(std::begin(kValued), std::end(kValued), name) == std::end(kValued)) {
       r.error = "unknown option " + arg + " (see loomrun --help)";
       return r;
@@ -222,11 +290,14 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
     r.error = set_option(name, value, &o);
     if (!r.error.empty()) return r;
     if (name == "--master-addr" || name == "--master-port") master_flag = name;
+    given.push_back(name);
   }
   if (i < argv.size()) {
     o.program = argv[i];
     o.args.assign(argv.begin() + static_cast<long>(i) + 1, argv.end());
   }
+  r.error = check_elastic(o, given);
+  if (!r.error.empty()) return r;
   if (o.standalone && !master_flag.empty()) {
     r.error = "--standalone picks 127.0.0.1 and a free port itself; drop " + master_flag +
               " or --standalone";

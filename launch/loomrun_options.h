@@ -22,7 +22,8 @@ struct ProcessLimits {
 // What loomrun was asked to do; the parsed form of torchrun's flags.
 struct RunOptions {
   int nproc_per_node = 1;                 // workers started on this node
-  int nnodes = 1;                         // nodes in the job
+  int nnodes = 1;                         // nodes in the job (fixed); MAX of MIN:MAX
+  int nnodes_min = 1;                     // --nnodes MIN:MAX: fewest agents a round starts with
   int node_rank = 0;                      // this node's index, 0 .. nnodes-1
   std::string master_addr = "127.0.0.1";  // where rank 0's rendezvous listens
   int master_port = 29500;                // 0 asks loomrun to pick a free port
@@ -31,9 +32,18 @@ struct RunOptions {
   std::string log_dir;                    // empty: workers' output only on the console
   bool tee = false;                       // with log_dir: console as well as the files (else no-op)
   std::string rdzv_token;                 // the job's secret (--rdzv-token); empty: see run()
-  std::string program;                    // the worker program (PATH is searched)
-  std::vector<std::string> args;          // passed to the program untouched
+  // Elastic rendezvous (--rdzv-endpoint): agents meet in loom's store at this address, hosted
+  // by the agent that can bind it; node ranks then come from the join order.
+  std::string rdzv_host;          // empty: no rendezvous, fixed --node-rank and --master-*
+  int rdzv_port = 0;              // the store's port
+  int rdzv_timeout_s = 600;       // a round without MIN agents by then fails the job
+  int rdzv_last_call_s = 30;      // once MIN have joined, how long a round waits for more
+  int heartbeat_timeout_s = 30;   // an agent silent this long is lost
+  std::string program;            // the worker program (PATH is searched)
+  std::vector<std::string> args;  // passed to the program untouched
 };
+
+inline bool is_elastic(const RunOptions& o) { return !o.rdzv_host.empty(); }
 
 // Result of parsing: either options, a request for help, or one error line.
 struct ParseResult {
