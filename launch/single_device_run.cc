@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "comm/local_comm.h"
 #include "launch/planned_trainer.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
@@ -32,8 +33,11 @@ OptimizerTrace SingleDeviceRun::trace_until(size_t steps) const {
 Result<SingleDeviceRun> run_single_device(const Config& config, int64_t steps,
                                           std::shared_ptr<const Extensions> extensions) {
   SingleDeviceRun r;
-  LOOM_ASSIGN_OR_RETURN(auto trainer,
-                        create_trainer(config, nullptr, nullptr, std::move(extensions)));
+  // A world of its own: under a launcher (loom verify's ranks) the environment's WORLD_SIZE is
+  // the launched run's, which this one-device run is not part of.
+  LOOM_ASSIGN_OR_RETURN(
+      auto trainer, create_trainer(config, comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0)),
+                                   nullptr, std::move(extensions)));
   r.init = parameters_of(*trainer);
   r.trace.type = config.optimizer.type;
   r.trace.precision = config.run.precision;

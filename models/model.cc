@@ -40,10 +40,16 @@ Status check_gpt_parallel(const Config& config, const planner::SpaceSpec& space)
 
 int64_t replicas_batch(const Config& config) { return config.batch.micro * config.parallel.dp; }
 
-// The key a size names: model.args.<name> where given, else the preset's.
-std::string arg_key(const Config& config, const std::string& name) {
-  return config.model.args.count(name) ? "model.args." + name
-                                       : "model.preset (" + config.model.preset + ") " + name;
+// A model's size: `parameters`, and the args that set it, named as the config names them.
+ModelSize size_of(const Config& config, double parameters,
+                  const std::vector<std::pair<std::string, int64_t>>& args) {
+  ModelSize size{parameters, "", ""};
+  for (const auto& [name, value] : args) {
+    size.shape += (size.shape.empty() ? "" : ", ") + name + " " + std::to_string(value);
+    if (size.key.empty() && config.model.args.count(name)) size.key = "model.args." + name;
+  }
+  if (size.key.empty()) size.key = "model.preset";
+  return size;
 }
 
 // A lower bound of a decoder's parameters: each layer's attention and its MLP (the dense one or
@@ -60,20 +66,28 @@ double decoder_parameters(double layers, double hidden, double attention, double
 Result<ModelSize> gpt_size(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(GptSpec s, gpt_spec(config));
   const double h = static_cast<double>(s.hidden);
-  return ModelSize{decoder_parameters(static_cast<double>(s.layers), h, 4 * h * h,
-                                      2 * h * static_cast<double>(s.ffn_hidden), s.moe, 2,
-                                      static_cast<double>(s.vocab)),
-                   arg_key(config, "layers"), s.layers};
+  return size_of(config,
+                 decoder_parameters(static_cast<double>(s.layers), h, 4 * h * h,
+                                    2 * h * static_cast<double>(s.ffn_hidden), s.moe, 2,
+                                    static_cast<double>(s.vocab)),
+                 {{"layers", s.layers},
+                  {"hidden", s.hidden},
+                  {"ffn_hidden", s.ffn_hidden},
+                  {"vocab", s.vocab}});
 }
 
 Result<ModelSize> llama_size(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(LlamaSpec s, llama_spec(config));
   const double h = static_cast<double>(s.hidden);
   const double kv = static_cast<double>(s.kv_heads) * static_cast<double>(s.head_dim());
-  return ModelSize{decoder_parameters(static_cast<double>(s.layers), h, 2 * h * h + 2 * h * kv,
-                                      3 * h * static_cast<double>(s.ffn_hidden), s.moe, 3,
-                                      static_cast<double>(s.vocab)),
-                   arg_key(config, "layers"), s.layers};
+  return size_of(config,
+                 decoder_parameters(static_cast<double>(s.layers), h, 2 * h * h + 2 * h * kv,
+                                    3 * h * static_cast<double>(s.ffn_hidden), s.moe, 3,
+                                    static_cast<double>(s.vocab)),
+                 {{"layers", s.layers},
+                  {"hidden", s.hidden},
+                  {"ffn_hidden", s.ffn_hidden},
+                  {"vocab", s.vocab}});
 }
 
 // Each block's attention projections and MLP, at its stage's width.
@@ -85,7 +99,7 @@ Result<ModelSize> swin_size(const Config& config) {
     n += static_cast<double>(s.depths[static_cast<size_t>(i)]) *
          (4 * c * c + 2 * static_cast<double>(s.mlp_ratio) * c * c);
   }
-  return ModelSize{n, arg_key(config, "depths"), s.blocks()};
+  return size_of(config, n, {{"blocks", s.blocks()}, {"embed", s.embed}});
 }
 
 // Each block's two transitions (MSA and pair), the widest weights it has.
@@ -93,8 +107,8 @@ Result<ModelSize> evoformer_size(const Config& config) {
   LOOM_ASSIGN_OR_RETURN(EvoformerSpec s, evoformer_spec(config));
   const double widen = 2 * static_cast<double>(s.transition);
   const double cm = static_cast<double>(s.c_m), cz = static_cast<double>(s.c_z);
-  return ModelSize{static_cast<double>(s.blocks) * widen * (cm * cm + cz * cz),
-                   arg_key(config, "blocks"), s.blocks};
+  return size_of(config, static_cast<double>(s.blocks) * widen * (cm * cm + cz * cz),
+                 {{"blocks", s.blocks}, {"c_m", s.c_m}, {"c_z", s.c_z}});
 }
 
 ModelType gpt_type() {
@@ -203,9 +217,10 @@ Result<const ModelType*> ModelRegistry::of(const Config& config) const {
 
 int64_t pad_vocab(const Config& config, int64_t vocab, int64_t* groups) {
   constexpr int64_t kMultiple = 64;  // the most groups the default takes; every tp up to it splits
-  // Every plan pads alike (tp 1 too), so a checkpoint saved under one plan loads under any other.
-  if (config.model.args.count("vocab_groups") || *groups % kMultiple == 0 || vocab <= 0)
-    return vocab;
+  // Default groups of 8 or more already split over any tp within a node. Every plan pads alike
+  // (tp 1 too), so that a checkpoint saved under one plan loads under any other.
+  constexpr int64_t kNodeTp = 8;
+  if (config.model.args.count("vocab_groups") || *groups % kNodeTp == 0 || vocab <= 0) return vocab;
   *groups = kMultiple;
   return (vocab + kMultiple - 1) / kMultiple * kMultiple;
 }

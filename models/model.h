@@ -29,8 +29,8 @@ struct SampleItems {
 // well under a second, naming the key that made it large.
 struct ModelSize {
   double parameters = 0;  // a lower bound (the dominant weights), in double: any args fit
-  std::string depth_key;  // what sets its depth: model.args.layers, or the preset's
-  int64_t depth = 0;      // layers or blocks
+  std::string shape;      // the args that size it: "layers 2, hidden 64, ..."
+  std::string key;        // the first of those model.args gives, else model.preset
 };
 
 struct ModelType {
@@ -80,11 +80,11 @@ Status check_decoder_parallel(const Config& config, const planner::SpaceSpec& sp
                               int64_t seq, const std::string& heads_key, int64_t heads);
 
 // The vocabulary rows of a language model, as Megatron's make_vocab_size_divisible_by: `vocab`
-// itself where the default `groups` are 64 (a multiple of 64) or model.args.vocab_groups is
-// given, else `vocab` padded to a multiple of 64 with 64 groups, so that every tp dividing 64
-// splits it. The same under every plan (a checkpoint reshards between any two). The padded rows
-// are zero in a loaded folder, left out of the loss and of export-hf. Updates `groups` to the
-// padded vocabulary's.
+// itself where the default `groups` are 8 or more (every tp within a node splits them) or
+// model.args.vocab_groups is given, else `vocab` padded to a multiple of 64 with 64 groups
+// (GPT-2's 50257 becomes 50304), so that every tp dividing 64 splits it. The same under every plan
+// (a checkpoint reshards between any two). The padded rows are zero in a loaded folder, left out of
+// the loss and of export-hf. Updates `groups` to the padded vocabulary's.
 int64_t pad_vocab(const Config& config, int64_t vocab, int64_t* groups);
 
 // Tensor parallelism splits a language model's vocabulary in its loss's `vocab_groups` groups:

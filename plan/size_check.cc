@@ -40,14 +40,13 @@ Status check_model_fits(const Config& config, const PlanSpec& spec, const models
   const double needed = size.parameters * bytes_per_parameter;
   const double held = cost.device_memory_bytes * static_cast<double>(world_size);
   if (needed <= held) return Status::success();
-  return config.error(
-      size.depth_key.rfind("model.args.", 0) == 0 ? size.depth_key : "model.preset",
-      size.depth_key + " (" + std::to_string(size.depth) + "): the model has " +
-          count(size.parameters) +
-          " parameters at least, whose weights, gradients and optimizer state alone (" +
-          gigabytes(needed) + ") exceed the memory of its " + std::to_string(world_size) +
-          " rank(s) (" + gigabytes(cost.device_memory_bytes) + " each, cost model " + cost.name +
-          "); make it smaller or give it more ranks");
+  return config.error(size.key, "the model (" + size.shape + ") has " + count(size.parameters) +
+                                    " parameters at least, whose weights, gradients and "
+                                    "optimizer state alone (" +
+                                    gigabytes(needed) + ") exceed the memory of its " +
+                                    std::to_string(world_size) + " rank(s) (" +
+                                    gigabytes(cost.device_memory_bytes) + " each, cost model " +
+                                    cost.name + "); make it smaller or give it more ranks");
 }
 
 Status check_plan_fits(const graph::Graph& model, const PlanSpec& spec, int64_t world_size) {

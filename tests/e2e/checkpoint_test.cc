@@ -22,6 +22,7 @@
 #include "launch/spawn.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
+#include "tests/support/loomrun_agents.h"
 #include "tests/support/reference_run.h"
 
 namespace loom {
@@ -347,6 +348,76 @@ TEST(ElasticRestart, HalfTheRanksGoOnWithTheSameConfigAsOneRun) {
   EXPECT_EQ(worlds, (std::vector<int64_t>{4, 4, 4, 4, 2, 2, 2, 2}));
   expect_equal_losses(metrics_losses(dir / "run"), 1, 8, testing_support::kLossRelTolerance,
                       "dp 2 x tp 2, then dp 1 x tp 2");
+}
+
+// Two loomrun agents of 2 ranks each (dp 2 x tp 2 over gloo) meet at an elastic rendezvous; the
+// second is SIGKILLed with its workers once step 3 is recorded. The survivor restarts its workers
+// on 2 ranks, which plan dp 1 x tp 2 for the same config, resume the latest checkpoint resharded
+// and finish: every step has one metrics row, world_size 4 up to the checkpoint resumed and 2
+// after it, and every loss is the uninterrupted one-device run's within the plan tolerance.
+TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks) {
+  using namespace testing_support;  // the agents
+  const fs::path dir = fresh_dir("elastic_agents");
+  const fs::path config = dir / "run.yaml";
+  std::ofstream(config) << kYaml;
+  const int port = free_port();
+  const std::vector<std::string> args = {"--nnodes",
+                                         "1:2",
+                                         "--nproc-per-node",
+                                         "2",
+                                         "--rdzv-endpoint",
+                                         "127.0.0.1:" + std::to_string(port),
+                                         "--rdzv-timeout",
+                                         "60",
+                                         "--rdzv-last-call",
+                                         "1",
+                                         "--heartbeat-timeout",
+                                         "10",
+                                         "--max-restarts",
+                                         "1",
+                                         "/usr/bin/env",
+                                         "OMP_NUM_THREADS=1",
+                                         kLoom,
+                                         "train",
+                                         config.string(),
+                                         "parallel.dp=2",
+                                         "parallel.tp=2",
+                                         "comm.backend=gloo",
+                                         "comm.timeout_s=30",
+                                         "run.output_dir=" + (dir / "run").string(),
+                                         "checkpoint.every=2",
+                                         "checkpoint.resume=latest"};
+  Agent host = start_agent(dir.string(), "host", args);
+  // The first agent hosts the store; the second joins it, so it is the one that may be lost.
+  ASSERT_TRUE(eventually([&] { return accepts(port); }, 30)) << host.stderr_text();
+  Agent other = start_agent(dir.string(), "other", args);
+  // Every step needs all four ranks, so the run cannot end before the kill lands.
+  const fs::path metrics = dir / "run" / "metrics.jsonl";
+  ASSERT_TRUE(eventually([&] { return lines_of(metrics.string()).size() >= 3; }, 90))
+      << host.stderr_text() << other.stderr_text();
+  ASSERT_EQ(kill(-other.pid, SIGKILL), 0);  // the agent and its workers, as a lost node
+  EXPECT_EQ(other.wait(20), 128 + SIGKILL);
+  ASSERT_EQ(host.wait(150), 0) << host.stderr_text();
+  const std::string log = host.stderr_text() + read_file((dir / "host.out").string());
+  EXPECT_NE(log.find("round 1: 1 node(s), world size 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("parallel.dp 2 -> 1"), std::string::npos) << log;
+  std::vector<int64_t> rows, worlds;
+  for (const std::string& line : lines_of(metrics.string())) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    rows.push_back(row["step"].get<int64_t>());
+    worlds.push_back(row["world_size"].get<int64_t>());
+  }
+  EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  // 4 up to a checkpoint (an even step, at least 2), 2 from the step after it.
+  const auto first_two = std::find(worlds.begin(), worlds.end(), 2);
+  ASSERT_NE(first_two, worlds.end()) << "no step ran on the survivor";
+  const auto resumed_at = first_two - worlds.begin();
+  EXPECT_GE(resumed_at, 2);
+  EXPECT_EQ(resumed_at % 2, 0);
+  EXPECT_TRUE(std::all_of(worlds.begin(), first_two, [](int64_t w) { return w == 4; }));
+  EXPECT_TRUE(std::all_of(first_two, worlds.end(), [](int64_t w) { return w == 2; }));
+  expect_equal_losses(metrics_losses(dir / "run"), 1, 10, testing_support::kLossRelTolerance,
+                      "dp 2 x tp 2 on two agents, then dp 1 x tp 2 on the survivor");
 }
 
 // Every complete checkpoint under `root` reads back whole (sizes, CRC-32, coverage); returns

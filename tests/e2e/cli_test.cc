@@ -204,8 +204,13 @@ TEST_F(Cli, MixtureOfExpertsOverGlooEqualsOneProcess) {
 // allocated, naming the key that sized it (not a LibTorch allocation failure and its trace).
 TEST_F(Cli, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   const std::string c = write("c.yaml", base_config());
-  expect_rejected("train " + c + " model.args.hidden=1048576", "model.args.hidden: the plan's");
-  expect_rejected("train " + c + " model.args.vocab=2000000000", "exceeds what a rank has here");
+  // Refused by its numbers before anything is built (plan/size_check.h), naming the arg.
+  expect_rejected("train " + c + " model.args.hidden=1048576",
+                  "model.args.hidden: the model (layers 2, hidden 1048576, ffn_hidden 4194304, "
+                  "vocab 256) has 2.64e+13 parameters at least");
+  expect_rejected("train " + c + " model.args.vocab=2000000000",
+                  "model.args.vocab: the model (layers 2, hidden 64, ffn_hidden 256, vocab "
+                  "2000000000) has 1.28e+11 parameters at least");
 }
 
 // run.device=cuda where no GPU is usable (none visible, or a CPU-only build): one line naming

@@ -36,7 +36,8 @@ void expect_refused(const Result<Plan>& plan, const std::string& key, const std:
 // before any refusal; the weights alone are 40 TB, more than any one device.
 TEST(SizeCheck, AModelTooLargeForItsRanksIsRefusedBeforeItIsBuilt) {
   expect_refused(make_plan(config({"model.args.layers=100000000"})), "model.args.layers",
-                 "model.args.layers (100000000): the model has 4.92e+12 parameters at least");
+                 "the model (layers 100000000, hidden 64, ffn_hidden 256, vocab 256) has "
+                 "4.92e+12 parameters at least");
 }
 
 // The boundary is the arithmetic: AdamW in float32 holds 16 bytes per parameter (weights,
@@ -74,7 +75,7 @@ TEST(SizeCheck, AFolderWithAHundredMillionLayersIsRefused) {
       "hf.yaml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   ASSERT_TRUE(models::apply_from_hf(*c).ok());
-  expect_refused(make_plan(*c), "model.args.layers", "model.args.layers (100000000)");
+  expect_refused(make_plan(*c), "model.args.layers", "the model (layers 100000000, hidden 64");
 }
 
 // A million data-parallel ranks of GPT tiny hold about 93 million sub-operators while planned
