@@ -88,13 +88,13 @@ TEST(TensorBoard, TrainWritesTheMetricsAsScalars) {
     const auto event = observe::event_reader::decode_event(records[i + 1]);
     EXPECT_EQ(event.step, rows[i]["step"].get<int64_t>());
     std::map<std::string, float> scalars(event.scalars.begin(), event.scalars.end());
-    for (const char* key : {"loss", "lr", "grad_norm", "step_time_s", "data_time_s", "tokens_per_s",
-                            "peak_mem_bytes"}) {
+    for (const char* key : {"world_size", "loss", "lr", "grad_norm", "step_time_s", "data_time_s",
+                            "tokens_per_s", "peak_mem_bytes"}) {
       ASSERT_TRUE(scalars.count(key)) << "step " << i + 1 << " has no " << key;
       EXPECT_EQ(scalars[key], static_cast<float>(rows[i][key].get<double>()))
           << "step " << i + 1 << " " << key;
     }
-    EXPECT_EQ(scalars.size(), 7u);
+    EXPECT_EQ(scalars.size(), 8u);
   }
 }
 
