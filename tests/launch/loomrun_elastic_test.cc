@@ -24,7 +24,8 @@ namespace {
 
 using namespace loom::testing_support;  // NOLINT: the agents of these tests
 
-// The agent flags of a test job: short timeouts so that losses are seen in seconds.
+// The agent flags of a test job: short timeouts so that losses are seen in seconds (5 s of
+// silence: a loomrun on a machine busy with the rest of the suite still answers well within it).
 std::vector<std::string> agent_args(const std::string& nnodes, int port, const std::string& worker,
                                     std::vector<std::string> extra = {}) {
   std::vector<std::string> a{"--nnodes",
@@ -38,7 +39,7 @@ std::vector<std::string> agent_args(const std::string& nnodes, int port, const s
                              "--rdzv-last-call",
                              "1",
                              "--heartbeat-timeout",
-                             "2"};
+                             "5"};
   a.insert(a.end(), extra.begin(), extra.end());
   for (const char* s : {"sh", "-c"}) a.push_back(s);
   a.push_back(worker);
@@ -83,7 +84,7 @@ TEST(LoomrunElastic, SurvivorRestartsWithHalfTheWorldWhenAnAgentIsKilled) {
   const std::set<std::string> restarted(lines.begin() + 4, lines.end());
   EXPECT_EQ(restarted, (std::set<std::string>{"0 2 1 0", "1 2 1 0"}));
   const std::string log = host.stderr_text();
-  EXPECT_NE(log.find("was lost: no heartbeat for 2 s"), std::string::npos) << log;
+  EXPECT_NE(log.find("was lost: no heartbeat for 5 s"), std::string::npos) << log;
   EXPECT_NE(log.find("round 1: 1 node(s), world size 2"), std::string::npos) << log;
   EXPECT_NE(log.find("s after: node "), std::string::npos) << log;
 }

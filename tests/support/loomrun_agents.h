@@ -104,7 +104,7 @@ struct Agent {
 };
 
 inline Agent start_agent(const std::string& dir, const std::string& name,
-                  const std::vector<std::string>& args) {
+                         const std::vector<std::string>& args) {
   Agent a;
   a.err = dir + "/" + name + ".err";
   a.pid = fork();
