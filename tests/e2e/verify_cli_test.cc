@@ -217,12 +217,13 @@ TEST(VerifyCli, StaticProvesAConfigsPlan) {
   EXPECT_NE(r.output.find("(8 ranks) is equal to one device"), std::string::npos) << r.output;
 }
 
-// `loom plan` of GPT tiny tp2 x pp2, its plan.json changed in one place by `edit`, judged.
-Outcome verify_edited(const std::function<void(nlohmann::ordered_json&)>& edit) {
-  const std::string config = config_file("gpt", kGptSgd);
+// `loom plan` of GPT tiny under `degrees`, its plan.json changed in one place by `edit` (none:
+// as `loom plan` wrote and sealed it), and sealed again over the edit where `reseal`.
+fs::path edited_plan(const std::string& config, const std::string& degrees,
+                     const std::function<void(nlohmann::ordered_json&)>& edit, bool reseal) {
   const fs::path dir = own_file("plan");
   fs::remove_all(dir);
-  Outcome planned = run("plan " + config + " parallel.tp=2 parallel.pp=2 --out " + dir.string());
+  Outcome planned = run("plan " + config + " " + degrees + " --out " + dir.string());
   EXPECT_EQ(planned.code, 0) << planned.output;
   const fs::path file = dir / "plan.json";
   nlohmann::ordered_json plan;
@@ -230,11 +231,32 @@ Outcome verify_edited(const std::function<void(nlohmann::ordered_json&)>& edit) 
     std::ifstream in(file);
     plan = nlohmann::ordered_json::parse(in);
   }
-  if (edit) {  // else the file stays as `loom plan` wrote and sealed it
-    edit(plan);
+  if (!edit) return file;
+  edit(plan);
+  if (!reseal) {
     std::ofstream(file) << plan.dump();
+    return file;
   }
+  plan.erase("seal");
+  std::ofstream(file) << loom::lower::seal_plan_json(plan.dump());
+  return file;
+}
+
+// GPT tiny tp2 x pp2's plan.json changed in one place by `edit`, judged.
+Outcome verify_edited(const std::function<void(nlohmann::ordered_json&)>& edit) {
+  const std::string config = config_file("gpt", kGptSgd);
+  const fs::path file = edited_plan(config, "parallel.tp=2 parallel.pp=2", edit, false);
   return run("verify --static " + config + " parallel.tp=2 parallel.pp=2 --plan " + file.string());
+}
+
+// The first crash: an op of rank 0 moved to rank 1.
+void move_an_op_to_rank_1(nlohmann::ordered_json& plan) {
+  for (auto& op : plan["graph"]["ops"])
+    if (!op.contains("device")) {  // rank 0 (zero is left out)
+      op["device"] = "1";
+      return;
+    }
+  ADD_FAILURE() << "no op on rank 0";
 }
 
 TEST(VerifyCli, StaticJudgesAnUneditedPlanFile) {
@@ -244,15 +266,8 @@ TEST(VerifyCli, StaticJudgesAnUneditedPlanFile) {
 }
 
 TEST(VerifyCli, StaticNamesAnOpMovedToAnotherRank) {
-  // The first crash: an op of rank 0 moved to rank 1 (a segmentation fault in training).
-  std::string moved;
-  Outcome r = verify_edited([&](nlohmann::ordered_json& plan) {
-    for (auto& op : plan["graph"]["ops"])
-      if (!op.contains("device")) {  // rank 0 (zero is left out)
-        op["device"] = "1";
-        return;
-      }
-  });
+  // A segmentation fault in training before plans were proven.
+  Outcome r = verify_edited(move_an_op_to_rank_1);
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("seal does not match"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("NOT equal to one device"), std::string::npos) << r.output;
@@ -284,26 +299,7 @@ TEST(VerifyCli, StaticNamesAnInputRangeShiftedByOne) {
 // every rank, naming the file, and no step runs.
 TEST(VerifyCli, TrainRefusesAResealedEditedPlan) {
   const std::string config = config_file("gpt", kGptSgd);
-  const fs::path dir = own_file("plan");
-  fs::remove_all(dir);
-  Outcome planned = run("plan " + config + " parallel.tp=2 --out " + dir.string());
-  ASSERT_EQ(planned.code, 0) << planned.output;
-  const fs::path file = dir / "plan.json";
-  nlohmann::ordered_json plan;
-  {
-    std::ifstream in(file);
-    plan = nlohmann::ordered_json::parse(in);
-  }
-  bool moved = false;
-  for (auto& op : plan["graph"]["ops"])
-    if (!op.contains("device")) {  // rank 0 (zero is left out)
-      op["device"] = "1";
-      moved = true;
-      break;
-    }
-  ASSERT_TRUE(moved);
-  plan.erase("seal");
-  std::ofstream(file) << loom::lower::seal_plan_json(plan.dump());
+  const fs::path file = edited_plan(config, "parallel.tp=2", move_an_op_to_rank_1, true);
   const fs::path out = own_file("run");
   fs::remove_all(out);
   Outcome r = run_launcher(
