@@ -299,6 +299,21 @@ TEST(CheckpointFaults, AWorkerKilledMidStepRestartsFromTheLatestCheckpoint) {
   EXPECT_EQ(kept.back().first, 10);
 }
 
+// `loom train` of the elastic tests: the config's dp 2 x tp 2 over gloo, a checkpoint every 2
+// steps, resuming the latest; however many ranks it is started on.
+std::vector<std::string> elastic_train(const fs::path& config, const fs::path& run) {
+  return {kLoom,
+          "train",
+          config.string(),
+          "parallel.dp=2",
+          "parallel.tp=2",
+          "comm.backend=gloo",
+          "comm.timeout_s=30",
+          "run.output_dir=" + run.string(),
+          "checkpoint.every=2",
+          "checkpoint.resume=latest"};
+}
+
 // An elastic restart on half the machines: the same config (dp 2 x tp 2) trained on 4 loomrun
 // ranks to step 4, then started on 2 ranks, plans dp 1 x tp 2 for them (same global batch, twice
 // the micro-batches per rank), resumes the latest checkpoint resharded and trains on to step 8.
@@ -311,21 +326,9 @@ TEST(ElasticRestart, HalfTheRanksGoOnWithTheSameConfigAsOneRun) {
   std::ofstream(config) << kYaml;
   auto train = [&](int ranks, int steps) {
     launch::Launch l;
-    l.argv = {kLoomrun,
-              "--standalone",
-              "--nproc-per-node",
-              std::to_string(ranks),
-              kLoom,
-              "train",
-              config.string(),
-              "parallel.dp=2",
-              "parallel.tp=2",
-              "comm.backend=gloo",
-              "comm.timeout_s=30",
-              "run.steps=" + std::to_string(steps),
-              "run.output_dir=" + (dir / "run").string(),
-              "checkpoint.every=2",
-              "checkpoint.resume=latest"};
+    l.argv = {kLoomrun, "--standalone", "--nproc-per-node", std::to_string(ranks)};
+    for (const std::string& a : elastic_train(config, dir / "run")) l.argv.push_back(a);
+    l.argv.push_back("run.steps=" + std::to_string(steps));
     l.env = {{"OMP_NUM_THREADS", "1"}};
     return launch::run_processes({l}, 150)[0];
   };
@@ -361,32 +364,23 @@ TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks)
   const fs::path config = dir / "run.yaml";
   std::ofstream(config) << kYaml;
   const int port = free_port();
-  const std::vector<std::string> args = {"--nnodes",
-                                         "1:2",
-                                         "--nproc-per-node",
-                                         "2",
-                                         "--rdzv-endpoint",
-                                         "127.0.0.1:" + std::to_string(port),
-                                         "--rdzv-timeout",
-                                         "60",
-                                         "--rdzv-last-call",
-                                         "1",
-                                         "--heartbeat-timeout",
-                                         "10",
-                                         "--max-restarts",
-                                         "1",
-                                         "/usr/bin/env",
-                                         "OMP_NUM_THREADS=1",
-                                         kLoom,
-                                         "train",
-                                         config.string(),
-                                         "parallel.dp=2",
-                                         "parallel.tp=2",
-                                         "comm.backend=gloo",
-                                         "comm.timeout_s=30",
-                                         "run.output_dir=" + (dir / "run").string(),
-                                         "checkpoint.every=2",
-                                         "checkpoint.resume=latest"};
+  std::vector<std::string> args = {"--nnodes",
+                                   "1:2",
+                                   "--nproc-per-node",
+                                   "2",
+                                   "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port),
+                                   "--rdzv-timeout",
+                                   "60",
+                                   "--rdzv-last-call",
+                                   "1",
+                                   "--heartbeat-timeout",
+                                   "10",
+                                   "--max-restarts",
+                                   "1",
+                                   "/usr/bin/env",
+                                   "OMP_NUM_THREADS=1"};
+  for (const std::string& a : elastic_train(config, dir / "run")) args.push_back(a);
   Agent host = start_agent(dir.string(), "host", args);
   // The first agent hosts the store; the second joins it, so it is the one that may be lost.
   ASSERT_TRUE(eventually([&] { return accepts(port); }, 30)) << host.stderr_text();
