@@ -149,6 +149,10 @@ CostModel::Link CostModel::intra_link(const std::string& primitive) const {
   return l;
 }
 
+CostModel::Link CostModel::link(const std::string& primitive, bool inter) const {
+  return inter ? Link{inter_alpha_s, inter_beta_s_per_byte} : intra_link(primitive);
+}
+
 bool CostModel::set_intra_link(const std::string& primitive, const Link& link) {
   const PrimitiveFields* f = primitive_fields(primitive);
   if (f == nullptr) return false;

@@ -56,6 +56,9 @@ struct CostModel {
   // The alpha and beta of `primitive` (lower's name: "all_gather", "send_recv", ...) within
   // a node: its own where given, else the link's.
   Link intra_link(const std::string& primitive) const;
+  // The link `primitive` crosses: between nodes (`inter`) the inter-node link, else intra_link.
+  // The one place the communication path search and the estimator choose it.
+  Link link(const std::string& primitive, bool inter) const;
   // Gives `primitive` its own alpha and beta; false when it has no keys of its own.
   bool set_intra_link(const std::string& primitive, const Link& link);
   // What a node's devices sustain together (node_flops_per_s, at most devices_per_node times

@@ -148,7 +148,7 @@ class EventStreams {
   };
 
   void block_events(size_t r, const ProgramBlock& b, std::vector<Event>& events) const {
-    if (b.kind == BlockKind::kWeightGrad) return;  // local matrix products only
+    if (b.kind == BlockKind::kW) return;  // local matrix products only
     const Program& prog = lowered_.programs[r];
     const Segment& seg = *std::find_if(prog.segments.begin(), prog.segments.end(),
                                        [&](const Segment& s) { return s.stage == b.stage; });
@@ -167,7 +167,7 @@ class EventStreams {
       path_events(fwd ? a.forward : a.backward, fwd ? s.forward : s.backward, a.id, fwd,
                   b.micro_batch.value(), rank, side, fwd ? s.producer : s.consumer, events);
     };
-    if (b.kind == BlockKind::kForward) {
+    if (b.kind == BlockKind::kF) {
       for (const SegmentItem& it : seg.items) visit(it, true);
       return;
     }

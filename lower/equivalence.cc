@@ -343,8 +343,8 @@ Status check_blocks(const Program& prog, int64_t r, int64_t micro_batches,
     int64_t& slot = at[b.stage.value()][static_cast<size_t>(b.micro_batch.value())]
                       [static_cast<size_t>(b.kind)];
     if (slot >= 0)
-      return rank_error(r, std::string("runs block ") + block_letter(b.kind) + b.stage.to_string() +
-                               "." + b.micro_batch.to_string() + " twice");
+      return rank_error(r, std::string("runs block ") + sched::to_char(b.kind) +
+                               b.stage.to_string() + "." + b.micro_batch.to_string() + " twice");
     slot = static_cast<int64_t>(i);
   }
   for (const auto& [stage, mbs] : at) {

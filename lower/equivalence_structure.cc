@@ -107,10 +107,10 @@ Status check_program_indices(const graph::Graph& g, const Lowered& l, int64_t r,
   }
   for (const ProgramBlock& b : p.blocks) {
     if (!stages.count(b.stage.value()))
-      return rank_error(r, std::string("a block ") + block_letter(b.kind) + b.stage.to_string() +
+      return rank_error(r, std::string("a block ") + sched::to_char(b.kind) + b.stage.to_string() +
                                "." + b.micro_batch.to_string() + " of a stage it does not run");
     if (b.micro_batch.value() < 0 || b.micro_batch.value() >= micro_batches)
-      return rank_error(r, std::string("a block ") + block_letter(b.kind) + b.stage.to_string() +
+      return rank_error(r, std::string("a block ") + sched::to_char(b.kind) + b.stage.to_string() +
                                "." + b.micro_batch.to_string() +
                                " of a micro-batch outside the step's " +
                                std::to_string(micro_batches));

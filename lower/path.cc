@@ -154,9 +154,8 @@ Layout move_factor(const Layout& l, int from, int to, int64_t k,
 double PathFinder::message_seconds(DeviceId src, DeviceId dst, double bytes) const {
   const PrimitiveRule& rule = rule_of(Primitive::kSendRecv);
   const bool inter = src.value() / model_.devices_per_node != dst.value() / model_.devices_per_node;
-  const CostModel::Link within = model_.intra_link(rule.name);
-  return inter ? rule.cost(2, bytes, model_.inter_alpha_s, model_.inter_beta_s_per_byte)
-               : rule.cost(2, bytes, within.alpha_s, within.beta_s_per_byte);
+  const CostModel::Link link = model_.link(rule.name, inter);
+  return rule.cost(2, bytes, link.alpha_s, link.beta_s_per_byte);
 }
 
 namespace {
@@ -245,11 +244,9 @@ void factor_moves(const CostModel& model, bool gradient, const Shape& shape, int
                 for (int64_t j = 1; j < k && !inter; ++j)
                   inter = node_of[static_cast<size_t>(p + j * stride[a])] !=
                           node_of[static_cast<size_t>(p)];
-          const CostModel::Link within = model.intra_link(rule.name);
-          const double alpha = local ? 0 : inter ? model.inter_alpha_s : within.alpha_s;
-          const double beta = local   ? model.local_beta_s_per_byte
-                              : inter ? model.inter_beta_s_per_byte
-                                      : within.beta_s_per_byte;
+          const CostModel::Link link = model.link(rule.name, inter);
+          const double alpha = local ? 0 : link.alpha_s;
+          const double beta = local ? model.local_beta_s_per_byte : link.beta_s_per_byte;
           CommStep step;
           step.primitive = rule.primitive;
           step.from_factor = a;

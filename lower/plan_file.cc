@@ -39,13 +39,13 @@ uint64_t fnv1a(std::string_view text, uint64_t h = 1469598103934665603ull) {
 BlockKind from_proto(pb::Block::Kind kind) {
   switch (kind) {
     case pb::Block::BACKWARD:
-      return BlockKind::kBackward;
+      return BlockKind::kB;
     case pb::Block::INPUT_GRAD:
-      return BlockKind::kInputGrad;
+      return BlockKind::kI;
     case pb::Block::WEIGHT_GRAD:
-      return BlockKind::kWeightGrad;
+      return BlockKind::kW;
     default:
-      return BlockKind::kForward;
+      return BlockKind::kF;
   }
 }
 

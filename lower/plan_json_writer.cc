@@ -474,6 +474,10 @@ void put_program(Writer& w, const Program& p) {
     for (const ProgramBlock& b : p.blocks) {
       w.open();
       // BlockKind's values are Block.Kind's (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD).
+      static_assert(static_cast<int>(BlockKind::kF) == pb::Block::FORWARD &&
+                    static_cast<int>(BlockKind::kB) == pb::Block::BACKWARD &&
+                    static_cast<int>(BlockKind::kI) == pb::Block::INPUT_GRAD &&
+                    static_cast<int>(BlockKind::kW) == pb::Block::WEIGHT_GRAD);
       const int kind = static_cast<int>(b.kind);
       w.enumeration("kind", kind, pb::Block::Kind_Name(static_cast<pb::Block::Kind>(kind)));
       w.int64("stage", b.stage.value());

@@ -245,9 +245,9 @@ void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t
     for (auto& [s, seg] : segments[static_cast<size_t>(r)]) prog.segments.push_back(seg);
     for (int64_t m = 0; m < micro_batches; ++m) {
       for (const Segment& seg : prog.segments)
-        prog.blocks.push_back({BlockKind::kForward, seg.stage, MicroBatch(m)});
+        prog.blocks.push_back({BlockKind::kF, seg.stage, MicroBatch(m)});
       for (auto it = prog.segments.rbegin(); it != prog.segments.rend(); ++it)
-        prog.blocks.push_back({BlockKind::kBackward, it->stage, MicroBatch(m)});
+        prog.blocks.push_back({BlockKind::kB, it->stage, MicroBatch(m)});
     }
   }
 }
@@ -334,20 +334,6 @@ Result<Lowered> lower(const graph::Graph& g, int64_t world_size, int64_t micro_b
   }
   if (options.check_deadlock) LOOM_TRY(check_deadlock_free(g, out));
   return out;
-}
-
-char block_letter(BlockKind kind) {
-  switch (kind) {
-    case BlockKind::kForward:
-      return 'F';
-    case BlockKind::kBackward:
-      return 'B';
-    case BlockKind::kInputGrad:
-      return 'I';
-    case BlockKind::kWeightGrad:
-      return 'W';
-  }
-  return '?';
 }
 
 namespace {
@@ -444,7 +430,7 @@ std::string listing(const graph::Graph& g, const Lowered& lowered, Rank rank) {
   out += "  order:";
   for (const ProgramBlock& b : prog.blocks) {
     out += ' ';
-    out += block_letter(b.kind);
+    out += sched::to_char(b.kind);
     out += b.stage.to_string() + "." + b.micro_batch.to_string();
   }
   out += "\n";

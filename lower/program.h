@@ -14,6 +14,7 @@
 #include "core/result.h"
 #include "graph/graph.h"
 #include "lower/path.h"
+#include "scheduler/block.h"
 
 namespace loom::lower {
 
@@ -80,16 +81,14 @@ struct GradSync {
   std::vector<DeviceId> devices;
 };
 
-// A backward may run whole (kBackward) or split as zero-bubble schedules run it: the input
-// gradient (kInputGrad: the backward pass with its communication, parameter matrix products
-// left out) and later the weight gradient (kWeightGrad: those matrix products, no
-// communication), which fills pipeline bubbles.
-enum class BlockKind { kForward, kBackward, kInputGrad, kWeightGrad };
-// The schedule's letter of a block kind: F, B, I or W.
-char block_letter(BlockKind kind);
+// The scheduler's block kinds. A backward may run whole (kB) or split as zero-bubble schedules
+// run it: the input gradient (kI: the backward pass with its communication, parameter matrix
+// products left out) and later the weight gradient (kW: those matrix products, no
+// communication), which fills pipeline bubbles. sched::to_char gives the letter.
+using sched::BlockKind;
 // Whether blocks of `kind` run the backward pass and its communication (B and I do).
 inline bool runs_backward_pass(BlockKind kind) {
-  return kind == BlockKind::kBackward || kind == BlockKind::kInputGrad;
+  return kind == BlockKind::kB || kind == BlockKind::kI;
 }
 struct ProgramBlock {
   BlockKind kind;

@@ -97,20 +97,6 @@ Result<sched::CsvSchedule> csv_schedule(const PipelineRequest& request, int pp, 
 
 }  // namespace
 
-BlockKind program_kind(sched::BlockKind kind) {
-  switch (kind) {
-    case sched::BlockKind::kF:
-      return BlockKind::kForward;
-    case sched::BlockKind::kB:
-      return BlockKind::kBackward;
-    case sched::BlockKind::kI:
-      return BlockKind::kInputGrad;
-    case sched::BlockKind::kW:
-      return BlockKind::kWeightGrad;
-  }
-  return BlockKind::kBackward;
-}
-
 Result<sched::Placement> search_placement(int64_t pipeline_devices, bool split_backward,
                                           const StageCosts& costs) {
   const int pp = static_cast<int>(pipeline_devices);
@@ -229,7 +215,7 @@ Result<PipelineOrder> pipeline_order(const PipelineRequest& request, const Stage
     for (const sched::BlockId& b : orders[static_cast<size_t>(r / request.ranks_per_stage)]) {
       const bool up = chimera && b.mb.value() % 2 == 1;
       const StageId stage = up ? StageId(pp + b.stage.value()) : b.stage;
-      out[static_cast<size_t>(r)].push_back({program_kind(b.kind), stage, b.mb});
+      out[static_cast<size_t>(r)].push_back({b.kind, stage, b.mb});
     }
   return result;
 }

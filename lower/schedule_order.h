@@ -75,9 +75,6 @@ constexpr int64_t kSearchNodeLimit = 100'000;
 // Errors carry their config key (Error::at).
 Result<sched::Placement> search_placement(int64_t pp, bool split_backward, const StageCosts& costs);
 
-// The program's kind of a schedule's block: F, B, I and W map one to one.
-BlockKind program_kind(sched::BlockKind kind);
-
 // Each rank's blocks for request.schedule with its micro-batches; rank r runs the
 // blocks of pipeline device (r's pp coordinate). Empty without pipeline parallelism. Chimera's
 // up pipeline runs stages p..2p-1 (planner/chimera.h); zb-h1's split backward runs as I and W

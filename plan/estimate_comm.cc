@@ -175,12 +175,10 @@ double all_reduce_seconds(const CostModel& cost, const std::vector<DeviceId>& de
   for (DeviceId d : devices)
     inter =
         inter || d.value() / cost.devices_per_node != devices[0].value() / cost.devices_per_node;
-  const CostModel::Link within = cost.intra_link("all_reduce");
-  const double alpha = inter ? cost.inter_alpha_s : within.alpha_s;
-  const double beta = inter ? cost.inter_beta_s_per_byte : within.beta_s_per_byte;
+  const lower::PrimitiveRule& rule = lower::rule_of(lower::Primitive::kAllReduce);
+  const CostModel::Link link = cost.link(rule.name, inter);
   // lower's formula, the one loom calibrate fits.
-  return lower::rule_of(lower::Primitive::kAllReduce)
-      .cost(static_cast<int64_t>(devices.size()), bytes, alpha, beta);
+  return rule.cost(static_cast<int64_t>(devices.size()), bytes, link.alpha_s, link.beta_s_per_byte);
 }
 
 double path_seconds(const lower::CommPath& path, int64_t rank, double all_to_all_fill) {

@@ -333,7 +333,7 @@ Status check_cp_schedule(const PlanSpec& spec, const lower::Lowered& lowered) {
   if (spec.mesh().cp() == 1 || spec.recompute != lower::Recompute::kFull) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
-      if (b.kind == lower::BlockKind::kWeightGrad)
+      if (b.kind == lower::BlockKind::kW)
         return Error::at("parallel.cp",
                          "context parallelism with parallel.recompute: full does not combine "
                          "with a backward split into input- and weight-gradient blocks "
@@ -347,7 +347,7 @@ Status check_zero3_schedule(const PlanSpec& spec, const lower::Lowered& lowered)
   if (spec.zero != 3) return Status::success();
   for (const lower::Program& prog : lowered.programs)
     for (const lower::ProgramBlock& b : prog.blocks)
-      if (b.kind == lower::BlockKind::kWeightGrad)
+      if (b.kind == lower::BlockKind::kW)
         return Error::at("parallel.zero",
                          "3 (parameters stored split) does not combine with a backward split "
                          "into input- and weight-gradient blocks (parallel.schedule: " +

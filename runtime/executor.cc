@@ -313,8 +313,8 @@ void prepost_receives(Executor::Impl& s, const lower::ProgramBlock& block) {
   if (seg == s.segment_of_stage.end()) return;
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   const int64_t mb = block.micro_batch.value();
-  if (block.kind == lower::BlockKind::kWeightGrad) return;  // no communication
-  const bool forward = block.kind == lower::BlockKind::kForward;
+  if (block.kind == lower::BlockKind::kW) return;  // no communication
+  const bool forward = block.kind == lower::BlockKind::kF;
   for (const lower::SegmentItem& it : prog.segments[seg->second].items) {
     if (it.kind != lower::SegmentItem::Kind::kAdapter) continue;
     const Adapter& a = s.lowered.adapters[static_cast<size_t>(it.index)];
@@ -379,7 +379,7 @@ Result<StepSums> run_program(Executor::Impl& s, const Inputs& inputs, double gra
   // sends and receives still pair up: forward messages only ever flow to later blocks.
   std::vector<const lower::ProgramBlock*> blocks;
   for (const lower::ProgramBlock& b : prog.blocks)
-    if (!forward_only || b.kind == lower::BlockKind::kForward) blocks.push_back(&b);
+    if (!forward_only || b.kind == lower::BlockKind::kF) blocks.push_back(&b);
   std::optional<at::NoGradGuard> no_grad;
   if (forward_only) no_grad.emplace();
   s.micro.assign(inputs.size(), Executor::Impl::Micro{});
@@ -414,16 +414,16 @@ Result<StepSums> run_program(Executor::Impl& s, const Inputs& inputs, double gra
       if (block_index == 0) prepost_receives(s, block);
       if (block_index + 1 < blocks.size()) prepost_receives(s, *blocks[block_index + 1]);
       const int64_t mb = block.micro_batch.value();
-      s.forwarding = block.kind == lower::BlockKind::kForward;
+      s.forwarding = block.kind == lower::BlockKind::kF;
       auto seg = s.segment_of_stage.find(block.stage.value());
       LOOM_CHECK(seg != s.segment_of_stage.end())
           << "rank " << s.rank << " has no segment for stage " << block.stage;
-      if (block.kind == lower::BlockKind::kForward) {
+      if (block.kind == lower::BlockKind::kF) {
         run_forward(s, seg->second, mb, in);
         if (forward_only && block_index == last_block[static_cast<size_t>(mb)]) release(mb);
         continue;
       }
-      if (block.kind == lower::BlockKind::kWeightGrad)
+      if (block.kind == lower::BlockKind::kW)
         run_weight_grad(s, block, mb);
       else
         run_backward(s, prog, block, prog.segments[seg->second], mb, grad_scale);

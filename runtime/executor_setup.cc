@@ -80,7 +80,7 @@ void add_grad_buckets(Executor::Impl& s, const std::vector<std::vector<int64_t>>
   std::map<int64_t, int64_t> backward_blocks, weight_blocks;  // stage -> its blocks
   for (const auto& block : prog.blocks) {
     if (lower::runs_backward_pass(block.kind)) ++backward_blocks[block.stage.value()];
-    if (block.kind == lower::BlockKind::kWeightGrad) ++weight_blocks[block.stage.value()];
+    if (block.kind == lower::BlockKind::kW) ++weight_blocks[block.stage.value()];
   }
   std::set<std::pair<size_t, int64_t>> deferred_reads;  // (op, input) reads left to W
   for (const auto& steps : s.forward_steps)
@@ -219,7 +219,7 @@ Status plan_forward_steps(Executor::Impl& s, const KernelRegistry& kernels,
   const lower::Program& prog = s.lowered.programs[static_cast<size_t>(s.rank)];
   std::set<int64_t> split_stages;  // stages with weight-gradient blocks
   for (const lower::ProgramBlock& b : prog.blocks)
-    if (b.kind == lower::BlockKind::kWeightGrad) split_stages.insert(b.stage.value());
+    if (b.kind == lower::BlockKind::kW) split_stages.insert(b.stage.value());
   s.forward_steps.resize(prog.segments.size());
   for (size_t g = 0; g < prog.segments.size(); ++g) {
     const lower::Segment& seg = prog.segments[g];

@@ -13,7 +13,7 @@ namespace loom::runtime {
 
 observe::TraceEvent block_event(const lower::ProgramBlock& block) {
   observe::TraceEvent e;
-  const char kind = lower::block_letter(block.kind);
+  const char kind = sched::to_char(block.kind);
   e.name = sched::block_slice_name(kind, block.stage, block.micro_batch);
   e.track = observe::Track::kCompute;
   e.kind = std::string(1, kind);

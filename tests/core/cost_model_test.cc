@@ -63,6 +63,25 @@ TEST(CostModel, ValuesLiveOnlyInTheFile) {
 
 // Weights, gradients and optimizer state are float32 whatever the run's precision; SGD keeps
 // one buffer with or without momentum, AdamW two moments.
+// The link a primitive crosses: a primitive's own intra-node figures where set, the link's
+// otherwise, and the inter-node link between nodes whatever the primitive.
+TEST(CostModel, LinkOfAPrimitiveWithinAndBetweenNodes) {
+  CostModel m;
+  m.intra_alpha_s = 1e-6;
+  m.intra_beta_s_per_byte = 1e-10;
+  m.inter_alpha_s = 5e-6;
+  m.inter_beta_s_per_byte = 4e-10;
+  ASSERT_TRUE(m.set_intra_link("all_reduce", {2e-6, 3e-10}));
+  EXPECT_EQ(m.link("all_reduce", false).alpha_s, 2e-6);
+  EXPECT_EQ(m.link("all_reduce", false).beta_s_per_byte, 3e-10);
+  EXPECT_EQ(m.link("all_gather", false).alpha_s, 1e-6);
+  EXPECT_EQ(m.link("all_gather", false).beta_s_per_byte, 1e-10);
+  for (const char* p : {"all_reduce", "all_gather", "send_recv"}) {
+    EXPECT_EQ(m.link(p, true).alpha_s, 5e-6) << p;
+    EXPECT_EQ(m.link(p, true).beta_s_per_byte, 4e-10) << p;
+  }
+}
+
 TEST(TrainingState, BytesPerParameter) {
   EXPECT_EQ(training_state_bytes(OptimizerKind::kAdamw).total(), 16);
   EXPECT_EQ(training_state_bytes(OptimizerKind::kSgd).total(), 12);

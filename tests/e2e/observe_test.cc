@@ -127,7 +127,7 @@ TEST(ObserveErrors, BadValuesNameTheKey) {
 std::vector<std::string> program_blocks(const plan::Plan& p, int64_t rank) {
   std::vector<std::string> out;
   for (const auto& b : p.file.lowered.programs[static_cast<size_t>(rank)].blocks)
-    out.push_back(sched::block_slice_name(lower::block_letter(b.kind), b.stage, b.micro_batch));
+    out.push_back(sched::block_slice_name(sched::to_char(b.kind), b.stage, b.micro_batch));
   return out;
 }
 

@@ -249,7 +249,7 @@ TEST(Mutation, MicroBatchIndexSwapped) {
   expect_caught(kGpt, kHybrid,
                 [](plan::Plan& p) {
                   for (ProgramBlock& b : p.file.lowered.programs[0].blocks)
-                    if (b.kind == BlockKind::kForward && b.micro_batch.value() == 1) {
+                    if (b.kind == BlockKind::kF && b.micro_batch.value() == 1) {
                       b.micro_batch = MicroBatch(0);
                       return;
                     }
@@ -350,14 +350,14 @@ TEST(Mutation, ProgramItemsOutOfOrder) {
 }
 
 TEST(Mutation, BackwardBlockDropped) {
-  expect_caught(kGpt, kHybrid,
-                [](plan::Plan& p) {
-                  auto& blocks = p.file.lowered.programs[3].blocks;
-                  blocks.erase(std::find_if(
-                      blocks.begin(), blocks.end(),
-                      [](const ProgramBlock& b) { return b.kind == BlockKind::kBackward; }));
-                },
-                {"rank 3", "backward"});
+  expect_caught(
+      kGpt, kHybrid,
+      [](plan::Plan& p) {
+        auto& blocks = p.file.lowered.programs[3].blocks;
+        blocks.erase(std::find_if(blocks.begin(), blocks.end(),
+                                  [](const ProgramBlock& b) { return b.kind == BlockKind::kB; }));
+      },
+      {"rank 3", "backward"});
 }
 
 TEST(Mutation, OpInTheWrongStage) {

@@ -182,10 +182,10 @@ TEST(Lowering, ZbH1SplitsEveryBackwardIntoIAndW) {
     const Program& prog = l.lowered.programs[static_cast<size_t>(r)];
     std::map<BlockKind, int> kinds;
     for (const ProgramBlock& b : prog.blocks) ++kinds[b.kind];
-    EXPECT_EQ(kinds[BlockKind::kForward], 4) << "rank " << r;
-    EXPECT_EQ(kinds[BlockKind::kInputGrad], 4) << "rank " << r;
-    EXPECT_EQ(kinds[BlockKind::kWeightGrad], 4) << "rank " << r;
-    EXPECT_EQ(kinds[BlockKind::kBackward], 0) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kF], 4) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kI], 4) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kW], 4) << "rank " << r;
+    EXPECT_EQ(kinds[BlockKind::kB], 0) << "rank " << r;
     const std::string text = listing(l.graph, l.lowered, Rank(r));
     EXPECT_NE(text.find(" I" + std::to_string(r) + ".0"), std::string::npos) << text;
     EXPECT_NE(text.find(" W" + std::to_string(r) + ".0"), std::string::npos) << text;
@@ -193,14 +193,13 @@ TEST(Lowering, ZbH1SplitsEveryBackwardIntoIAndW) {
   EXPECT_TRUE(check_deadlock_free(l.graph, l.lowered).ok());
   auto& blocks0 = l.lowered.programs[0].blocks;
   std::stable_partition(blocks0.begin(), blocks0.end(),
-                        [](const ProgramBlock& b) { return b.kind == BlockKind::kWeightGrad; });
+                        [](const ProgramBlock& b) { return b.kind == BlockKind::kW; });
   EXPECT_TRUE(check_deadlock_free(l.graph, l.lowered).ok());
   // Without its I blocks rank 1 never sends the gradients rank 0's I blocks wait for.
   auto& blocks1 = l.lowered.programs[1].blocks;
-  blocks1.erase(
-      std::remove_if(blocks1.begin(), blocks1.end(),
-                     [](const ProgramBlock& b) { return b.kind == BlockKind::kInputGrad; }),
-      blocks1.end());
+  blocks1.erase(std::remove_if(blocks1.begin(), blocks1.end(),
+                               [](const ProgramBlock& b) { return b.kind == BlockKind::kI; }),
+                blocks1.end());
   EXPECT_FALSE(check_deadlock_free(l.graph, l.lowered).ok());
 }
 

@@ -95,7 +95,7 @@ TEST(PipelineOrder, SearchZbGivesEachRankFIAndWBlocks) {
         ++seen[{b.kind, b.micro_batch.value()}];
       }
       EXPECT_EQ(seen.size(), 3u * 4u);
-      for (BlockKind k : {BlockKind::kForward, BlockKind::kInputGrad, BlockKind::kWeightGrad})
+      for (BlockKind k : {BlockKind::kF, BlockKind::kI, BlockKind::kW})
         for (int64_t mb = 0; mb < 4; ++mb)
           EXPECT_EQ((seen[{k, mb}]), 1) << "rank " << r << " micro-batch " << mb;
     }
@@ -222,13 +222,11 @@ TEST(PipelineOrder, ZbH1MapsItsSplitBackward) {
     const auto& want = (*expected)[r];
     ASSERT_EQ(order->ranks[r].size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(order->ranks[r][i].kind, program_kind(want[i].kind)) << want[i].describe();
+      EXPECT_EQ(order->ranks[r][i].kind, want[i].kind) << want[i].describe();
       EXPECT_EQ(order->ranks[r][i].stage, want[i].stage);
       EXPECT_EQ(order->ranks[r][i].micro_batch, want[i].mb);
     }
   }
-  EXPECT_EQ(program_kind(sched::BlockKind::kI), BlockKind::kInputGrad);
-  EXPECT_EQ(program_kind(sched::BlockKind::kW), BlockKind::kWeightGrad);
 }
 
 // parallel.schedule csv: each rank runs its row of the file, checked against the plan.
@@ -270,8 +268,7 @@ TEST_F(CsvOrder, ExportedInterleavedRunsThePredefinedOrder) {
     for (size_t i = 0; i < (*rule)[d].size(); ++i) {
       EXPECT_EQ(o->ranks[d][i].stage, (*rule)[d][i].stage);
       EXPECT_EQ(o->ranks[d][i].micro_batch, (*rule)[d][i].mb);
-      EXPECT_EQ(o->ranks[d][i].kind == BlockKind::kForward,
-                (*rule)[d][i].kind == sched::BlockKind::kF);
+      EXPECT_EQ(o->ranks[d][i].kind == BlockKind::kF, (*rule)[d][i].kind == sched::BlockKind::kF);
     }
   }
 }
@@ -328,7 +325,7 @@ TEST_F(CsvOrder, SplitBackwardRunsAsIAndWBlocks) {
   for (size_t d = 0; d < 2; ++d) {
     ASSERT_EQ(o->ranks[d].size(), rule[d].size());
     for (size_t i = 0; i < rule[d].size(); ++i)
-      EXPECT_EQ(o->ranks[d][i].kind, program_kind(rule[d][i].kind)) << rule[d][i].describe();
+      EXPECT_EQ(o->ranks[d][i].kind, rule[d][i].kind) << rule[d][i].describe();
   }
 }
 

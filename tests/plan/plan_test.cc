@@ -352,8 +352,7 @@ TEST(SearchedSchedule, RunsEachStageAtItsCostModelDuration) {
     for (size_t i = 0; i < order.size(); ++i) {
       EXPECT_EQ(blocks[i].stage, order[i].stage);
       EXPECT_EQ(blocks[i].micro_batch, order[i].mb);
-      EXPECT_EQ(blocks[i].kind == lower::BlockKind::kForward,
-                order[i].kind == sched::BlockKind::kF);
+      EXPECT_EQ(blocks[i].kind == lower::BlockKind::kF, order[i].kind == sched::BlockKind::kF);
     }
   }
 }
@@ -403,10 +402,10 @@ TEST(SearchedSchedule, SearchZbDumpsTheSplitScheduleFound) {
   for (const auto& program : plan->file.lowered.programs) {
     std::map<lower::BlockKind, int> count;
     for (const auto& b : program.blocks) ++count[b.kind];
-    EXPECT_EQ(count[lower::BlockKind::kForward], 8);
-    EXPECT_EQ(count[lower::BlockKind::kInputGrad], 8);
-    EXPECT_EQ(count[lower::BlockKind::kWeightGrad], 8);
-    EXPECT_EQ(count[lower::BlockKind::kBackward], 0);
+    EXPECT_EQ(count[lower::BlockKind::kF], 8);
+    EXPECT_EQ(count[lower::BlockKind::kI], 8);
+    EXPECT_EQ(count[lower::BlockKind::kW], 8);
+    EXPECT_EQ(count[lower::BlockKind::kB], 0);
   }
   auto zb = make_plan(search_config({"parallel.schedule=zb-h1"}));
   ASSERT_TRUE(zb.ok()) << zb.error().message;
