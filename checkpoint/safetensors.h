@@ -79,6 +79,18 @@ class SafeTensorsWriter {
            std::string_view bytes);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
   std::string finish() const;
+  // The file as its two parts, header then data, for writing without joining them (a
+  // checkpoint shard is GBs).
+  std::string header() const { return safetensors_header(tensors_, metadata_); }
+  std::string_view data() const { return data_; }
+  // Room for `bytes` of tensor data, so that adding them never moves what was added.
+  void reserve(size_t bytes) { data_.reserve(bytes); }
+  // Empties the writer but keeps its memory, for the next file of the same size.
+  void clear() {
+    tensors_.clear();
+    data_.clear();
+    metadata_.clear();
+  }
 
  private:
   std::vector<SafeTensor> tensors_;

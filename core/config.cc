@@ -203,6 +203,7 @@ void visit_fields(Config& c, V& v) {
   v("checkpoint", "dir", c.checkpoint.dir, Check<std::string>());
   v("checkpoint", "every", c.checkpoint.every, non_negative());
   v("checkpoint", "keep", c.checkpoint.keep, positive());
+  v("checkpoint", "async", c.checkpoint.async, Check<bool>());
   v("checkpoint", "resume", c.checkpoint.resume, non_empty());
   v("checkpoint", "init_from", c.checkpoint.init_from, Check<std::string>());
   visit_cost_fields(c, v);

@@ -179,6 +179,9 @@ struct CheckpointConfig {
   std::string dir;    // empty: <run.output_dir>/checkpoints
   int64_t every = 0;  // 0: never
   int64_t keep = 2;
+  // Whether a checkpoint is written on a background thread while the next steps run: the state
+  // is copied at the step boundary, and at most one write is in flight.
+  bool async = false;
   std::string resume = "none";  // none | latest | a path
   // A Hugging Face model folder the parameters start from instead of the seeded init (each rank
   // reads its pieces through the model's name map, checkpoint/hf_names.h); the optimizer starts

@@ -18,6 +18,9 @@ inline constexpr DebugEnvVar kDebugEnv[] = {
      "(LOOM_RESTART_COUNT unset or 0)"},
     {"LOOM_DEBUG_KILL_RANK",
      "R: with LOOM_DEBUG_KILL_AT_STEP, only rank R dies (default: every rank)"},
+    {"LOOM_DEBUG_HOLD_ON_RESTART",
+     "K: on attempt K (LOOM_RESTART_COUNT K), the process's second step waits for SIGTERM or "
+     "SIGINT (at most 120 s) before it starts, so that an elastic test's agent joins mid-run"},
     {"LOOM_DEBUG_CKPT_CRASH_AT",
      "N: SIGKILL the process at the N-th (1-based) point of checkpoint writing: each file "
      "half-written, synced and renamed, the manifest removed, each old checkpoint pruned"},

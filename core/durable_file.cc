@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -28,27 +29,35 @@ Status sync_directory(const std::filesystem::path& dir) {
 namespace {
 
 // tmp + write (+ fsync) + rename (+ fsync of the directory).
-Status write_via_temporary(const std::filesystem::path& path, std::string_view content,
-                           const WriteHook& hook, bool sync) {
+Status write_via_temporary(const std::filesystem::path& path,
+                           const std::vector<std::string_view>& parts, const WriteHook& hook,
+                           bool sync) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return os_error(tmp, "cannot create");
+  size_t total = 0;
+  for (std::string_view part : parts) total += part.size();
   // With a hook, the first half is written on its own so a test can stop between the halves.
-  const size_t half = hook ? content.size() / 2 : 0;
-  size_t done = 0;
-  while (done < content.size()) {
-    const size_t want = done < half ? half - done : content.size() - done;
-    ssize_t n = ::write(fd, content.data() + done, want);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      Error e = os_error(tmp, "cannot write");
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return e;
+  const size_t half = hook ? total / 2 : 0;
+  size_t done = 0;   // bytes of the file written
+  size_t start = 0;  // where the current part begins in the file
+  for (std::string_view content : parts) {
+    while (done < start + content.size()) {
+      const size_t end =
+          done < half ? std::min(half, start + content.size()) : start + content.size();
+      ssize_t n = ::write(fd, content.data() + (done - start), end - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        Error e = os_error(tmp, "cannot write");
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return e;
+      }
+      done += static_cast<size_t>(n);
+      if (hook && done == half) hook("half-written");
     }
-    done += static_cast<size_t>(n);
-    if (hook && done == half) hook("half-written");
+    start += content.size();
   }
   if (sync && ::fsync(fd) != 0) {
     Error e = os_error(tmp, "cannot fsync");
@@ -71,11 +80,16 @@ Status write_via_temporary(const std::filesystem::path& path, std::string_view c
 
 Status write_file_durably(const std::filesystem::path& path, std::string_view content,
                           const WriteHook& hook) {
-  return write_via_temporary(path, content, hook, /*sync=*/true);
+  return write_via_temporary(path, {content}, hook, /*sync=*/true);
+}
+
+Status write_file_durably(const std::filesystem::path& path,
+                          const std::vector<std::string_view>& parts, const WriteHook& hook) {
+  return write_via_temporary(path, parts, hook, /*sync=*/true);
 }
 
 Status write_file_atomically(const std::filesystem::path& path, std::string_view content) {
-  return write_via_temporary(path, content, {}, /*sync=*/false);
+  return write_via_temporary(path, {content}, {}, /*sync=*/false);
 }
 
 Result<std::string> read_whole_file(const std::filesystem::path& path) {

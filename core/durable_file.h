@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/result.h"
 
@@ -19,6 +20,10 @@ using WriteHook = std::function<void(const char* stage)>;
 // The error names `path`.
 Status write_file_durably(const std::filesystem::path& path, std::string_view content,
                           const WriteHook& hook = {});
+// The same for a file given as consecutive parts (a header and a large body), never joined in
+// memory.
+Status write_file_durably(const std::filesystem::path& path,
+                          const std::vector<std::string_view>& parts, const WriteHook& hook = {});
 // Writes `content` to `path` atomically (tmp + rename) without fsync: a reader never sees a
 // half-written file, but a power loss may lose the newest content. For outputs that are cheap
 // to make again (a plan dump of thousands of programs), where an fsync per file would dominate.

@@ -108,6 +108,14 @@ Result<runtime::RunPlan> run_plan(const Config& config, plan::Plan plan,
       run.items_per_sample = items.per_sample;
     }
   }
+  LOOM_ASSIGN_OR_RETURN(plan::PlanSpec spec, plan::PlanSpec::of(config));
+  run.zero = spec.zero;
+  run.bucket_bytes = spec.bucket_bytes;
+  run.degrees = config.parallel.degrees();
+  const planner::DeviceMesh& mesh = spec.mesh();
+  run.plan_name = "dp" + std::to_string(mesh.dp()) +
+                  (mesh.cp() > 1 ? " x cp" + std::to_string(mesh.cp()) : std::string()) + " x tp" +
+                  std::to_string(mesh.tp()) + " x pp" + std::to_string(mesh.pp());
   run.model = std::move(plan.model);
   run.file = std::move(plan.file);
   return run;

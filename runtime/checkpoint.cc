@@ -5,7 +5,11 @@
 #include <ATen/core/grad_mode.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "checkpoint/crc32.h"
 #include "checkpoint/flat_range.h"
@@ -14,6 +18,7 @@
 #include "comm/comm.h"
 #include "core/durable_file.h"
 #include "runtime/debug_env.h"
+#include "runtime/device.h"
 #include "runtime/optimizer.h"
 #include "runtime/trainer.h"
 
@@ -23,9 +28,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// LOOM_DEBUG_CKPT_CRASH_AT: counts the points of checkpoint writing in this process.
+// LOOM_DEBUG_CKPT_CRASH_AT: counts the points of checkpoint writing in this process (on the
+// training thread and on checkpoint.async's writer alike).
 void crash_point() {
-  static int64_t count = 0;
+  static std::atomic<int64_t> count{0};
   static const int64_t at = debug_env_int("LOOM_DEBUG_CKPT_CRASH_AT", -1);
   if (++count == at) raise(SIGKILL);
 }
@@ -107,12 +113,6 @@ std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> stored_kinds
   return kinds;
 }
 
-std::string plan_string(const Config& c) {
-  return "dp" + std::to_string(c.parallel.dp) +
-         (c.parallel.cp > 1 ? " x cp" + std::to_string(c.parallel.cp) : std::string()) + " x tp" +
-         std::to_string(c.parallel.tp) + " x pp" + std::to_string(c.parallel.pp);
-}
-
 // Removes all but the newest `keep` complete checkpoints, and incomplete ones older than the
 // newest: a checkpoint's manifest goes first, so it is never seen complete and half-deleted.
 Status prune(const fs::path& root, int64_t keep, int64_t newest) {
@@ -138,19 +138,21 @@ Status prune(const fs::path& root, int64_t keep, int64_t newest) {
 }
 
 // The first stored tensor of this rank holding a non-finite value ("" when none): one host read
-// for them all, then a search only when one is found.
+// for them all, then a search only when one is found. A tensor is finite when its sum in double
+// is: a NaN or an infinity carries into the sum, and float32 values cannot overflow it. One pass
+// per tensor, with no temporary of its size (an isfinite mask of a GB of state is a quarter GB).
 std::string first_non_finite(const CheckpointTarget& t) {
-  std::vector<at::Tensor> finite;
+  std::vector<at::Tensor> sums;
   std::vector<std::string> names;
   for (const auto& [kind, tensors] : stored_kinds(t))
     for (size_t i = 0; i < t.pieces.size(); ++i) {
       if (!(*tensors)[i].defined()) continue;
-      finite.push_back(at::isfinite((*tensors)[i].detach()).all().reshape({1}));
+      sums.push_back((*tensors)[i].detach().sum(at::kDouble).reshape({1}));
       names.push_back(std::string(kind) + " '" + t.graph->tensor(t.pieces[i].tensor).name + "'");
     }
-  if (finite.empty()) return "";
-  const at::Tensor all = at::cat(finite).cpu();
-  const bool* ok = all.data_ptr<bool>();
+  if (sums.empty()) return "";
+  const at::Tensor finite = at::isfinite(at::cat(sums)).cpu();
+  const bool* ok = finite.data_ptr<bool>();
   for (size_t i = 0; i < names.size(); ++i)
     if (!ok[i]) return names[i];
   return "";
@@ -200,71 +202,109 @@ Result<fs::path> resume_path(const Config& config) {
 namespace {
 
 // This rank's shard (every piece it stores, and its generator state) and its part of the
-// manifest, written durably into `dir`.
-Status write_shard(const CheckpointTarget& t, const fs::path& dir) {
-  // This rank's shard and its part of the manifest.
-  CheckpointManifest part;
+// manifest, copied into `p`. On a GPU the pieces go to pinned host memory first, all copies
+// queued before one wait.
+void snapshot_shard(const CheckpointTarget& t, PendingCheckpoint& p) {
   const std::string shard_name = rank_name(t.rank, "safetensors");
-  SafeTensorsWriter writer;
+  std::vector<at::Tensor> host;  // per stored tensor, in stored_kinds' order
+  size_t bytes = 0;
+  for (const auto& [kind, tensors] : stored_kinds(t))
+    for (const at::Tensor& value : *tensors)
+      if (value.defined()) bytes += static_cast<size_t>(value.numel()) * sizeof(float);
+  // The generator's state, a few KiB, follows; reserved whole so that no add moves the buffer.
+  p.shard.reserve(bytes + 65536);
+  std::optional<at::Device> queued;  // the GPU the copies were queued on
+  for (const auto& [kind, tensors] : stored_kinds(t))
+    for (const at::Tensor& value : *tensors) {
+      if (!value.defined()) {
+        host.emplace_back();
+        continue;
+      }
+      at::Tensor v = value.detach();
+      if (v.is_cuda()) {
+        at::Tensor pinned = at::empty(
+            v.sizes(), at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(true));
+        pinned.copy_(v, /*non_blocking=*/true);
+        host.push_back(pinned);
+        queued = v.device();
+      } else {
+        host.push_back(v.to(at::kFloat).contiguous());
+      }
+    }
+  if (queued) synchronize_device(RunDevice{*queued});
+  size_t next = 0;
   for (const auto& [kind, tensors] : stored_kinds(t)) {
     for (size_t i = 0; i < t.pieces.size(); ++i) {
+      const at::Tensor& value = host[next++];
       // Optimizer state of elements other ranks own (parallel.zero 1): its owners write it.
-      if (!(*tensors)[i].defined()) continue;
+      if (!value.defined()) continue;
       const graph::SubTensor& piece = t.pieces[i];
       const graph::FullTensor& full = t.graph->tensor(piece.tensor);
-      at::Tensor value = (*tensors)[i].detach().to(at::kCPU, at::kFloat).contiguous();
       for (const auto& [ranges, offset] : stored_regions(t, piece, (*tensors)[i], i)) {
         at::Tensor region = value.view({-1}).narrow(0, offset, region_numel(ranges));
         CheckpointSlice s{full.name,          kind,       "F32",
                           full.shape,         ranges,     piece.value_chunk,
                           piece.value_chunks, shard_name, ""};
         s.key = std::string(kind) + "/" + full.name + "/" + ranges_string(ranges);
-        writer.add(s.key, "F32", s.shape(), bytes_of(region));
-        part.slices.push_back(std::move(s));
+        p.shard.add(s.key, "F32", s.shape(), bytes_of(region));
+        p.part.slices.push_back(std::move(s));
       }
     }
   }
   // The generator state, so a run that draws random numbers after initialisation resumes them.
   at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   const std::string rng_name = "cpu_generator/rank_" + std::to_string(t.rank);
-  writer.add(std::string(kSliceRng) + "/" + rng_name, "U8", {rng.numel()}, bytes_of(rng));
-  part.slices.push_back({rng_name,
-                         kSliceRng,
-                         "U8",
-                         {rng.numel()},
-                         {{0, rng.numel()}},
-                         0,
-                         1,
-                         shard_name,
-                         std::string(kSliceRng) + "/" + rng_name});
-  const std::string shard = writer.finish();
-  part.files.push_back({shard_name, shard.size(), crc32(shard)});
-  LOOM_TRY(write_file_durably(dir / shard_name, shard, crash_hook()));
-  LOOM_TRY(write_file_durably(dir / rank_name(t.rank, "json"), to_json(part), crash_hook()));
+  p.shard.add(std::string(kSliceRng) + "/" + rng_name, "U8", {rng.numel()}, bytes_of(rng));
+  p.part.slices.push_back({rng_name,
+                           kSliceRng,
+                           "U8",
+                           {rng.numel()},
+                           {{0, rng.numel()}},
+                           0,
+                           1,
+                           shard_name,
+                           std::string(kSliceRng) + "/" + rng_name});
+}
+
+// The manifest's fields other than its files and slices, which rank 0 gathers from the parts.
+CheckpointManifest manifest_fields(const CheckpointTarget& t, const Config& config, int64_t step) {
+  CheckpointManifest m;
+  m.step = step;
+  m.samples_seen = step * config.batch.global;
+  m.world_size = t.world_size;
+  m.plan = t.plan_name;
+  m.seed = config.run.seed;
+  m.optimizer_steps = t.optimizer ? t.optimizer->steps_taken() : 0;
+  m.optimizer = config.optimizer.type;
+  m.config_yaml = to_yaml(config);
+  return m;
+}
+
+// This rank's shard, then its part of the manifest, written durably: a part on disk says its
+// shard is durable.
+Status write_shard(const PendingCheckpoint& p) {
+  const std::string shard_name = rank_name(p.rank, "safetensors");
+  const std::string header = p.shard.header();
+  const std::string_view data = p.shard.data();
+  CheckpointManifest part = p.part;
+  part.files.push_back({shard_name, header.size() + data.size(), crc32(data, crc32(header))});
+  LOOM_TRY(write_file_durably(p.dir / shard_name, {header, data}, crash_hook()));
+  LOOM_TRY(write_file_durably(p.dir / rank_name(p.rank, "json"), to_json(part), crash_hook()));
   return Status::success();
 }
 
 // Rank 0, once every shard is durable: the manifest of all ranks' parts, which makes the
 // checkpoint count.
-Status write_manifest(const CheckpointTarget& t, const Config& config, int64_t step,
-                      const fs::path& dir) {
-  CheckpointManifest m;
-  m.step = step;
-  m.samples_seen = step * config.batch.global;
-  m.world_size = t.world_size;
-  m.plan = plan_string(config);
-  m.seed = config.run.seed;
-  m.optimizer_steps = t.optimizer ? t.optimizer->steps_taken() : 0;
-  m.optimizer = config.optimizer.type;
-  m.config_yaml = to_yaml(config);
-  for (int64_t r = 0; r < t.world_size; ++r) {
-    const fs::path p = dir / rank_name(r, "json");
-    LOOM_ASSIGN_OR_RETURN(std::string text, read_whole_file(p));
-    LOOM_ASSIGN_OR_RETURN(CheckpointManifest rp, parse_manifest(text, p.string()));
+Status write_manifest(const PendingCheckpoint& p) {
+  CheckpointManifest m = p.manifest;
+  for (int64_t r = 0; r < p.world_size; ++r) {
+    const fs::path path = p.dir / rank_name(r, "json");
+    LOOM_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
+    LOOM_ASSIGN_OR_RETURN(CheckpointManifest rp, parse_manifest(text, path.string()));
     m.files.insert(m.files.end(), rp.files.begin(), rp.files.end());
     m.slices.insert(m.slices.end(), rp.slices.begin(), rp.slices.end());
   }
-  LOOM_TRY(write_file_durably(dir / kManifestName, to_json(m), crash_hook()));
+  LOOM_TRY(write_file_durably(p.dir / kManifestName, to_json(m), crash_hook()));
   return Status::success();
 }
 
@@ -374,32 +414,80 @@ Result<at::Tensor> read_generator(CheckpointReader& reader, const CheckpointTarg
 
 }  // namespace
 
-Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t step,
-                       const fs::path& root) {
-  const fs::path dir = root / checkpoint_dir_name(step);
+Result<PendingCheckpoint> snapshot_checkpoint(const CheckpointTarget& t, const Config& config,
+                                              int64_t step, const fs::path& root,
+                                              SafeTensorsWriter buffer) {
+  PendingCheckpoint p;
+  p.shard = std::move(buffer);
+  p.shard.clear();
+  p.root = root;
+  p.dir = root / checkpoint_dir_name(step);
+  p.step = step;
+  p.rank = t.rank;
+  p.world_size = t.world_size;
+  p.keep = config.checkpoint.keep;
   LOOM_TRY(check_finite(t, step));
-  LOOM_TRY(check_inside(root, dir));
+  LOOM_TRY(check_inside(root, p.dir));
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  fs::create_directories(p.dir, ec);
   if (ec)
     return Error::at("checkpoint.dir",
-                     "checkpoint.dir: cannot create '" + dir.string() + "': " + ec.message());
+                     "checkpoint.dir: cannot create '" + p.dir.string() + "': " + ec.message());
+  // A part left by an earlier attempt at this step would pass for this one's.
+  fs::remove(p.dir / rank_name(t.rank, "json"), ec);
   if (t.rank == 0) {
     // Saving again at a step that has a checkpoint: it stops counting before any shard changes.
-    if (fs::exists(dir / kManifestName)) {
+    if (fs::exists(p.dir / kManifestName)) {
       crash_point();
-      fs::remove(dir / kManifestName, ec);
-      LOOM_TRY(sync_directory(dir));
+      fs::remove(p.dir / kManifestName, ec);
+      LOOM_TRY(sync_directory(p.dir));
     }
-    LOOM_TRY(sync_directory(root));
+    LOOM_TRY(sync_directory(p.root));
+    p.manifest = manifest_fields(t, config, step);
   }
   LOOM_TRY(barrier(t, "start"));
+  snapshot_shard(t, p);
+  return p;
+}
 
-  LOOM_TRY(write_shard(t, dir));
-  LOOM_TRY(barrier(t, "shards written"));
-  if (t.rank != 0) return Status::success();
-  LOOM_TRY(write_manifest(t, config, step, dir));
-  return prune(root, config.checkpoint.keep, step);
+Status write_checkpoint(const PendingCheckpoint& p, const std::function<Status()>& all_written) {
+  LOOM_TRY(write_shard(p));
+  LOOM_TRY(all_written());
+  if (p.rank != 0) return Status::success();
+  LOOM_TRY(write_manifest(p));
+  return prune(p.root, p.keep, p.step);
+}
+
+Status await_checkpoint_parts(const PendingCheckpoint& p, std::chrono::milliseconds timeout,
+                              const std::atomic<bool>& cancel) {
+  if (p.rank != 0) return Status::success();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::milliseconds pause{1};
+  for (int64_t r = 1; r < p.world_size; ++r) {
+    std::error_code ec;
+    while (!fs::exists(p.dir / rank_name(r, "json"), ec)) {
+      if (cancel.load())
+        return Error::at("checkpoint.async",
+                         "checkpoint '" + p.dir.string() + "': the trainer stopped before rank " +
+                             std::to_string(r) +
+                             "'s shard was written; the previous checkpoint stays the latest");
+      if (std::chrono::steady_clock::now() >= deadline)
+        return Error::at("comm.timeout_s", "checkpoint '" + p.dir.string() + "': rank " +
+                                               std::to_string(r) +
+                                               "'s shard was not written within comm.timeout_s (" +
+                                               std::to_string(timeout.count() / 1000) +
+                                               " s); the previous checkpoint stays the latest");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+  return Status::success();
+}
+
+Status save_checkpoint(const CheckpointTarget& t, const Config& config, int64_t step,
+                       const fs::path& root) {
+  LOOM_ASSIGN_OR_RETURN(PendingCheckpoint p, snapshot_checkpoint(t, config, step, root));
+  return write_checkpoint(p, [&] { return barrier(t, "shards written"); });
 }
 
 Result<int64_t> load_checkpoint(const CheckpointTarget& t, const Config& config,

@@ -18,11 +18,13 @@
 #include "comm/local_comm.h"
 #include "comm/make_comm.h"
 #include "core/durable_file.h"
+#include "core/log.h"
 #include "core/strings.h"
 #include "graph/ops_moe.h"
 #include "lower/plan_file.h"
 #include "lower/program.h"
 #include "runtime/checkpoint.h"
+#include "runtime/checkpoint_writer.h"
 #include "runtime/debug_env.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
@@ -61,13 +63,12 @@ struct Trainer::Impl {
   // Rank 0's claim on checkpoint.dir (checkpoint_dir.h): taken at the start when the directory
   // exists, else at the first checkpoint, so that a run that never saves writes nothing there.
   std::unique_ptr<CheckpointDir> checkpoint_dir;
+  std::string plan_name;  // RunPlan::plan_name, for the checkpoints' manifests
+  // checkpoint.async: the write in flight. Declared last, so that it finishes before the rest goes.
+  std::unique_ptr<CheckpointWriter> writer;
 };
 
 namespace {
-
-int64_t bucket_bytes(const Config& config) {
-  return static_cast<int64_t>(config.comm.bucket_mb * 1024 * 1024);
-}
 
 // logging.trace_steps: a Tracer for step `step` (1-based) when it is traced, else null.
 std::unique_ptr<observe::Tracer> tracer_for(const Config& config, const RunDevice& device,
@@ -89,6 +90,7 @@ CheckpointTarget checkpoint_target(Trainer::Impl& s) {
   t.world = s.world.get();
   t.rank = s.world->world_rank().value();
   t.world_size = s.world->size();
+  t.plan_name = s.plan_name;
   return t;
 }
 
@@ -203,8 +205,9 @@ namespace {
 // A plan whose estimated peak exceeds the memory a rank has (the GPU's, or the machine's shared
 // by its ranks) is refused before anything is allocated, naming what sized it. Every process
 // decides alike, before the rendezvous.
-Status check_fits(const Config& config, double peak, const RunDevice& device,
+Status check_fits(const Config& config, const RunPlan& plan, const RunDevice& device,
                   const comm::EnvLookup& env) {
+  const double peak = plan.peak_bytes;
   if (!(peak > 0)) return Status::success();  // a plan.json brings no estimate
   auto count = [&](const char* name) -> int64_t {
     const auto v = env(name);
@@ -229,8 +232,7 @@ Status check_fits(const Config& config, double peak, const RunDevice& device,
                      (device.cuda() ? std::string("the GPU's")
                                     : "the machine's, over " + std::to_string(local) + " ranks") +
                      "): model " + config.model.type + " " + config.model.preset +
-                     (sizes.empty() ? std::string() : " with " + sizes) + " on " +
-                     config.parallel.degrees() +
+                     (sizes.empty() ? std::string() : " with " + sizes) + " on " + plan.degrees +
                      "; make the model smaller or split it over more ranks (loom plan shows the "
                      "estimate per rank)");
 }
@@ -247,13 +249,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
   impl->graph = std::move(plan.model);
   impl->estimate = std::move(plan.estimate);
   impl->items_per_sample = plan.items_per_sample;
+  impl->plan_name = plan.plan_name;
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
 
   // The device first: a run on a GPU that is not there stops before any rendezvous.
   const comm::EnvLookup env = comm::process_env();
   LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, comm::local_rank(env)));
   const int64_t world_size = plan.file.world_size;
-  LOOM_TRY(check_fits(config, plan.peak_bytes, impl->device, env));
+  LOOM_TRY(check_fits(config, plan, impl->device, env));
   if (!world && world_size == 1) {
     // One process alone: a plan of one rank over a one-rank Comm.
     world = comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0));
@@ -272,9 +275,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
                             std::to_string(world_size) +
                             ", or use comm.backend gloo (nccl on GPUs) under loomrun");
   if (world->size() != world_size)
-    return config.error("parallel.dp", config.parallel.degrees() + " = " +
-                                           std::to_string(world_size) + " ranks, but " +
-                                           std::to_string(world->size()) +
+    return config.error("parallel.dp", plan.degrees + " = " + std::to_string(world_size) +
+                                           " ranks, but " + std::to_string(world->size()) +
                                            " processes were started");
   LOOM_TRY(check_ranks_agree(*world, impl->device,
                              facts_of(config, plan.file.hash + "/" + plan.file.model_digest)));
@@ -285,7 +287,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
       impl->executor,
       Executor::create(impl->planned, impl->lowered, world, impl->kernels,
                        ExecutorOptions{static_cast<uint64_t>(config.run.seed), impl->device,
-                                       bucket_bytes(config), config.parallel.zero == 1,
+                                       plan.bucket_bytes, plan.zero == 1,
                                        /*seeded_init=*/config.checkpoint.init_from.empty()}));
   // Each rank reads only the samples its ops read (none on a middle pipeline stage).
   impl->inputs->read_only(impl->executor->input_rows());
@@ -321,17 +323,54 @@ StepStats stats_of(const Trainer::Impl& s, const StepSums& sums, double scale, d
   return st;
 }
 
+// checkpoint.async: waits for the previous write, saying so when the training had to.
+Status await_previous_write(Trainer::Impl& s) {
+  if (!s.writer || !s.writer->in_flight()) return Status::success();
+  const bool had_to_wait = !s.writer->finished();
+  const auto start = std::chrono::steady_clock::now();
+  Status done = s.writer->wait();
+  if (had_to_wait) {
+    std::ostringstream os;
+    os << "checkpoint of step " << s.step << " waited "
+       << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+       << " s for the write of step " << s.writer->step()
+       << " (checkpoint.async writes one at a time; checkpoint.every steps took less than a write)";
+    log_warning(os.str());
+  }
+  return done;
+}
+
+// This step's checkpoint: written now, or with checkpoint.async copied now and written in the
+// background. The last one of a run (its last step, or a stop signal) is written before the run
+// ends.
+Status save(Trainer::Impl& s, bool last) {
+  LOOM_TRY(claim_checkpoint_dir(s, /*only_if_exists=*/false));
+  const std::filesystem::path root = checkpoint_root(s.config);
+  if (!s.config.checkpoint.async)
+    return save_checkpoint(checkpoint_target(s), s.config, s.step, root);
+  LOOM_TRY(await_previous_write(s));
+  LOOM_ASSIGN_OR_RETURN(
+      PendingCheckpoint pending,
+      snapshot_checkpoint(checkpoint_target(s), s.config, s.step, root,
+                          s.writer ? s.writer->take_buffer() : SafeTensorsWriter()));
+  if (!s.writer) {
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(s.config.comm.timeout_s * 1000));
+    s.writer = std::make_unique<CheckpointWriter>(timeout);
+  }
+  s.writer->start(std::move(pending));
+  return last ? s.writer->wait() : Status::success();
+}
+
 // The step's record, then its checkpoint: every checkpoint.every steps, after the last step, and
 // after the step a stop signal ended.
 Result<StepStats> finish_step(Trainer::Impl& s, StepStats st, bool stop) {
   if (stop) st.stop_signal = stop_signal() != 0 ? stop_signal() : SIGTERM;
   const int64_t every = s.config.checkpoint.every;
-  st.checkpointed = every > 0 && (s.step % every == 0 || s.step == s.config.run.steps || stop);
+  const bool last = s.step == s.config.run.steps || stop;
+  st.checkpointed = every > 0 && (s.step % every == 0 || last);
   if (s.recorder) LOOM_TRY(s.recorder(st));
-  if (st.checkpointed) {
-    LOOM_TRY(claim_checkpoint_dir(s, /*only_if_exists=*/false));
-    LOOM_TRY(save_checkpoint(checkpoint_target(s), s.config, s.step, checkpoint_root(s.config)));
-  }
+  if (st.checkpointed) LOOM_TRY(save(s, last));
   return st;
 }
 
@@ -339,6 +378,7 @@ Result<StepStats> finish_step(Trainer::Impl& s, StepStats st, bool stop) {
 
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
+  maybe_hold_for_stop();
   std::unique_ptr<StepProfile> profile =
       s.profile_step == s.step + 1 ? start_profile(s.config, s.step + 1, rank()) : nullptr;
   s.tracer = tracer_for(s.config, s.device, s.step + 1);

@@ -36,6 +36,11 @@ struct RunPlan {
   observe::EstimateFigures estimate;
   double peak_bytes = 0;
   int64_t items_per_sample = 1;  // the throughput unit: tokens (GPT), images (Swin)
+  // From the run's PlanSpec, so that the runtime reads no parallel.* or comm.bucket_mb key.
+  int64_t zero = 0;                          // 0, 1 (optimizer state sharded) or 3
+  int64_t bucket_bytes = int64_t{25} << 20;  // a gradient bucket's most bytes
+  std::string degrees;    // as messages name them: "parallel.dp (2) x parallel.tp (2) x ..."
+  std::string plan_name;  // as checkpoints record it: "dp2 x tp2 x pp1"
 };
 
 struct StepStats {
