@@ -17,10 +17,14 @@ struct Outcome {
   enum class Kind { kDone, kTimedOut, kFailed };
   Kind kind = Kind::kDone;
   std::string detail;  // what the backend said, for kFailed (and kTimedOut when it knows more)
+  // kFailed because a peer's process is gone (the detail names it): the failure need not wait
+  // for slow peers to announce themselves before naming the missing ones.
+  bool peer_lost = false;
 
   static Outcome done() { return {}; }
   static Outcome timed_out(std::string detail = "") { return {Kind::kTimedOut, std::move(detail)}; }
   static Outcome failed(std::string detail) { return {Kind::kFailed, std::move(detail)}; }
+  static Outcome lost(std::string detail) { return {Kind::kFailed, std::move(detail), true}; }
   bool ok() const { return kind == Kind::kDone; }
 };
 

@@ -28,7 +28,7 @@ Error Comm::fail_call(const Call& call, const Outcome& outcome) {
   } else {
     const std::string elapsed = format_seconds(since(call.start));
     message = head + " failed after " + elapsed + " s: " + outcome.detail + "; " +
-              who_is_missing(call, /*grace=*/true);
+              who_is_missing(call, /*grace=*/!outcome.peer_lost);
   }
   mark_broken(message);
   return Error{message, {}};

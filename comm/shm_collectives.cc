@@ -1,6 +1,7 @@
 #include "comm/shm_collectives.h"
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstring>
@@ -98,6 +99,12 @@ struct ShmGroup::Impl {
         return std::nullopt;
       case SharedSegment::Wait::kTimedOut:
         return Outcome::timed_out();
+      case SharedSegment::Wait::kPeerLost: {
+        const int m = segment->lost_member();
+        return Outcome::lost("shared memory: group member " + std::to_string(m) + " (pid " +
+                             std::to_string(segment->pid_of(m)) +
+                             ") died while this rank waited for it");
+      }
       default:
         return Outcome::failed("shared memory: the group was closed");
     }
@@ -261,7 +268,10 @@ Result<std::shared_ptr<ShmGroup>> ShmGroup::connect(RendezvousStore& store, cons
     std::random_device rd;
     const uint64_t token = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     auto created = SharedSegment::create(size, data_bytes, token);
-    if (created.ok()) impl->segment = std::move(created).value();
+    if (created.ok()) {
+      impl->segment = std::move(created).value();
+      impl->segment->enter(rank, getpid());
+    }
     LOOM_TRY(store.set(key + "/name", created.ok()
                                           ? impl->segment->name() + " " + std::to_string(token)
                                           : "! " + created.error().message));
@@ -274,10 +284,12 @@ Result<std::shared_ptr<ShmGroup>> ShmGroup::connect(RendezvousStore& store, cons
     } else {
       auto opened = SharedSegment::open(named.substr(0, space), size, data_bytes,
                                         std::stoull(named.substr(space + 1)));
-      if (opened.ok())
+      if (opened.ok()) {
         impl->segment = std::move(opened).value();
-      else
+        impl->segment->enter(rank, getpid());
+      } else {
         mine = "0 " + opened.error().message;
+      }
     }
   }
   LOOM_TRY(store.set(key + "/mapped/" + std::to_string(rank), mine));

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -9,6 +10,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -48,6 +50,46 @@ std::atomic<uint32_t>& SharedSegment::flag(int member) const {
                                                    member * kFlagBytes);
 }
 
+// A member's process id sits in its flag's cache line, after the flag.
+std::atomic<int32_t>& SharedSegment::pid_slot(int member) const {
+  return *reinterpret_cast<std::atomic<int32_t>*>(static_cast<std::byte*>(base_) + flags_offset() +
+                                                  member * kFlagBytes + 8);
+}
+
+int SharedSegment::pid_of(int member) const {
+  return pid_slot(member).load(std::memory_order_acquire);
+}
+
+void SharedSegment::enter(int me, int pid) { pid_slot(me).store(pid, std::memory_order_release); }
+
+// Whether `member`'s process has ended or is ending: no such process, one that died and was
+// not reaped yet (a zombie holds its pid but never runs again), or one in its exit (the kernel's
+// PF_EXITING flag: a killed process of a few GB takes a second to tear down its memory).
+bool SharedSegment::gone(int member) const {
+  const int pid = pid_of(member);
+  if (pid <= 0) return false;  // not entered: nothing to watch
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  // "pid (comm) S ppid pgrp session tty_nr tpgid flags ...": the state follows the last ')', as
+  // the name may hold one; flags is the sixth field after it.
+  const char* paren = std::strrchr(buf, ')');
+  if (paren == nullptr || paren[1] != ' ') return false;
+  const char state = paren[2];
+  if (state == 'Z' || state == 'X') return true;
+  unsigned long flags = 0;
+  if (std::sscanf(paren + 3, "%*d %*d %*d %*d %*d %lu", &flags) != 1) return false;
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING (linux/sched.h)
+  return (flags & kExiting) != 0;
+}
+
 Result<std::unique_ptr<SharedSegment>> SharedSegment::create(int members, int64_t data_bytes,
                                                              uint64_t token) {
   std::unique_ptr<SharedSegment> s(new SharedSegment());
@@ -73,7 +115,10 @@ Result<std::unique_ptr<SharedSegment>> SharedSegment::create(int members, int64_
     s->base_ = nullptr;
     return Error{"mmap(" + s->name_ + "): " + errno_text(errno), {}};
   }
-  for (int m = 0; m < members; ++m) new (&s->flag(m)) std::atomic<uint32_t>(0);
+  for (int m = 0; m < members; ++m) {
+    new (&s->flag(m)) std::atomic<uint32_t>(0);
+    new (&s->pid_slot(m)) std::atomic<int32_t>(0);
+  }
   s->data_ = static_cast<std::byte*>(s->base_) + data_offset(members);
   auto* header = static_cast<Header*>(s->base_);
   header->token = token;
@@ -147,6 +192,10 @@ SharedSegment::Wait SharedSegment::wait_all(int me, uint32_t step,
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
       timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
       futex(&f, FUTEX_WAIT, seen, &ts);
+      if (gone(m)) {
+        lost_member_ = m;
+        return Wait::kPeerLost;
+      }
     }
   }
   return Wait::kDone;

@@ -18,7 +18,7 @@ namespace loom::comm {
 
 class SharedSegment {
  public:
-  enum class Wait { kDone, kTimedOut, kStopped };
+  enum class Wait { kDone, kTimedOut, kStopped, kPeerLost };
 
   // Creates and maps a segment of `data_bytes` after the flags of `members` members, reserving
   // its pages up front (posix_fallocate: a lack of memory fails here, not later with SIGBUS).
@@ -42,16 +42,25 @@ class SharedSegment {
   std::byte* data() const { return data_; }
   int64_t data_bytes() const { return data_bytes_; }
 
+  // Records process `pid` as member `me`, so that the others see it die while they wait for it.
+  void enter(int me, int pid);
   // Member `me` has reached `step` (steps only grow, modulo 2^32) and wakes whoever waits on it.
   void arrive(int me, uint32_t step);
-  // Waits until every member other than `me` has reached `step`, `deadline` passes, or `stop`
-  // becomes true (checked at least every 50 ms).
+  // Waits until every member other than `me` has reached `step`, `deadline` passes, `stop`
+  // becomes true, or the process of the member waited for is gone (kPeerLost, lost_member() says
+  // which; a dead process never arrives, so waiting out the deadline would only delay the
+  // failure). Checked at least every 50 ms.
   Wait wait_all(int me, uint32_t step, std::chrono::steady_clock::time_point deadline,
                 const std::atomic<bool>& stop) const;
+  // After kPeerLost: the member whose process is gone, and its process id.
+  int lost_member() const { return lost_member_; }
+  int pid_of(int member) const;
 
  private:
   SharedSegment() = default;
   std::atomic<uint32_t>& flag(int member) const;
+  std::atomic<int32_t>& pid_slot(int member) const;
+  bool gone(int member) const;
 
   std::string name_;
   int fd_ = -1;  // the creator's, until unlink()
@@ -60,6 +69,7 @@ class SharedSegment {
   size_t mapped_ = 0;
   std::byte* data_ = nullptr;
   int64_t data_bytes_ = 0;
+  mutable int lost_member_ = -1;
 };
 
 }  // namespace loom::comm

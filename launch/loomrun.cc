@@ -37,6 +37,9 @@ using Clock = std::chrono::steady_clock;
 
 // Time the workers get between SIGTERM and SIGKILL once the group is being stopped.
 constexpr auto kGracePeriod = std::chrono::seconds(3);
+// The same for a scale-up, where nothing failed: loom train finishes its step and writes its
+// checkpoint before it exits.
+constexpr auto kScaleUpGracePeriod = std::chrono::seconds(300);
 // Stderr lines kept per worker for the root-cause report.
 constexpr size_t kTailLines = 10;
 
@@ -526,7 +529,8 @@ AttemptResult run_attempt(const RunOptions& o, const Placement& p, const std::st
         ws[i].killed_by_group = ws[i].running;
       }
       signal_all(ws, res.stop_signal != 0 ? res.stop_signal : SIGTERM);
-      kill_at = Clock::now() + kGracePeriod;
+      const bool healthy = res.failed < 0 && res.stop_signal == 0 && is_scale_up(res.cause);
+      kill_at = Clock::now() + (healthy ? kScaleUpGracePeriod : kGracePeriod);
     }
     bool all_reaped = std::none_of(ws.begin(), ws.end(), [](const Worker& w) { return w.running; });
     if (stopping && !killed && (Clock::now() >= kill_at || all_reaped)) {
@@ -695,15 +699,21 @@ int run_elastic(const RunOptions& o, const std::string& token) {
               "loomrun: " + client.error().message + " (hosting it here: " + not_hosting + ")\n");
     return 1;
   }
-  const RdzvSettings settings{o.nnodes_min, o.nnodes, std::chrono::seconds(o.rdzv_timeout_s),
+  const RdzvSettings settings{o.nnodes_min,
+                              o.nnodes,
+                              std::chrono::seconds(o.rdzv_timeout_s),
                               std::chrono::seconds(o.rdzv_last_call_s),
-                              std::chrono::seconds(o.heartbeat_timeout_s)};
+                              std::chrono::seconds(o.heartbeat_timeout_s),
+                              o.scale_up};
   Rendezvous rdzv(std::move(*client), settings, this_agent());
   RoundEnd last;
+  int restarts = 0;  // rounds that ended in a failure; a scale-up is none
   while (true) {
     Result<Round> round = rdzv.join();
     if (!round.ok()) {
       write_all(2, "loomrun: " + round.error().message + "\n");
+      // Fewer agents than --nnodes' MIN: the command line asked for a world that is not there.
+      if (round.error().key == "--nnodes") return 2;
       return round.error().key == kJobOver ? 0 : 1;
     }
     log_round(*round, o, last.cause, last.at);
@@ -717,7 +727,16 @@ int run_elastic(const RunOptions& o, const std::string& token) {
       rdzv.leave("succeeded", keeper > 0);
       return 0;
     }
-    if (g_stop_signal != 0 || round->number >= o.max_restarts) {
+    if (g_stop_signal == 0 && is_scale_up(last.cause)) {
+      write_all(2, "loomrun: round " + std::to_string(round->number) + " ended for a " +
+                       last.cause + " (not counted against --max-restarts)\n");
+      if (Status s = rdzv.advance(); !s.ok()) {
+        write_all(2, "loomrun: " + s.error().message + "\n");
+        return 1;
+      }
+      continue;
+    }
+    if (g_stop_signal != 0 || restarts >= o.max_restarts) {
       write_all(2, "loomrun: round " + std::to_string(round->number) + " failed: " + last.cause +
                        (g_stop_signal != 0
                             ? ""
@@ -727,7 +746,7 @@ int run_elastic(const RunOptions& o, const std::string& token) {
       return last.exit_code;
     }
     write_all(2, "loomrun: round " + std::to_string(round->number) + " failed: " + last.cause +
-                     "; restarting (restart " + std::to_string(round->number + 1) + " of " +
+                     "; restarting (restart " + std::to_string(++restarts) + " of " +
                      std::to_string(o.max_restarts) + ")\n");
     if (Status s = rdzv.advance(); !s.ok()) {
       write_all(2, "loomrun: " + s.error().message + "\n");

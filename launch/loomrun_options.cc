@@ -89,6 +89,7 @@ std::string check_elastic(const RunOptions& o, const std::vector<std::string>& g
              " needs --rdzv-endpoint HOST:PORT, where the agents meet";
     for (const char* f : {"--rdzv-timeout", "--rdzv-last-call", "--heartbeat-timeout"})
       if (has(f)) return std::string(f) + " only applies with --rdzv-endpoint HOST:PORT";
+    if (o.scale_up) return "--scale-up only applies with --rdzv-endpoint HOST:PORT";
     return "";
   }
   for (const char* f : {"--node-rank", "--master-addr", "--master-port"})
@@ -97,6 +98,9 @@ std::string check_elastic(const RunOptions& o, const std::vector<std::string>& g
              " is set by the rendezvous with --rdzv-endpoint (node ranks in join order, rank 0's "
              "node hosts the workers' store); drop it";
   if (o.standalone) return "--standalone runs one node without a rendezvous; drop --rdzv-endpoint";
+  if (o.scale_up && o.nnodes_min == o.nnodes)
+    return "--scale-up needs room to grow: --nnodes " + std::to_string(o.nnodes) +
+           " is fixed; give --nnodes MIN:MAX";
   return "";
 }
 
@@ -233,6 +237,10 @@ std::string run_usage() {
          "  --rdzv-timeout S     a round without MIN agents after S seconds fails (600)\n"
          "  --rdzv-last-call S   once MIN agents joined, wait S seconds for more (30)\n"
          "  --heartbeat-timeout S  an agent silent for S seconds is lost (30)\n"
+         "  --scale-up           an agent joining while a round runs is admitted at once:\n"
+         "                       the workers get SIGTERM (loom train stops after the step\n"
+         "                       and its checkpoint) and the group restarts with it; such\n"
+         "                       restarts do not count against --max-restarts\n"
          "  --log-dir DIR        keep DIR/attempt_K/RANK/{stdout,stderr}.log\n"
          "  --tee                with --log-dir, also print workers' output\n"
          "Underscore spellings (--nproc_per_node) are accepted too.\n";
@@ -264,12 +272,12 @@ ParseResult parse_run_options(const std::vector<std::string>& argv) {
       has_value = true;
     }
     name = normalize_flag(name);
-    if (name == "--standalone" || name == "--tee") {
+    if (name == "--standalone" || name == "--tee" || name == "--scale-up") {
       if (has_value) {
         r.error = name + " takes no value";
         return r;
       }
-      (name == "--standalone" ? o.standalone : o.tee) = true;
+      (name == "--standalone" ? o.standalone : name == "--tee" ? o.tee : o.scale_up) = true;
       continue;
     }
     static const char* kValued[] = {"--nproc-per-node", "--nnodes",         "--node-rank",

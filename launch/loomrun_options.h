@@ -34,11 +34,14 @@ struct RunOptions {
   std::string rdzv_token;                 // the job's secret (--rdzv-token); empty: see run()
   // Elastic rendezvous (--rdzv-endpoint): agents meet in loom's store at this address, hosted
   // by the agent that can bind it; node ranks then come from the join order.
-  std::string rdzv_host;          // empty: no rendezvous, fixed --node-rank and --master-*
-  int rdzv_port = 0;              // the store's port
-  int rdzv_timeout_s = 600;       // a round without MIN agents by then fails the job
-  int rdzv_last_call_s = 30;      // once MIN have joined, how long a round waits for more
-  int heartbeat_timeout_s = 30;   // an agent silent this long is lost
+  std::string rdzv_host;         // empty: no rendezvous, fixed --node-rank and --master-*
+  int rdzv_port = 0;             // the store's port
+  int rdzv_timeout_s = 600;      // a round without MIN agents by then fails the job
+  int rdzv_last_call_s = 30;     // once MIN have joined, how long a round waits for more
+  int heartbeat_timeout_s = 30;  // an agent silent this long is lost
+  // --scale-up: an agent that joins while a round runs ends it (the workers are asked to stop,
+  // which loom train does after a step and its checkpoint) and the next round admits it.
+  bool scale_up = false;
   std::string program;            // the worker program (PATH is searched)
   std::vector<std::string> args;  // passed to the program untouched
 };

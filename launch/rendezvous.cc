@@ -163,7 +163,25 @@ Result<std::string> Rendezvous::watch() {
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> failed,
                         store_->get(key("failed"), milliseconds(0)));
   if (failed) return *failed;
-  return check_heartbeats();
+  LOOM_ASSIGN_OR_RETURN(std::string lost, check_heartbeats());
+  if (!lost.empty()) return lost;
+  return check_waiting();
+}
+
+// An agent that joined this round after it closed waits for the next one; with scale_up, and
+// room for it, the round ends now so that the next admits it.
+Result<std::string> Rendezvous::check_waiting() {
+  if (!settings_.scale_up || round_.nnodes >= settings_.max_nodes) return std::string();
+  LOOM_ASSIGN_OR_RETURN(int64_t joined, store_->add(key("joined"), 0));
+  if (joined <= round_.nnodes) return std::string();
+  LOOM_ASSIGN_OR_RETURN(
+      std::optional<std::string> name,
+      store_->get(key("agent/" + std::to_string(round_.nnodes)), milliseconds(0)));
+  return fail(std::string(kScaleUpCause) + "agent " + name.value_or("?") + " joined round " +
+              std::to_string(round_.number) + " while it ran (" +
+              std::to_string(joined - round_.nnodes) + " waiting, room for " +
+              std::to_string(settings_.max_nodes - round_.nnodes) +
+              "); the workers stop after their step and the next round admits it");
 }
 
 Result<std::string> Rendezvous::check_heartbeats() {

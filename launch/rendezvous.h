@@ -23,6 +23,7 @@ struct RdzvSettings {
   std::chrono::seconds timeout{600};           // a round without MIN agents fails
   std::chrono::seconds last_call{30};          // once MIN joined, the wait for more
   std::chrono::seconds heartbeat_timeout{30};  // an agent silent this long is lost
+  bool scale_up = false;  // an agent waiting to join ends the running round (--scale-up)
 };
 
 // What a round gave this agent.
@@ -36,6 +37,10 @@ struct Round {
 
 // The error key join() gives when the job ended before this agent was admitted.
 constexpr const char* kJobOver = "job-over";
+// How the cause of a round ended for a scale-up begins: a restart that is not a failure.
+constexpr const char* kScaleUpCause = "scale-up: ";
+
+inline bool is_scale_up(const std::string& cause) { return cause.rfind(kScaleUpCause, 0) == 0; }
 
 class Rendezvous {
  public:
@@ -47,7 +52,8 @@ class Rendezvous {
   // how many joined), when the store is lost, or (key kJobOver) when the job ended meanwhile.
   Result<Round> join();
   // While the round runs, at most once per heartbeat interval: beats, and watches the round's
-  // failure and the other agents' heartbeats. "" while all is well, else the cause that ends it.
+  // failure, the other agents' heartbeats and (scale_up) agents waiting to join. "" while all is
+  // well, else the cause that ends it (is_scale_up for a waiting agent).
   Result<std::string> watch();
   // Ends the round for every agent with `cause`, unless a cause came first; returns the winner.
   Result<std::string> fail(const std::string& cause);
@@ -69,6 +75,7 @@ class Rendezvous {
   Result<Round> admitted(int round, int index, int members);
   Status await_next_round(int round);
   Result<std::string> check_heartbeats();
+  Result<std::string> check_waiting();
 
   std::unique_ptr<RdzvClient> store_;
   RdzvSettings settings_;

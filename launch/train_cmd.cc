@@ -224,6 +224,17 @@ int stopped(const runtime::StepStats& st, bool report) {
   return 128 + st.stop_signal;
 }
 
+// Where a worker's start went: planning (0 for a plan file), then connecting the ranks,
+// building the trainer and loading its checkpoint.
+struct StartTimes {
+  double plan_s = 0;
+  double create_s = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // Ranks other than 0 train silently; rank 0 reports and writes the run directory.
 int train_follower(runtime::Trainer& trainer) {
   for (int64_t i = trainer.steps_done(); i < trainer.config().run.steps; ++i) {
@@ -249,7 +260,7 @@ bool nothing_to_train(const runtime::Trainer& trainer) {
   return true;
 }
 
-int train_lead(const Config& config, runtime::Trainer& trainer) {
+int train_lead(const Config& config, runtime::Trainer& trainer, const StartTimes& times) {
   if (nothing_to_train(trainer)) return kExitOk;
   // A checkpoint folder that cannot be written is found now, not after the steps before the
   // first checkpoint.
@@ -273,6 +284,9 @@ int train_lead(const Config& config, runtime::Trainer& trainer) {
   if (resumed_at > 0)
     std::printf("loom: resumed from step %lld (%s)\n", static_cast<long long>(resumed_at),
                 trainer.resumed_from().c_str());
+  std::printf("loom: planned in %.2f s, trainer ready in %.2f s (ranks connected, %s)\n",
+              times.plan_s, times.create_s,
+              resumed_at > 0 ? "checkpoint loaded" : "parameters initialised");
   if (const int64_t dropped = out.metrics->dropped_rows(); dropped > 0)
     std::printf(
         "loom: dropped %lld row(s) after step %lld from %s: this run trains those steps "
@@ -351,14 +365,24 @@ int train_main(const Args& args) {
     if (!loaded_plan.ok()) return bad_input(loaded_plan.error().message);
     plan = std::move(*loaded_plan);
   }
-  auto created = launch::create_trainer(config, nullptr, plan ? &*plan : nullptr);
+  // Planned here rather than inside create_trainer, so that a restart can say where its time went.
+  const auto started = std::chrono::steady_clock::now();
+  auto extensions = std::make_shared<const launch::Extensions>();
+  StartTimes times;
+  auto created = [&]() -> Result<std::unique_ptr<runtime::Trainer>> {
+    if (plan) return launch::create_trainer(config, nullptr, &*plan, extensions);
+    LOOM_ASSIGN_OR_RETURN(plan::PlanChoice chosen, launch::plan_run(config, *extensions));
+    times.plan_s = seconds_since(started);
+    return launch::create_trainer(chosen.config, std::move(chosen.plan), nullptr, extensions);
+  }();
   if (!created.ok()) return bad_input(created.error().message);
+  times.create_s = seconds_since(started) - times.plan_s;
   runtime::Trainer& trainer = **created;
   runtime::install_stop_handlers();  // SIGTERM, SIGINT: stop at the next step boundary
   if (config.parallel.world_size() > 1)
     (void)init_logging(static_cast<int>(trainer.rank()), config.logging.level);
   // Only rank 0 writes the run directory and reports.
-  return trainer.rank() == 0 ? train_lead(config, trainer) : train_follower(trainer);
+  return trainer.rank() == 0 ? train_lead(config, trainer, times) : train_follower(trainer);
 #else
   std::fprintf(stderr,
                "loom train: this build has no runtime (configured with LOOM_WITH_RUNTIME=OFF)\n");

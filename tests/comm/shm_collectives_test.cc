@@ -1,10 +1,14 @@
 // The shared-memory collectives of the gloo backend, with threads of one process as the members
-// of a group (they map the same segment as processes on one host would).
+// of a group (they map the same segment as processes on one host would); and a wait for a member
+// whose process died.
 #include "comm/shm_collectives.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -117,6 +121,35 @@ TEST(ShmSegment, OpeningChecksTheNameAndTheToken) {
   (*created)->unlink();
   EXPECT_FALSE(SharedSegment::open(name, 2, 4096, 42).ok()) << "unlinked: no new member maps it";
   EXPECT_FALSE(SharedSegment::open("/proc/self/fd/99999", 2, 4096, 42).ok());
+}
+
+// A member whose process has ended fails the wait at once (well before the deadline), naming
+// it: first while the dead process is a zombie (not reaped yet), then once it is gone.
+TEST(ShmSegment, AWaitForADeadMemberEndsWithoutWaitingOutTheDeadline) {
+  auto segment = SharedSegment::create(2, 4096, 7);
+  ASSERT_TRUE(segment.ok()) << segment.error().message;
+  SharedSegment& s = **segment;
+  s.enter(0, getpid());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);  // member 1's process, dead before it ever arrives
+  s.enter(1, child);
+  std::atomic<bool> stop{false};
+  for (const bool reaped : {false, true}) {
+    if (reaped) {
+      ASSERT_EQ(waitpid(child, nullptr, 0), child);
+    }
+    s.arrive(0, reaped ? 2 : 1);
+    const auto start = Clock::now();
+    EXPECT_EQ(s.wait_all(0, reaped ? 2 : 1, in_seconds(30), stop), SharedSegment::Wait::kPeerLost)
+        << (reaped ? "reaped" : "zombie");
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+    EXPECT_EQ(s.lost_member(), 1);
+    EXPECT_EQ(s.pid_of(1), child);
+  }
+  // A live member that is merely late is waited for until the deadline.
+  s.enter(1, getpid());
+  EXPECT_EQ(s.wait_all(0, 3, in_seconds(0.2), stop), SharedSegment::Wait::kTimedOut);
 }
 
 }  // namespace

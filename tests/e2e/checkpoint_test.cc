@@ -353,17 +353,11 @@ TEST(ElasticRestart, HalfTheRanksGoOnWithTheSameConfigAsOneRun) {
                       "dp 2 x tp 2, then dp 1 x tp 2");
 }
 
-// Two loomrun agents of 2 ranks each (dp 2 x tp 2 over gloo) meet at an elastic rendezvous; the
-// second is SIGKILLed with its workers once step 3 is recorded. The survivor restarts its workers
-// on 2 ranks, which plan dp 1 x tp 2 for the same config, resume the latest checkpoint resharded
-// and finish: every step has one metrics row, world_size 4 up to the checkpoint resumed and 2
-// after it, and every loss is the uninterrupted one-device run's within the plan tolerance.
-TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks) {
-  using namespace testing_support;  // the agents
-  const fs::path dir = fresh_dir("elastic_agents");
-  const fs::path config = dir / "run.yaml";
-  std::ofstream(config) << kYaml;
-  const int port = free_port();
+// The flags of the elastic agents' tests: up to 2 agents of 2 ranks at `port`, 10 s of silence
+// loses an agent, one restart after a failure; `env` goes to the workers.
+std::vector<std::string> elastic_agent_args(const fs::path& dir, int port,
+                                            const std::vector<std::string>& flags,
+                                            const std::vector<std::string>& env) {
   std::vector<std::string> args = {"--nnodes",
                                    "1:2",
                                    "--nproc-per-node",
@@ -377,30 +371,59 @@ TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks)
                                    "--heartbeat-timeout",
                                    "10",
                                    "--max-restarts",
-                                   "1",
-                                   "/usr/bin/env",
-                                   "OMP_NUM_THREADS=1"};
-  for (const std::string& a : elastic_train(config, dir / "run")) args.push_back(a);
+                                   "1"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back("/usr/bin/env");
+  args.push_back("OMP_NUM_THREADS=1");
+  args.insert(args.end(), env.begin(), env.end());
+  for (const std::string& a : elastic_train(dir / "run.yaml", dir / "run")) args.push_back(a);
+  return args;
+}
+
+// Two agents started on `args` (the first hosts the store, so the second is the one that may be
+// lost); the second is SIGKILLed with its workers once step 3 is recorded.
+testing_support::Agent start_two_and_kill_one(const fs::path& dir, int port,
+                                              const std::vector<std::string>& args) {
+  using namespace testing_support;
   Agent host = start_agent(dir.string(), "host", args);
-  // The first agent hosts the store; the second joins it, so it is the one that may be lost.
-  ASSERT_TRUE(eventually([&] { return accepts(port); }, 30)) << host.stderr_text();
+  EXPECT_TRUE(eventually([&] { return accepts(port); }, 30)) << host.stderr_text();
   Agent other = start_agent(dir.string(), "other", args);
   // Every step needs all four ranks, so the run cannot end before the kill lands.
   const fs::path metrics = dir / "run" / "metrics.jsonl";
-  ASSERT_TRUE(eventually([&] { return lines_of(metrics.string()).size() >= 3; }, 90))
+  EXPECT_TRUE(eventually([&] { return lines_of(metrics.string()).size() >= 3; }, 90))
       << host.stderr_text() << other.stderr_text();
-  ASSERT_EQ(kill(-other.pid, SIGKILL), 0);  // the agent and its workers, as a lost node
+  EXPECT_EQ(kill(-other.pid, SIGKILL), 0);  // the agent and its workers, as a lost node
   EXPECT_EQ(other.wait(20), 128 + SIGKILL);
-  ASSERT_EQ(host.wait(150), 0) << host.stderr_text();
-  const std::string log = host.stderr_text() + read_file((dir / "host.out").string());
-  EXPECT_NE(log.find("round 1: 1 node(s), world size 2"), std::string::npos) << log;
-  EXPECT_NE(log.find("parallel.dp 2 -> 1"), std::string::npos) << log;
+  return host;
+}
+
+// metrics.jsonl's steps and world sizes, in order.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> steps_and_worlds(const fs::path& run) {
   std::vector<int64_t> rows, worlds;
-  for (const std::string& line : lines_of(metrics.string())) {
+  for (const std::string& line : testing_support::lines_of((run / "metrics.jsonl").string())) {
     const nlohmann::json row = nlohmann::json::parse(line);
     rows.push_back(row["step"].get<int64_t>());
     worlds.push_back(row["world_size"].get<int64_t>());
   }
+  return {rows, worlds};
+}
+
+// Two loomrun agents of 2 ranks each (dp 2 x tp 2 over gloo) meet at an elastic rendezvous; the
+// second is SIGKILLed with its workers once step 3 is recorded. The survivor restarts its workers
+// on 2 ranks, which plan dp 1 x tp 2 for the same config, resume the latest checkpoint resharded
+// and finish: every step has one metrics row, world_size 4 up to the checkpoint resumed and 2
+// after it, and every loss is the uninterrupted one-device run's within the plan tolerance.
+TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks) {
+  using namespace testing_support;  // the agents
+  const fs::path dir = fresh_dir("elastic_agents");
+  std::ofstream(dir / "run.yaml") << kYaml;
+  const int port = free_port();
+  Agent host = start_two_and_kill_one(dir, port, elastic_agent_args(dir, port, {}, {}));
+  ASSERT_EQ(host.wait(150), 0) << host.stderr_text();
+  const std::string log = host.stderr_text() + read_file((dir / "host.out").string());
+  EXPECT_NE(log.find("round 1: 1 node(s), world size 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("parallel.dp 2 -> 1"), std::string::npos) << log;
+  const auto [rows, worlds] = steps_and_worlds(dir / "run");
   EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
   // 4 up to a checkpoint (an even step, at least 2), 2 from the step after it.
   const auto first_two = std::find(worlds.begin(), worlds.end(), 2);
@@ -412,6 +435,44 @@ TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks)
   EXPECT_TRUE(std::all_of(first_two, worlds.end(), [](int64_t w) { return w == 2; }));
   expect_equal_losses(metrics_losses(dir / "run"), 1, 10, testing_support::kLossRelTolerance,
                       "dp 2 x tp 2 on two agents, then dp 1 x tp 2 on the survivor");
+}
+
+// The same, and the lost agent comes back (a new loomrun with the same flags) while the survivor
+// trains on 2 ranks. With --scale-up the survivor's workers stop after their step and its
+// checkpoint, and the next round of both agents plans dp 2 x tp 2 again and resumes it. The
+// survivor's round holds its second step until that stop (LOOM_DEBUG_HOLD_ON_RESTART), so the
+// newcomer always arrives mid-run: world_size is 4, then 2 for exactly those two steps, then 4;
+// every step has one row and every loss is the one-device run's.
+TEST(ElasticRestart, AnAgentComingBackIsAdmittedWithScaleUp) {
+  using namespace testing_support;  // the agents
+  const fs::path dir = fresh_dir("elastic_scale_up");
+  std::ofstream(dir / "run.yaml") << kYaml;
+  const int port = free_port();
+  const auto args = elastic_agent_args(dir, port, {"--scale-up"}, {"LOOM_DEBUG_HOLD_ON_RESTART=1"});
+  Agent host = start_two_and_kill_one(dir, port, args);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto worlds = steps_and_worlds(dir / "run").second;
+        return std::count(worlds.begin(), worlds.end(), 2) >= 1;
+      },
+      90))
+      << host.stderr_text();
+  Agent back = start_agent(dir.string(), "back", args);
+  ASSERT_EQ(host.wait(150), 0) << host.stderr_text();
+  EXPECT_EQ(back.wait(30), 0) << back.stderr_text();
+  const std::string log = host.stderr_text();
+  EXPECT_NE(log.find("ended for a scale-up: agent "), std::string::npos) << log;
+  EXPECT_NE(log.find("round 2: 2 node(s), world size 4"), std::string::npos) << log;
+  const auto [rows, worlds] = steps_and_worlds(dir / "run");
+  EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  const auto first_two = std::find(worlds.begin(), worlds.end(), 2);
+  ASSERT_NE(first_two, worlds.end()) << "no step ran on the survivor";
+  ASSERT_LE(first_two - worlds.begin(), 6) << "the survivor resumed too late to scale up";
+  EXPECT_TRUE(std::all_of(worlds.begin(), first_two, [](int64_t w) { return w == 4; }));
+  EXPECT_EQ(std::vector<int64_t>(first_two, first_two + 2), (std::vector<int64_t>{2, 2}));
+  EXPECT_TRUE(std::all_of(first_two + 2, worlds.end(), [](int64_t w) { return w == 4; }));
+  expect_equal_losses(metrics_losses(dir / "run"), 1, 10, testing_support::kLossRelTolerance,
+                      "dp 2 x tp 2, dp 1 x tp 2 on the survivor, dp 2 x tp 2 with the agent back");
 }
 
 // Every complete checkpoint under `root` reads back whole (sizes, CRC-32, coverage); returns
@@ -475,10 +536,13 @@ class CheckpointWriterKilled : public testing::Test {
     ASSERT_EQ(want_.size(), 3u);
   }
   // `loom train` for 3 steps with a checkpoint after each (keep 2) into a fresh `run`.
-  launch::Launch train(const fs::path& run) const {
+  launch::Launch train(const fs::path& run, const std::vector<std::string>& extra = {}) const {
     fs::remove_all(run);
-    return train_steps(config_, run, {"checkpoint.every=1", "checkpoint.keep=2"});
+    std::vector<std::string> args = {"checkpoint.every=1", "checkpoint.keep=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return train_steps(config_, run, args);
   }
+  void kill_at_every_point(const std::vector<std::string>& extra);
   fs::path dir_, config_;
   std::map<int64_t, double> want_;
 };
@@ -487,12 +551,12 @@ class CheckpointWriterKilled : public testing::Test {
 // the manifest; pruning) until a run gets through: the newest complete checkpoint never goes
 // back, each one reads back whole, its steps' metrics rows are all there, and resuming it gives
 // the uninterrupted losses.
-TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
+void CheckpointWriterKilled::kill_at_every_point(const std::vector<std::string>& extra) {
   int64_t newest = 0;
   bool finished = false;
   for (int point = 1; point <= 100 && !finished; ++point) {
     const fs::path run = dir_ / "run";
-    auto launch = train(run);
+    auto launch = train(run, extra);
     launch.env["LOOM_DEBUG_CKPT_CRASH_AT"] = std::to_string(point);
     auto r = launch::run_processes({launch}, 60)[0];
     finished = r.ok();
@@ -513,6 +577,16 @@ TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
   }
   EXPECT_TRUE(finished) << "the writer never got through";
   EXPECT_EQ(newest, 3);
+}
+
+TEST_F(CheckpointWriterKilled, AtEveryPointThePreviousCheckpointStaysLoadable) {
+  kill_at_every_point({});
+}
+
+// The same with checkpoint.async: steps 1 and 2's checkpoints are written on the background
+// thread while the next step runs, so most kills land mid-step, with a write in flight.
+TEST_F(CheckpointWriterKilled, AtEveryPointOfAnAsyncWriteThePreviousCheckpointStaysLoadable) {
+  kill_at_every_point({"checkpoint.async=true"});
 }
 
 // Kills the writer at random instants within the span of a whole run (measured first).

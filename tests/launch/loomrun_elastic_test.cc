@@ -110,13 +110,42 @@ TEST(LoomrunElastic, AFailedWorkerRestartsEveryAgent) {
       << log;
 }
 
+// With --scale-up, an agent that joins while a round runs ends it: the workers get SIGTERM (and
+// may finish their step), and the next round admits the newcomer without counting a restart.
+TEST(LoomrunElastic, AnAgentJoiningMidRunIsAdmittedWithScaleUp) {
+  const std::string dir = temp_dir();
+  const int port = free_port();
+  // Round 0's workers run until they are asked to stop, and exit as loom train does then.
+  const std::string worker =
+      kRecord +
+      "[ \"$LOOM_RESTART_COUNT\" = 0 ] && { trap 'exit 143' TERM; sleep 60 & wait; }; exit 0";
+  const auto args = agent_args("1:2", port, worker, {"--scale-up"});
+  Agent host = start_agent(dir, "host", args);
+  ASSERT_TRUE(eventually([&] { return lines_of(dir + "/env.txt").size() == 2; }, 20))
+      << host.stderr_text();
+  Agent late = start_agent(dir, "late", args);
+  EXPECT_EQ(host.wait(30), 0) << host.stderr_text();
+  EXPECT_EQ(late.wait(30), 0) << late.stderr_text();
+  const std::vector<std::string> lines = lines_of(dir + "/env.txt");
+  ASSERT_EQ(lines.size(), 6u) << host.stderr_text();
+  EXPECT_EQ(std::set<std::string>(lines.begin(), lines.begin() + 2),
+            (std::set<std::string>{"0 2 0 0", "1 2 0 0"}));
+  EXPECT_EQ(std::set<std::string>(lines.begin() + 2, lines.end()),
+            (std::set<std::string>{"0 4 1 0", "1 4 1 0", "2 4 1 1", "3 4 1 1"}));
+  const std::string log = host.stderr_text();
+  EXPECT_NE(log.find("ended for a scale-up: agent "), std::string::npos) << log;
+  EXPECT_NE(log.find("(not counted against --max-restarts)"), std::string::npos) << log;
+  EXPECT_NE(log.find("round 1: 2 node(s), world size 4"), std::string::npos) << log;
+}
+
+// A MIN the agents never reach is a bad --nnodes: exit 2 naming it.
 TEST(LoomrunElastic, TooFewAgentsWithinTheTimeoutExitNamingHowMany) {
   const std::string dir = temp_dir();
   const int port = free_port();
   std::vector<std::string> args = agent_args("2:3", port, kRecord);
   args[7] = "1";  // --rdzv-timeout
   Agent a = start_agent(dir, "a", args);
-  EXPECT_EQ(a.wait(15), 1);
+  EXPECT_EQ(a.wait(15), 2);
   const std::string err = a.stderr_text();
   EXPECT_NE(err.find("1 agent(s) joined round 0 within --rdzv-timeout 1 s; --nnodes needs at "
                      "least 2"),
@@ -142,6 +171,10 @@ TEST(LoomrunElastic, BadFlagsExitTwoNamingThem) {
       {{"--rdzv-endpoint", "h:1", "--node-rank", "1"}, "--node-rank is set by the rendezvous"},
       {{"--rdzv-endpoint", "h:1", "--master-port", "5"}, "--master-port is set by the rendezvous"},
       {{"--rdzv-endpoint", "h:1", "--standalone"}, "--standalone runs one node"},
+      {{"--scale-up"}, "--scale-up only applies with --rdzv-endpoint"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "h:1", "--scale-up"},
+       "--scale-up needs room to grow: --nnodes 2 is fixed"},
+      {{"--scale-up=1", "--rdzv-endpoint", "h:1"}, "--scale-up takes no value"},
   };
   for (const auto& c : kCases) {
     std::vector<std::string> args = c.args;
