@@ -468,7 +468,7 @@ Status await_checkpoint_parts(const PendingCheckpoint& p, std::chrono::milliseco
     while (!fs::exists(p.dir / rank_name(r, "json"), ec)) {
       if (cancel.load())
         return Error::at("checkpoint.async",
-                         "checkpoint '" + p.dir.string() + "': the trainer stopped before rank " +
+                         "checkpoint '" + p.dir.string() + "': the training failed before rank " +
                              std::to_string(r) +
                              "'s shard was written; the previous checkpoint stays the latest");
       if (std::chrono::steady_clock::now() >= deadline)

@@ -83,9 +83,8 @@ Status write_checkpoint(const PendingCheckpoint& pending,
                         const std::function<Status()>& all_written);
 // Rank 0 (others return at once): waits, bounded by `timeout`, until every rank's manifest part
 // of `pending` is on disk; the wait of a write on a background thread, which cannot take part in
-// the training's collectives. It gives up early once `cancel` is set (the trainer is going away,
-// after an error most likely: a dead peer's part never comes). An error names the rank whose
-// part is missing.
+// the training's collectives. It gives up early once `cancel` is set (the training failed: a
+// dead peer's part never comes). An error names the rank whose part is missing.
 Status await_checkpoint_parts(const PendingCheckpoint& pending, std::chrono::milliseconds timeout,
                               const std::atomic<bool>& cancel);
 

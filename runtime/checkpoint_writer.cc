@@ -8,7 +8,6 @@
 namespace loom::runtime {
 
 CheckpointWriter::~CheckpointWriter() {
-  cancel_ = true;
   if (Status s = wait(); !s.ok()) log_warning(s.error().message);
 }
 
@@ -17,8 +16,8 @@ void CheckpointWriter::start(PendingCheckpoint pending) {
   finished_ = false;
   pending_ = std::move(pending);
   thread_ = std::thread([this] {
-    result_ = write_checkpoint(
-        pending_, [&] { return await_checkpoint_parts(pending_, timeout_, cancel_); });
+    result_ = write_checkpoint(pending_,
+                               [&] { return await_checkpoint_parts(pending_, timeout_, cancel_); });
     finished_ = true;
   });
 }

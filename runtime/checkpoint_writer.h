@@ -17,10 +17,10 @@ class CheckpointWriter {
  public:
   // `timeout`: how long rank 0 waits for the other ranks' shards (comm.timeout_s).
   explicit CheckpointWriter(std::chrono::milliseconds timeout) : timeout_(timeout) {}
-  // Waits for the write in flight, except for rank 0's wait for the other ranks' shards, which
-  // it ends at once (a trainer going away mid-write has most likely failed, and a dead rank's
-  // shard would never come); an error is logged.
-  ~CheckpointWriter();
+  ~CheckpointWriter();  // waits for the write in flight; an error is logged
+  // Ends rank 0's wait for the other ranks' shards at once: the training failed, and a dead
+  // rank's shard would never come (the process would linger until comm.timeout_s).
+  void cancel() { cancel_ = true; }
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 

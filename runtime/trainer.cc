@@ -378,48 +378,55 @@ Result<StepStats> finish_step(Trainer::Impl& s, StepStats st, bool stop) {
 
 Result<StepStats> Trainer::step() {
   Impl& s = *impl_;
-  maybe_hold_for_stop();
-  std::unique_ptr<StepProfile> profile =
-      s.profile_step == s.step + 1 ? start_profile(s.config, s.step + 1, rank()) : nullptr;
-  s.tracer = tracer_for(s.config, s.device, s.step + 1);
-  s.executor->set_tracer(s.tracer.get());
-  auto start = std::chrono::steady_clock::now();
-  reset_peak_device_bytes(s.device);
-  const int64_t micro = s.config.micro_batches();
-  const int64_t first_sample = s.step * s.config.batch.global;
-  LOOM_ASSIGN_OR_RETURN(auto inputs, global_batch(s, first_sample, /*validation=*/false));
-  const double data_time_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Result<StepStats> done = [&]() -> Result<StepStats> {
+    maybe_hold_for_stop();
+    std::unique_ptr<StepProfile> profile =
+        s.profile_step == s.step + 1 ? start_profile(s.config, s.step + 1, rank()) : nullptr;
+    s.tracer = tracer_for(s.config, s.device, s.step + 1);
+    s.executor->set_tracer(s.tracer.get());
+    auto start = std::chrono::steady_clock::now();
+    reset_peak_device_bytes(s.device);
+    const int64_t micro = s.config.micro_batches();
+    const int64_t first_sample = s.step * s.config.batch.global;
+    LOOM_ASSIGN_OR_RETURN(auto inputs, global_batch(s, first_sample, /*validation=*/false));
+    const double data_time_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const double scale = 1.0 / static_cast<double>(micro);
-  LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale, stop_signal() != 0));
-  const double norm = std::sqrt(sums.grad_norm_squared);
-  // The loss and the norm are on the host already: a non-finite one costs nothing more to see.
-  if (!std::isfinite(sums.loss) || !std::isfinite(norm))
-    return non_finite_step(s, sums.loss * scale, norm, rank());
-  maybe_kill_at_step(s.step + 1, rank());
-  clip_gradients(s.executor->parameters(), norm, s.config.optimizer.clip_grad_norm);
-  const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
-  s.optimizer->step(lr);
-  LOOM_TRY(s.executor->gather_parameters());
-  ++s.step;
+    const double scale = 1.0 / static_cast<double>(micro);
+    LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->run(inputs, scale, stop_signal() != 0));
+    const double norm = std::sqrt(sums.grad_norm_squared);
+    // The loss and the norm are on the host already: a non-finite one costs nothing more to see.
+    if (!std::isfinite(sums.loss) || !std::isfinite(norm))
+      return non_finite_step(s, sums.loss * scale, norm, rank());
+    maybe_kill_at_step(s.step + 1, rank());
+    clip_gradients(s.executor->parameters(), norm, s.config.optimizer.clip_grad_norm);
+    const double lr = lr_at(s.config.optimizer, s.step, s.config.run.steps);
+    s.optimizer->step(lr);
+    LOOM_TRY(s.executor->gather_parameters());
+    ++s.step;
 
-  StepStats st = stats_of(s, sums, scale, lr, norm, start, data_time_s);
-  if (s.tracer) {
-    s.executor->set_tracer(nullptr);
-    LOOM_ASSIGN_OR_RETURN(st.trace_summary, finish_step_trace(*s.tracer, *s.world, s.device, s.step,
-                                                              s.config.run.output_dir, s.estimate));
-  }
-  if (profile) LOOM_TRY(finish_profile(std::move(profile)));
-  const int64_t every = s.config.eval.every;
-  if (every > 0 && (s.step % every == 0 || s.step == s.config.run.steps)) {
-    const auto eval_start = std::chrono::steady_clock::now();
-    LOOM_ASSIGN_OR_RETURN(st.val_loss, validate());
-    st.has_val = true;
-    st.val_time_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
-  }
-  return finish_step(s, std::move(st), sums.stop_requested);
+    StepStats st = stats_of(s, sums, scale, lr, norm, start, data_time_s);
+    if (s.tracer) {
+      s.executor->set_tracer(nullptr);
+      LOOM_ASSIGN_OR_RETURN(st.trace_summary,
+                            finish_step_trace(*s.tracer, *s.world, s.device, s.step,
+                                              s.config.run.output_dir, s.estimate));
+    }
+    if (profile) LOOM_TRY(finish_profile(std::move(profile)));
+    const int64_t every = s.config.eval.every;
+    if (every > 0 && (s.step % every == 0 || s.step == s.config.run.steps)) {
+      const auto eval_start = std::chrono::steady_clock::now();
+      LOOM_ASSIGN_OR_RETURN(st.val_loss, validate());
+      st.has_val = true;
+      st.val_time_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+    }
+    return finish_step(s, std::move(st), sums.stop_requested);
+  }();
+  // A failed step ends the run: a background write must not wait for ranks that may be gone.
+  // A non-finite step stops every rank together, alive: their writes of the last good state end.
+  if (!done.ok() && done.error().key != kNonFiniteKey && s.writer) s.writer->cancel();
+  return done;
 }
 
 void Trainer::set_step_recorder(StepRecorder recorder) { impl_->recorder = std::move(recorder); }
