@@ -437,18 +437,21 @@ TEST(ElasticRestart, AnAgentKilledMidRunLeavesTheSurvivorToFinishOnHalfTheRanks)
                       "dp 2 x tp 2 on two agents, then dp 1 x tp 2 on the survivor");
 }
 
-// The same, and the lost agent comes back (a new loomrun with the same flags) while the survivor
-// trains on 2 ranks. With --scale-up the survivor's workers stop after their step and its
-// checkpoint, and the next round of both agents plans dp 2 x tp 2 again and resumes it. The
-// survivor's round holds its second step until that stop (LOOM_DEBUG_HOLD_ON_RESTART), so the
-// newcomer always arrives mid-run: world_size is 4, then 2 for exactly those two steps, then 4;
-// every step has one row and every loss is the one-device run's.
+// The same with checkpoint.async, and the lost agent comes back (a new loomrun with the same
+// flags) while the survivor trains on 2 ranks. With --scale-up the survivor's workers stop after
+// their step and its checkpoint, and the next round of both agents plans dp 2 x tp 2 again and
+// resumes it. The survivor's round holds its second step until that stop
+// (LOOM_DEBUG_HOLD_ON_RESTART), so the newcomer always arrives mid-run: world_size is 4, then 2 for
+// exactly those two steps, then 4; every step has one row and every loss is the one-device run's.
 TEST(ElasticRestart, AnAgentComingBackIsAdmittedWithScaleUp) {
   using namespace testing_support;  // the agents
   const fs::path dir = fresh_dir("elastic_scale_up");
   std::ofstream(dir / "run.yaml") << kYaml;
   const int port = free_port();
-  const auto args = elastic_agent_args(dir, port, {"--scale-up"}, {"LOOM_DEBUG_HOLD_ON_RESTART=1"});
+  // The periodic checkpoints are written in the background (checkpoint.async) by 4 and by 2
+  // gloo processes, and resharded across both changes of the world.
+  auto args = elastic_agent_args(dir, port, {"--scale-up"}, {"LOOM_DEBUG_HOLD_ON_RESTART=1"});
+  args.push_back("checkpoint.async=true");
   Agent host = start_two_and_kill_one(dir, port, args);
   ASSERT_TRUE(eventually(
       [&] {
