@@ -154,8 +154,10 @@ void visit_fields(Config& c, V& v) {
   v("run", "seed", c.run.seed, non_negative());
   v("run", "steps", c.run.steps, positive());
   v("run", "device", c.run.device, one_of({"cpu", "cuda"}));
-  v("run", "precision", c.run.precision, one_of({"fp32", "bf16"}));
+  v("run", "precision", c.run.precision, one_of({"fp32", "bf16", "fp8"}));
+  v("run", "deterministic", c.run.deterministic, Check<bool>());
   v("run", "overwrite", c.run.overwrite, Check<bool>());
+  v("fp8", "scaling", c.fp8.scaling, one_of({"tensorwise", "rowwise"}));
 
   v("model", "type", c.model.type, non_empty());
   v("model", "preset", c.model.preset, non_empty());
@@ -345,8 +347,8 @@ struct KeyLister {
 };
 
 std::vector<std::string> sections() {
-  return {"run",  "model",   "parallel", "batch",      "optimizer", "data",
-          "eval", "logging", "comm",     "checkpoint", "cost"};
+  return {"run",  "fp8",  "model",   "parallel", "batch",      "optimizer",
+          "data", "eval", "logging", "comm",     "checkpoint", "cost"};
 }
 
 // Rejects keys the loader does not know, suggesting the closest known one.

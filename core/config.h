@@ -17,14 +17,25 @@ struct RunConfig {
   std::string output_dir = "runs/loom";
   int64_t seed = 1234;
   int64_t steps = 100;
-  std::string device = "cpu";      // cpu | cuda (one GPU per rank: LOCAL_RANK mod visible GPUs)
-  std::string precision = "fp32";  // fp32 | bf16 (bf16 compute, fp32 master weights and state)
+  std::string device = "cpu";  // cpu | cuda (one GPU per rank: LOCAL_RANK mod visible GPUs)
+  // fp32 | bf16 (bf16 compute, fp32 master weights and state) | fp8 (bf16, with the linears'
+  // matrix products in float8: e4m3 operands forward, e5m2 gradients; GPUs with FP8 only).
+  std::string precision = "fp32";
+  // Two runs of the same plan and seed give bitwise-equal losses and parameters on a GPU:
+  // deterministic kernels only (cuBLAS's fixed workspace, deterministic attention backward).
+  bool deterministic = false;
   // A fresh run into an output_dir that holds another run clears it first (else it is refused).
   bool overwrite = false;
 };
 
 // Model-specific hyperparameters (model.args) stay text until the model reads them, so a
 // model can name its own keys; see ModelArgs.
+// run.precision fp8: how each operand's float8 scale is found (current scaling, from the amax
+// of the tensor as it is now): one scale per tensor, or one per row of the product's operands.
+struct Fp8Config {
+  std::string scaling = "tensorwise";  // tensorwise | rowwise
+};
+
 struct ModelConfig {
   std::string type = "gpt";
   std::string preset = "tiny";
@@ -192,6 +203,7 @@ struct CheckpointConfig {
 class Config {
  public:
   RunConfig run;
+  Fp8Config fp8;
   ModelConfig model;
   ParallelConfig parallel;
   BatchConfig batch;

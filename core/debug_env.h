@@ -30,6 +30,9 @@ inline constexpr DebugEnvVar kDebugEnv[] = {
     {"LOOM_DEBUG_NO_AVX2",
      "1: loom's own CPU loops (attention's softmax and its backward, the register-tile "
      "transposes) take their portable paths, as on a CPU without AVX2 and FMA"},
+    {"LOOM_DEBUG_FP8_ON_CPU",
+     "1: run.precision fp8 runs on the CPU, its float8 products emulated by LibTorch's CPU "
+     "kernel (slow; for tests of the fp8 path on machines without a GPU)"},
     {"LOOM_VERIFY_EACH_TRANSFORM",
      "1: the planner checks the graph after every transform a policy applies and make_plan "
      "proves every plan equal to one device (lower/equivalence.h), in release builds too "

@@ -10,7 +10,8 @@ template <class E, size_t N>
 using Names = std::array<std::pair<E, std::string_view>, N>;
 
 constexpr Names<Device, 2> kDevices{{{Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}}};
-constexpr Names<Precision, 2> kPrecisions{{{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}}};
+constexpr Names<Precision, 3> kPrecisions{
+    {{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp8, "fp8"}}};
 constexpr Names<CommBackend, 5> kBackends{{{CommBackend::kAuto, "auto"},
                                            {CommBackend::kGloo, "gloo"},
                                            {CommBackend::kMpi, "mpi"},

@@ -14,9 +14,13 @@
 namespace loom {
 
 enum class Device { kCpu, kCuda };                             // run.device
-enum class Precision { kFp32, kBf16 };                         // run.precision
+enum class Precision { kFp32, kBf16, kFp8 };                   // run.precision
 enum class CommBackend { kAuto, kGloo, kMpi, kNccl, kLocal };  // comm.backend
 enum class OptimizerKind { kAdamw, kSgd };                     // optimizer.type
+
+// Whether activations and matrix work are bf16: bf16, and fp8 (whose linears take bf16 operands
+// and quantize them to float8 for the product alone).
+inline bool bf16_activations(Precision p) { return p == Precision::kBf16 || p == Precision::kFp8; }
 
 // The config's spelling of each value ("cuda", "bf16", "nccl", "adamw").
 std::string_view name(Device device);

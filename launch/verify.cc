@@ -147,7 +147,7 @@ MeasuredRounding measured_rounding(const SingleDeviceRun& bf16, const SingleDevi
 double gradient_bound(const OptimizerTrace& trace, const MeasuredRounding& measured,
                       const std::string& name, int64_t step) {
   auto it = measured.find(name);
-  if (trace.precision != "bf16" || it == measured.end()) return gradient_tolerance(trace);
+  if (trace.precision == "fp32" || it == measured.end()) return gradient_tolerance(trace);
   double bound = 0;
   for (size_t s = 0; s < static_cast<size_t>(step) && s < it->second.size(); ++s)
     bound = std::max(bound, bf16_gradient_tolerance(it->second[s]));
@@ -451,8 +451,9 @@ Result<VerifyReport> verify_plan(const Config& config, const VerifyOptions& opti
                         run_single_device(single_device_config(config), options.steps, extensions));
   MeasuredRounding measured;
   std::optional<SingleDeviceRun> fp32;
-  if (config.run.precision == "bf16") {
-    // The same run in float32: what bf16's roundings did to one device's gradients and loss.
+  if (config.run.precision != "fp32") {
+    // The same run in float32: what bf16's (or fp8's) roundings did to one device's gradients and
+    // loss.
     Config exact = single_device_config(config);
     exact.run.precision = "fp32";
     LOOM_ASSIGN_OR_RETURN(fp32, run_single_device(exact, options.steps, extensions));

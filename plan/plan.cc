@@ -253,7 +253,7 @@ Result<graph::Graph> build_model(const Config& config, const PlanSpec& spec,
   }
   LOOM_TRY(graph::verify(model, registries.ops));
   // run.precision is a property of the graph: byte counts, estimates and buffers follow it.
-  if (spec.precision == Precision::kBf16)
+  if (bf16_activations(spec.precision))
     model = graph::with_compute_dtype(std::move(model), DType::kBFloat16, registries.ops);
   // Context parallelism rewrites attention as ring steps before any split (its new tensors stay
   // float32 whatever the precision).

@@ -34,7 +34,7 @@ Status check_model_fits(const Config& config, const PlanSpec& spec, const models
   LOOM_ASSIGN_OR_RETURN(const models::ModelSize size, type.size(config));
   // Float32 weights (bf16 keeps them as master weights), gradients at least in bf16, and AdamW's
   // two float32 moments: what every plan holds somewhere, however it shards them.
-  const double grads = spec.precision == Precision::kBf16 ? 2 : 4;
+  const double grads = bf16_activations(spec.precision) ? 2 : 4;
   const double moments = spec.optimizer == OptimizerKind::kAdamw ? 8 : 0;
   const double bytes_per_parameter = 4 + grads + moments;
   const double needed = size.parameters * bytes_per_parameter;

@@ -12,6 +12,8 @@
 #include <map>
 #include <vector>
 
+#include "runtime/linear.h"
+
 namespace loom::runtime {
 
 // The weight-gradient work deferred by the backward of one stage on one micro-batch.
@@ -21,6 +23,7 @@ class WeightGradStash {
     int64_t param = 0;       // the caller's parameter slot
     at::Tensor input;        // x, as the forward read it
     at::Tensor grad_output;  // the gradient of x·Wᵀ
+    LinearMath math = LinearMath::kDefault;
   };
   void add(Entry e) { entries_.push_back(std::move(e)); }
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
@@ -37,6 +40,7 @@ class WeightGradStash {
 // gradient from autograd (it is not an input of the autograd graph), x and bias get theirs.
 // `stash` must outlive the backward.
 at::Tensor deferred_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                           WeightGradStash& stash, int64_t param);
+                           WeightGradStash& stash, int64_t param,
+                           LinearMath math = LinearMath::kDefault);
 
 }  // namespace loom::runtime

@@ -2,6 +2,9 @@
 
 #include <ATen/Context.h>
 
+#include <cstdlib>
+
+#include "runtime/fp8.h"
 #include "runtime/memory.h"
 
 #if LOOM_TORCH_CUDA
@@ -12,7 +15,11 @@
 namespace loom::runtime {
 
 std::string RunDevice::to_string() const {
-  return device.str() + (compute == at::kBFloat16 ? " bf16" : " fp32");
+  const char* math = linear == LinearMath::kFp8Rowwise      ? " fp8 rowwise"
+                     : linear == LinearMath::kFp8Tensorwise ? " fp8 tensorwise"
+                     : compute == at::kBFloat16             ? " bf16"
+                                                            : " fp32";
+  return device.str() + math + (deterministic ? " deterministic" : "");
 }
 
 at::ScalarType scalar_type(DType dtype) {
@@ -40,30 +47,57 @@ int64_t cuda_device_count() {
 #endif
 }
 
+namespace {
+
+// run.deterministic: LibTorch's deterministic algorithms everywhere (an op with none fails
+// naming itself rather than varying), and on a GPU cuBLAS with a fixed workspace per stream
+// (CUBLAS_WORKSPACE_CONFIG, read when LibTorch first sizes the workspace: before any product,
+// as select_device runs). Flash attention's backward is then its deterministic variant.
+void make_deterministic(RunDevice& d) {
+  d.deterministic = true;
+  if (d.cuda()) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+}
+
+// run.precision fp8 on `d`: refused naming the device where it has no float8 units.
+Status select_fp8(const Config& config, RunDevice& d) {
+  if (config.run.precision != "fp8") return Status::success();
+  if (auto why = fp8_refusal(d.device)) return config.error("run.precision", "fp8: " + *why);
+  d.linear = config.fp8.scaling == "rowwise" ? LinearMath::kFp8Rowwise : LinearMath::kFp8Tensorwise;
+  return Status::success();
+}
+
+}  // namespace
+
 Result<RunDevice> select_device(const Config& config, int64_t local_rank) {
   RunDevice d;
-  d.compute = config.run.precision == "bf16" ? at::kBFloat16 : at::kFloat;
-  if (config.run.device != "cuda") return d;
+  d.compute = config.run.precision == "fp32" ? at::kFloat : at::kBFloat16;
+  if (config.run.device == "cuda") {
 #if LOOM_TORCH_CUDA
-  const int64_t count = cuda_device_count();
-  if (count < 1)
-    return config.error(
-        "run.device",
-        "cuda asked for, but this machine has no usable GPU (CUDA sees no "
-        "device: check the driver and CUDA_VISIBLE_DEVICES), or use run.device=cpu");
-  const auto index = static_cast<c10::DeviceIndex>(local_rank % count);
-  c10::cuda::set_device(index);
-  d.device = at::Device(at::kCUDA, index);
-  // fp32 means fp32: matrix products in TF32 would differ from the CPU by ~1e-3.
-  at::globalContext().setAllowTF32CuBLAS(false);
-  at::globalContext().setAllowTF32CuDNN(false);
-  return d;
+    const int64_t count = cuda_device_count();
+    if (count < 1)
+      return config.error(
+          "run.device",
+          "cuda asked for, but this machine has no usable GPU (CUDA sees no "
+          "device: check the driver and CUDA_VISIBLE_DEVICES), or use run.device=cpu");
+    const auto index = static_cast<c10::DeviceIndex>(local_rank % count);
+    c10::cuda::set_device(index);
+    d.device = at::Device(at::kCUDA, index);
+    // fp32 means fp32: matrix products in TF32 would differ from the CPU by ~1e-3.
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowTF32CuDNN(false);
 #else
-  (void)local_rank;
-  return config.error("run.device",
-                      "cuda asked for, but this build of loom runs on CPUs only (its LibTorch "
-                      "has no CUDA): build against a CUDA LibTorch, or use run.device=cpu");
+    (void)local_rank;
+    return config.error("run.device",
+                        "cuda asked for, but this build of loom runs on CPUs only (its LibTorch "
+                        "has no CUDA): build against a CUDA LibTorch, or use run.device=cpu");
 #endif
+  }
+  LOOM_TRY(select_fp8(config, d));
+  if (config.run.deterministic) make_deterministic(d);
+  return d;
 }
 
 int64_t peak_device_bytes(const RunDevice& d) {

@@ -15,18 +15,22 @@
 #include "core/config.h"
 #include "core/result.h"
 #include "core/shape.h"
+#include "runtime/linear.h"
 
 namespace loom::runtime {
 
 struct RunDevice {
   at::Device device = at::Device(at::kCPU);
   at::ScalarType compute = at::kFloat;  // activations and matrix work
+  // run.precision fp8: the linears' products in float8 (compute stays bf16 around them).
+  LinearMath linear = LinearMath::kDefault;
+  bool deterministic = false;  // run.deterministic
 
   bool cuda() const { return device.is_cuda(); }
   at::TensorOptions options(at::ScalarType dtype) const {
     return at::TensorOptions().device(device).dtype(dtype);
   }
-  std::string to_string() const;  // "cuda:0 bf16", "cpu fp32"
+  std::string to_string() const;  // "cuda:0 bf16", "cpu fp32", "cuda:0 fp8 rowwise"
 };
 
 // LibTorch's dtype of a graph dtype (u16 widens to i32: ATen's unsigned 16-bit type has few
@@ -36,7 +40,9 @@ at::ScalarType scalar_type(DType dtype);
 // The device of this process for run.device and run.precision: cuda takes GPU
 // `local_rank` modulo the visible GPUs, makes it LibTorch's current device and turns TF32 off (so
 // fp32 on a GPU compares with the CPU). Fails naming run.device when this build's LibTorch has
-// no CUDA or the machine no usable GPU.
+// no CUDA or the machine no usable GPU, and run.precision when fp8 is asked of a device without
+// float8 units. run.deterministic turns on LibTorch's deterministic algorithms (an op without
+// one then fails naming itself) and fixes cuBLAS's workspace.
 Result<RunDevice> select_device(const Config& config, int64_t local_rank);
 
 // How many GPUs this process can use (0 without CUDA).

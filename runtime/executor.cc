@@ -158,7 +158,7 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
       args.push_back(read(s, m, step.sources[k], step.reads[k], mb, inputs));
     std::vector<at::Tensor> outs;
     const graph::Op* made = step.fused_bias >= 0 ? &ops[static_cast<size_t>(step.fused_bias)] : &op;
-    if (step.fused_bias >= 0 || step.deferred || step.gathered >= 0) {
+    if (step.fused_bias >= 0 || step.deferred || step.gathered >= 0 || step.linear) {
       const at::Tensor bias =
           step.fused_bias >= 0 ? read(s, m, step.bias, made->inputs[1], mb, inputs) : at::Tensor();
       outs.push_back(
@@ -168,8 +168,8 @@ void run_steps(Executor::Impl& s, Executor::Impl::Micro& m, size_t segment, size
               // region's scratch (its backward stashes after the scratch is gone).
               ? deferred_linear(args[0], args[1], bias,
                                 s.micro[static_cast<size_t>(mb)].deferred[op.stage.value()],
-                                step.sources[1].index)
-              : runtime::linear(args[0], args[1], bias));
+                                step.sources[1].index, s.device.linear)
+              : runtime::linear(args[0], args[1], bias, s.device.linear));
     } else {
       outs = (*step.kernel)(KernelContext{s.graph, op}, args);
       LOOM_CHECK(outs.size() == op.outputs.size())

@@ -105,6 +105,8 @@ struct Executor::Impl {
     // A linear whose weight is a sharded parameter gathered again for its backward
     // (Adapter::regather): the adapter id; sources[1] is then the shard (param_gather.cc).
     int64_t gathered = -1;
+    // A linear op: its products follow the run's linear math (device.linear: float8 under fp8).
+    bool linear = false;
     Source bias{Source::Kind::kParameter, -1};
     bool makes_loss = false;
     // An auxiliary loss reported on its own (moe_aux_loss): 1 / the ranks that hold its piece,

@@ -154,6 +154,7 @@ Status op_step(const Executor::Impl& s, const KernelRegistry& kernels, const Sou
                      "no kernel registered for op type '" + op.type() + "' (op " + op.name() + ")");
   for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
   step.reads = op.inputs;
+  step.linear = op.type() == "linear" && step.sources.size() == 2;
   step.deferred = split_stage && op.type() == "linear" && step.sources.size() == 2 &&
                   step.sources[1].kind == Source::Kind::kParameter;
   if (op.type() == "linear" && step.sources.size() == 2 &&

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 
+#include "runtime/fp8.h"
 #include "runtime/small_gemm.h"
 
 namespace loom::runtime {
@@ -117,38 +118,97 @@ bool small_product(const at::Tensor& a, const at::Tensor& b) {
 // at::linear's derivatives, with the products linear_product, linear_input_grad and
 // linear_weight_grad choose. The bias travels as an optional: autograd takes every tensor
 // argument for a variable and fails on an undefined one.
-struct CpuLinearFn : public torch::autograd::Function<CpuLinearFn> {
+struct LinearFn : public torch::autograd::Function<LinearFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
-                                                at::Tensor weight, std::optional<at::Tensor> bias) {
+                                                at::Tensor weight, std::optional<at::Tensor> bias,
+                                                int64_t math) {
     ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["math"] = math;
     ctx->save_for_backward({x, weight});
-    return {linear_product(x, weight, bias.value_or(at::Tensor()))};
+    return {linear_product(x, weight, bias.value_or(at::Tensor()), static_cast<LinearMath>(math))};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    const auto math = static_cast<LinearMath>(ctx->saved_data["math"].toInt());
     const at::Tensor& g = grads[0];
     at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, saved[1]);
-    if (ctx->needs_input_grad(1)) gw = linear_weight_grad(g, saved[0]);
+    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, saved[1], math);
+    if (ctx->needs_input_grad(1)) gw = linear_weight_grad(g, saved[0], math);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
       gb = g.reshape({-1, g.size(-1)}).sum(0);
-    return {gx, gw, gb};
+    return {gx, gw, gb, at::Tensor()};
   }
 };
 
-}  // namespace
-
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  if (!on_onednn(x, weight) &&
-      !(small_product(x2, weight.t()) && row_major(x2) && row_major(weight)))
-    return at::linear(x, weight, bias);
-  return CpuLinearFn::apply(x, weight,
-                            bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt)[0];
+// Whether a product of a linear with this x and weight runs in float8: fp8 asked for, bf16
+// operands (the run's activations), sizes _scaled_mm takes (runtime/fp8.h).
+bool in_fp8(LinearMath math, const at::Tensor& x, const at::Tensor& weight) {
+  return math != LinearMath::kDefault && x.scalar_type() == at::kBFloat16 &&
+         weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 &&
+         fp8_fits(x.numel() / x.size(-1), weight.size(1), weight.size(0));
 }
 
-at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+Fp8Scaling scaling_of(LinearMath math) {
+  return math == LinearMath::kFp8Rowwise ? Fp8Scaling::kRowwise : Fp8Scaling::kTensorwise;
+}
+
+// An [r, c] operand quantized per column (reduced over its rows), as the rows of its transpose:
+// W for g·W, g and x for gᵀ·x.
+Fp8Tensor transposed_fp8(const at::Tensor& x2, at::ScalarType dtype, Fp8Scaling scaling) {
+  Fp8Tensor t = quantize_fp8(x2, dtype, scaling, 0);
+  return {t.data.t().contiguous(), t.scale.reshape({-1, 1})};
+}
+
+// Forward products accumulate fast (Hopper's float8 path keeps fewer partial-sum bits), the
+// gradients' at full float32 precision: torchao's and Transformer Engine's choice.
+at::Tensor fp8_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       Fp8Scaling scaling) {
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor y =
+      scaled_product(quantize_fp8(x2, at::kFloat8_e4m3fn, scaling, 1),
+                     quantize_fp8(weight, at::kFloat8_e4m3fn, scaling, 1), x.scalar_type(), true);
+  if (bias.defined()) y.add_(bias);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = weight.size(0);
+  return y.view(shape);
+}
+
+at::Tensor fp8_input_grad(const at::Tensor& grad_output, const at::Tensor& weight,
+                          Fp8Scaling scaling) {
+  const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
+  at::Tensor gx = scaled_product(quantize_fp8(g, at::kFloat8_e5m2, scaling, 1),
+                                 transposed_fp8(weight, at::kFloat8_e4m3fn, scaling),
+                                 grad_output.scalar_type(), false);
+  std::vector<int64_t> shape = grad_output.sizes().vec();
+  shape.back() = weight.size(1);
+  return gx.view(shape);
+}
+
+at::Tensor fp8_weight_grad(const at::Tensor& grad_output, const at::Tensor& x, Fp8Scaling scaling) {
+  const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  // gᵀ·x: both reduced over the tokens, so both are quantized per column.
+  return scaled_product(transposed_fp8(g, at::kFloat8_e5m2, scaling),
+                        transposed_fp8(x2, at::kFloat8_e4m3fn, scaling), grad_output.scalar_type(),
+                        false);
+}
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                  LinearMath math) {
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  if (!in_fp8(math, x, weight) && !on_onednn(x, weight) &&
+      !(small_product(x2, weight.t()) && row_major(x2) && row_major(weight)))
+    return at::linear(x, weight, bias);
+  return LinearFn::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+                         static_cast<int64_t>(math))[0];
+}
+
+at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                          LinearMath math) {
+  if (in_fp8(math, x, weight)) return fp8_product(x, weight, bias, scaling_of(math));
   if (on_onednn(x, weight)) return onednn_product(x, weight, bias);
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   // x·Wᵀ from a transposed copy of the weight (the product reads B's rows).
@@ -160,7 +220,10 @@ at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const a
   return at::linear(x, weight, bias);
 }
 
-at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& weight) {
+at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& weight,
+                             LinearMath math) {
+  if (in_fp8(math, grad_output, weight.t()))
+    return fp8_input_grad(grad_output, weight, scaling_of(math));
   // g·W = g·(Wᵀ)ᵀ: oneDNN reads the transposed view as it is.
   const at::Tensor weight_t = weight.t();
   if (on_onednn(grad_output, weight_t)) return onednn_product(grad_output, weight_t, at::Tensor());
@@ -178,7 +241,11 @@ at::Tensor linear_input_grad(const at::Tensor& grad_output, const at::Tensor& we
 // of gpt2-124m's 3072 x 768 took 2.9 ms, more than the product gained).
 constexpr int64_t kTransposedGradMaxElements = int64_t{1} << 20;
 
-at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x) {
+at::Tensor linear_weight_grad(const at::Tensor& grad_output, const at::Tensor& x, LinearMath math) {
+  if (math != LinearMath::kDefault && x.scalar_type() == at::kBFloat16 &&
+      grad_output.scalar_type() == at::kBFloat16 &&
+      fp8_fits(x.numel() / x.size(-1), x.size(-1), grad_output.size(-1)))
+    return fp8_weight_grad(grad_output, x, scaling_of(math));
   const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   const int64_t out = g.size(1), in = x2.size(1);

@@ -78,7 +78,8 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     // An optional, not an undefined tensor: autograd takes every tensor argument for a variable.
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->save_for_backward({x, shard});
-    return {linear_product(x, weight, bias.value_or(at::Tensor()))};
+    const LinearMath math = reinterpret_cast<Executor::Impl*>(impl)->device.linear;
+    return {linear_product(x, weight, bias.value_or(at::Tensor()), math)};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -93,10 +94,10 @@ struct GatheredLinearFn : public torch::autograd::Function<GatheredLinearFn> {
     if (const auto prev = s->previous_regather.find(a.id); prev != s->previous_regather.end())
       gather_ahead(*s, prev->second, mb);
     at::Tensor gx, gshard, gb;
-    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, weight);
+    if (ctx->needs_input_grad(0)) gx = linear_input_grad(g, weight, s->device.linear);
     weight.reset();  // gone before the weight gradient is made and reduce-scattered
     if (ctx->needs_input_grad(1)) {
-      at::Tensor gw = linear_weight_grad(g, x);
+      at::Tensor gw = linear_weight_grad(g, x, s->device.linear);
       gshard = s->run_path(a.backward, a.tensor, std::move(gw), PathPart::kAll, s->tag(a, 1, mb));
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))

@@ -9,6 +9,9 @@ the residual stream normal(0.02 / sqrt(2 * layers)), biases zero, LayerNorm scal
 cross-entropy over the vocabulary. Trained as loom's run.precision=bf16: float32 master
 parameters under torch.autocast(bfloat16), AdamW (fused) with weight decay on matrices only.
 
+With --compile MODE the model runs under torch.compile (mode "default" or one of its modes, e.g.
+max-autotune-no-cudagraphs); the warm-up steps include the compilation, whose time is printed.
+
 Prints one line the C++ bench parses:
   eager tokens_per_s=<x> step_s=<median step, s> peak_mem_bytes=<max_memory_allocated> params=<n>
 """
@@ -34,6 +37,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--compile", default="", metavar="MODE",
+                   help="torch.compile the model: default, or a mode such as "
+                        "max-autotune-no-cudagraphs (empty: eager)")
     return p.parse_args()
 
 
@@ -111,6 +117,9 @@ def main():
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
     model = build(args, torch).to(dev)
+    run = model
+    if args.compile:
+        run = torch.compile(model, mode=None if args.compile == "default" else args.compile)
     # Weight decay on matrices (embeddings included), not on biases and norm scales: as loom.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -122,12 +131,16 @@ def main():
         batch = torch.randint(0, args.vocab, (args.micro, args.seq + 1), device=dev)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(batch[:, :-1], batch[:, 1:])
+            loss = run(batch[:, :-1], batch[:, 1:])
         loss.backward()
         opt.step()
 
     times = []
+    t_start = time.perf_counter()
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and args.compile:
+            print("eager: torch.compile %s: the warm-up steps (compilation included) took %.1f s" %
+                  (args.compile, time.perf_counter() - t_start), flush=True)
         if i == args.warmup:
             torch.cuda.reset_peak_memory_stats()
         torch.cuda.synchronize()
@@ -138,7 +151,8 @@ def main():
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     params = sum(p.numel() for p in model.parameters())
-    print("eager: torch %s on %s" % (torch.__version__, torch.cuda.get_device_name()))
+    print("eager: torch %s on %s%s" % (torch.__version__, torch.cuda.get_device_name(),
+                                        ", torch.compile " + args.compile if args.compile else ""))
     print("eager tokens_per_s=%.1f step_s=%.6f peak_mem_bytes=%d params=%d" %
           (args.micro * args.seq / step_s, step_s, torch.cuda.max_memory_allocated(), params))
     return 0

@@ -4,8 +4,14 @@
 // 3. loom's Trainer on GPT gpt3-1.3b, run.device=cuda, run.precision=bf16, AdamW: median step,
 //    tokens/s, peak device memory, and MFU = tokens/s x model FLOPs per token / peak.
 // 4. The same model and step in PyTorch eager (eager_gpt.py, autocast bf16, fused AdamW) in its
-//    own process after loom's memory is handed back: the ratio of tokens/s.
-// Targets: MFU >= 45 %, loom / eager >= 1.00. The figures are read, never asserted (exit 0),
+//    own process after loom's memory is handed back, and the same under torch.compile (default
+//    mode and max-autotune-no-cudagraphs): the ratios of tokens/s.
+// 5. loom again with run.deterministic (the cost of bitwise repeatability) and with
+//    run.precision fp8 (tensorwise and rowwise) on the same model.
+// 6. A Llama-3-8B-shaped layer stack (hidden 4096, SwiGLU 14336, 32 query / 8 kv heads, seq
+//    8192; --llama-layers layers, vocabulary 32000) in fp8 against bf16: the ratio of tokens/s.
+// Targets: MFU >= 45 %, loom / eager >= 1.00, loom / torch.compile >= 1.00, fp8 / bf16 on the
+// Llama stack >= 1.25. The figures are read, never asserted (exit 0),
 // and a last line `bench_gpu_step_json {...}` carries them all for scripts/gpu-check's log.
 // Where no GPU is usable it prints one `bench_gpu_step: skipped: <reason>` line and exits 0.
 #include <ATen/ATen.h>
@@ -30,6 +36,7 @@
 #include "core/config.h"
 #include "launch/planned_trainer.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
@@ -48,6 +55,7 @@ using Json = nlohmann::json;
 
 constexpr double kMfuTarget = 0.45;
 constexpr double kRatioTarget = 1.00;
+constexpr double kFp8Target = 1.25;
 
 struct Options {
   bool quick = false;
@@ -57,6 +65,11 @@ struct Options {
   std::string python = "python3";  // $PYTHON when set, as scripts/gpu-check
   std::string script = LOOM_SOURCE_DIR "/bench/gpu_step/eager_gpt.py";
   std::string profile;  // one more step after the timed ones, profiled: its chrome trace here
+  // torch.compile modes of the PyTorch baseline, each in its own process (empty: eager only).
+  std::vector<std::string> compile_modes = {"default", "max-autotune-no-cudagraphs"};
+  int64_t peer_timeout_s = 300;  // each baseline process, compilation included
+  bool variants = true;          // loom deterministic and fp8 on the same model
+  int64_t llama_layers = 4;      // the Llama-3-8B-shaped stack (0: not run)
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -75,7 +88,8 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
   std::fprintf(stderr,
                "bench_gpu_step: %s\nusage: bench_gpu_step [--quick] [--micro M] [--steps N] "
                "[--warmup W] [--python PATH (default $PYTHON or python3)] [--script eager_gpt.py] "
-               "[--profile TRACE.json]\n",
+               "[--profile TRACE.json] [--compile MODE,MODE|none] [--peer-timeout S] "
+               "[--no-variants] [--llama-layers N (0: none)]\n",
                why);
   std::exit(2);
 }
@@ -110,12 +124,31 @@ Options parse_options(int argc, char** argv) {
       o.script = value();
     } else if (a == "--profile") {
       o.profile = value();
+    } else if (a == "--compile") {
+      o.compile_modes.clear();
+      const std::string v = value();
+      for (size_t at = 0; v != "none" && at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        if (comma > at) o.compile_modes.push_back(v.substr(at, comma - at));
+        at = comma + 1;
+      }
+    } else if (a == "--peer-timeout") {
+      o.peer_timeout_s = positive(value());
+    } else if (a == "--no-variants") {
+      o.variants = false;
+    } else if (a == "--llama-layers") {
+      o.llama_layers = std::max<int64_t>(0, std::atoll(value().c_str()));
     } else {
       usage(("unknown argument '" + a + "'").c_str());
     }
   }
   if (o.quick && !steps_given) o.steps = 3;
-  if (o.quick) o.warmup = std::min<int64_t>(o.warmup, 1);
+  if (o.quick) {
+    o.warmup = std::min<int64_t>(o.warmup, 1);
+    o.compile_modes.clear();
+    o.variants = false;
+    o.llama_layers = 0;
+  }
   return o;
 }
 
@@ -257,6 +290,12 @@ void profile_step(loom::runtime::Trainer& trainer, const std::string& path) {
   }
 }
 
+// Tokens per sample of a GPT or Llama config.
+int64_t sequence_of(const loom::Config& config) {
+  if (config.model.type == "llama") return loom::models::llama_spec(config)->seq;
+  return loom::models::gpt_spec(config)->seq;
+}
+
 // A step's host read (loss and norm) comes before its optimizer update, which the device still
 // runs when step() returns: in a steady loop each step_time_s spans one period all the same, and
 // the loop's wall time, closed by reading a parameter, checks that.
@@ -280,7 +319,7 @@ void take_steps(loom::runtime::Trainer& trainer, const Options& o, LoomFigures& 
   f.loop_step_s = seconds_since(loop_start) / static_cast<double>(o.steps);
   f.step_s = median(times);
   f.tokens_per_s = static_cast<double>(trainer.config().batch.global) *
-                   static_cast<double>(loom::models::gpt_spec(trainer.config())->seq) / f.step_s;
+                   static_cast<double>(sequence_of(trainer.config())) / f.step_s;
   if (!o.profile.empty()) profile_step(trainer, o.profile);
 }
 
@@ -339,7 +378,8 @@ std::string shell_quote(const std::string& s) {
 
 // Runs eager_gpt.py on the same shape and reads its `eager tokens_per_s=...` line; echoes what
 // it prints so a failure explains itself in the log.
-EagerFigures run_eager(const loom::models::GptSpec& s, const Options& o) {
+EagerFigures run_eager(const loom::models::GptSpec& s, const Options& o,
+                       const std::string& compile_mode = "") {
   EagerFigures e;
   if (FILE* f = std::fopen(o.script.c_str(), "r")) {
     std::fclose(f);
@@ -347,13 +387,14 @@ EagerFigures run_eager(const loom::models::GptSpec& s, const Options& o) {
     e.error = "no eager script at " + o.script + " (--script PATH)";
     return e;
   }
-  const std::string cmd = shell_quote(o.python) + " " + shell_quote(o.script) + " --layers " +
-                          std::to_string(s.layers) + " --hidden " + std::to_string(s.hidden) +
-                          " --heads " + std::to_string(s.heads) + " --vocab " +
-                          std::to_string(s.vocab) + " --seq " + std::to_string(s.seq) +
-                          " --micro " + std::to_string(o.micro) + " --steps " +
-                          std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
-                          " --tied " + (s.tied ? "1" : "0") + " 2>&1";
+  const std::string cmd =
+      "timeout " + std::to_string(o.peer_timeout_s) + " " + shell_quote(o.python) + " " +
+      shell_quote(o.script) + " --layers " + std::to_string(s.layers) + " --hidden " +
+      std::to_string(s.hidden) + " --heads " + std::to_string(s.heads) + " --vocab " +
+      std::to_string(s.vocab) + " --seq " + std::to_string(s.seq) + " --micro " +
+      std::to_string(o.micro) + " --steps " + std::to_string(o.steps) + " --warmup " +
+      std::to_string(o.warmup) + " --tied " + (s.tied ? "1" : "0") +
+      (compile_mode.empty() ? "" : " --compile " + shell_quote(compile_mode)) + " 2>&1";
   std::printf("eager: %s\n", cmd.c_str());
   std::fflush(stdout);
   FILE* p = popen(cmd.c_str(), "r");
@@ -486,6 +527,109 @@ int config_error(const loom::Error& e) {
   return 2;
 }
 
+// ---- 6. the peers under torch.compile, loom's variants, the Llama stack -----------------------
+
+// The baseline under each torch.compile mode: printed and added to `j`.
+void run_compiled_peers(const Shape& sh, const Options& o, const LoomFigures& f, Json& j) {
+  for (const std::string& mode : o.compile_modes) {
+    const EagerFigures c = run_eager(sh.spec, o, mode);
+    const std::string key = "compile_" + mode;
+    if (!c.error.empty()) {
+      std::printf("torch.compile %s: not measured: %s\n", mode.c_str(), c.error.c_str());
+      j[key + "_error"] = c.error;
+      continue;
+    }
+    std::printf("torch.compile %s: median step %.4f s, %.0f tokens/s, peak memory %.2f GiB\n",
+                mode.c_str(), c.step_s, c.tokens_per_s, gib(c.peak_mem_bytes));
+    j[key + "_tokens_per_s"] = c.tokens_per_s;
+    j[key + "_step_s"] = c.step_s;
+    if (!f.error.empty()) continue;
+    const double ratio = f.tokens_per_s / c.tokens_per_s;
+    std::printf("loom / torch.compile %s tokens/s ratio: %.3f   target >= %.2f: %s\n", mode.c_str(),
+                ratio, kRatioTarget, verdict(ratio, kRatioTarget));
+    j["loom_over_" + key] = ratio;
+  }
+}
+
+// loom on `config` with `overrides`, against `base` (tokens/s ratio), printed as `label` and
+// added to `j` under `key`.
+void run_variant(const loom::Config& config, const std::vector<std::string>& overrides,
+                 const std::string& label, const std::string& key, const LoomFigures& base,
+                 const Options& o, Json& j) {
+  auto changed = loom::parse_config(loom::to_yaml(config), "bench_gpu_step", overrides);
+  if (!changed.ok()) {
+    std::printf("%s: not measured: %s\n", label.c_str(), changed.error().message.c_str());
+    return;
+  }
+  Options plain = o;
+  plain.profile.clear();
+  const LoomFigures v = run_loom(*changed, plain);
+  release_cached_device_memory();
+  if (!v.error.empty()) {
+    std::printf("%s: FAILED: %s\n", label.c_str(), v.error.c_str());
+    j[key + "_error"] = v.error;
+    return;
+  }
+  std::printf("%s: median step %.4f s, %.0f tokens/s, peak memory %.2f GiB, loss %.4f -> %.4f",
+              label.c_str(), v.step_s, v.tokens_per_s, gib(v.peak_mem_bytes), v.first_loss,
+              v.last_loss);
+  j[key + "_tokens_per_s"] = v.tokens_per_s;
+  j[key + "_last_loss"] = v.last_loss;
+  if (base.error.empty()) {
+    std::printf("; %.3f x the bf16 run's tokens/s", v.tokens_per_s / base.tokens_per_s);
+    j[key + "_over_bf16"] = v.tokens_per_s / base.tokens_per_s;
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// The Llama-3-8B-shaped stack in bf16, then fp8 tensorwise and rowwise.
+void run_llama_stack(const Options& o, Json& j) {
+  const std::string yaml =
+      "run: {seed: 1, steps: 1000000, device: cuda, precision: bf16}\n"
+      "model: {type: llama, preset: llama3-8b, args: {layers: " +
+      std::to_string(o.llama_layers) +
+      ", vocab: 32000}}\n"
+      "batch: {global: 1, micro: 1}\n"
+      "optimizer: {type: adamw, lr: 0.0003, betas: [0.9, 0.95], weight_decay: 0.1}\n"
+      "data: {type: synthetic}\n";
+  auto config = loom::parse_config(yaml, "bench_gpu_step llama", {});
+  if (!config.ok()) {
+    std::printf("llama stack: not measured: %s\n", config.error().message.c_str());
+    return;
+  }
+  Options plain = o;
+  plain.profile.clear();
+  plain.steps = std::min<int64_t>(o.steps, 5);
+  plain.warmup = std::min<int64_t>(o.warmup, 2);
+  std::printf(
+      "llama stack: llama3-8b shape, %lld layers, vocabulary 32000, seq 8192, one "
+      "sequence per step, %lld warm-up + %lld timed steps\n",
+      static_cast<long long>(o.llama_layers), static_cast<long long>(plain.warmup),
+      static_cast<long long>(plain.steps));
+  std::fflush(stdout);
+  const LoomFigures bf16 = run_loom(*config, plain);
+  release_cached_device_memory();
+  if (!bf16.error.empty()) {
+    std::printf("llama stack bf16: FAILED: %s\n", bf16.error.c_str());
+    j["llama_bf16_error"] = bf16.error;
+    return;
+  }
+  std::printf("llama stack bf16: median step %.4f s, %.0f tokens/s, peak memory %.2f GiB\n",
+              bf16.step_s, bf16.tokens_per_s, gib(bf16.peak_mem_bytes));
+  j["llama_layers"] = o.llama_layers;
+  j["llama_bf16_tokens_per_s"] = bf16.tokens_per_s;
+  for (const char* scaling : {"tensorwise", "rowwise"}) {
+    const std::string key = std::string("llama_fp8_") + scaling;
+    run_variant(*config, {"run.precision=fp8", std::string("fp8.scaling=") + scaling},
+                std::string("llama stack fp8 ") + scaling, key, bf16, plain, j);
+    if (j.contains(key + "_over_bf16"))
+      std::printf("llama stack fp8 %s / bf16: %.3f   target >= %.2f: %s\n", scaling,
+                  j[key + "_over_bf16"].get<double>(), kFp8Target,
+                  verdict(j[key + "_over_bf16"].get<double>(), kFp8Target));
+  }
+}
+
 int run(const Options& o) {
   const std::string preset = o.quick ? "gpt2-124m" : "gpt3-1.3b";
   auto config = bench_config(preset, o);
@@ -519,8 +663,38 @@ int run(const Options& o) {
 
   const EagerFigures e = run_eager(shape.spec, o);
   print_eager(e, f, shape.spec.parameter_count());
-  std::printf("bench_gpu_step_json %s\n",
-              figures_json(gpu, matmul, peak, shape, o, f, e).dump().c_str());
+  Json j = figures_json(gpu, matmul, peak, shape, o, f, e);
+  // Every figure so far after each section: a run cut off by its time limit keeps what it has.
+  auto figures = [&] {
+    std::printf("bench_gpu_step_json %s\n", j.dump().c_str());
+    std::fflush(stdout);
+  };
+  figures();
+  // The figures first (fp8 on the Llama stack, torch.compile's default mode), then the
+  // rest; max-autotune's compilation, the longest, last.
+  Options first = o, later = o;
+  first.compile_modes.resize(std::min<size_t>(1, o.compile_modes.size()));
+  later.compile_modes.erase(
+      later.compile_modes.begin(),
+      later.compile_modes.begin() + static_cast<std::ptrdiff_t>(first.compile_modes.size()));
+  if (o.llama_layers > 0) {
+    run_llama_stack(o, j);
+    figures();
+  }
+  run_compiled_peers(shape, first, f, j);
+  figures();
+  if (o.variants) {
+    run_variant(*config, {"run.precision=fp8"}, "loom fp8 tensorwise", "loom_fp8_tensorwise", f, o,
+                j);
+    run_variant(*config, {"run.precision=fp8", "fp8.scaling=rowwise"}, "loom fp8 rowwise",
+                "loom_fp8_rowwise", f, o, j);
+    // Last of loom's runs: it turns LibTorch's deterministic algorithms on for the process.
+    run_variant(*config, {"run.deterministic=true"}, "loom deterministic", "loom_deterministic", f,
+                o, j);
+    figures();
+  }
+  run_compiled_peers(shape, later, f, j);
+  figures();
   return f.error.empty() ? 0 : 1;
 }
 

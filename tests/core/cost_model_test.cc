@@ -90,7 +90,7 @@ TEST(TrainingState, BytesPerParameter) {
 // Every spelling the config accepts names one value and back; CommTraits are decided per backend.
 TEST(RunSpec, NamesRoundTripAndAutoResolvesPerDevice) {
   for (const char* n : {"cpu", "cuda"}) EXPECT_EQ(name(*parse_device(n)), n);
-  for (const char* n : {"fp32", "bf16"}) EXPECT_EQ(name(*parse_precision(n)), n);
+  for (const char* n : {"fp32", "bf16", "fp8"}) EXPECT_EQ(name(*parse_precision(n)), n);
   for (const char* n : {"auto", "gloo", "mpi", "nccl", "local"})
     EXPECT_EQ(name(*parse_backend(n)), n);
   for (const char* n : {"adamw", "sgd"}) EXPECT_EQ(name(*parse_optimizer(n)), n);

@@ -5,6 +5,7 @@
 
 #include "launch/planned_trainer.h"
 #include "tests/runtime/local_ranks.h"
+#include "tests/support/train_losses.h"
 
 namespace loom {
 namespace {
@@ -15,20 +16,6 @@ Config config(const std::string& yaml, const std::vector<std::string>& overrides
   return *c;
 }
 
-std::vector<double> losses(const Config& c, int steps) {
-  auto t = launch::create_trainer(c);
-  EXPECT_TRUE(t.ok()) << t.error().message;
-  std::vector<double> out;
-  if (!t.ok()) return out;
-  for (int i = 0; i < steps; ++i) {
-    auto st = (*t)->step();
-    EXPECT_TRUE(st.ok()) << st.error().message;
-    if (!st.ok()) break;
-    out.push_back(st->loss);
-  }
-  return out;
-}
-
 // bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2 %); a loss is a mean over many
 // token losses whose roundings mostly cancel, and the parameters stay float32, so the bf16
 // curve follows the fp32 one to a fraction of a percent. Each model's bound is 3-5x what it
@@ -37,11 +24,13 @@ std::vector<double> losses(const Config& c, int steps) {
 // master weights, gradients dropped in the cast) fails.
 void expect_bf16_follows_fp32(const std::string& yaml, int steps, double rel) {
   at::set_num_threads(1);
-  const std::vector<double> fp32 = losses(config(yaml, {}), steps);
-  const std::vector<double> bf16 = losses(config(yaml, {"run.precision=bf16"}), steps);
+  const std::vector<double> fp32 = testing_support::train_losses(config(yaml, {}), steps);
+  const std::vector<double> bf16 =
+      testing_support::train_losses(config(yaml, {"run.precision=bf16"}), steps);
   ASSERT_EQ(fp32.size(), static_cast<size_t>(steps));
   ASSERT_EQ(bf16.size(), static_cast<size_t>(steps));
-  const std::vector<double> untrained = losses(config(yaml, {"optimizer.lr=1e-12"}), steps);
+  const std::vector<double> untrained =
+      testing_support::train_losses(config(yaml, {"optimizer.lr=1e-12"}), steps);
   ASSERT_EQ(untrained.size(), static_cast<size_t>(steps));
   double learned = 0;
   for (int i = 0; i < steps; ++i)

@@ -1,0 +1,71 @@
+// Multi-rank plans on one GPU: tensor, pipeline (1F1B), ZeRO 3, context and expert parallelism
+// with every rank a thread over the local backend, each rank's tensors on the same CUDA device
+// (LibTorch's default stream, shared by the ranks' threads, orders one rank's kernels before
+// the contributions another rank reads). Each plan's losses and parameters equal the CPU run of
+// one device under the suite's tolerance policy (the GPU sums in other orders, as a plan does;
+// TF32 off). Labelled `gpu` with the rest of test_gpu: without a GPU every test skips, saying why.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "launch/verify.h"
+#include "runtime/device.h"
+#include "tests/support/need_gpu.h"
+#include "tests/runtime/local_ranks.h"
+
+namespace loom {
+namespace {
+
+constexpr int kSteps = 4;
+
+Config config(const std::string& model, int64_t micro, const std::vector<std::string>& overrides) {
+  const std::string yaml = "run: {seed: 5}\nmodel: {" + model +
+                           "}\nbatch: {global: 8, micro: " + std::to_string(micro) +
+                           "}\noptimizer: {type: sgd, lr: 0.3, momentum: 0.9, weight_decay: 0.01, "
+                           "clip_grad_norm: 1.0}\ncomm: {timeout_s: 60}\n";
+  auto c = parse_config(yaml, "gpu_ranks.yaml", overrides);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return *c;
+}
+
+// `plan` on `world` ranks sharing the GPU against the CPU's one-device run. The micro-batch
+// of one replica is `micro` on one device and micro / dp under the plan, so both see the same
+// samples per micro-batch (a mixture of experts' auxiliary loss is a per-micro-batch mean).
+void expect_plan_on_gpu(const std::string& model, const std::vector<std::string>& plan, int world,
+                        int64_t dp = 1, int64_t micro = 4) {
+  LOOM_NEED_GPU();
+  const testing_support::Reference cpu =
+      testing_support::train_single_device(config(model, micro, {}), kSteps);
+  std::vector<std::string> on_gpu = plan;
+  on_gpu.push_back("run.device=cuda");
+  testing_support::expect_equal_to_single_device(cpu, config(model, micro / dp, on_gpu), world,
+                                                 launch::rounding_noise_parameters());
+}
+
+TEST(GpuRanks, Tp2EqualsTheCpu) {
+  expect_plan_on_gpu("type: gpt, preset: tiny", {"parallel.tp=2", "parallel.sp=true"}, 2);
+}
+TEST(GpuRanks, Pp2OneFOneBEqualsTheCpu) {
+  expect_plan_on_gpu("type: gpt, preset: tiny", {"parallel.pp=2", "parallel.schedule=1f1b"}, 2);
+}
+TEST(GpuRanks, Dp2Zero3EqualsTheCpu) {
+  expect_plan_on_gpu("type: gpt, preset: tiny", {"parallel.dp=2", "parallel.zero=3"}, 2, 2);
+}
+TEST(GpuRanks, Cp2RingAttentionEqualsTheCpu) {
+  expect_plan_on_gpu("type: llama, preset: tiny", {"parallel.cp=2"}, 2);
+}
+TEST(GpuRanks, Ep2EqualsTheCpu) {
+  expect_plan_on_gpu("type: gpt, preset: tiny-moe", {"parallel.dp=2", "parallel.ep=2"}, 2, 2);
+}
+// Several at once: the split backward (zero bubble) of a pipeline whose stages are tensor
+// parallel, with selective recomputation: the streams of four ranks' deferred weight products.
+TEST(GpuRanks, Tp2Pp2ZeroBubbleRecomputeEqualsTheCpu) {
+  expect_plan_on_gpu("type: llama, preset: tiny",
+                     {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1",
+                      "parallel.recompute=selective"},
+                     4);
+}
+
+}  // namespace
+}  // namespace loom
