@@ -114,11 +114,13 @@ std::vector<double> train(const std::string& model, const std::string& tokens,
 
 // 200 steps of fp8 against bf16 from the same weights and batches. Each float8 product carries
 // 2^-4-relative noise per operand element that averages out over its k terms and a loss's
-// tokens; what remains moves the curve by a fraction of a percent once it has settled
-// (torchao and Transformer Engine report fp8 within 1 % of bf16's loss). The bounds: every
-// step within 5 % of bf16's loss (early steps, where the loss falls fastest, move most), and
-// the last 50 steps' mean within 1.5 %. Training must bring the loss below half of where it
-// starts, and fp8 must differ from bf16 at all (else fp8 did not run).
+// tokens; what remains moves the settled curve by a fraction of a percent (torchao and
+// Transformer Engine report fp8 within 1 % of bf16's loss; 0.17-0.44 % measured here on GPT tiny
+// through the CPU emulation). The bounds: the last 50 steps' mean within 2 %, and every step
+// within 10 % (while the loss falls from 8.3 towards 1, a small shift in time is a large
+// difference at one step). A broken product (a scale misapplied, an operand in the wrong
+// layout) leaves the loss near ln V or makes it NaN: off by orders of magnitude. Training must
+// bring the loss below half of where it starts, and fp8 must differ from bf16 at all.
 void expect_fp8_follows_bf16(const std::string& model, const std::string& scaling) {
   LOOM_NEED_FP8_GPU();
   const int steps = 200;
@@ -134,14 +136,14 @@ void expect_fp8_follows_bf16(const std::string& model, const std::string& scalin
   for (int i = 0; i < steps; ++i) {
     const double rel = std::abs(fp8[i] - bf16[i]) / bf16[i];
     worst = std::max(worst, rel);
-    EXPECT_LE(rel, 0.05) << "step " << i + 1 << ": fp8 " << fp8[i] << " vs bf16 " << bf16[i];
+    EXPECT_LE(rel, 0.10) << "step " << i + 1 << ": fp8 " << fp8[i] << " vs bf16 " << bf16[i];
     if (i >= steps - 50) {
       tail_bf16 += bf16[i];
       tail_fp8 += fp8[i];
     }
   }
   const double tail = std::abs(tail_fp8 - tail_bf16) / tail_bf16;
-  EXPECT_LE(tail, 0.015) << "the last 50 steps' mean: fp8 " << tail_fp8 / 50 << " vs bf16 "
+  EXPECT_LE(tail, 0.02) << "the last 50 steps' mean: fp8 " << tail_fp8 / 50 << " vs bf16 "
                          << tail_bf16 / 50;
   EXPECT_GT(worst, 1e-4) << "the fp8 losses equal bf16's: fp8 did not run";
   std::printf("loom fp8 %s %s: last-50 mean fp8 %.5f bf16 %.5f (%.3f %%), worst step %.3f %%\n",
