@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <optional>
 
 #include "core/debug_env.h"
@@ -15,9 +16,7 @@ namespace loom::runtime {
 namespace {
 
 // The largest finite value of each float8 format.
-double largest(at::ScalarType dtype) {
-  return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
-}
+double largest(at::ScalarType dtype) { return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0; }
 
 // A scale as at::_scaled_mm takes it for the operand of rows x: one element (tensorwise) or
 // [rows, 1]; for mat2 (the transposed operand) [1, rows].
@@ -31,21 +30,38 @@ at::Tensor amax_of(const at::Tensor& x, std::optional<int64_t> dim) {
   return dim ? amax : amax.reshape({1});
 }
 
+// x · to_fp8 in float8: x times a float32 tensor with dimensions is computed in float32 and
+// rounded once into the format as it is stored, one pass over x (a float32 product first and a
+// cast after would write and read x's size in float32 again). Where LibTorch's kernels cannot
+// store float8 on x's device (found once per process and device type), the two passes. No clamp:
+// |x · top / amax| passes top by float32 rounding at most, which the rounding brings back onto
+// top (the format's next value is far above).
+at::Tensor scaled_cast(const at::Tensor& x, const at::Tensor& to_fp8, at::ScalarType dtype) {
+  static std::atomic<bool> direct[2] = {true, true};
+  std::atomic<bool>& ok = direct[x.is_cuda() ? 1 : 0];
+  if (ok.load()) {
+    try {
+      at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
+      at::mul_out(out, x, to_fp8);
+      return out;
+    } catch (const c10::Error&) {
+      ok.store(false);
+    }
+  }
+  return at::mul(x, to_fp8).to(dtype);
+}
+
 }  // namespace
 
 Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType dtype, Fp8Scaling scaling,
                        int64_t reduce_dim) {
   const double top = largest(dtype);
-  const at::Tensor amax = amax_of(x, scaling == Fp8Scaling::kTensorwise
-                                         ? std::nullopt
-                                         : std::optional<int64_t>(reduce_dim));
+  const at::Tensor amax = amax_of(
+      x, scaling == Fp8Scaling::kTensorwise ? std::nullopt : std::optional<int64_t>(reduce_dim));
   // An all-zero slice: any scale quantizes it to zeros; 1 keeps the scale finite.
   const at::Tensor to_fp8 = at::where(amax > 0, top / amax, at::ones_like(amax));
   Fp8Tensor out;
-  // x times a float32 tensor with dimensions is computed in float32 (no copy of x first) and
-  // rounded once into the format. No clamp: |x · top / amax| passes top by float32 rounding at
-  // most, which the cast rounds back onto top (the next value of the format is far above).
-  out.data = at::mul(x, to_fp8).to(dtype);
+  out.data = scaled_cast(x, to_fp8, dtype);
   out.scale = to_fp8.reciprocal();
   return out;
 }
@@ -55,8 +71,8 @@ at::Tensor scaled_product(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType
   // mat2 is bᵀ: [k, n] with unit stride down its columns, the layout the kernels take.
   const at::Tensor mat2 = b.data.t();
   if (a.data.is_cuda())
-    return at::_scaled_mm(a.data, mat2, a.scale, as_mat2_scale(b.scale), std::nullopt,
-                          std::nullopt, out, fast_accumulation);
+    return at::_scaled_mm(a.data, mat2, a.scale, as_mat2_scale(b.scale), std::nullopt, std::nullopt,
+                          out, fast_accumulation);
   const at::Tensor one = at::ones({}, a.scale.options());
   at::Tensor y = at::_scaled_mm(a.data, mat2, one, one, std::nullopt, std::nullopt, at::kFloat);
   return (y * a.scale * as_mat2_scale(b.scale)).to(out);

@@ -3,6 +3,8 @@
 // linear's three products, the refusal on a device without float8 units, and GPT tiny trained
 // through the whole fp8 path (LOOM_DEBUG_FP8_ON_CPU, emulated) close to bf16. The same products
 // on a GPU, at::_scaled_mm's own, are tested in gpu_test.cc.
+#include "runtime/fp8.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -16,7 +18,6 @@
 
 #include "launch/planned_trainer.h"
 #include "runtime/device.h"
-#include "runtime/fp8.h"
 #include "runtime/linear.h"
 #include "tests/support/train_losses.h"
 
@@ -35,8 +36,7 @@ void expect_quantized(const at::Tensor& x, const Fp8Tensor& q, double rel, doubl
   const at::Tensor back = dequantized(q);
   const at::Tensor err = (back - x.to(at::kDouble)).abs();
   const at::Tensor bound = x.to(at::kDouble).abs() * rel + q.scale.to(at::kDouble) * abs_of_scale;
-  EXPECT_TRUE(at::all(err <= bound).item<bool>())
-      << "largest error " << err.max().item<double>();
+  EXPECT_TRUE(at::all(err <= bound).item<bool>()) << "largest error " << err.max().item<double>();
 }
 
 TEST(Fp8, EachAmaxMapsOntoTheFormatsLargestValue) {
@@ -65,6 +65,18 @@ TEST(Fp8, EachAmaxMapsOntoTheFormatsLargestValue) {
   expect_quantized(x, c, std::ldexp(1.0, -3), std::ldexp(1.0, -17));
 }
 
+// The one-pass cast stores what a float32 product and a cast would: x · (top / amax) rounded
+// once into the format.
+TEST(Fp8, QuantizedValuesAreTheScaledInputRoundedOnce) {
+  at::manual_seed(5);
+  const at::Tensor x = (at::randn({64, 48}) * 7).to(at::kBFloat16);
+  for (const auto scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kRowwise}) {
+    const Fp8Tensor q = runtime::quantize_fp8(x, at::kFloat8_e4m3fn, scaling, 1);
+    const at::Tensor want = (x.to(at::kFloat) * q.scale.reciprocal()).to(at::kFloat8_e4m3fn);
+    EXPECT_TRUE(at::equal(q.data.to(at::kFloat), want.to(at::kFloat)));
+  }
+}
+
 TEST(Fp8, AnAllZeroRowQuantizesToZerosWithAFiniteScale) {
   at::Tensor x = at::randn({16, 16});
   x[5].zero_();
@@ -77,9 +89,9 @@ TEST(Fp8, AnAllZeroRowQuantizesToZerosWithAFiniteScale) {
 }
 
 // A scaled product is the float32 product of the dequantized operands, rounded once to its
-// dtype: within bf16's half ulp (2^-8 of each result: 8 significant bits) plus float32 accumulation (k·2^-24 of
-// Σ|a||b|). Quantization itself moves the product by about 2^-4 relative, 30x more, so a
-// product that skipped it or misapplied a scale fails by orders of magnitude.
+// dtype: within bf16's half ulp (2^-8 of each result: 8 significant bits) plus float32 accumulation
+// (k·2^-24 of Σ|a||b|). Quantization itself moves the product by about 2^-4 relative, 30x more, so
+// a product that skipped it or misapplied a scale fails by orders of magnitude.
 void expect_scaled_product(at::ScalarType a_dtype, Fp8Scaling scaling) {
   at::manual_seed(2);
   const int64_t m = 32, k = 64, n = 48;
@@ -94,9 +106,8 @@ void expect_scaled_product(at::ScalarType a_dtype, Fp8Scaling scaling) {
                            da.abs().mm(db.abs().t()) * (k * std::ldexp(1.0, -24)) + 1e-30;
   EXPECT_TRUE(at::all((y - want).abs() <= bound).item<bool>())
       << "largest excess " << ((y - want).abs() - bound).max().item<double>();
-  const double moved = ((want - a.to(at::kDouble).mm(b.to(at::kDouble).t())).abs() / bound)
-                           .max()
-                           .item<double>();
+  const double moved =
+      ((want - a.to(at::kDouble).mm(b.to(at::kDouble).t())).abs() / bound).max().item<double>();
   EXPECT_GT(moved, 10) << "the product is as exact as bf16's: quantization did not happen";
 }
 
@@ -136,13 +147,12 @@ TEST(Fp8, ALinearsThreeProductsRunInFloat8) {
     // And quantization happened (bf16 alone stays under 1 %).
     EXPECT_GT(rel(w.grad(), gw_ref), 0.005);
     // The forward is exactly the scaled product of its quantized operands.
-    const auto scaling = math == runtime::LinearMath::kFp8Rowwise ? Fp8Scaling::kRowwise
-                                                                  : Fp8Scaling::kTensorwise;
+    const auto scaling =
+        math == runtime::LinearMath::kFp8Rowwise ? Fp8Scaling::kRowwise : Fp8Scaling::kTensorwise;
     const Fp8Tensor qx =
         runtime::quantize_fp8(x.detach().reshape({-1, 32}), at::kFloat8_e4m3fn, scaling, 1);
     const Fp8Tensor qw = runtime::quantize_fp8(w.detach(), at::kFloat8_e4m3fn, scaling, 1);
-    const at::Tensor want =
-        runtime::scaled_product(qx, qw, at::kBFloat16, true) + bias.detach();
+    const at::Tensor want = runtime::scaled_product(qx, qw, at::kBFloat16, true) + bias.detach();
     EXPECT_TRUE(at::equal(y.detach().reshape({-1, 48}), want));
   }
 }
@@ -187,7 +197,8 @@ TEST(Fp8, GptTinyThroughTheFp8PathFollowsBf16) {
   setenv("LOOM_DEBUG_FP8_ON_CPU", "1", 1);
   const int steps = 20;
   for (const char* scaling : {"tensorwise", "rowwise"}) {
-    const std::vector<double> bf16 = testing_support::train_losses(gpt_config({"run.precision=bf16"}), steps);
+    const std::vector<double> bf16 =
+        testing_support::train_losses(gpt_config({"run.precision=bf16"}), steps);
     const std::vector<double> fp8 = testing_support::train_losses(
         gpt_config({"run.precision=fp8", std::string("fp8.scaling=") + scaling}), steps);
     ASSERT_EQ(bf16.size(), static_cast<size_t>(steps));

@@ -30,21 +30,23 @@ using runtime::Fp8Scaling;
 using runtime::Fp8Tensor;
 
 // On a GPU with float8 tensor cores only (compute capability 8.9 and later).
-#define LOOM_NEED_FP8_GPU()                                                               \
-  do {                                                                                    \
-    LOOM_NEED_GPU();                                                                      \
+#define LOOM_NEED_FP8_GPU()                                                              \
+  do {                                                                                   \
+    LOOM_NEED_GPU();                                                                     \
     if (auto why = runtime::fp8_refusal(at::Device(at::kCUDA, 0))) GTEST_SKIP() << *why; \
   } while (0)
 
-at::Tensor dequantized(const Fp8Tensor& t) { return t.data.to(at::kDouble) * t.scale.to(at::kDouble); }
+at::Tensor dequantized(const Fp8Tensor& t) {
+  return t.data.to(at::kDouble) * t.scale.to(at::kDouble);
+}
 
 // What a product gives is the float64 product of the dequantized operands within bf16's half
-// ulp (2^-8 relative: 8 significant bits) plus float32 accumulation (k·2^-24 of Σ|a||b|; the forward's fast
-// accumulation keeps fewer bits: 2^-13 of Σ|a||b| per 128-deep block on Hopper, bounded here by
-// k·2^-13). Quantization moves the product by about 2^-4: 16x the bound without fast
-// accumulation, so a scale misapplied or an operand left unquantized fails.
-void expect_gpu_product(at::ScalarType a_dtype, Fp8Scaling scaling, bool fast, int64_t m,
-                        int64_t k, int64_t n) {
+// ulp (2^-8 relative: 8 significant bits) plus float32 accumulation (k·2^-24 of Σ|a||b|; the
+// forward's fast accumulation keeps fewer bits: 2^-13 of Σ|a||b| per 128-deep block on Hopper,
+// bounded here by k·2^-13). Quantization moves the product by about 2^-4: 16x the bound without
+// fast accumulation, so a scale misapplied or an operand left unquantized fails.
+void expect_gpu_product(at::ScalarType a_dtype, Fp8Scaling scaling, bool fast, int64_t m, int64_t k,
+                        int64_t n) {
   const at::TensorOptions opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   at::manual_seed(4);
   const at::Tensor a = (at::randn({m, k}, opts) * at::rand({m, 1}, opts) * 4).to(at::kBFloat16);
@@ -144,7 +146,7 @@ void expect_fp8_follows_bf16(const std::string& model, const std::string& scalin
   }
   const double tail = std::abs(tail_fp8 - tail_bf16) / tail_bf16;
   EXPECT_LE(tail, 0.02) << "the last 50 steps' mean: fp8 " << tail_fp8 / 50 << " vs bf16 "
-                         << tail_bf16 / 50;
+                        << tail_bf16 / 50;
   EXPECT_GT(worst, 1e-4) << "the fp8 losses equal bf16's: fp8 did not run";
   std::printf("loom fp8 %s %s: last-50 mean fp8 %.5f bf16 %.5f (%.3f %%), worst step %.3f %%\n",
               model.c_str(), scaling.c_str(), tail_fp8 / 50, tail_bf16 / 50, 100 * tail,

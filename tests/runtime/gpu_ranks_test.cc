@@ -11,8 +11,8 @@
 
 #include "launch/verify.h"
 #include "runtime/device.h"
-#include "tests/support/need_gpu.h"
 #include "tests/runtime/local_ranks.h"
+#include "tests/support/need_gpu.h"
 
 namespace loom {
 namespace {
@@ -61,10 +61,10 @@ TEST(GpuRanks, Ep2EqualsTheCpu) {
 // Several at once: the split backward (zero bubble) of a pipeline whose stages are tensor
 // parallel, with selective recomputation: the streams of four ranks' deferred weight products.
 TEST(GpuRanks, Tp2Pp2ZeroBubbleRecomputeEqualsTheCpu) {
-  expect_plan_on_gpu("type: llama, preset: tiny",
-                     {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1",
-                      "parallel.recompute=selective"},
-                     4);
+  expect_plan_on_gpu(
+      "type: llama, preset: tiny",
+      {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1", "parallel.recompute=selective"},
+      4);
 }
 
 }  // namespace
