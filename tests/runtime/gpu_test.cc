@@ -226,8 +226,19 @@ TEST(Gpu, DeterministicRunsAreBitwiseEqualAndSoIsAResumedOne) {
 
 // The same contract on the CPU (no GPU needed): the mode, the checkpoint's fidelity (masters,
 // optimizer state, the data position) and the resumed step counter.
+// A CPU run with fixed threads repeats itself with or without the mode, so the mode itself is
+// checked first: select_device turns LibTorch's deterministic algorithms on (an op without one
+// then fails instead of varying) and says so in the device's description.
 TEST(Deterministic, OnTheCpuARunAndItsResumeAreBitwiseEqual) {
   at::set_num_threads(1);
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  auto d = runtime::select_device(config({"run.deterministic=true"}), 0);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithmsWarnOnly());
+  EXPECT_TRUE(d->deterministic);
+  EXPECT_NE(d->to_string().find("deterministic"), std::string::npos) << d->to_string();
+  at::globalContext().setDeterministicAlgorithms(false, false);
   expect_bitwise_repeatable("type: gpt, preset: tiny",
                             {"batch.micro=4", "optimizer.type=adamw", "optimizer.lr=0.003"});
 }
