@@ -11,14 +11,16 @@ function(loom_library name)
 endfunction()
 
 # loom_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s])
-#   A GoogleTest executable whose tests are each registered with ctest.
+#   A GoogleTest executable whose tests are each registered with ctest, each run in a temporary
+#   directory of its own (tests/support/private_temp_dir.cc).
 function(loom_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} loom_test_temp_dir GTest::gtest
+                                        GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE LOOM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                              LOOM_BINARY_DIR="${PROJECT_BINARY_DIR}")
   loom_warnings(${name})

@@ -128,6 +128,11 @@ class GlooComm : public Comm {
                             ShmGroup::connect(*world->store, "loom/shm/" + spec.uid,
                                               static_cast<int>(spec.rank.value()),
                                               static_cast<int>(spec.world_ranks.size()), nullptr));
+      if (shm) {
+        std::vector<std::string> names;
+        for (const Rank& r : spec.world_ranks) names.push_back("rank " + r.to_string());
+        shm->set_member_names(std::move(names));
+      }
     }
     return std::shared_ptr<Comm>(
         std::make_shared<GlooComm>(std::move(spec), std::move(world), pg, std::move(shm)));

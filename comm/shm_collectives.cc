@@ -73,6 +73,7 @@ struct ShmGroup::Impl {
   std::unique_ptr<SharedSegment> segment;
   int rank = 0, size = 0;
   int64_t slot_bytes = 0;
+  std::vector<std::string> member_names;  // how messages name each member (set_member_names)
 
   // The worker's: the last step reached, the chunks run so far (the bank is chunk % 2), and
   // the failure that ended the group.
@@ -101,7 +102,10 @@ struct ShmGroup::Impl {
         return Outcome::timed_out();
       case SharedSegment::Wait::kPeerLost: {
         const int m = segment->lost_member();
-        return Outcome::lost("shared memory: group member " + std::to_string(m) + " (pid " +
+        const std::string who = m >= 0 && static_cast<size_t>(m) < member_names.size()
+                                    ? member_names[static_cast<size_t>(m)]
+                                    : "group member " + std::to_string(m);
+        return Outcome::lost("shared memory: " + who + " (pid " +
                              std::to_string(segment->pid_of(m)) +
                              ") died while this rank waited for it");
       }
@@ -336,6 +340,11 @@ std::shared_ptr<PendingOp> ShmGroup::broadcast(const at::Tensor& tensor, int roo
   return impl_->submit([impl = impl_.get(), tensor, root, deadline] {
     return impl->broadcast(tensor, root, deadline);
   });
+}
+
+void ShmGroup::set_member_names(std::vector<std::string> names) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->member_names = std::move(names);
 }
 
 }  // namespace loom::comm

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/backend.h"
 #include "comm/comm.h"
@@ -36,6 +37,10 @@ class ShmGroup {
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
+
+  // How messages name each member ("rank 3": its world rank), "group member m" by default.
+  // Before the first operation.
+  void set_member_names(std::vector<std::string> names);
 
   // Whether tensors of this dtype can be reduced here (floating point and integers).
   static bool reduces(at::ScalarType dtype);
