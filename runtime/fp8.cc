@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cmath>
 #include <optional>
 
 #include "core/debug_env.h"
@@ -22,47 +23,63 @@ double largest(at::ScalarType dtype) { return dtype == at::kFloat8_e4m3fn ? 448.
 // [rows, 1]; for mat2 (the transposed operand) [1, rows].
 at::Tensor as_mat2_scale(const at::Tensor& scale) { return scale.reshape({1, -1}); }
 
-// The largest magnitude of x, whole ([1]) or along `dim` (kept), in float32, in one pass
-// (aminmax reads x once; abs() would write a copy first). Exact: it is one of x's values.
+// The largest magnitude of x, whole ([1]) or along `dim` (kept), in float32: one reduction (the
+// infinity norm reads x once and writes no |x|). Exact: it is one of x's values.
 at::Tensor amax_of(const at::Tensor& x, std::optional<int64_t> dim) {
-  auto [lo, hi] = dim ? at::aminmax(x, *dim, /*keepdim=*/true) : at::aminmax(x);
-  const at::Tensor amax = at::maximum(lo.abs(), hi).to(at::kFloat);
-  return dim ? amax : amax.reshape({1});
+  if (!dim) return at::linalg_vector_norm(x, INFINITY).to(at::kFloat).reshape({1});
+  return at::linalg_vector_norm(x, INFINITY, at::IntArrayRef{*dim}, /*keepdim=*/true)
+      .to(at::kFloat);
 }
 
-// x · to_fp8 in float8: x times a float32 tensor with dimensions is computed in float32 and
-// rounded once into the format as it is stored, one pass over x (a float32 product first and a
-// cast after would write and read x's size in float32 again). Where LibTorch's kernels cannot
+// The factor that maps each slice's amax onto the format's largest finite value. An all-zero
+// slice is taken as amax 1e-30: any finite factor quantizes zeros to zeros, and this one keeps
+// the scale (its reciprocal) a normal float32.
+at::Tensor factor_onto(const at::Tensor& x, at::ScalarType dtype, Fp8Scaling scaling,
+                       int64_t reduce_dim) {
+  const at::Tensor amax = amax_of(
+      x, scaling == Fp8Scaling::kTensorwise ? std::nullopt : std::optional<int64_t>(reduce_dim));
+  return at::clamp_min(amax, 1e-30).reciprocal().mul_(largest(dtype));
+}
+
+// out = x · to_fp8 in float8: x times a float32 tensor with dimensions is computed in float32
+// and rounded once into the format as it is stored, one pass over x (a float32 product first and
+// a cast after would write and read x's size in float32 again), into `out` as laid out (a
+// transposed view: the cast and the transpose in the same pass). Where LibTorch's kernels cannot
 // store float8 on x's device (found once per process and device type), the two passes. No clamp:
 // |x · top / amax| passes top by float32 rounding at most, which the rounding brings back onto
 // top (the format's next value is far above).
-at::Tensor scaled_cast(const at::Tensor& x, const at::Tensor& to_fp8, at::ScalarType dtype) {
+void scaled_cast_into(at::Tensor out, const at::Tensor& x, const at::Tensor& to_fp8) {
   static std::atomic<bool> direct[2] = {true, true};
   std::atomic<bool>& ok = direct[x.is_cuda() ? 1 : 0];
   if (ok.load()) {
     try {
-      at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
       at::mul_out(out, x, to_fp8);
-      return out;
+      return;
     } catch (const c10::Error&) {
       ok.store(false);
     }
   }
-  return at::mul(x, to_fp8).to(dtype);
+  out.copy_(at::mul(x, to_fp8));
 }
 
 }  // namespace
 
 Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType dtype, Fp8Scaling scaling,
                        int64_t reduce_dim) {
-  const double top = largest(dtype);
-  const at::Tensor amax = amax_of(
-      x, scaling == Fp8Scaling::kTensorwise ? std::nullopt : std::optional<int64_t>(reduce_dim));
-  // An all-zero slice: any scale quantizes it to zeros; 1 keeps the scale finite.
-  const at::Tensor to_fp8 = at::where(amax > 0, top / amax, at::ones_like(amax));
+  const at::Tensor to_fp8 = factor_onto(x, dtype, scaling, reduce_dim);
   Fp8Tensor out;
-  out.data = scaled_cast(x, to_fp8, dtype);
+  out.data = at::empty(x.sizes(), x.options().dtype(dtype));
+  scaled_cast_into(out.data, x, to_fp8);
   out.scale = to_fp8.reciprocal();
+  return out;
+}
+
+Fp8Tensor quantize_fp8_transposed(const at::Tensor& x, at::ScalarType dtype, Fp8Scaling scaling) {
+  const at::Tensor to_fp8 = factor_onto(x, dtype, scaling, 0);
+  Fp8Tensor out;
+  out.data = at::empty({x.size(1), x.size(0)}, x.options().dtype(dtype));
+  scaled_cast_into(out.data.t(), x, to_fp8);
+  out.scale = to_fp8.reciprocal().reshape({-1, 1});
   return out;
 }
 

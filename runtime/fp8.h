@@ -17,7 +17,7 @@ namespace loom::runtime {
 
 enum class Fp8Scaling : int8_t { kTensorwise, kRowwise };
 
-// A tensor quantized to float8: value ≈ data · scale, scale float32 of shape [] (tensorwise),
+// A tensor quantized to float8: value ≈ data · scale, scale float32 of shape [1] (tensorwise),
 // [rows, 1] or [1, cols] (rowwise along the other dimension).
 struct Fp8Tensor {
   at::Tensor data;
@@ -27,9 +27,14 @@ struct Fp8Tensor {
 // Quantizes a 2-d tensor to `dtype` (at::kFloat8_e4m3fn or at::kFloat8_e5m2): tensorwise one
 // scale, rowwise one scale per slice along `reduce_dim` (1: per row, 0: per column), each
 // mapping the slice's amax onto the format's largest finite value (448 for e4m3, 57344 for
-// e5m2). An all-zero slice gets scale 1.
+// e5m2). An all-zero slice is quantized to zeros with a finite scale.
 Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType dtype, Fp8Scaling scaling,
                        int64_t reduce_dim);
+
+// An [r, c] tensor quantized per column (reduced over its rows, or whole), as the rows of its
+// transpose: data [c, r] contiguous, scale [c, 1] (rowwise) or [1, 1]. The cast writes the
+// transposed layout directly, one pass over x (the left operand of gᵀ·x, the right of g·W).
+Fp8Tensor quantize_fp8_transposed(const at::Tensor& x, at::ScalarType dtype, Fp8Scaling scaling);
 
 // a [m, k] · b [n, k]ᵀ from operands quantized along k (a by rows, b by rows), in `out` dtype.
 // `a` may be e4m3 or e5m2, `b` e4m3 (what cuBLAS and the row-wise kernels take). On a GPU one

@@ -153,13 +153,6 @@ Fp8Scaling scaling_of(LinearMath math) {
   return math == LinearMath::kFp8Rowwise ? Fp8Scaling::kRowwise : Fp8Scaling::kTensorwise;
 }
 
-// An [r, c] operand quantized per column (reduced over its rows), as the rows of its transpose:
-// W for g·W, g and x for gᵀ·x.
-Fp8Tensor transposed_fp8(const at::Tensor& x2, at::ScalarType dtype, Fp8Scaling scaling) {
-  Fp8Tensor t = quantize_fp8(x2, dtype, scaling, 0);
-  return {t.data.t().contiguous(), t.scale.reshape({-1, 1})};
-}
-
 // Forward products accumulate fast (Hopper's float8 path keeps fewer partial-sum bits), the
 // gradients' at full float32 precision: torchao's and Transformer Engine's choice.
 at::Tensor fp8_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -178,7 +171,7 @@ at::Tensor fp8_input_grad(const at::Tensor& grad_output, const at::Tensor& weigh
                           Fp8Scaling scaling) {
   const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
   at::Tensor gx = scaled_product(quantize_fp8(g, at::kFloat8_e5m2, scaling, 1),
-                                 transposed_fp8(weight, at::kFloat8_e4m3fn, scaling),
+                                 quantize_fp8_transposed(weight, at::kFloat8_e4m3fn, scaling),
                                  grad_output.scalar_type(), false);
   std::vector<int64_t> shape = grad_output.sizes().vec();
   shape.back() = weight.size(1);
@@ -189,9 +182,9 @@ at::Tensor fp8_weight_grad(const at::Tensor& grad_output, const at::Tensor& x, F
   const at::Tensor g = grad_output.reshape({-1, grad_output.size(-1)});
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   // gᵀ·x: both reduced over the tokens, so both are quantized per column.
-  return scaled_product(transposed_fp8(g, at::kFloat8_e5m2, scaling),
-                        transposed_fp8(x2, at::kFloat8_e4m3fn, scaling), grad_output.scalar_type(),
-                        false);
+  return scaled_product(quantize_fp8_transposed(g, at::kFloat8_e5m2, scaling),
+                        quantize_fp8_transposed(x2, at::kFloat8_e4m3fn, scaling),
+                        grad_output.scalar_type(), false);
 }
 
 }  // namespace

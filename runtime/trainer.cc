@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "graph/ops_moe.h"
+#include "lower/backward_comm.h"
 #include "lower/plan_file.h"
 #include "lower/program.h"
 #include "runtime/checkpoint.h"
@@ -237,6 +238,24 @@ Status check_fits(const Config& config, const RunPlan& plan, const RunDevice& de
                      "estimate per rank)");
 }
 
+// The local backend runs the ranks as threads of one process. On a GPU, LibTorch's autograd runs
+// the backward passes of all of them on its one thread per device: a rank waiting there for
+// another rank's part of an exchange waits for a rank whose backward cannot start until it
+// returns. Such plans are refused before step 1 rather than stopped by the timeout.
+Status check_thread_ranks(const Config& config, const comm::Comm& world, const RunDevice& device,
+                          const graph::Graph& planned, const lower::Lowered& lowered) {
+  if (world.size() < 2 || !device.cuda() || std::string(world.backend_name()) != "local")
+    return Status::success();
+  const auto exchange = lower::exchange_in_backward(planned, lowered);
+  if (!exchange) return Status::success();
+  return config.error(
+      "run.device",
+      "cuda with the ranks as threads of one process (the local backend): " + *exchange +
+          " runs inside the backward pass, which LibTorch runs for every thread on one thread "
+          "per GPU, so the ranks would wait for each other until the timeout; run the ranks as "
+          "processes (loomrun, comm.backend nccl, a GPU each), or this plan on the CPU");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan plan,
@@ -283,6 +302,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
   impl->world = world;
   impl->planned = std::move(plan.file.graph);
   impl->lowered = std::move(plan.file.lowered);
+  LOOM_TRY(check_thread_ranks(config, *world, impl->device, impl->planned, impl->lowered));
   LOOM_ASSIGN_OR_RETURN(
       impl->executor,
       Executor::create(impl->planned, impl->lowered, world, impl->kernels,

@@ -70,6 +70,7 @@ struct Options {
   int64_t peer_timeout_s = 300;  // each baseline process, compilation included
   bool variants = true;          // loom deterministic and fp8 on the same model
   int64_t llama_layers = 4;      // the Llama-3-8B-shaped stack (0: not run)
+  bool only_llama = false;       // that stack alone; --profile then profiles its fp8 step
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -89,7 +90,7 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
                "bench_gpu_step: %s\nusage: bench_gpu_step [--quick] [--micro M] [--steps N] "
                "[--warmup W] [--python PATH (default $PYTHON or python3)] [--script eager_gpt.py] "
                "[--profile TRACE.json] [--compile MODE,MODE|none] [--peer-timeout S] "
-               "[--no-variants] [--llama-layers N (0: none)]\n",
+               "[--no-variants] [--llama-layers N (0: none)] [--only-llama]\n",
                why);
   std::exit(2);
 }
@@ -136,6 +137,8 @@ Options parse_options(int argc, char** argv) {
       o.peer_timeout_s = positive(value());
     } else if (a == "--no-variants") {
       o.variants = false;
+    } else if (a == "--only-llama") {
+      o.only_llama = true;
     } else if (a == "--llama-layers") {
       o.llama_layers = std::max<int64_t>(0, std::atoll(value().c_str()));
     } else {
@@ -555,14 +558,14 @@ void run_compiled_peers(const Shape& sh, const Options& o, const LoomFigures& f,
 // added to `j` under `key`.
 void run_variant(const loom::Config& config, const std::vector<std::string>& overrides,
                  const std::string& label, const std::string& key, const LoomFigures& base,
-                 const Options& o, Json& j) {
+                 const Options& o, Json& j, bool profiled = false) {
   auto changed = loom::parse_config(loom::to_yaml(config), "bench_gpu_step", overrides);
   if (!changed.ok()) {
     std::printf("%s: not measured: %s\n", label.c_str(), changed.error().message.c_str());
     return;
   }
   Options plain = o;
-  plain.profile.clear();
+  if (!profiled) plain.profile.clear();
   const LoomFigures v = run_loom(*changed, plain);
   release_cached_device_memory();
   if (!v.error.empty()) {
@@ -621,8 +624,12 @@ void run_llama_stack(const Options& o, Json& j) {
   j["llama_bf16_tokens_per_s"] = bf16.tokens_per_s;
   for (const char* scaling : {"tensorwise", "rowwise"}) {
     const std::string key = std::string("llama_fp8_") + scaling;
+    // --only-llama --profile: the fp8 tensorwise step is profiled (where its time goes).
+    Options variant = plain;
+    variant.profile = o.only_llama ? o.profile : std::string();
     run_variant(*config, {"run.precision=fp8", std::string("fp8.scaling=") + scaling},
-                std::string("llama stack fp8 ") + scaling, key, bf16, plain, j);
+                std::string("llama stack fp8 ") + scaling, key, bf16, variant, j,
+                std::string(scaling) == "tensorwise");
     if (j.contains(key + "_over_bf16"))
       std::printf("llama stack fp8 %s / bf16: %.3f   target >= %.2f: %s\n", scaling,
                   j[key + "_over_bf16"].get<double>(), kFp8Target,
@@ -644,6 +651,12 @@ int run(const Options& o) {
   std::printf("bench/gpu_step%s: %s (%s), LibTorch %s\n", o.quick ? " --quick" : "",
               gpu.empty() ? "(nvidia-smi gave no name)" : gpu.c_str(), device->to_string().c_str(),
               TORCH_VERSION);
+  if (o.only_llama) {
+    Json j = {{"gpu", gpu}, {"torch", TORCH_VERSION}};
+    run_llama_stack(o, j);
+    std::printf("bench_gpu_step_json %s\n", j.dump().c_str());
+    return j.contains("llama_bf16_error") ? 1 : 0;
+  }
   print_model(shape, o);
   std::fflush(stdout);
 

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <set>
 
+#include "lower/backward_comm.h"
 #include "lower/schedule_order.h"
 #include "models/model.h"
 #include "plan/plan.h"
@@ -94,6 +96,39 @@ TEST(Lowering, PipelineStagesSendAndReceive) {
   for (const Adapter& a : l.lowered.adapters) EXPECT_TRUE(a.cross_stage());
   EXPECT_DOUBLE_EQ(l.lowered.programs[0].loss_seed, 0.0);
   EXPECT_DOUBLE_EQ(l.lowered.programs[1].loss_seed, 1.0);
+}
+
+// The exchanges a backward pass waits for, as the trainer finds them (with the local backend on
+// a GPU they would stall, lower/backward_comm.h): tensor and sequence parallelism's gradient
+// collectives and ZeRO 3's gathers are found and named; the pipeline's transfers and the
+// data-parallel gradient sums run outside the backward pass.
+std::optional<std::string> exchange_of_plan(const std::vector<std::string>& overrides) {
+  auto c = parse_config("model: {type: gpt, preset: tiny}\nbatch: {global: 8, micro: 2}\n",
+                        "l.yaml", overrides);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  auto made = loom::plan::make_plan(*c);
+  EXPECT_TRUE(made.ok()) << made.error().message;
+  if (!made.ok()) return "no plan";
+  return exchange_in_backward(made->file.graph, made->file.lowered);
+}
+
+TEST(Lowering, ExchangesInsideTheBackwardPassAreFound) {
+  EXPECT_EQ(exchange_of_plan({}), std::nullopt);
+  EXPECT_EQ(exchange_of_plan({"parallel.dp=2"}), std::nullopt);
+  EXPECT_EQ(exchange_of_plan({"parallel.dp=2", "parallel.zero=1"}), std::nullopt);
+  EXPECT_EQ(exchange_of_plan({"parallel.pp=2", "parallel.schedule=1f1b"}), std::nullopt);
+  EXPECT_EQ(exchange_of_plan({"parallel.dp=2", "parallel.pp=2"}), std::nullopt);
+  const auto tp = exchange_of_plan({"parallel.tp=2"});
+  ASSERT_TRUE(tp.has_value());
+  EXPECT_NE(tp->find("all_reduce of tensor '"), std::string::npos) << *tp;
+  EXPECT_NE(tp->find("in its gradient path"), std::string::npos) << *tp;
+  const auto sp = exchange_of_plan({"parallel.tp=2", "parallel.sp=true"});
+  ASSERT_TRUE(sp.has_value());
+  const auto zero3 = exchange_of_plan({"parallel.dp=2", "parallel.zero=3"});
+  ASSERT_TRUE(zero3.has_value());
+  EXPECT_NE(zero3->find("(parallel.zero 3)"), std::string::npos) << *zero3;
+  // Within a pipeline stage, tensor parallelism's exchanges are still found.
+  EXPECT_TRUE(exchange_of_plan({"parallel.tp=2", "parallel.pp=2"}).has_value());
 }
 
 TEST(Lowering, EveryStandardPlanIsDeadlockFree) {

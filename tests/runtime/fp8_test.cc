@@ -85,7 +85,24 @@ TEST(Fp8, AnAllZeroRowQuantizesToZerosWithAFiniteScale) {
   EXPECT_EQ(r.data[5].to(at::kFloat).abs().max().item<float>(), 0.0f);
   const Fp8Tensor z =
       runtime::quantize_fp8(at::zeros({16, 16}), at::kFloat8_e4m3fn, Fp8Scaling::kTensorwise, 1);
-  EXPECT_EQ(z.scale.item<float>(), 1.0f);
+  EXPECT_TRUE(std::isfinite(z.scale.item<float>()) && z.scale.item<float>() > 0.0f);
+  EXPECT_EQ(z.data.to(at::kFloat).abs().max().item<float>(), 0.0f);
+}
+
+// Quantized per column into the transposed layout in one pass: the same values and scales as
+// quantizing per column and transposing after, for both scalings and both formats.
+TEST(Fp8, TransposedQuantizationEqualsQuantizeThenTranspose) {
+  at::manual_seed(9);
+  const at::Tensor x = (at::randn({96, 48}) * 5).to(at::kBFloat16);
+  for (const auto dtype : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
+    for (const auto scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kRowwise}) {
+      const Fp8Tensor t = runtime::quantize_fp8_transposed(x, dtype, scaling);
+      const Fp8Tensor c = runtime::quantize_fp8(x, dtype, scaling, 0);
+      ASSERT_EQ(t.data.sizes(), (at::IntArrayRef{48, 96}));
+      EXPECT_TRUE(t.data.is_contiguous());
+      EXPECT_TRUE(at::equal(t.data.to(at::kFloat), c.data.t().to(at::kFloat)));
+      EXPECT_TRUE(at::equal(t.scale, c.scale.reshape({-1, 1})));
+    }
 }
 
 // A scaled product is the float32 product of the dequantized operands, rounded once to its
