@@ -28,8 +28,7 @@ std::string describe(const graph::Graph& graph, const Adapter& a, const CommStep
 
 }  // namespace
 
-std::optional<std::string> exchange_in_backward(const graph::Graph& graph,
-                                                const Lowered& lowered) {
+std::optional<std::string> exchange_in_backward(const graph::Graph& graph, const Lowered& lowered) {
   for (const Program& program : lowered.programs)
     for (const Segment& segment : program.segments)
       for (size_t i = 0; i < segment.items.size(); ++i) {
@@ -38,8 +37,9 @@ std::optional<std::string> exchange_in_backward(const graph::Graph& graph,
         const Adapter& a = lowered.adapters[static_cast<size_t>(item.index)];
         if (!a.parameter && (a.cross_stage() || a.disjoint)) continue;
         if (const CommStep* s = first_exchange(a.backward))
-          return describe(graph, a, *s, a.parameter ? "(parallel.zero 3) in its gradient path"
-                                                    : "in its gradient path");
+          return describe(
+              graph, a, *s,
+              a.parameter ? "(parallel.zero 3) in its gradient path" : "in its gradient path");
         const CommStep* again = first_exchange(a.forward);
         if (again && (a.regather || recomputed(segment, i)))
           return describe(graph, a, *again, "run again in the backward pass");
