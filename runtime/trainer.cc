@@ -19,6 +19,7 @@
 #include "comm/make_comm.h"
 #include "core/durable_file.h"
 #include "core/log.h"
+#include "core/run_spec.h"
 #include "core/strings.h"
 #include "graph/ops_moe.h"
 #include "lower/backward_comm.h"
@@ -244,7 +245,8 @@ Status check_fits(const Config& config, const RunPlan& plan, const RunDevice& de
 // returns. Such plans are refused before step 1 rather than stopped by the timeout.
 Status check_thread_ranks(const Config& config, const comm::Comm& world, const RunDevice& device,
                           const graph::Graph& planned, const lower::Lowered& lowered) {
-  if (world.size() < 2 || !device.cuda() || std::string(world.backend_name()) != "local")
+  const auto backend = parse_backend(world.backend_name());
+  if (world.size() < 2 || !device.cuda() || !backend.ok() || *backend != CommBackend::kLocal)
     return Status::success();
   const auto exchange = lower::exchange_in_backward(planned, lowered);
   if (!exchange) return Status::success();
