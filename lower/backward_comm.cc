@@ -14,12 +14,6 @@ const CommStep* first_exchange(const CommPath& path) {
   return nullptr;
 }
 
-bool recomputed(const Segment& segment, size_t item) {
-  for (const RecomputeRegion& r : segment.recompute)
-    if (static_cast<int64_t>(item) >= r.begin && static_cast<int64_t>(item) < r.end) return true;
-  return false;
-}
-
 std::string describe(const graph::Graph& graph, const Adapter& a, const CommStep& step,
                      const std::string& where) {
   return "the " + to_string(step.primitive) + " of tensor '" + graph.tensor(a.tensor).name +
@@ -31,18 +25,17 @@ std::string describe(const graph::Graph& graph, const Adapter& a, const CommStep
 std::optional<std::string> exchange_in_backward(const graph::Graph& graph, const Lowered& lowered) {
   for (const Program& program : lowered.programs)
     for (const Segment& segment : program.segments)
-      for (size_t i = 0; i < segment.items.size(); ++i) {
-        const SegmentItem& item = segment.items[i];
+      for (const SegmentItem& item : segment.items) {
         if (item.kind != SegmentItem::Kind::kAdapter) continue;
         const Adapter& a = lowered.adapters[static_cast<size_t>(item.index)];
         if (!a.parameter && (a.cross_stage() || a.disjoint)) continue;
+        // The gradient path is the forward path's dual: where the forward moves data between
+        // devices, so does it. Recomputation and regathers repeat only such adapters, so the
+        // gradient path alone decides.
         if (const CommStep* s = first_exchange(a.backward))
           return describe(
               graph, a, *s,
               a.parameter ? "(parallel.zero 3) in its gradient path" : "in its gradient path");
-        const CommStep* again = first_exchange(a.forward);
-        if (again && (a.regather || recomputed(segment, i)))
-          return describe(graph, a, *again, "run again in the backward pass");
       }
   return std::nullopt;
 }

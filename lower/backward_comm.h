@@ -1,7 +1,8 @@
 // Which exchanges of a lowered plan run inside a backward pass, where the autograd engine, not
-// the rank's own thread, waits for them: an adapter within a stage (its gradient path; its
-// forward path again where a recomputed region holds it) and parallel.zero 3's parameter
-// gathers. Pipeline transfers between stages and the data-parallel gradient sums run outside.
+// the rank's own thread, waits for them: an adapter within a stage whose gradient path moves
+// data between devices (its forward path then does too, run again by recomputation) and
+// parallel.zero 3's parameter gathers. Pipeline transfers between stages and the data-parallel
+// gradient sums run outside.
 #pragma once
 
 #include <optional>
