@@ -1,95 +1,8 @@
 #include "checkpoint/hf_names.h"
 
-#include <cctype>
-#include <optional>
+#include <utility>
 
 namespace loom {
-namespace {
-
-HfSource same(std::string tensor, const Shape& shape) {
-  return HfSource{std::move(tensor), shape, false, std::vector<int64_t>(shape.size(), 0), false};
-}
-
-// A Conv1D weight [in, out] whose columns [col, col + out) are the loom linear [out, in].
-HfSource conv1d(std::string tensor, const Shape& loom, int64_t columns, int64_t col) {
-  return HfSource{std::move(tensor), {loom[1], columns}, false, {0, col}, true};
-}
-
-// A layer parameter "h<digits>.<rest>" as its layer index text and the rest.
-struct LayerName {
-  std::string index;
-  std::string rest;
-};
-
-std::optional<LayerName> layer_name(const std::string& name) {
-  if (name.size() < 4 || name[0] != 'h') return std::nullopt;
-  size_t i = 1;
-  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-  if (i == 1 || i + 1 >= name.size() || name[i] != '.') return std::nullopt;
-  return LayerName{name.substr(1, i - 1), name.substr(i + 1)};
-}
-
-Result<HfSource> gpt_source(const std::string& name, const Shape& shape) {
-  if (name == "wte") return same("transformer.wte.weight", shape);
-  if (name == "wpe") {
-    HfSource s = same("transformer.wpe.weight", shape);
-    s.more_rows = true;  // the run's seq may use fewer positions than n_positions
-    return s;
-  }
-  if (name == "lnf.w") return same("transformer.ln_f.weight", shape);
-  if (name == "lnf.b") return same("transformer.ln_f.bias", shape);
-  if (name == "lm_head.w") return same("lm_head.weight", shape);
-  if (const auto layer = layer_name(name)) {
-    const std::string p = "transformer.h." + layer->index + ".";
-    const std::string& rest = layer->rest;
-    if (rest == "ln1.w") return same(p + "ln_1.weight", shape);
-    if (rest == "ln1.b") return same(p + "ln_1.bias", shape);
-    if (rest == "ln2.w") return same(p + "ln_2.weight", shape);
-    if (rest == "ln2.b") return same(p + "ln_2.bias", shape);
-    // q, k and v are one Conv1D c_attn [hidden, 3 hidden] in transformers.
-    static const std::vector<std::string> qkv = {"q", "k", "v"};
-    for (size_t i = 0; i < qkv.size(); ++i) {
-      const int64_t at = static_cast<int64_t>(i) * shape[0];
-      if (rest == "attn." + qkv[i] + ".w" && shape.size() == 2)
-        return conv1d(p + "attn.c_attn.weight", shape, 3 * shape[0], at);
-      if (rest == "attn." + qkv[i] + ".b" && shape.size() == 1)
-        return HfSource{p + "attn.c_attn.bias", {3 * shape[0]}, false, {at}, false};
-    }
-    const std::vector<std::pair<std::string, std::string>> linears = {
-        {"attn.proj", "attn.c_proj"}, {"mlp.fc1", "mlp.c_fc"}, {"mlp.fc2", "mlp.c_proj"}};
-    for (const auto& [loom, hf] : linears) {
-      if (rest == loom + ".w" && shape.size() == 2)
-        return conv1d(p + hf + ".weight", shape, shape[0], 0);
-      if (rest == loom + ".b") return same(p + hf + ".bias", shape);
-    }
-  }
-  return Error::at(name, "gpt parameter '" + name + "' has no Hugging Face (GPT-2) name");
-}
-
-Result<HfSource> llama_source(const std::string& name, const Shape& shape) {
-  if (name == "embed.w") return same("model.embed_tokens.weight", shape);
-  if (name == "norm.w") return same("model.norm.weight", shape);
-  if (name == "lm_head.w") return same("lm_head.weight", shape);
-  if (const auto layer = layer_name(name)) {
-    const std::string p = "model.layers." + layer->index + ".";
-    static const std::vector<std::pair<std::string, std::string>> names = {
-        {"attn_norm.w", "input_layernorm.weight"},
-        {"attn.q.w", "self_attn.q_proj.weight"},
-        {"attn.k.w", "self_attn.k_proj.weight"},
-        {"attn.v.w", "self_attn.v_proj.weight"},
-        {"attn.o.w", "self_attn.o_proj.weight"},
-        {"mlp_norm.w", "post_attention_layernorm.weight"},
-        {"mlp.gate.w", "mlp.gate_proj.weight"},
-        {"mlp.up.w", "mlp.up_proj.weight"},
-        {"mlp.down.w", "mlp.down_proj.weight"},
-    };
-    for (const auto& [loom, hf] : names)
-      if (layer->rest == loom) return same(p + hf, shape);
-  }
-  return Error::at(name, "llama parameter '" + name + "' has no Hugging Face name");
-}
-
-}  // namespace
 
 SliceRanges HfSource::region(const SliceRanges& loom) const {
   SliceRanges out = loom;
@@ -101,19 +14,11 @@ SliceRanges HfSource::region(const SliceRanges& loom) const {
   return out;
 }
 
-bool has_hf_names(const std::string& model_type) {
-  return model_type == "gpt" || model_type == "llama";
-}
-
-Result<HfSource> hf_source(const std::string& model_type, const std::string& name,
-                           const Shape& shape, int64_t vocab) {
-  if (!has_hf_names(model_type))
-    return Error::at("model.type", "model.type '" + model_type +
-                                       "' has no Hugging Face name map (gpt and llama have)");
-  LOOM_ASSIGN_OR_RETURN(HfSource src,
-                        model_type == "gpt" ? gpt_source(name, shape) : llama_source(name, shape));
-  const bool vocab_rows =
-      src.tensor == hf_embedding_name(model_type) || src.tensor == "lm_head.weight";
+Result<HfSource> HfNameMap::source(const std::string& name, const Shape& shape,
+                                   int64_t vocab) const {
+  if (empty()) return Error::at(name, "no Hugging Face name map to find '" + name + "' in");
+  LOOM_ASSIGN_OR_RETURN(HfSource src, lookup(name, shape));
+  const bool vocab_rows = src.tensor == embedding || src.tensor == "lm_head.weight";
   if (vocab_rows && vocab > 0 && shape.size() == 2 && shape[0] > vocab) {
     src.shape[0] = vocab;
     src.padded_rows = true;
@@ -121,21 +26,12 @@ Result<HfSource> hf_source(const std::string& model_type, const std::string& nam
   return src;
 }
 
-std::string hf_base_prefix(const std::string& model_type) {
-  return model_type == "gpt" ? "transformer." : "model.";
-}
-
-std::string hf_embedding_name(const std::string& model_type) {
-  return model_type == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
-}
-
-bool hf_buffer(const std::string& model_type, const std::string& hf_name) {
-  auto ends_with = [&](const std::string& tail) {
-    return hf_name.size() >= tail.size() &&
-           hf_name.compare(hf_name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  if (model_type == "gpt") return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
-  return ends_with("rotary_emb.inv_freq");
+bool HfNameMap::buffer(const std::string& hf_name) const {
+  for (const std::string& tail : buffers)
+    if (hf_name.size() >= tail.size() &&
+        hf_name.compare(hf_name.size() - tail.size(), tail.size(), tail) == 0)
+      return true;
+  return false;
 }
 
 }  // namespace loom

@@ -1,11 +1,13 @@
 // Hugging Face name maps: where each loom parameter of a model family lives in a Hugging Face
 // checkpoint (`transformers`' names), which part of that tensor it is and whether it is stored
-// transposed. One table per family serves both directions: loading a folder
+// transposed. The tables are the model registry's (models/hf_names.h); one per family serves both
+// directions: loading a folder
 // (checkpoint.init_from) reads each rank's pieces through it, and `loom checkpoint export-hf`
 // assembles the Hugging Face tensors through it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,25 +39,30 @@ struct HfSource {
   SliceRanges region(const SliceRanges& loom) const;
 };
 
-// The families with a map (model.type): gpt (GPT-2 names), llama.
-bool has_hf_names(const std::string& model_type);
-// The source of loom parameter `name` (full shape `shape`) of model family `model_type`; an
-// error naming the parameter when the family's map has no such name. `vocab` (0: unknown) is the
-// model's vocabulary: a token embedding or LM head with more rows holds padding past it.
-Result<HfSource> hf_source(const std::string& model_type, const std::string& name,
-                           const Shape& shape, int64_t vocab = 0);
+// One model family's names in Hugging Face checkpoints (transformers'). A model registry entry
+// carries its family's (models/model.h: ModelType::hf_names); empty for a family without one.
+struct HfNameMap {
+  // The source of loom parameter `name` (full shape `shape`) before any vocabulary padding; an
+  // error naming the parameter when the family has no such name.
+  std::function<Result<HfSource>(const std::string& name, const Shape& shape)> lookup;
+  // The prefix of the base model's names ("transformer." for GPT-2, "model." for Llama): a
+  // folder saved from the base model alone (GPT2Model, as openai-community/gpt2 is) names its
+  // tensors without it, and transformers accepts both.
+  std::string base_prefix;
+  // The token embedding's name in the full model ("transformer.wte.weight"): the tensor a tied
+  // LM head shares.
+  std::string embedding;
+  // Endings of the tensors a folder may hold that no parameter reads: buffers transformers once
+  // saved (GPT-2's causal masks attn.bias and attn.masked_bias, rotary inv_freq), not weights.
+  // Any other tensor no loom parameter reads means the folder holds another model.
+  std::vector<std::string> buffers;
 
-// The prefix of the base model's names ("transformer." for GPT-2, "model." for Llama): a folder
-// saved from the base model alone (GPT2Model, as openai-community/gpt2 is) names its tensors
-// without it, and transformers accepts both.
-std::string hf_base_prefix(const std::string& model_type);
-// The token embedding's name in the full model ("transformer.wte.weight", "model.embed_tokens.
-// weight"): the tensor a tied LM head shares.
-std::string hf_embedding_name(const std::string& model_type);
-// Whether a tensor of a folder may go unread by loom's model: buffers transformers once saved
-// (GPT-2's causal masks attn.bias and attn.masked_bias, rotary inv_freq), not weights. Any
-// other tensor no loom parameter reads means the folder holds another model (more layers, an
-// untied head).
-bool hf_buffer(const std::string& model_type, const std::string& hf_name);
+  bool empty() const { return !lookup; }
+  // `lookup`'s source of `name`; `vocab` (0: unknown) is the model's vocabulary: a token
+  // embedding or LM head with more rows holds padding past it (padded_rows).
+  Result<HfSource> source(const std::string& name, const Shape& shape, int64_t vocab = 0) const;
+  // Whether tensor `hf_name` of a folder ends as one of `buffers`.
+  bool buffer(const std::string& hf_name) const;
+};
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 
 #include "comm/local_comm.h"
 #include "comm/store.h"
+#include "core/run_spec.h"
 #include "core/secret.h"
 #if LOOM_COMM_HAVE_GLOO
 #include "comm/gloo_comm.h"
@@ -203,14 +204,41 @@ std::vector<std::string> built_backends() {
 
 namespace {
 
-bool has(const std::string& backend) {
+bool has(CommBackend backend) {
   auto built = built_backends();
-  return std::find(built.begin(), built.end(), backend) != built.end();
+  return std::find(built.begin(), built.end(), name(backend)) != built.end();
 }
 
 // The backend of processes started by loomrun: gloo where this build has it, else nccl (a
 // build against a LibTorch wheel).
-std::string default_process_backend() { return has("gloo") || !has("nccl") ? "gloo" : "nccl"; }
+CommBackend default_process_backend() {
+  return has(CommBackend::kGloo) || !has(CommBackend::kNccl) ? CommBackend::kGloo
+                                                             : CommBackend::kNccl;
+}
+
+// What comm.backend auto is for this process (make_comm.h).
+CommBackend auto_backend(const EnvLookup& env, bool gpu) {
+  if (gpu && (env("WORLD_SIZE") || started_by_mpi(env)))
+    return CommBackend::kNccl;  // a build without nccl says so, naming comm.backend
+  if (started_by_mpi(env) && !env("WORLD_SIZE")) return CommBackend::kMpi;
+  if (started_by_mpi(env))  // under mpirun with loomrun's variables as well: mpi if built
+    return has(CommBackend::kMpi) ? CommBackend::kMpi : default_process_backend();
+  if (env("WORLD_SIZE")) return default_process_backend();
+  return CommBackend::kLocal;
+}
+
+// One process alone, as a world of one.
+Result<std::shared_ptr<Comm>> make_local(const CommConfig& config, const EnvLookup& env) {
+  LOOM_ASSIGN_OR_RETURN(auto size,
+                        int_var(env, "local", "WORLD_SIZE", 1, 1 << 20, "a number of ranks >= 1"));
+  if (size && *size > 1) {
+    return backend_error("local",
+                         "runs every rank as a thread of one process, so it cannot "
+                         "join a world of WORLD_SIZE=" +
+                             std::to_string(*size) + " processes; use gloo, mpi or nccl");
+  }
+  return LocalWorld(1, config.timeout_s).comm(Rank(0));
+}
 
 }  // namespace
 
@@ -219,37 +247,22 @@ Result<std::shared_ptr<Comm>> make_comm(const CommConfig& config, const EnvLooku
     return Error::at("comm.timeout_s", "must be a positive number of seconds, got " +
                                            std::to_string(config.timeout_s));
   }
-  std::string backend = config.backend;
-  if (backend == "auto") {
-    if (gpu && (env("WORLD_SIZE") || started_by_mpi(env))) {
-      backend = "nccl";  // a build without nccl says so, naming comm.backend
-    } else if (started_by_mpi(env) && !env("WORLD_SIZE")) {
-      backend = "mpi";
-    } else if (started_by_mpi(env)) {
-      // Under mpirun with loomrun's variables as well: mpi if this build has it.
-      backend = has("mpi") ? "mpi" : default_process_backend();
-    } else if (env("WORLD_SIZE")) {
-      backend = default_process_backend();
-    } else {
-      backend = "local";
-    }
+  Result<CommBackend> asked = parse_backend(config.backend);
+  if (!asked.ok()) return Error::at(kKey, asked.error().message);
+  const CommBackend backend = *asked == CommBackend::kAuto ? auto_backend(env, gpu) : *asked;
+  switch (backend) {
+    case CommBackend::kLocal:
+      return make_local(config, env);
+    case CommBackend::kGloo:
+      return make_gloo(config, env);
+    case CommBackend::kMpi:
+      return make_mpi(config, env);
+    case CommBackend::kNccl:
+      return make_nccl(config, env);
+    case CommBackend::kAuto:
+      break;  // resolved above
   }
-  if (backend == "local") {
-    LOOM_ASSIGN_OR_RETURN(
-        auto size, int_var(env, "local", "WORLD_SIZE", 1, 1 << 20, "a number of ranks >= 1"));
-    if (size && *size > 1) {
-      return backend_error("local",
-                           "runs every rank as a thread of one process, so it cannot "
-                           "join a world of WORLD_SIZE=" +
-                               std::to_string(*size) + " processes; use gloo, mpi or nccl");
-    }
-    return LocalWorld(1, config.timeout_s).comm(Rank(0));
-  }
-  if (backend == "gloo") return make_gloo(config, env);
-  if (backend == "mpi") return make_mpi(config, env);
-  if (backend == "nccl") return make_nccl(config, env);
-  return Error::at(kKey,
-                   "unknown backend '" + backend + "' (expected auto, gloo, mpi, nccl or local)");
+  return Error::at(kKey, "comm.backend auto resolved to no backend");
 }
 
 int configure_worker_threads(const EnvLookup& env) {

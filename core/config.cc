@@ -700,6 +700,12 @@ Error Config::error(const std::string& key, const std::string& message) const {
   return Error{where(key) + ": " + key + ": " + message, key};
 }
 
+Error Config::locate(Error error) const {
+  if (error.key.empty()) return error;
+  if (error.message.rfind(where(error.key) + ": ", 0) == 0) return error;  // located already
+  return this->error(error.key, error.message);
+}
+
 std::vector<std::string> known_config_keys() {
   Config c;
   KeyLister lister;

@@ -219,6 +219,10 @@ class Config {
   std::string where(const std::string& key) const;
   // An error for `key` whose message starts with where it came from.
   Error error(const std::string& key, const std::string& message) const;
+  // `error` with where its key came from ("file.yaml:12: key: message"): what the layers below
+  // the config return (Error::at(key, ...)) located once, at the door. An error already located,
+  // or without a key, is returned as it is.
+  Error locate(Error error) const;
 
   // data.seed, or run.seed when it is not set.
   uint64_t data_seed() const {

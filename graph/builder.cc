@@ -94,10 +94,7 @@ std::vector<TensorId> GraphBuilder::op(const std::string& type, const std::strin
   def->attrs = std::move(attrs);
   def->annotation = std::move(annotation).value();
   def->layer = layer_;
-  if (const OpSchema* schema = registry_.find(type)) {
-    def->attention_core = schema->attention_core;
-    def->rules = schema->rules;
-  }
+  if (const OpSchema* schema = registry_.find(type)) carry_traits(*schema, *def);
   op.def = std::move(def);
   graph_.add_op(std::move(op));
   return outs;

@@ -48,6 +48,7 @@ void add_attention_ops(OpRegistry& r) {
   OpSchema attention =
       OpSchema::simple("attention", "b s^ (h d^), b t^ (h d^), b t^ (h d^) -> b s^ (h d^)");
   attention.attention_core = true;
+  attention.rules.saved_bytes = attention_saved_bytes();
   attention.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
   attention.rules.tensor_parallel = tp_split("h");
   attention.rules.context_heads = "h";
@@ -57,6 +58,7 @@ void add_attention_ops(OpRegistry& r) {
   OpSchema gqa = OpSchema::simple("gqa_attention",
                                   "b s^ (g r^ d^), b t^ (g d^), b t^ (g d^) -> b s^ (g r^ d^)");
   gqa.attention_core = true;
+  gqa.rules.saved_bytes = attention_saved_bytes();
   gqa.rules.flops = flops_of_labels(4, {"b", "s", "t", "g", "r", "d"});
   gqa.rules.tensor_parallel = tp_split("g");
   gqa.rules.context_heads = "g";
@@ -66,6 +68,7 @@ void add_attention_ops(OpRegistry& r) {
   OpSchema shared_kv = OpSchema::simple("shared_kv_attention",
                                         "b s^ (h d^), b t^ (k^ d^), b t^ (k^ d^) -> b s^ (h d^)");
   shared_kv.attention_core = true;
+  shared_kv.rules.saved_bytes = attention_saved_bytes();
   shared_kv.rules.flops = flops_of_labels(4, {"b", "s", "t", "h", "d"});
   shared_kv.rules.tensor_parallel = tp_split("h");  // query heads; kv heads whole
   must(std::move(shared_kv));
@@ -123,6 +126,7 @@ OpRegistry OpRegistry::with_builtin_ops() {
   // the output features of a column-parallel layer, the input features of a row-parallel one.
   OpSchema linear =
       ranked("linear", [](const std::string& l) { return l + " k+, n k+ -> " + l + " n"; });
+  linear.weight_product = true;
   linear.rules.flops = matmul_flops();
   linear.rules.tensor_parallel = tp_by_hint("n", "k");
   must(std::move(linear));

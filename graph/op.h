@@ -29,6 +29,8 @@ struct OpDef {
   // Its kernel keeps tensors the size of its scores (queries x keys) for its backward:
   // parallel.recompute: selective recomputes exactly these ops (OpSchema::attention_core).
   bool attention_core = false;
+  // A product with a weight, x W^T (OpSchema::weight_product).
+  bool weight_product = false;
   // Its type's FLOPs and parallelism rules (OpSchema::rules); empty in a graph read back from a
   // plan file, which is run, not planned again.
   OpRules rules;

@@ -13,6 +13,12 @@ OpSchema OpSchema::simple(std::string type, std::string annotation) {
   return s;
 }
 
+void carry_traits(const OpSchema& schema, OpDef& def) {
+  def.attention_core = schema.attention_core;
+  def.weight_product = schema.weight_product;
+  def.rules = schema.rules;
+}
+
 Status OpRegistry::add(OpSchema schema) {
   if (schema.type.empty()) return Error::at("op", "an op type needs a name");
   if (schemas_.count(schema.type))

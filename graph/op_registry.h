@@ -11,6 +11,7 @@
 #include "core/shape.h"
 #include "graph/annotation.h"
 #include "graph/attrs.h"
+#include "graph/op.h"
 #include "graph/op_rules.h"
 
 namespace loom::graph {
@@ -34,6 +35,11 @@ struct OpSchema {
   // backward, quadratic in the sequence: parallel.recompute: selective recomputes it in its
   // backward instead (Megatron's selective activation recomputation).
   bool attention_core = false;
+  // y = x W^T with W [out, in] its second input, as torch.nn.Linear stores it: the runtime runs
+  // it through its linear path (float8 under run.precision fp8, the weight gradient deferred to
+  // a zero-bubble W block, a following bias_add fused in), ZeRO 3 gathers its weight again for
+  // the backward instead of keeping it, and calibration measures its shapes.
+  bool weight_product = false;
   // Its FLOPs and how tensor, sequence and context parallelism split it (graph/op_rules.h).
   OpRules rules;
 
@@ -61,6 +67,9 @@ class OpRegistry {
  private:
   std::map<std::string, OpSchema> schemas_;
 };
+
+// What an op made from `schema` carries of it: its traits and rules (graph::OpDef).
+void carry_traits(const OpSchema& schema, OpDef& def);
 
 // The size of every label of `annotation` given the input shapes (and integer attributes named
 // like a label). Errors name the label and the sizes that disagree.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/shape.h"
 #include "graph/attrs.h"
 
 namespace loom::graph {
@@ -45,6 +46,25 @@ TensorParallelRule tp_split(std::string label);
 // `column` for a column-parallel hint, `row` for a row-parallel one, else none.
 TensorParallelRule tp_by_hint(std::string column, std::string row);
 
+// What a saved-bytes rule reads of an op (or a piece of it).
+struct SavedBytesInput {
+  const Op& op;
+  DType dtype;  // its first input's
+  bool on_gpu = false;
+};
+// Bytes an op keeps for its backward besides its outputs (the estimator's activations).
+using SavedBytesRule = std::function<double(const SavedBytesInput&)>;
+
+// Attention's on [b, s, heads x d] operands (attribute d): with LibTorch's fused kernel, its
+// output in the heads' layout and each query's log-sum-exp (float32); with the explicit
+// products, its softmax probabilities [b, heads, s, t] and per-head copies of q, k and v
+// (graph::fused_attention says which runs).
+SavedBytesRule attention_saved_bytes();
+// A ring attention step's (runtime/attention_tiles.h): float32 copies of its operands in the
+// heads' layout, its output and each query's log-sum-exp; its probabilities exist a tile at a
+// time.
+SavedBytesRule ring_step_saved_bytes();
+
 struct OpRules {
   // Unset: a few operations per element of the largest operand (planner::op_flops).
   FlopsRule flops;
@@ -65,6 +85,8 @@ struct OpRules {
   // it can change what follows by a finite amount, so what a plan computes after it is compared
   // with one device against measured rounding, not a continuity bound (launch/verify.cc).
   bool discrete = false;
+  // Unset: nothing besides its outputs.
+  SavedBytesRule saved_bytes;
 };
 
 }  // namespace loom::graph

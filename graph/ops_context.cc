@@ -60,6 +60,7 @@ OpSchema ring_attention_step_schema() {
   };
   block.rules.flops_by_position = true;
   block.rules.tensor_parallel = tp_split("g");
+  block.rules.saved_bytes = ring_step_saved_bytes();
   return block;
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/config.h"
 #include "core/durable_file.h"
+#include "core/run_spec.h"
 #include "launch/calibration.h"
 #include "launch/cli_parse.h"
 #include "launch/command.h"
@@ -197,6 +198,21 @@ Result<std::vector<runtime::RankMeasurements>> measure_ranks(
   return ranks;
 }
 
+// --backend (default: nccl on a GPU, else gloo), refused unless it is one this build has of
+// gloo, mpi and nccl.
+Result<CommBackend> backend_of(Options& o, bool gpu) {
+  if (o.backend.empty())
+    o.backend = std::string(name(gpu ? CommBackend::kNccl : CommBackend::kGloo));
+  const Result<CommBackend> backend = parse_backend(o.backend);
+  if (!backend.ok() || *backend == CommBackend::kAuto || *backend == CommBackend::kLocal)
+    return Error::at("--backend", "--backend: expected gloo, mpi or nccl, got '" + o.backend + "'");
+  const std::vector<std::string> built = comm::built_backends();
+  if (std::find(built.begin(), built.end(), o.backend) == built.end())
+    return Error::at("--backend",
+                     "--backend " + o.backend + ": this build of loom has no " + o.backend);
+  return backend;
+}
+
 int calibrate_main_checked(Options o) {
   if (!o.worker_request.empty()) return worker_main(o);
   // Arguments first, so a mistake costs no measurement.
@@ -211,12 +227,11 @@ int calibrate_main_checked(Options o) {
   } else {
     config.run.device = runtime::default_calibration_device();
   }
-  if (o.backend.empty()) o.backend = config.run.device == "cuda" ? "nccl" : "gloo";
-  if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "nccl")
-    return fail("--backend: expected gloo, mpi or nccl, got '" + o.backend + "'");
-  const std::vector<std::string> built = comm::built_backends();
-  if (std::find(built.begin(), built.end(), o.backend) == built.end())
-    return fail("--backend " + o.backend + ": this build of loom has no " + o.backend);
+  Result<Device> device = parse_device(config.run.device);
+  if (!device.ok()) return fail(config.error("run.device", device.error().message).message);
+  const bool gpu = *device == Device::kCuda;
+  const Result<CommBackend> backend = backend_of(o, gpu);
+  if (!backend.ok()) return fail(backend.error().message);
   if (o.ranks < 2 || o.ranks > 1024)
     return fail("--ranks: expected 2 to 1024 ranks (communication needs two), got " +
                 std::to_string(o.ranks));
@@ -253,22 +268,20 @@ int calibrate_main_checked(Options o) {
   const std::vector<std::string> header = {
       "loom calibrate, " + utc_now() + ", on " + cpuinfo("model name") + " (" +
           std::to_string(std::thread::hardware_concurrency()) + " cores), " + (*ranks)[0].device,
-      std::to_string(o.ranks) + " ranks started by " + (o.backend == "mpi" ? "mpirun" : "loomrun") +
-          " over " + o.backend + ", " + std::to_string((*ranks)[0].intra_op_threads) +
-          " intra-op thread(s) per rank; LibTorch " + machine["libtorch"] +
-          ", ATEN_CPU_CAPABILITY " + machine["aten_cpu_capability"],
+      std::to_string(o.ranks) + " ranks started by " +
+          (*backend == CommBackend::kMpi ? "mpirun" : "loomrun") + " over " + o.backend + ", " +
+          std::to_string((*ranks)[0].intra_op_threads) + " intra-op thread(s) per rank; LibTorch " +
+          machine["libtorch"] + ", ATEN_CPU_CAPABILITY " + machine["aten_cpu_capability"],
       "compute: " + config.run.precision +
           " matrix products (forward, input and weight "
           "gradient) of " +
           linears->second + ", all ranks at once",
-      "memory: " +
-          std::string(config.run.device == "cuda" ? "the GPU's total"
-                                                  : "MemTotal / ranks on this machine") +
+      "memory: " + std::string(gpu ? "the GPU's total" : "MemTotal / ranks on this machine") +
           "; copy bandwidth from a " + std::to_string(request.copy_bytes >> 20) + " MiB copy",
       "communication: " + std::to_string(sizes.size()) + " sizes from " +
           std::to_string(sizes.front() >> 10) + " KiB to " + std::to_string(sizes.back() >> 10) +
           " KiB per rank, medians of repeats timed on rank 0" + (o.quick ? " (--quick)" : "")};
-  const std::string base = config.run.device == "cuda" ? "h100" : "cpu";
+  const std::string base = gpu ? "h100" : "cpu";
   auto calibration = calibrate::combine(request, *ranks, base, header);
   if (!calibration.ok()) return fail(calibration.error().message, kExitFailure);
   if (Status s = write_file_atomically(out, calibrate::to_yaml(*calibration)); !s.ok())

@@ -108,7 +108,7 @@ FitPoint fit_point(const CommSample& s) {
 std::vector<LinearShape> linear_shapes(const graph::Graph& planned) {
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> counts;
   for (const graph::Op& op : planned.ops()) {
-    if (op.type() != "linear" || op.inputs.size() < 2) continue;
+    if (!op.def->weight_product || op.inputs.size() < 2) continue;
     const Shape x = op.inputs[0].shape(), w = op.inputs[1].shape();
     if (x.empty() || w.empty()) continue;
     const int64_t k = x.back();

@@ -20,6 +20,7 @@
 #include "models/gpt.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
+#include "models/model.h"
 
 namespace loom::cli {
 namespace {
@@ -95,11 +96,11 @@ Imported read_imported(const Config& config, std::string* note) {
 // Rows past the run's of each tensor the map lets hold more rows (GPT-2's wpe), from the
 // imported weights, so the export keeps the folder's n_positions.
 void add_tails(std::map<std::string, HfTensor>& tensors, const Imported& imported,
-               const std::string& model_type) {
+               const HfNameMap& names) {
   if (!imported.weights) return;
   for (auto& [name, t] : tensors) {
     if (t.parts.size() != 1 || !t.parts[0].src.more_rows || t.parts[0].src.transposed) continue;
-    const std::string there = imported.weights->resolve(name, hf_base_prefix(model_type));
+    const std::string there = imported.weights->resolve(name, names.base_prefix);
     auto found = imported.weights->find(there);
     if (!found.ok()) continue;
     const Shape& have = found->second.shape;
@@ -146,8 +147,7 @@ Result<int64_t> model_vocab(const Config& config) {
 
 // Which parameters make which Hugging Face tensor, from the checkpoint's manifest alone.
 Result<std::map<std::string, HfTensor>> plan_tensors(const CheckpointReader& reader,
-                                                     const Config& config) {
-  const std::string& model_type = config.model.type;
+                                                     const Config& config, const HfNameMap& names) {
   LOOM_ASSIGN_OR_RETURN(int64_t vocab, model_vocab(config));
   std::map<std::string, HfTensor> out;
   for (const std::string& name : reader.tensors(kSliceParam)) {
@@ -156,7 +156,7 @@ Result<std::map<std::string, HfTensor>> plan_tensors(const CheckpointReader& rea
     if (dtype != "F32")
       return Error::at(name, "parameter '" + name + "' is stored as " + dtype +
                                  "; export-hf reads float32 parameters");
-    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(model_type, name, shape, vocab));
+    LOOM_ASSIGN_OR_RETURN(HfSource src, names.source(name, shape, vocab));
     HfTensor& t = out[src.tensor];
     const Shape want = exported_shape(src, shape);
     if (t.parts.empty()) t.shape = want;
@@ -280,12 +280,15 @@ Status export_hf(CheckpointReader& reader, const fs::path& out_arg, std::string*
   const std::string source =
       (files.size() == 1 ? files[0] : reader.dir()).string() + " (the checkpoint's config)";
   LOOM_ASSIGN_OR_RETURN(Config config, parse_config(reader.manifest().config_yaml, source));
-  if (!has_hf_names(config.model.type))
+  const models::ModelRegistry zoo = models::ModelRegistry::with_builtin_models();
+  LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, zoo.of(config));
+  if (type->hf_names.empty())
     return config.error("model.type", "model.type '" + config.model.type +
-                                          "' has no Hugging Face name map (gpt and llama have)");
-  LOOM_ASSIGN_OR_RETURN(auto tensors, plan_tensors(reader, config));
+                                          "' has no Hugging Face name map (its model registry "
+                                          "entry gives none)");
+  LOOM_ASSIGN_OR_RETURN(auto tensors, plan_tensors(reader, config, type->hf_names));
   const Imported imported = read_imported(config, note);
-  add_tails(tensors, imported, config.model.type);
+  add_tails(tensors, imported, type->hf_names);
   LOOM_ASSIGN_OR_RETURN(std::string config_json, exported_config(config, imported, tensors));
   std::vector<SafeTensor> entries;  // in name order, as the map iterates and the data follows
   uint64_t offset = 0;

@@ -107,10 +107,16 @@ Result<runtime::RunPlan> run_plan(const Config& config, plan::Plan plan,
       LOOM_ASSIGN_OR_RETURN(models::SampleItems items, type->items(config));
       run.items_per_sample = items.per_sample;
     }
+    run.hf_names = type->hf_names;
   }
   LOOM_ASSIGN_OR_RETURN(plan::PlanSpec spec, plan::PlanSpec::of(config));
   run.zero = spec.zero;
   run.bucket_bytes = spec.bucket_bytes;
+  run.global_batch = spec.batch.global;
+  run.device = spec.device;
+  run.precision = spec.precision;
+  run.backend = spec.backend;
+  run.optimizer = spec.optimizer;
   run.degrees = config.parallel.degrees();
   const planner::DeviceMesh& mesh = spec.mesh();
   run.plan_name = "dp" + std::to_string(mesh.dp()) +

@@ -39,9 +39,10 @@ Result<SingleDeviceRun> run_single_device(const Config& config, int64_t steps,
       auto trainer, create_trainer(config, comm::LocalWorld(1, config.comm.timeout_s).comm(Rank(0)),
                                    nullptr, std::move(extensions)));
   r.init = parameters_of(*trainer);
-  r.trace.type = config.optimizer.type;
-  r.trace.precision = config.run.precision;
-  r.trace.momentum = config.optimizer.type == "sgd" ? config.optimizer.momentum : 0;
+  LOOM_ASSIGN_OR_RETURN(const plan::PlanSpec spec, plan::PlanSpec::of(config));
+  r.trace.type = spec.optimizer;
+  r.trace.precision = spec.precision;
+  r.trace.momentum = spec.optimizer == OptimizerKind::kSgd ? config.optimizer.momentum : 0;
   for (int64_t i = 0; i < steps; ++i) {
     LOOM_ASSIGN_OR_RETURN(StepStats st, trainer->step());
     r.losses.push_back(st.loss);

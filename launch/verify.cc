@@ -17,6 +17,7 @@
 #include "comm/local_comm.h"
 #include "comm/make_comm.h"
 #include "launch/planned_trainer.h"
+#include "launch/run_device.h"
 #include "launch/single_device_run.h"
 #include "plan/plan.h"
 #include "planner/chimera.h"
@@ -147,7 +148,7 @@ MeasuredRounding measured_rounding(const SingleDeviceRun& bf16, const SingleDevi
 double gradient_bound(const OptimizerTrace& trace, const MeasuredRounding& measured,
                       const std::string& name, int64_t step) {
   auto it = measured.find(name);
-  if (trace.precision == "fp32" || it == measured.end()) return gradient_tolerance(trace);
+  if (trace.precision == Precision::kFp32 || it == measured.end()) return gradient_tolerance(trace);
   double bound = 0;
   for (size_t s = 0; s < static_cast<size_t>(step) && s < it->second.size(); ++s)
     bound = std::max(bound, bf16_gradient_tolerance(it->second[s]));
@@ -189,14 +190,14 @@ void compare_pieces(Trainer& trainer, const SingleDeviceRun& single,
       d.kind = "gradient";
       // AdamW's later gradients come from parameters that already differ by up to
       // adam_noise_allowance: reported, judged at the first step (and under SGD at every step).
-      d.judged = base.judged && (trace.type != "adamw" || step == 1);
+      d.judged = base.judged && (trace.type != OptimizerKind::kAdamw || step == 1);
       d.rel_diff = relative((got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(),
                             grads.at(name).abs().max().item<double>());
       d.bound = gradient_bound(trace, measured, name, step);
       table.add(std::move(d), order);
     }
     at::Tensor allowance;
-    if (trace.type == "adamw") {
+    if (trace.type == OptimizerKind::kAdamw) {
       std::vector<at::Tensor> piece_grads;
       for (int64_t u = 0; u < step; ++u)
         piece_grads.push_back(cut_piece(single.grads[static_cast<size_t>(u)].at(name), piece));
@@ -276,7 +277,7 @@ Result<Launched> join_launched_world(const Config& config, int64_t plan_ranks) {
   const comm::EnvLookup env = comm::process_env();
   comm::configure_worker_threads(env);
   Launched out;
-  LOOM_ASSIGN_OR_RETURN(out.device, select_device(config, comm::local_rank(env)));
+  LOOM_ASSIGN_OR_RETURN(out.device, launch::select_device(config, comm::local_rank(env)));
   LOOM_ASSIGN_OR_RETURN(out.world, comm::make_comm(config.comm, env, out.device.cuda()));
   if (out.world->size() != plan_ranks)
     return Error::at("WORLD_SIZE", "the launcher started " + std::to_string(out.world->size()) +

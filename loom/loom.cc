@@ -38,16 +38,13 @@ Status Setup::add_op(graph::OpSchema schema) { return ext_->ops.add(std::move(sc
 Status Setup::add_policy(const std::string& name, planner::Policy policy) {
   return ext_->policies.add(name, std::move(policy));
 }
-Status Setup::add_model(const std::string& name, ModelBuilder builder,
-                        std::function<Status(const Config&)> check_parallel) {
+Status Setup::add_model(
+    const std::string& name, ModelBuilder builder,
+    std::function<Status(const Config&, const planner::SpaceSpec&)> check_parallel) {
   models::ModelType type;
   type.name = name;
   type.build = std::move(builder);
-  if (check_parallel)
-    type.check_parallel = [check = std::move(check_parallel)](const Config& config,
-                                                              const planner::SpaceSpec&) {
-      return check(config);
-    };
+  type.check_parallel = std::move(check_parallel);
   return ext_->models.add(std::move(type));
 }
 void Setup::set_model(ModelBuilder builder) { ext_->model = std::move(builder); }

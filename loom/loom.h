@@ -6,9 +6,10 @@
 //   loom::Setup setup;
 //   setup.add_op(loom::graph::OpSchema::simple("swish", "b s h -> b s h"));
 //   loom::add_kernel(setup, "swish", [](auto&, auto& in) { return
-//   std::vector{in[0].mul(in[0].sigmoid())}; }); setup.set_model([](const loom::Config& c, const
-//   loom::graph::OpRegistry& ops) { ... }); auto trainer = loom::Trainer::from_file("run.yaml",
-//   {"parallel.tp=2"}, setup);
+//   std::vector{in[0].mul(in[0].sigmoid())}; });
+//   setup.set_model([](const loom::Config& c, const loom::GraphShape& shape,
+//                      const loom::graph::OpRegistry& ops) { ... });
+//   auto trainer = loom::Trainer::from_file("run.yaml", {"parallel.tp=2"}, setup);
 //   (*trainer)->on_step([](const loom::StepStats& s) { std::printf("%f\n", s.loss); });
 //   (*trainer)->fit();
 //
@@ -27,6 +28,7 @@
 #include "graph/graph.h"
 #include "graph/op_registry.h"
 #include "lower/plan_file.h"
+#include "models/model.h"
 #include "planner/policy.h"
 
 namespace loom {
@@ -57,9 +59,11 @@ struct StepStats {
 };
 
 // Builds the single-device graph of one micro-batch across all data-parallel replicas
-// (batch.micro x parallel.dp samples). loom feeds int64 inputs named "tokens" and "targets"
-// ([samples, seq]) and reads the vocabulary size from the first "embedding" op's table.
-using ModelBuilder = std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)>;
+// (shape.samples: batch.micro x parallel.dp, as the plan decides them). loom feeds int64 inputs
+// named "tokens" and "targets" ([samples, seq]) and reads the vocabulary size from the first
+// "embedding" op's table.
+using GraphShape = models::GraphShape;
+using ModelBuilder = models::ModelBuilder;
 
 // User additions to loom's built-in ops, kernels and policies. Copies share nothing.
 class Setup {
@@ -74,9 +78,11 @@ class Setup {
   // A parallel policy, chosen with parallel.policy=NAME.
   Status add_policy(const std::string& name, planner::Policy policy);
   // A model family selected with model.type=NAME, next to loom's zoo (gpt, swin, evoformer):
-  // `check_parallel` may refuse degrees the model cannot split (empty: any the policy accepts).
-  Status add_model(const std::string& name, ModelBuilder builder,
-                   std::function<Status(const Config&)> check_parallel = {});
+  // `check_parallel` may refuse a split (as the plan makes it) the model cannot take, naming the
+  // key (empty: any the policy accepts).
+  Status add_model(
+      const std::string& name, ModelBuilder builder,
+      std::function<Status(const Config&, const planner::SpaceSpec&)> check_parallel = {});
   // Replaces the model zoo (model.type) with `builder`.
   void set_model(ModelBuilder builder);
 

@@ -15,11 +15,11 @@ std::vector<bool> fused_into_next(const graph::Graph& planned, const Lowered& lo
   std::vector<bool> fused(ops.size(), false);
   std::unordered_set<int64_t> adapted;  // tensors some adapter moves or changes
   for (const Adapter& a : lowered.adapters) adapted.insert(a.tensor.value());
-  // Readers of each linear's output on each rank, keyed rank * tensors + tensor (only a linear's
-  // output can be fused away: the other tensors' readers are not counted).
+  // Readers of each weight product's output on each rank, keyed rank * tensors + tensor (only
+  // such an output can be fused away: the other tensors' readers are not counted).
   std::vector<bool> linear_output(static_cast<size_t>(tensors), false);
   for (const graph::Op& op : ops)
-    if (op.outputs.size() == 1 && op.type() == "linear")
+    if (op.outputs.size() == 1 && op.def->weight_product)
       linear_output[static_cast<size_t>(op.outputs[0].tensor.value())] = true;
   std::unordered_map<int64_t, int> readers;
   for (const graph::Op& op : ops)
@@ -34,7 +34,7 @@ std::vector<bool> fused_into_next(const graph::Graph& planned, const Lowered& lo
         if (a.kind != SegmentItem::Kind::kOp || b.kind != SegmentItem::Kind::kOp) continue;
         const graph::Op& lin = ops[static_cast<size_t>(a.index)];
         const graph::Op& bias = ops[static_cast<size_t>(b.index)];
-        if (lin.type() != "linear" || bias.type() != "bias_add" || lin.inputs.size() != 2 ||
+        if (!lin.def->weight_product || bias.type() != "bias_add" || lin.inputs.size() != 2 ||
             lin.outputs.size() != 1 || bias.device != lin.device)
           continue;
         const graph::SubTensor& out = lin.outputs[0];

@@ -39,7 +39,7 @@ struct Readers {
   std::map<std::string, std::vector<size_t>> ops;
   std::map<std::string, std::vector<std::pair<DeviceId, SubTensor>>> pieces;
   std::set<int64_t> stages;
-  std::map<std::string, bool> linear_weight;  // the op is a linear reading it as its weight
+  std::map<std::string, bool> linear_weight;  // the op is a weight product reading it as its weight
 };
 
 std::map<int64_t, Readers> readers_of_parameters(const graph::Graph& g) {
@@ -56,7 +56,7 @@ std::map<int64_t, Readers> readers_of_parameters(const graph::Graph& g) {
       r.ops[name].push_back(i);
       r.pieces[name].push_back({op.device, in});
       r.stages.insert(op.stage.value());
-      r.linear_weight[name] = op.type() == "linear" && k == 1;
+      r.linear_weight[name] = op.def->weight_product && k == 1;
     }
   }
   return out;

@@ -256,6 +256,7 @@ class Reader {
     def->annotation = *annotation;
     def->layer = pd.layer();
     def->attention_core = pd.attention_core();
+    def->weight_product = pd.weight_product();
     return std::shared_ptr<const graph::OpDef>(std::move(def));
   }
 

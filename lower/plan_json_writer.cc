@@ -354,6 +354,7 @@ void put_def(Writer& w, const graph::OpDef& def) {
   w.string("annotation", def.annotation.to_string());
   w.int64("layer", def.layer);
   w.boolean("attention_core", def.attention_core);
+  w.boolean("weight_product", def.weight_product);
   w.close();
 }
 

@@ -201,11 +201,11 @@ void build_programs(const graph::Graph& g, const std::vector<std::vector<int64_t
     const auto& op = ops[i];
     Segment& seg = segments[op.device.value()][op.stage.value()];
     seg.stage = op.stage;
-    // A bias_add's parameter gather goes before the linear it follows, so the two stay next to
-    // each other and run as one (lower/fusion.h).
+    // A bias_add's parameter gather goes before the weight product it follows, so the two stay
+    // next to each other and run as one (lower/fusion.h).
     const bool after_linear = op.type() == "bias_add" && !seg.items.empty() &&
                               seg.items.back().kind == SegmentItem::Kind::kOp &&
-                              ops[static_cast<size_t>(seg.items.back().index)].type() == "linear";
+                              ops[static_cast<size_t>(seg.items.back().index)].def->weight_product;
     for (int64_t a : op_adapters[i])
       if (placed[op.device.value()].insert(a).second) {
         const SegmentItem item{SegmentItem::Kind::kAdapter, a, false};

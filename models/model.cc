@@ -7,6 +7,7 @@
 #include "core/strings.h"
 #include "models/evoformer.h"
 #include "models/gpt.h"
+#include "models/hf_names.h"
 #include "models/llama.h"
 #include "models/swin.h"
 #include "planner/context_parallel.h"
@@ -37,8 +38,6 @@ Status check_gpt_parallel(const Config& config, const planner::SpaceSpec& space)
   LOOM_TRY(check_expert_parallel(config, space, spec.moe));
   return check_decoder_parallel(config, space, spec.layers, spec.seq, "heads", spec.heads);
 }
-
-int64_t replicas_batch(const Config& config) { return config.batch.micro * config.parallel.dp; }
 
 // A model's size: `parameters`, and the args that set it, named as the config names them.
 ModelSize size_of(const Config& config, double parameters,
@@ -113,9 +112,10 @@ Result<ModelSize> evoformer_size(const Config& config) {
 
 ModelType gpt_type() {
   return {"gpt",
-          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+          [](const Config& c, const GraphShape& shape,
+             const graph::OpRegistry& ops) -> Result<graph::Graph> {
             LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(c));
-            return build_gpt(spec, replicas_batch(c), ops);
+            return build_gpt(spec, shape.samples, ops);
           },
           check_gpt_parallel,
           [](const Config& c) -> Result<SampleItems> {
@@ -123,15 +123,20 @@ ModelType gpt_type() {
             return SampleItems{spec.seq, "tokens", "tok/s"};
           },
           /*context_parallel=*/true,
-          /*experts=*/true,
-          gpt_size};
+          [](const Config& c) -> Result<int64_t> {
+            LOOM_ASSIGN_OR_RETURN(GptSpec spec, gpt_spec(c));
+            return spec.moe.experts;
+          },
+          gpt_size,
+          gpt2_hf_names()};
 }
 
 ModelType evoformer_type() {
   return {"evoformer",
-          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+          [](const Config& c, const GraphShape& shape,
+             const graph::OpRegistry& ops) -> Result<graph::Graph> {
             LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
-            return build_evoformer(spec, replicas_batch(c), ops);
+            return build_evoformer(spec, shape.samples, ops);
           },
           [](const Config& c, const planner::SpaceSpec& space) -> Status {
             LOOM_ASSIGN_OR_RETURN(EvoformerSpec spec, evoformer_spec(c));
@@ -142,15 +147,16 @@ ModelType evoformer_type() {
             return SampleItems{spec.residues, "residues", "res/s"};
           },
           /*context_parallel=*/false,
-          /*experts=*/false,
+          /*experts=*/{},
           evoformer_size};
 }
 
 ModelType llama_type() {
   return {"llama",
-          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+          [](const Config& c, const GraphShape& shape,
+             const graph::OpRegistry& ops) -> Result<graph::Graph> {
             LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(c));
-            return build_llama(spec, replicas_batch(c), c.parallel.tp, ops);
+            return build_llama(spec, shape.samples, shape.tp, ops);
           },
           check_llama_parallel,
           [](const Config& c) -> Result<SampleItems> {
@@ -158,22 +164,27 @@ ModelType llama_type() {
             return SampleItems{spec.seq, "tokens", "tok/s"};
           },
           /*context_parallel=*/true,
-          /*experts=*/true,
-          llama_size};
+          [](const Config& c) -> Result<int64_t> {
+            LOOM_ASSIGN_OR_RETURN(LlamaSpec spec, llama_spec(c));
+            return spec.moe.experts;
+          },
+          llama_size,
+          llama_hf_names()};
 }
 
 ModelType swin_type() {
   return {"swin",
-          [](const Config& c, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+          [](const Config& c, const GraphShape& shape,
+             const graph::OpRegistry& ops) -> Result<graph::Graph> {
             LOOM_ASSIGN_OR_RETURN(SwinSpec spec, swin_spec(c));
-            return build_swin(spec, replicas_batch(c), ops);
+            return build_swin(spec, shape.samples, ops);
           },
           check_swin_parallel,
           [](const Config&) -> Result<SampleItems> {
             return SampleItems{1, "images", "img/s"};
           },
           /*context_parallel=*/false,
-          /*experts=*/false,
+          /*experts=*/{},
           swin_size};
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_names.h"
 #include "core/config.h"
 #include "core/result.h"
 #include "graph/graph.h"
@@ -33,10 +34,22 @@ struct ModelSize {
   std::string key;        // the first of those model.args gives, else model.preset
 };
 
+// What a model's graph is built for besides model.*, from the plan's PlanSpec: a builder reads no
+// parallel.* or batch.* key (under policy auto those are the planner's choice, not the file's).
+struct GraphShape {
+  // Samples of one micro-batch over every data-parallel replica (batch.micro x parallel.dp).
+  int64_t samples = 1;
+  int64_t tp = 1;  // the tensor-parallel degree (Llama lays out its kv heads by it)
+};
+
+// The single-device graph of one micro-batch over every data-parallel replica, from the config's
+// model.* and `shape`.
+using ModelBuilder =
+    std::function<Result<graph::Graph>(const Config&, const GraphShape&, const graph::OpRegistry&)>;
+
 struct ModelType {
   std::string name;  // the model.type that selects it
-  // The graph of one micro-batch across all data-parallel replicas (batch.micro x parallel.dp).
-  std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)> build;
+  ModelBuilder build;
   // Checks that the split in space fits the model of the config's model.* (e.g. tensor
   // parallelism divides the heads), naming the keys and numbers. Empty: any split the policy
   // accepts.
@@ -46,10 +59,14 @@ struct ModelType {
   // Whether parallel.cp may split its sequence (a language model's causal attention); others
   // refuse parallel.cp above 1.
   bool context_parallel = false;
-  // Whether the model may hold a mixture of experts (parallel.ep above 1); others refuse it.
-  bool experts = false;
+  // The routed experts of the config's model (0: a dense one) that expert parallelism may split;
+  // empty: the type holds no mixture of experts (parallel.ep above 1 refused).
+  std::function<Result<int64_t>(const Config&)> experts;
   // Empty: no size check before building.
   std::function<Result<ModelSize>(const Config&)> size;
+  // Its parameters' names in Hugging Face checkpoints (models/hf_names.h); empty: none
+  // (checkpoint.init_from of a folder and export-hf refuse the type).
+  HfNameMap hf_names;
 };
 
 class ModelRegistry {

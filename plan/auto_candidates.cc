@@ -9,8 +9,6 @@
 #include "core/check.h"
 #include "core/training_state.h"
 #include "lower/program.h"
-#include "models/gpt.h"
-#include "models/llama.h"
 #include "plan/auto_plan_parts.h"
 
 namespace loom::plan::auto_detail {
@@ -216,8 +214,8 @@ AutoCandidate figures(const Estimate& e) {
 }
 
 // What config's model offers cp and ep: the sequence of a type that declares context
-// parallelism (GPT, Llama), the routed experts of GPT's and Llama's mixtures. A model built by
-// Registries::model is searched without either.
+// parallelism (GPT, Llama), the routed experts of a type that may hold a mixture
+// (ModelType::experts). A model built by Registries::model is searched without either.
 Result<ModelSplits> model_splits(const Config& config, const Registries& registries) {
   ModelSplits out;
   if (registries.model) return out;
@@ -226,12 +224,8 @@ Result<ModelSplits> model_splits(const Config& config, const Registries& registr
     LOOM_ASSIGN_OR_RETURN(const models::SampleItems items, type->items(config));
     out.seq = items.per_sample;
   }
-  if (type->name == "gpt") {
-    LOOM_ASSIGN_OR_RETURN(const models::GptSpec spec, models::gpt_spec(config));
-    out.experts = spec.moe.experts;
-  } else if (type->name == "llama") {
-    LOOM_ASSIGN_OR_RETURN(const models::LlamaSpec spec, models::llama_spec(config));
-    out.experts = spec.moe.experts;
+  if (type->experts) {
+    LOOM_ASSIGN_OR_RETURN(out.experts, type->experts(config));
   }
   return out;
 }

@@ -10,7 +10,6 @@
 #include "core/check.h"
 #include "core/training_state.h"
 #include "graph/ops_moe.h"
-#include "graph/precision.h"
 #include "lower/fusion.h"
 #include "lower/grad_bucketing.h"
 #include "lower/param_shards.h"
@@ -23,30 +22,12 @@
 namespace loom::plan {
 namespace estimate_detail {
 
-// Bytes an op keeps for its backward pass besides its outputs. Attention with LibTorch's fused
-// kernel keeps its output in the heads' layout and each query's log-sum-exp (float32); with the
-// explicit products, its softmax probabilities [b, h, s, t] and per-head copies of q, k and v
-// (graph::fused_attention says which runs).
+// Bytes an op keeps for its backward pass besides its outputs: its type's rule
+// (graph::OpRules::saved_bytes).
 double saved_extra_bytes(const graph::Graph& g, const graph::Op& op, bool on_gpu) {
-  const std::string& type = op.type();
-  if ((type != "attention" && type != "gqa_attention" && type != "shared_kv_attention" &&
-       type != "ring_attention_step") ||
-      op.inputs.size() < 3)
-    return 0;
-  const Shape q = op.inputs[0].shape(), k = op.inputs[1].shape();
-  const int64_t d = op.attrs().get_or<int64_t>("d", 0);
-  if (q.size() != 3 || k.size() != 3 || d <= 0) return 0;
-  const double heads = static_cast<double>(q[2] / d);
-  const double queries = static_cast<double>(q[0]) * heads * static_cast<double>(q[1]);
-  const DType dtype = g.tensor(op.inputs[0].tensor).dtype;
-  // A ring attention step (runtime/attention_tiles.h) keeps float32 copies of its operands
-  // in the heads' layout, its output and each query's log-sum-exp; its probabilities exist a
-  // tile at a time.
-  if (type == "ring_attention_step")
-    return 4 * (queries + 2 * static_cast<double>(numel(q)) + 2 * static_cast<double>(numel(k)));
-  if (graph::fused_attention(dtype == DType::kBFloat16, on_gpu))
-    return 4 * queries + static_cast<double>(numel(q) * size_bytes(dtype));
-  return 4 * (queries * static_cast<double>(k[1]) + 3 * static_cast<double>(numel(q)));
+  const graph::SavedBytesRule& rule = op.def->rules.saved_bytes;
+  if (!rule || op.inputs.empty()) return 0;
+  return rule({op, g.tensor(op.inputs[0].tensor).dtype, on_gpu});
 }
 
 GradGroups grad_groups(const lower::Lowered& lowered, size_t rank) {

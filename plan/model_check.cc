@@ -8,7 +8,7 @@ Status check_model(const Config& config, const models::ModelRegistry& models) {
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
   LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, models.of(config));
   Status s = models::check_parallel(config, spec.space, *type);
-  if (!s.ok()) return locate(config, s.error());
+  if (!s.ok()) return config.locate(s.error());
   return s;
 }
 

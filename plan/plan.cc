@@ -242,13 +242,14 @@ Status check_model_parallel(const Config& config, const PlanSpec& spec,
 Result<graph::Graph> build_model(const Config& config, const PlanSpec& spec,
                                  const Registries& registries, int64_t world_size) {
   const planner::SpaceSpec& space = spec.space;
+  const models::GraphShape shape{spec.batch.micro * space.mesh.dp(), space.mesh.tp()};
   graph::Graph model;
   if (registries.model) {
-    LOOM_ASSIGN_OR_RETURN(model, registries.model(config, registries.ops));
+    LOOM_ASSIGN_OR_RETURN(model, registries.model(config, shape, registries.ops));
   } else {
     LOOM_ASSIGN_OR_RETURN(const models::ModelType* type, registries.models.of(config));
     LOOM_TRY(models::check_context_parallel(space, *type));
-    LOOM_ASSIGN_OR_RETURN(model, type->build(config, registries.ops));
+    LOOM_ASSIGN_OR_RETURN(model, type->build(config, shape, registries.ops));
     LOOM_TRY(check_model_parallel(config, spec, registries, world_size));
   }
   LOOM_TRY(graph::verify(model, registries.ops));
@@ -513,7 +514,7 @@ Result<Plan> make_plan(const Config& config, const Registries& registries, const
                      "the world size must be positive, got " + std::to_string(world_size));
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
   Result<Plan> plan = plan_of(config, spec, registries, cost, world_size, proofs, cache);
-  if (!plan.ok()) return locate(config, plan.error());
+  if (!plan.ok()) return config.locate(plan.error());
   return plan;
 }
 
@@ -521,7 +522,7 @@ Result<graph::Graph> build_model(const Config& config, const Registries& registr
                                  int64_t world_size) {
   LOOM_ASSIGN_OR_RETURN(const PlanSpec spec, PlanSpec::of(config));
   Result<graph::Graph> model = build_model(config, spec, registries, world_size);
-  if (!model.ok()) return locate(config, model.error());
+  if (!model.ok()) return config.locate(model.error());
   return model;
 }
 
@@ -533,7 +534,7 @@ Result<graph::Graph> planned_graph(const Config& config, const Registries& regis
     return planner::plan_graph(single, {spec.space, world_size, spec.optimizer},
                                registries.policies);
   }();
-  if (!planned.ok()) return locate(config, planned.error());
+  if (!planned.ok()) return config.locate(planned.error());
   return planned;
 }
 

@@ -34,7 +34,7 @@
 namespace loom::plan {
 
 // Builds a user's single-device model (the embedding API's Setup::set_model).
-using ModelBuilder = std::function<Result<graph::Graph>(const Config&, const graph::OpRegistry&)>;
+using ModelBuilder = models::ModelBuilder;
 
 // What plans are made with: the op types, the policies and the model types (model.type picks
 // one; `model`, when set, builds every run's model instead).

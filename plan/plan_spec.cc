@@ -76,7 +76,7 @@ Result<PlanSpec> PlanSpec::of(const Config& config) {
   spec.schedule = std::move(schedule).value();
   spec.space.two_pipelines = spec.schedule.is(sched::ScheduleKind::kChimera);
   if (spec.space.two_pipelines)
-    if (Status s = check_two_pipelines(spec.space); !s.ok()) return locate(config, s.error());
+    if (Status s = check_two_pipelines(spec.space); !s.ok()) return config.locate(s.error());
   auto recompute = lower::parse_recompute(p.recompute);
   if (!recompute.ok()) return config.error("parallel.recompute", recompute.error().message);
   spec.recompute = *recompute;
@@ -153,13 +153,6 @@ Config with_spec(const Config& config, const PlanSpec& spec) {
   c.batch.global = spec.batch.global;
   c.batch.micro = spec.batch.micro;
   return c;
-}
-
-Error locate(const Config& config, Error error) {
-  if (error.key.empty()) return error;
-  const std::string where = config.where(error.key) + ": ";
-  if (error.message.rfind(where, 0) == 0) return error;  // located already
-  return config.error(error.key, error.message);
 }
 
 }  // namespace loom::plan

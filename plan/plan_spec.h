@@ -64,8 +64,4 @@ struct PlanSpec {
 // config as it is): the config a plan made of `spec` records and runs with.
 Config with_spec(const Config& config, const PlanSpec& spec);
 
-// `error` with where its key came from in `config` ("file.yaml:12: key: message"); an error
-// already located, or without a key of the config, is returned as it is.
-Error locate(const Config& config, Error error);
-
 }  // namespace loom::plan

@@ -30,8 +30,7 @@ void append(Graph& out, const Op& like, const graph::OpSchema& schema, const std
   def->annotation = *graph::Annotation::parse(schema.annotation(attrs));
   def->attrs = std::move(attrs);
   def->layer = like.layer();
-  def->attention_core = schema.attention_core;
-  def->rules = schema.rules;
+  graph::carry_traits(schema, *def);
   Op op;
   op.def = std::move(def);
   op.inputs = std::move(inputs);

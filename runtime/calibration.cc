@@ -173,16 +173,17 @@ std::pair<std::function<Status()>, int64_t> make_op(comm::Comm& world, const Run
 
 Result<RankMeasurements> measure(const CalibrationRequest& req) {
   const comm::EnvLookup env = comm::process_env();
-  Config config;
-  config.run.device = req.device;
-  config.run.precision = req.precision;
-  config.comm.backend = req.backend;
-  config.comm.timeout_s = req.timeout_s;
+  CommConfig comm_config;
+  comm_config.backend = req.backend;
+  comm_config.timeout_s = req.timeout_s;
   RankMeasurements m;
   m.intra_op_threads = comm::configure_worker_threads(env);
-  LOOM_ASSIGN_OR_RETURN(RunDevice d, select_device(config, comm::local_rank(env)));
+  DeviceRequest device;
+  LOOM_ASSIGN_OR_RETURN(device.device, parse_device(req.device));
+  LOOM_ASSIGN_OR_RETURN(device.precision, parse_precision(req.precision));
+  LOOM_ASSIGN_OR_RETURN(RunDevice d, select_device(device, comm::local_rank(env)));
   LOOM_ASSIGN_OR_RETURN(std::shared_ptr<comm::Comm> world,
-                        comm::make_comm(config.comm, env, d.cuda()));
+                        comm::make_comm(comm_config, env, d.cuda()));
   m.rank = world->rank().value();
   m.world_size = world->size();
   m.device = d.to_string();

@@ -270,12 +270,12 @@ void snapshot_shard(const CheckpointTarget& t, PendingCheckpoint& p) {
 CheckpointManifest manifest_fields(const CheckpointTarget& t, const Config& config, int64_t step) {
   CheckpointManifest m;
   m.step = step;
-  m.samples_seen = step * config.batch.global;
+  m.samples_seen = step * t.global_batch;
   m.world_size = t.world_size;
   m.plan = t.plan_name;
   m.seed = config.run.seed;
   m.optimizer_steps = t.optimizer ? t.optimizer->steps_taken() : 0;
-  m.optimizer = config.optimizer.type;
+  m.optimizer = t.optimizer ? std::string(name(t.optimizer->kind())) : std::string();
   m.config_yaml = to_yaml(config);
   return m;
 }
@@ -332,11 +332,11 @@ Status check_resumable(CheckpointReader& reader, const CheckpointTarget& t, cons
                                  "', which the model does not have (another model?)");
   // The trainer reads sample step * batch.global next: another batch size would skip or repeat
   // data.
-  if (m.samples_seen != m.step * config.batch.global)
+  if (m.samples_seen != m.step * t.global_batch)
     return config.error(
         "batch.global",
         where + " was saved after " + std::to_string(m.samples_seen) + " samples at step " +
-            std::to_string(m.step) + "; batch.global " + std::to_string(config.batch.global) +
+            std::to_string(m.step) + "; batch.global " + std::to_string(t.global_batch) +
             " would resume at another data position (use the batch.global it was saved with)");
   // The seed orders the data (data.seed -1 follows it): another one would not continue the run.
   if (m.seed != config.run.seed)
@@ -347,9 +347,10 @@ Status check_resumable(CheckpointReader& reader, const CheckpointTarget& t, cons
                                         "with run.seed=" +
                                         std::to_string(m.seed) + ")");
   const bool with_optimizer = t.optimizer != nullptr;
-  if (with_optimizer && m.optimizer != t.optimizer->type())
+  const std::string optimizer = with_optimizer ? std::string(name(t.optimizer->kind())) : "";
+  if (with_optimizer && m.optimizer != optimizer)
     return config.error("optimizer.type", where + " was saved with optimizer " + m.optimizer +
-                                              ", but optimizer.type is " + t.optimizer->type());
+                                              ", but optimizer.type is " + optimizer);
 
   return Status::success();
 }

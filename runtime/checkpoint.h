@@ -39,6 +39,9 @@ struct CheckpointTarget {
   int64_t rank = 0;
   int64_t world_size = 1;
   std::string plan_name;  // "dp2 x tp2 x pp1", recorded in the manifest (informational)
+  // Samples per optimizer step (batch.global, from the plan): the data position a checkpoint
+  // records and a resume must continue from.
+  int64_t global_batch = 0;
 };
 
 // The checkpoint checkpoint.resume asks for: an empty path for `none`, and for `latest` when

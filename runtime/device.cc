@@ -62,26 +62,29 @@ void make_deterministic(RunDevice& d) {
 }
 
 // run.precision fp8 on `d`: refused naming the device where it has no float8 units.
-Status select_fp8(const Config& config, RunDevice& d) {
-  if (config.run.precision != "fp8") return Status::success();
-  if (auto why = fp8_refusal(d.device)) return config.error("run.precision", "fp8: " + *why);
-  d.linear = config.fp8.scaling == "rowwise" ? LinearMath::kFp8Rowwise : LinearMath::kFp8Tensorwise;
+Status select_fp8(const DeviceRequest& request, RunDevice& d) {
+  if (request.precision != Precision::kFp8) return Status::success();
+  if (auto why = fp8_refusal(d.device)) return Error::at("run.precision", "fp8: " + *why);
+  d.linear = request.rowwise ? LinearMath::kFp8Rowwise : LinearMath::kFp8Tensorwise;
   return Status::success();
 }
 
 }  // namespace
 
-Result<RunDevice> select_device(const Config& config, int64_t local_rank) {
+DeviceRequest DeviceRequest::of(const Config& config, Device device, Precision precision) {
+  return {device, precision, config.fp8.scaling == "rowwise", config.run.deterministic};
+}
+
+Result<RunDevice> select_device(const DeviceRequest& request, int64_t local_rank) {
   RunDevice d;
-  d.compute = config.run.precision == "fp32" ? at::kFloat : at::kBFloat16;
-  if (config.run.device == "cuda") {
+  d.compute = bf16_activations(request.precision) ? at::kBFloat16 : at::kFloat;
+  if (request.device == Device::kCuda) {
 #if LOOM_TORCH_CUDA
     const int64_t count = cuda_device_count();
     if (count < 1)
-      return config.error(
-          "run.device",
-          "cuda asked for, but this machine has no usable GPU (CUDA sees no "
-          "device: check the driver and CUDA_VISIBLE_DEVICES), or use run.device=cpu");
+      return Error::at("run.device",
+                       "cuda asked for, but this machine has no usable GPU (CUDA sees no "
+                       "device: check the driver and CUDA_VISIBLE_DEVICES), or use run.device=cpu");
     const auto index = static_cast<c10::DeviceIndex>(local_rank % count);
     c10::cuda::set_device(index);
     d.device = at::Device(at::kCUDA, index);
@@ -90,13 +93,13 @@ Result<RunDevice> select_device(const Config& config, int64_t local_rank) {
     at::globalContext().setAllowTF32CuDNN(false);
 #else
     (void)local_rank;
-    return config.error("run.device",
-                        "cuda asked for, but this build of loom runs on CPUs only (its LibTorch "
-                        "has no CUDA): build against a CUDA LibTorch, or use run.device=cpu");
+    return Error::at("run.device",
+                     "cuda asked for, but this build of loom runs on CPUs only (its LibTorch "
+                     "has no CUDA): build against a CUDA LibTorch, or use run.device=cpu");
 #endif
   }
-  LOOM_TRY(select_fp8(config, d));
-  if (config.run.deterministic) make_deterministic(d);
+  LOOM_TRY(select_fp8(request, d));
+  if (request.deterministic) make_deterministic(d);
   return d;
 }
 

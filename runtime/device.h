@@ -14,6 +14,7 @@
 
 #include "core/config.h"
 #include "core/result.h"
+#include "core/run_spec.h"
 #include "core/shape.h"
 #include "runtime/linear.h"
 
@@ -37,13 +38,25 @@ struct RunDevice {
 // kernels).
 at::ScalarType scalar_type(DType dtype);
 
-// The device of this process for run.device and run.precision: cuda takes GPU
-// `local_rank` modulo the visible GPUs, makes it LibTorch's current device and turns TF32 off (so
-// fp32 on a GPU compares with the CPU). Fails naming run.device when this build's LibTorch has
-// no CUDA or the machine no usable GPU, and run.precision when fp8 is asked of a device without
-// float8 units. run.deterministic turns on LibTorch's deterministic algorithms (an op without
-// one then fails naming itself) and fixes cuBLAS's workspace.
-Result<RunDevice> select_device(const Config& config, int64_t local_rank);
+// What a rank's device is made of: the plan's device and precision (PlanSpec's, from run.device
+// and run.precision), fp8.scaling and run.deterministic.
+struct DeviceRequest {
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;
+  bool rowwise = false;        // fp8.scaling rowwise (else tensorwise)
+  bool deterministic = false;  // run.deterministic
+
+  // `device` and `precision` (the plan's) with the config's fp8.scaling and run.deterministic.
+  static DeviceRequest of(const Config& config, Device device, Precision precision);
+};
+
+// The device of this process for `request`: cuda takes GPU `local_rank` modulo the visible
+// GPUs, makes it LibTorch's current device and turns TF32 off (so fp32 on a GPU compares with
+// the CPU). Fails keyed run.device (Error::at: the caller locates it in its config) when this
+// build's LibTorch has no CUDA or the machine no usable GPU, and run.precision when fp8 is asked
+// of a device without float8 units. Deterministic turns on LibTorch's deterministic algorithms
+// (an op without one then fails naming itself) and fixes cuBLAS's workspace.
+Result<RunDevice> select_device(const DeviceRequest& request, int64_t local_rank);
 
 // How many GPUs this process can use (0 without CUDA).
 int64_t cuda_device_count();

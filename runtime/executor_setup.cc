@@ -154,11 +154,9 @@ Status op_step(const Executor::Impl& s, const KernelRegistry& kernels, const Sou
                      "no kernel registered for op type '" + op.type() + "' (op " + op.name() + ")");
   for (size_t k = 0; k < op.inputs.size(); ++k) step.sources.push_back(source(op, step.op, k));
   step.reads = op.inputs;
-  step.linear = op.type() == "linear" && step.sources.size() == 2;
-  step.deferred = split_stage && op.type() == "linear" && step.sources.size() == 2 &&
-                  step.sources[1].kind == Source::Kind::kParameter;
-  if (op.type() == "linear" && step.sources.size() == 2 &&
-      step.sources[1].kind == Source::Kind::kAdapter &&
+  step.linear = op.def->weight_product && step.sources.size() == 2;
+  step.deferred = split_stage && step.linear && step.sources[1].kind == Source::Kind::kParameter;
+  if (step.linear && step.sources[1].kind == Source::Kind::kAdapter &&
       s.lowered.adapters[static_cast<size_t>(step.sources[1].index)].regather) {
     step.gathered = step.sources[1].index;
     step.sources[1] = {Source::Kind::kParameter, s.shard_slot.at(step.gathered)};

@@ -14,9 +14,8 @@ namespace loom::runtime {
 namespace {
 
 // The folder's name of `tensor` (checkpoint/hf_folder.h: with or without the base prefix).
-std::string folder_name(const HfFolder& folder, const std::string& model_type,
-                        const std::string& tensor) {
-  return folder.resolve(tensor, hf_base_prefix(model_type));
+std::string folder_name(const HfFolder& folder, const HfNameMap& names, const std::string& tensor) {
+  return folder.resolve(tensor, names.base_prefix);
 }
 
 // The folder's config.json says its LM head is untied (tie_word_embeddings: false).
@@ -61,11 +60,11 @@ Status check_tied_head(const HfFolder& folder, const Config& config, const std::
 
 // Every tensor of the folder is read by some parameter, or is a buffer: a folder with more
 // layers than model.args, or an untied head under a tied model, would otherwise load in part.
-Status check_all_read(const HfFolder& folder, const Config& config,
+Status check_all_read(const HfFolder& folder, const HfNameMap& names,
                       const std::set<std::string>& read, bool tied) {
   std::vector<std::string> unread;
   for (const std::string& name : folder.tensor_names()) {
-    if (read.count(name) || hf_buffer(config.model.type, name)) continue;
+    if (read.count(name) || names.buffer(name)) continue;
     // A tied model's file may still carry the head it shares with the embedding (equal values:
     // check_tied_head).
     if (tied && name == "lm_head.weight" && !untied_head(folder)) continue;
@@ -137,13 +136,13 @@ Status load_piece(const HfFolder& folder, const HfSource& src, const graph::SubT
 
 }  // namespace
 
-Status load_hf_weights(const CheckpointTarget& target, const Config& config,
+Status load_hf_weights(const CheckpointTarget& target, const Config& config, const HfNameMap& names,
                        const std::filesystem::path& dir) {
   LOOM_ASSIGN_OR_RETURN(HfFolder folder, HfFolder::open(dir));
-  if (!has_hf_names(config.model.type))
+  if (names.empty())
     return config.error("checkpoint.init_from", "model.type '" + config.model.type +
-                                                    "' has no Hugging Face name map (gpt and "
-                                                    "llama have)");
+                                                    "' has no Hugging Face name map (its model "
+                                                    "registry entry gives none)");
   const int64_t vocab = graph_vocab(*target.graph);
   // Every parameter of the model is checked against the folder's headers, not only this rank's:
   // every rank then refuses a folder with the same message, before any reads a byte.
@@ -151,23 +150,20 @@ Status load_hf_weights(const CheckpointTarget& target, const Config& config,
   bool tied = true;
   for (const graph::FullTensor& t : target.graph->tensors()) {
     if (t.role != graph::TensorRole::kParameter) continue;
-    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape, vocab));
-    src.tensor = folder_name(folder, config.model.type, src.tensor);
+    LOOM_ASSIGN_OR_RETURN(HfSource src, names.source(t.name, t.shape, vocab));
+    src.tensor = folder_name(folder, names, src.tensor);
     LOOM_TRY(check_shape(folder, src, t.name, t.shape));
     read.insert(src.tensor);
     if (src.tensor == "lm_head.weight") tied = false;
   }
-  if (tied)
-    LOOM_TRY(check_tied_head(
-        folder, config,
-        folder_name(folder, config.model.type, hf_embedding_name(config.model.type))));
-  LOOM_TRY(check_all_read(folder, config, read, tied));
+  if (tied) LOOM_TRY(check_tied_head(folder, config, folder_name(folder, names, names.embedding)));
+  LOOM_TRY(check_all_read(folder, names, read, tied));
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < target.pieces.size(); ++i) {
     const graph::SubTensor& piece = target.pieces[i];
     const graph::FullTensor& t = target.graph->tensor(piece.tensor);
-    LOOM_ASSIGN_OR_RETURN(HfSource src, hf_source(config.model.type, t.name, t.shape, vocab));
-    src.tensor = folder_name(folder, config.model.type, src.tensor);
+    LOOM_ASSIGN_OR_RETURN(HfSource src, names.source(t.name, t.shape, vocab));
+    src.tensor = folder_name(folder, names, src.tensor);
     LOOM_TRY(load_piece(folder, src, piece, target.params[i]));
   }
   return Status::success();

@@ -28,9 +28,10 @@ bool fusable(const Lists& l) {
 
 }  // namespace
 
-Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params,
+Optimizer::Optimizer(OptimizerKind kind, OptimizerConfig config, std::vector<at::Tensor> params,
                      std::vector<bool> decay, std::vector<std::pair<int64_t, int64_t>> owned)
-    : config_(std::move(config)),
+    : kind_(kind),
+      config_(std::move(config)),
       params_(std::move(params)),
       decay_(std::move(decay)),
       owned_(std::move(owned)) {
@@ -41,7 +42,8 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<at::Tensor> params,
     at::Tensor state;
     if (end > begin) state = at::zeros_like(target(i));
     exp_avg_.push_back(state);
-    if (config_.type == "adamw") exp_avg_sq_.push_back(end > begin ? at::zeros_like(state) : state);
+    if (kind_ == OptimizerKind::kAdamw)
+      exp_avg_sq_.push_back(end > begin ? at::zeros_like(state) : state);
   }
 }
 
@@ -62,10 +64,14 @@ at::Tensor Optimizer::target_grad(size_t i) const {
 void Optimizer::step(double lr) {
   at::NoGradGuard no_grad;
   ++t_;
-  if (config_.type == "adamw")
-    adamw_step(lr);
-  else
-    sgd_step(lr);
+  switch (kind_) {
+    case OptimizerKind::kAdamw:
+      adamw_step(lr);
+      return;
+    case OptimizerKind::kSgd:
+      sgd_step(lr);
+      return;
+  }
 }
 
 void Optimizer::adamw_step(double lr) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/run_spec.h"
 
 namespace loom::runtime {
 
@@ -18,8 +19,9 @@ class Optimizer {
   // `params` must have gradients when step() runs; `decay[i]` says whether params[i] decays.
   // Only elements [begin, end) of each flattened piece given in `owned` (all when empty) keep
   // state and are updated: under parallel.zero 1 other ranks own the rest (grad_buckets.h).
-  Optimizer(OptimizerConfig config, std::vector<at::Tensor> params, std::vector<bool> decay,
-            std::vector<std::pair<int64_t, int64_t>> owned = {});
+  // `kind` is the plan's (PlanSpec::optimizer); `config` gives its hyperparameters.
+  Optimizer(OptimizerKind kind, OptimizerConfig config, std::vector<at::Tensor> params,
+            std::vector<bool> decay, std::vector<std::pair<int64_t, int64_t>> owned = {});
 
   // One update with learning rate `lr`.
   void step(double lr);
@@ -32,7 +34,7 @@ class Optimizer {
   const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
   const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  const std::string& type() const { return config_.type; }
+  OptimizerKind kind() const { return kind_; }
   // Per piece: the elements [begin, end) of the flattened piece this optimizer updates.
   const std::vector<std::pair<int64_t, int64_t>>& owned() const { return owned_; }
 
@@ -40,6 +42,7 @@ class Optimizer {
   void adamw_step(double lr);
   void sgd_step(double lr);
 
+  OptimizerKind kind_;
   OptimizerConfig config_;
   std::vector<at::Tensor> params_;
   std::vector<bool> decay_;

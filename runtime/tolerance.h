@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/run_spec.h"
 
 namespace loom::runtime {
 
@@ -45,8 +46,8 @@ constexpr double kBf16LossRelTolerance = 2e-4;
 // What the single-device run knows about its own updates, to bound how far rounding can carry
 // a parameter.
 struct OptimizerTrace {
-  std::string type;        // sgd | adamw
-  std::string precision;   // run.precision: fp32 | bf16
+  OptimizerKind type = OptimizerKind::kAdamw;
+  Precision precision = Precision::kFp32;
   double momentum = 0;     // sgd
   std::vector<double> lr;  // per step, as applied
   // Per parameter tensor (FullTensor name), per step: max |g| over its elements, as applied
@@ -107,19 +108,19 @@ constexpr double kAdamStepRounding = 3e-3;
 constexpr double kBf16GradRoundingOfMax = 1e-2;
 
 inline double loss_tolerance(const OptimizerTrace& t) {
-  return t.precision == "bf16" ? kBf16LossRelTolerance : kLossRelTolerance;
+  return t.precision == Precision::kBf16 ? kBf16LossRelTolerance : kLossRelTolerance;
 }
 
 // The bound for the parameter tensor named `name` (a FullTensor name of the trace).
 inline ParameterTolerance parameter_tolerance(const OptimizerTrace& t, const std::string& name) {
   ParameterTolerance tol;
   const size_t steps = t.lr.size();
-  const bool bf16 = t.precision == "bf16";
+  const bool bf16 = t.precision == Precision::kBf16;
   // The masters are float32 in both precisions: storing rounds at float32's eps.
   tol.stored = static_cast<double>(steps) * kFp32Eps;
   // Travel moves with the gradients' relative rounding: a few bf16 roundings (measured 0.6 %).
   if (bf16) tol.moved = 5 * kBf16Eps;
-  if (t.type == "adamw") {
+  if (t.type == OptimizerKind::kAdamw) {
     tol.moved = 1e-4;  // sqrt(v)'s normalisation drifts with the parameters it came from
     double lr_sum = 0;
     for (double lr : t.lr) lr_sum += lr;
@@ -205,7 +206,7 @@ inline at::Tensor adam_noise_allowance(const std::vector<at::Tensor>& grads,
 // The bound on a gradient element's difference, relative to the largest element of the same
 // tensor's single-device gradient (kGradRoundingOfMax's derivation).
 inline double gradient_tolerance(const OptimizerTrace& t) {
-  return t.precision == "bf16" ? kBf16GradRoundingOfMax : kGradRoundingOfMax;
+  return t.precision == Precision::kBf16 ? kBf16GradRoundingOfMax : kGradRoundingOfMax;
 }
 
 // run.precision=bf16, measured rather than assumed: the single-device run in bf16 against the

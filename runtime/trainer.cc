@@ -53,6 +53,8 @@ struct Trainer::Impl {
   std::unique_ptr<InputFeeder> inputs;
   std::unique_ptr<Optimizer> optimizer;
   int64_t items_per_sample = 1;  // throughput unit: tokens (GPT), images (Swin)
+  int64_t samples_per_step = 8;  // RunPlan::global_batch (batch.global)
+  HfNameMap hf_names;            // RunPlan::hf_names
   // LOOM_PROFILE_STEP (core/debug_env.h), read once: the step LibTorch's profiler records.
   int64_t profile_step = debug_env_int("LOOM_PROFILE_STEP", 0);
   int64_t step = 0;
@@ -93,6 +95,7 @@ CheckpointTarget checkpoint_target(Trainer::Impl& s) {
   t.rank = s.world->world_rank().value();
   t.world_size = s.world->size();
   t.plan_name = s.plan_name;
+  t.global_batch = s.samples_per_step;
   return t;
 }
 
@@ -192,8 +195,8 @@ Result<std::unique_ptr<Trainer>> Trainer::resume(std::unique_ptr<Impl> impl) {
     impl->resumed_from = path.string();
   } else if (!impl->config.checkpoint.init_from.empty()) {
     // A fine-tuning run starts from the folder's weights and fresh optimizer state at step 0.
-    LOOM_TRY(
-        load_hf_weights(checkpoint_target(*impl), impl->config, impl->config.checkpoint.init_from));
+    LOOM_TRY(load_hf_weights(checkpoint_target(*impl), impl->config, impl->hf_names,
+                             impl->config.checkpoint.init_from));
   }
   LOOM_TRY(claim_checkpoint_dir(*impl, /*only_if_exists=*/true));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
@@ -271,11 +274,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
   impl->estimate = std::move(plan.estimate);
   impl->items_per_sample = plan.items_per_sample;
   impl->plan_name = plan.plan_name;
+  impl->samples_per_step = plan.global_batch;
+  impl->hf_names = plan.hf_names;
   LOOM_ASSIGN_OR_RETURN(impl->inputs, InputFeeder::create(config, impl->graph));
 
   // The device first: a run on a GPU that is not there stops before any rendezvous.
   const comm::EnvLookup env = comm::process_env();
-  LOOM_ASSIGN_OR_RETURN(impl->device, select_device(config, comm::local_rank(env)));
+  Result<RunDevice> device =
+      select_device(DeviceRequest::of(config, plan.device, plan.precision), comm::local_rank(env));
+  if (!device.ok()) return config.locate(device.error());
+  impl->device = *device;
   const int64_t world_size = plan.file.world_size;
   LOOM_TRY(check_fits(config, plan, impl->device, env));
   if (!world && world_size == 1) {
@@ -286,7 +294,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
     comm::configure_worker_threads();
     LOOM_ASSIGN_OR_RETURN(world, comm::make_comm(config.comm, env, impl->device.cuda()));
   }
-  if (world->size() != world_size && config.comm.backend == "mpi" && world->size() == 1 &&
+  if (world->size() != world_size && plan.backend == CommBackend::kMpi && world->size() == 1 &&
       !env("OMPI_COMM_WORLD_SIZE") && !env("PMI_SIZE") && env("WORLD_SIZE"))
     return config.error("comm.backend",
                         "comm.backend mpi takes its " + std::to_string(world_size) +
@@ -318,8 +326,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Config& config, RunPlan p
   for (const auto& piece : impl->executor->parameter_pieces())
     decay.push_back(impl->planned.tensor(piece.tensor).shape.size() >= 2);
   impl->optimizer =
-      std::make_unique<Optimizer>(config.optimizer, impl->executor->parameters(), std::move(decay),
-                                  impl->executor->parameter_owned());
+      std::make_unique<Optimizer>(plan.optimizer, config.optimizer, impl->executor->parameters(),
+                                  std::move(decay), impl->executor->parameter_owned());
   return resume(std::move(impl));
 }
 
@@ -339,8 +347,7 @@ StepStats stats_of(const Trainer::Impl& s, const StepSums& sums, double scale, d
   st.grad_norm = norm;
   st.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   st.data_time_s = data_time_s;
-  st.tokens_per_s =
-      static_cast<double>(s.config.batch.global * s.items_per_sample) / st.step_time_s;
+  st.tokens_per_s = static_cast<double>(s.samples_per_step * s.items_per_sample) / st.step_time_s;
   st.peak_mem_bytes = peak_device_bytes(s.device);
   return st;
 }
@@ -409,7 +416,7 @@ Result<StepStats> Trainer::step() {
     auto start = std::chrono::steady_clock::now();
     reset_peak_device_bytes(s.device);
     const int64_t micro = s.config.micro_batches();
-    const int64_t first_sample = s.step * s.config.batch.global;
+    const int64_t first_sample = s.step * s.samples_per_step;
     LOOM_ASSIGN_OR_RETURN(auto inputs, global_batch(s, first_sample, /*validation=*/false));
     const double data_time_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -461,7 +468,7 @@ Result<double> Trainer::validate() {
   double total = 0;
   for (int64_t b = 0; b < s.config.eval.steps; ++b) {
     LOOM_ASSIGN_OR_RETURN(auto inputs,
-                          global_batch(s, b * s.config.batch.global, /*validation=*/true));
+                          global_batch(s, b * s.samples_per_step, /*validation=*/true));
     LOOM_ASSIGN_OR_RETURN(StepSums sums, s.executor->evaluate(inputs));
     total += (sums.loss - sums.aux_loss) / static_cast<double>(inputs.size());
   }

@@ -7,8 +7,10 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/hf_names.h"
 #include "core/config.h"
 #include "core/result.h"
+#include "core/run_spec.h"
 #include "graph/graph.h"
 #include "lower/plan_file.h"
 #include "observe/trace.h"
@@ -36,9 +38,16 @@ struct RunPlan {
   observe::EstimateFigures estimate;
   double peak_bytes = 0;
   int64_t items_per_sample = 1;  // the throughput unit: tokens (GPT), images (Swin)
-  // From the run's PlanSpec, so that the runtime reads no parallel.* or comm.bucket_mb key.
+  // From the run's PlanSpec, so that the runtime reads none of the keys it parses (parallel.*,
+  // batch.*, run.device, run.precision, comm.backend, comm.bucket_mb, optimizer.type).
   int64_t zero = 0;                          // 0, 1 (optimizer state sharded) or 3
   int64_t bucket_bytes = int64_t{25} << 20;  // a gradient bucket's most bytes
+  int64_t global_batch = 8;                  // samples per optimizer step
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;
+  CommBackend backend = CommBackend::kAuto;  // as asked (comm::make_comm resolves auto)
+  OptimizerKind optimizer = OptimizerKind::kAdamw;
+  HfNameMap hf_names;     // the model type's (checkpoint.init_from of a Hugging Face folder)
   std::string degrees;    // as messages name them: "parallel.dp (2) x parallel.tp (2) x ..."
   std::string plan_name;  // as checkpoints record it: "dp2 x tp2 x pp1"
 };

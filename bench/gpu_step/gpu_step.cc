@@ -35,6 +35,7 @@
 
 #include "core/config.h"
 #include "launch/planned_trainer.h"
+#include "launch/run_device.h"
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "runtime/device.h"
@@ -644,7 +645,7 @@ int run(const Options& o) {
   auto spec = loom::models::gpt_spec(*config);
   if (!spec.ok()) return config_error(spec.error());
   const Shape shape{preset, *spec};
-  auto device = loom::runtime::select_device(*config, 0);
+  auto device = loom::launch::select_device(*config, 0);
   if (!device.ok()) return config_error(device.error());
 
   const std::string gpu = gpu_name();

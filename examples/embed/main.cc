@@ -23,9 +23,9 @@ constexpr int64_t kVocab = 64, kSeq = 16, kHidden = 32, kFfn = 64, kVocabGroups 
 
 // embedding -> [layer norm -> fc1 (column-parallel) -> swish -> fc2 (row-parallel) -> residual]
 // -> final norm -> LM head with a vocabulary-parallel loss.
-loom::Result<loom::graph::Graph> build_model(const loom::Config& config,
+loom::Result<loom::graph::Graph> build_model(const loom::Config&, const loom::GraphShape& shape,
                                              const loom::graph::OpRegistry& ops) {
-  const int64_t batch = config.batch.micro * config.parallel.dp;
+  const int64_t batch = shape.samples;
   loom::graph::GraphBuilder b(ops, "embed_lm");
   auto tokens = b.input("tokens", {batch, kSeq}, loom::DType::kInt64);
   auto targets = b.input("targets", {batch, kSeq}, loom::DType::kInt64);

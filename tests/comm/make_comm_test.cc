@@ -80,7 +80,7 @@ TEST(MakeComm, UnknownBackendNamesTheKey) {
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.error().key, "comm.backend");
   EXPECT_EQ(comm.error().message,
-            "unknown backend 'nccl2' (expected auto, gloo, mpi, nccl or local)");
+            "unknown backend 'nccl2' (expected auto, gloo, mpi, nccl, local)");
 }
 
 TEST(MakeComm, BadTimeout) {

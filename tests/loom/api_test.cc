@@ -87,12 +87,13 @@ TEST(Api, RefusedAdditionsSayWhy) {
   EXPECT_NE(copy.ops().find("mish"), nullptr);
   EXPECT_EQ(setup.ops().find("mish"), nullptr);  // copies share nothing
   // A model builder whose graph cannot be trained (no op writes its loss) is an error, not a crash.
-  setup.set_model([](const Config&, const graph::OpRegistry& ops) -> Result<graph::Graph> {
-    graph::GraphBuilder b(ops, "empty");
-    auto x = b.input("x", {}, DType::kFloat32);
-    b.set_loss(x);
-    return b.finish();
-  });
+  setup.set_model(
+      [](const Config&, const GraphShape&, const graph::OpRegistry& ops) -> Result<graph::Graph> {
+        graph::GraphBuilder b(ops, "empty");
+        auto x = b.input("x", {}, DType::kFloat32);
+        b.set_loss(x);
+        return b.finish();
+      });
   auto trainer = Trainer::from_file(config_file().string(), {}, setup);
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.error().message.find("no op writes the loss 'x'"), std::string::npos)
@@ -103,15 +104,15 @@ TEST(Api, RefusedAdditionsSayWhy) {
 // several ranks like them: its parallel check refuses what it cannot split, naming the key.
 TEST(Api, AnAddedModelTypeIsFirstClass) {
   loom::Setup setup;
-  auto gpt_of = [](const Config& c, const graph::OpRegistry& ops) {
+  auto gpt_of = [](const Config& c, const GraphShape&, const graph::OpRegistry& ops) {
     Config gpt = c;
     gpt.model.type = "gpt";
     return testing_support::single_device_graph(gpt, ops);
   };
   ASSERT_TRUE(setup
                   .add_model("my-lm", gpt_of,
-                             [](const Config& c) -> Status {
-                               if (c.parallel.tp > 2)
+                             [](const Config& c, const planner::SpaceSpec& space) -> Status {
+                               if (space.mesh.tp() > 2)
                                  return c.error("parallel.tp", "my-lm splits in two at most");
                                return Status::success();
                              })

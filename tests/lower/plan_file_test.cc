@@ -99,11 +99,15 @@ TEST_P(RoundTrip, JsonReadsBackToTheSamePlan) {
     for (size_t s = 0; s < plan.lowered.programs[r].segments.size(); ++s)
       EXPECT_EQ(back->lowered.programs[r].segments[s].recompute,
                 plan.lowered.programs[r].segments[s].recompute);
+  int64_t weight_products = 0;  // the linears: a round trip of true values, not only false ones
   for (size_t i = 0; i < plan.graph.ops().size(); ++i) {
     EXPECT_EQ(back->graph.ops()[i].def->attention_core, plan.graph.ops()[i].def->attention_core);
+    EXPECT_EQ(back->graph.ops()[i].def->weight_product, plan.graph.ops()[i].def->weight_product);
+    weight_products += back->graph.ops()[i].def->weight_product;
     EXPECT_EQ(back->graph.ops()[i].attrs(), plan.graph.ops()[i].attrs());
     EXPECT_EQ(back->graph.ops()[i].annotation(), plan.graph.ops()[i].annotation());
   }
+  EXPECT_GT(weight_products, 0);
   EXPECT_TRUE(check_deadlock_free(back->graph, back->lowered).ok());
   // Printing what was read gives the same text, byte for byte.
   auto again = plan_to_json(*back);

@@ -95,7 +95,7 @@ TEST(PlanSpec, ErrorsFromBelowAreLocatedAtTheDoor) {
   EXPECT_EQ(refused.error().message.rfind("stages.yaml:5: parallel.stages: entry 1", 0), 0u)
       << refused.error().message;
   // An error already located is not located twice.
-  const Error once = locate(*stages, refused.error());
+  const Error once = stages->locate(refused.error());
   EXPECT_EQ(once.message, refused.error().message);
 }
 

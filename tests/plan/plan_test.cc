@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -84,6 +85,30 @@ TEST(Fusion, ColumnParallelLinearsFuseRowParallelOnesDoNot) {
   ASSERT_TRUE(single.ok()) << single.error().message;
   const std::vector<bool> one = lower::fused_into_next(single->file.graph, single->file.lowered);
   EXPECT_GT(std::count(one.begin(), one.end(), true), 0);
+}
+
+// What fuses follows the op's trait (graph::OpDef::weight_product), not its type's name: the
+// linears renamed keep their fusion, and with the trait taken off nothing fuses.
+TEST(Fusion, FollowsTheWeightProductTraitNotTheTypeName) {
+  auto plan = make_plan(config({"parallel.dp=1", "parallel.tp=1", "parallel.pp=1"}));
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const lower::Lowered& lowered = plan->file.lowered;
+  const std::vector<bool> as_made = lower::fused_into_next(plan->file.graph, lowered);
+  ASSERT_GT(std::count(as_made.begin(), as_made.end(), true), 0);
+  auto with_defs = [&](bool rename, bool weight_product) {
+    graph::Graph g = plan->file.graph;
+    for (graph::Op& op : g.mutable_ops()) {
+      if (!op.def->weight_product) continue;
+      auto def = std::make_shared<graph::OpDef>(*op.def);
+      if (rename) def->type = "user_projection";
+      def->weight_product = weight_product;
+      op.def = std::move(def);
+    }
+    return lower::fused_into_next(g, lowered);
+  };
+  EXPECT_EQ(with_defs(/*rename=*/true, /*weight_product=*/true), as_made);
+  const std::vector<bool> none = with_defs(/*rename=*/false, /*weight_product=*/false);
+  EXPECT_EQ(std::count(none.begin(), none.end(), true), 0);
 }
 
 TEST(MakePlan, PlansLowersAndEstimatesWithoutLibTorch) {
@@ -301,8 +326,11 @@ TEST(MakePlan, UserMistakesNameTheKey) {
 TEST(MakePlan, AUserModelIsPlannedLikeAZooModel) {
   Registries registries;
   int built = 0;
-  registries.model = [&built](const Config& c, const graph::OpRegistry& ops) {
+  registries.model = [&built](const Config& c, const models::GraphShape& shape,
+                              const graph::OpRegistry& ops) {
     ++built;
+    EXPECT_EQ(shape.samples, 2 * 2);  // batch.micro 2 x parallel.dp 2
+    EXPECT_EQ(shape.tp, 2);
     Config gpt = c;
     gpt.model.type = "gpt";
     return testing_support::single_device_graph(gpt, ops);

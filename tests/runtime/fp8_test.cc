@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "launch/planned_trainer.h"
+#include "launch/run_device.h"
 #include "runtime/device.h"
 #include "runtime/linear.h"
 #include "tests/support/train_losses.h"
@@ -187,14 +188,14 @@ optimizer: {type: adamw, lr: 0.003}
 
 TEST(Fp8, RefusedOnADeviceWithoutFloat8UnitsNamingIt) {
   unsetenv("LOOM_DEBUG_FP8_ON_CPU");
-  auto d = runtime::select_device(gpt_config({"run.precision=fp8"}), 0);
+  auto d = launch::select_device(gpt_config({"run.precision=fp8"}), 0);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.error().message.find("run.precision"), std::string::npos) << d.error().message;
   EXPECT_NE(d.error().message.find("CPU"), std::string::npos) << d.error().message;
   auto t = launch::create_trainer(gpt_config({"run.precision=fp8"}));
   EXPECT_FALSE(t.ok());
   setenv("LOOM_DEBUG_FP8_ON_CPU", "1", 1);
-  auto e = runtime::select_device(gpt_config({"run.precision=fp8", "fp8.scaling=rowwise"}), 0);
+  auto e = launch::select_device(gpt_config({"run.precision=fp8", "fp8.scaling=rowwise"}), 0);
   unsetenv("LOOM_DEBUG_FP8_ON_CPU");
   ASSERT_TRUE(e.ok()) << e.error().message;
   EXPECT_EQ(e->linear, runtime::LinearMath::kFp8Rowwise);

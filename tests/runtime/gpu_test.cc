@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "launch/planned_trainer.h"
+#include "launch/run_device.h"
 #include "runtime/device.h"
 #include "tests/support/need_gpu.h"
 #include "tests/support/reference_run.h"
@@ -232,7 +233,7 @@ TEST(Gpu, DeterministicRunsAreBitwiseEqualAndSoIsAResumedOne) {
 TEST(Deterministic, OnTheCpuARunAndItsResumeAreBitwiseEqual) {
   at::set_num_threads(1);
   at::globalContext().setDeterministicAlgorithms(false, false);
-  auto d = runtime::select_device(config({"run.deterministic=true"}), 0);
+  auto d = launch::select_device(config({"run.deterministic=true"}), 0);
   ASSERT_TRUE(d.ok()) << d.error().message;
   EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
   EXPECT_FALSE(at::globalContext().deterministicAlgorithmsWarnOnly());

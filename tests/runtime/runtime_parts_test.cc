@@ -168,12 +168,11 @@ TEST(LrSchedule, WarmupThenDecay) {
 
 TEST(Optimizer, SgdWithMomentumAndDecay) {
   OptimizerConfig o;
-  o.type = "sgd";
   o.momentum = 0.5;
   o.weight_decay = 0.1;
   at::Tensor p = at::ones({2});
   p.set_requires_grad(true);
-  Optimizer opt(o, {p}, {true});
+  Optimizer opt(OptimizerKind::kSgd, o, {p}, {true});
   p.mutable_grad() = at::full({2}, 2.0);
   opt.step(0.1);  // g = 2 + 0.1 = 2.1; p = 1 - 0.21
   EXPECT_NEAR(p[0].item<double>(), 0.79, 1e-6);
@@ -187,7 +186,6 @@ TEST(Optimizer, SgdWithMomentumAndDecay) {
 // element: 1e-6 relative is ~10 ulps; a wrong bias correction or decay is off by > 1e-3.
 TEST(Optimizer, AdamwMatchesThePerElementUpdate) {
   OptimizerConfig o;
-  o.type = "adamw";
   o.betas = {0.9, 0.95};
   o.eps = 1e-8;
   o.weight_decay = 0.1;
@@ -200,7 +198,7 @@ TEST(Optimizer, AdamwMatchesThePerElementUpdate) {
       m[i].push_back(0);
       v[i].push_back(0);
     }
-  Optimizer opt(o, params, decay);
+  Optimizer opt(OptimizerKind::kAdamw, o, params, decay);
   const double lr = 0.01;
   for (int t = 1; t <= 3; ++t) {
     for (int i = 0; i < 2; ++i) params[i].mutable_grad() = at::randn(params[i].sizes());

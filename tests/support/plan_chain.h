@@ -48,7 +48,7 @@ inline Result<lower::PipelineOrder> pipeline_order_of(const Config& config, int6
   lower::PipelineRequest request = spec.pipeline();
   request.micro_batches = micro_batches;
   auto order = lower::pipeline_order(request, costs);
-  if (!order.ok()) return plan::locate(config, order.error());
+  if (!order.ok()) return config.locate(order.error());
   return order;
 }
 

@@ -1,15 +1,17 @@
 // Hugging Face name maps: which slice of which Hugging Face tensor each loom parameter is.
-#include "checkpoint/hf_names.h"
+#include "models/hf_names.h"
 
 #include <gtest/gtest.h>
 
-namespace loom {
+#include "models/model.h"
+
+namespace loom::models {
 namespace {
 
 TEST(HfNames, Gpt2FusedQkvIsTransposedColumns) {
-  auto q = hf_source("gpt", "h3.attn.q.w", {32, 32});
-  auto k = hf_source("gpt", "h3.attn.k.w", {32, 32});
-  auto v = hf_source("gpt", "h3.attn.v.w", {32, 32});
+  auto q = gpt2_hf_names().source("h3.attn.q.w", {32, 32});
+  auto k = gpt2_hf_names().source("h3.attn.k.w", {32, 32});
+  auto v = gpt2_hf_names().source("h3.attn.v.w", {32, 32});
   ASSERT_TRUE(q.ok() && k.ok() && v.ok());
   EXPECT_EQ(q->tensor, "transformer.h.3.attn.c_attn.weight");
   EXPECT_EQ(q->shape, (Shape{32, 96}));
@@ -18,7 +20,7 @@ TEST(HfNames, Gpt2FusedQkvIsTransposedColumns) {
   // columns 32 + [8, 16).
   EXPECT_EQ(k->region({{8, 16}, {0, 32}}), (SliceRanges{{0, 32}, {40, 48}}));
   EXPECT_EQ(v->region({{0, 32}, {4, 6}}), (SliceRanges{{4, 6}, {64, 96}}));
-  auto kb = hf_source("gpt", "h3.attn.k.b", {32});
+  auto kb = gpt2_hf_names().source("h3.attn.k.b", {32});
   ASSERT_TRUE(kb.ok());
   EXPECT_EQ(kb->tensor, "transformer.h.3.attn.c_attn.bias");
   EXPECT_EQ(kb->region({{0, 16}}), (SliceRanges{{32, 48}}));
@@ -38,28 +40,28 @@ TEST(HfNames, Gpt2Names) {
       {"lnf.b", "transformer.ln_f.bias"},
       {"lm_head.w", "lm_head.weight"}};
   for (const auto& [loom, hf] : names) {
-    auto s = hf_source("gpt", loom, {8});
+    auto s = gpt2_hf_names().source(loom, {8});
     ASSERT_TRUE(s.ok()) << loom;
     EXPECT_EQ(s->tensor, hf) << loom;
     EXPECT_FALSE(s->transposed) << loom;
   }
-  EXPECT_TRUE(hf_source("gpt", "wpe", {16, 8})->more_rows);
+  EXPECT_TRUE(gpt2_hf_names().source("wpe", {16, 8})->more_rows);
   // A vocabulary padded for tensor parallelism: the file holds the real rows alone.
-  auto padded = hf_source("gpt", "wte", {64, 8}, /*vocab=*/63);
+  auto padded = gpt2_hf_names().source("wte", {64, 8}, /*vocab=*/63);
   ASSERT_TRUE(padded.ok());
   EXPECT_TRUE(padded->padded_rows);
   EXPECT_EQ(padded->shape, (Shape{63, 8}));
-  EXPECT_FALSE(hf_source("gpt", "wte", {63, 8}, 63)->padded_rows);
-  EXPECT_TRUE(hf_source("llama", "lm_head.w", {64, 8}, 50)->padded_rows);
-  auto fc1 = hf_source("gpt", "h1.mlp.fc1.w", {128, 32});  // loom [out, in]
+  EXPECT_FALSE(gpt2_hf_names().source("wte", {63, 8}, 63)->padded_rows);
+  EXPECT_TRUE(llama_hf_names().source("lm_head.w", {64, 8}, 50)->padded_rows);
+  auto fc1 = gpt2_hf_names().source("h1.mlp.fc1.w", {128, 32});  // loom [out, in]
   ASSERT_TRUE(fc1.ok());
   EXPECT_EQ(fc1->tensor, "transformer.h.1.mlp.c_fc.weight");
   EXPECT_EQ(fc1->shape, (Shape{32, 128}));  // Conv1D [in, out]
   EXPECT_TRUE(fc1->transposed);
-  auto fc2 = hf_source("gpt", "h1.mlp.fc2.w", {32, 128});
+  auto fc2 = gpt2_hf_names().source("h1.mlp.fc2.w", {32, 128});
   EXPECT_EQ(fc2->tensor, "transformer.h.1.mlp.c_proj.weight");
   EXPECT_EQ(fc2->shape, (Shape{128, 32}));
-  auto unknown = hf_source("gpt", "h1.mlp.fc3.w", {3, 3});
+  auto unknown = gpt2_hf_names().source("h1.mlp.fc3.w", {3, 3});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.error().message.find("h1.mlp.fc3.w"), std::string::npos);
 }
@@ -79,25 +81,31 @@ TEST(HfNames, LlamaNamesAreUntransposed) {
       {"norm.w", "model.norm.weight"},
       {"lm_head.w", "lm_head.weight"}};
   for (const auto& [loom, hf] : names) {
-    auto s = hf_source("llama", loom, {16, 8});
+    auto s = llama_hf_names().source(loom, {16, 8});
     ASSERT_TRUE(s.ok()) << loom;
     EXPECT_EQ(s->tensor, hf);
     EXPECT_EQ(s->shape, (Shape{16, 8}));
     EXPECT_FALSE(s->transposed);
     EXPECT_EQ(s->region({{4, 8}, {0, 8}}), (SliceRanges{{4, 8}, {0, 8}}));
   }
-  EXPECT_FALSE(hf_source("swin", "x", {1}).ok());
+  EXPECT_FALSE(llama_hf_names().source("x", {1}).ok());
+  EXPECT_FALSE(HfNameMap{}.source("embed.w", {1}).ok());  // a type without a map
 }
 
 TEST(HfNames, BuffersAndBasePrefix) {
-  EXPECT_TRUE(hf_buffer("gpt", "h.0.attn.bias"));
-  EXPECT_TRUE(hf_buffer("gpt", "transformer.h.3.attn.masked_bias"));
-  EXPECT_FALSE(hf_buffer("gpt", "transformer.h.3.attn.c_attn.bias"));  // a weight
-  EXPECT_TRUE(hf_buffer("llama", "model.layers.0.self_attn.rotary_emb.inv_freq"));
-  EXPECT_FALSE(hf_buffer("llama", "model.layers.0.self_attn.q_proj.weight"));
-  EXPECT_EQ(hf_base_prefix("gpt"), "transformer.");
-  EXPECT_EQ(hf_base_prefix("llama"), "model.");
+  EXPECT_TRUE(gpt2_hf_names().buffer("h.0.attn.bias"));
+  EXPECT_TRUE(gpt2_hf_names().buffer("transformer.h.3.attn.masked_bias"));
+  EXPECT_FALSE(gpt2_hf_names().buffer("transformer.h.3.attn.c_attn.bias"));  // a weight
+  EXPECT_TRUE(llama_hf_names().buffer("model.layers.0.self_attn.rotary_emb.inv_freq"));
+  EXPECT_FALSE(llama_hf_names().buffer("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_EQ(gpt2_hf_names().base_prefix, "transformer.");
+  EXPECT_EQ(llama_hf_names().base_prefix, "model.");
+  // The registry gives each type its map, and none to a type without one.
+  const ModelRegistry zoo = ModelRegistry::with_builtin_models();
+  EXPECT_EQ(zoo.find("gpt")->hf_names.embedding, "transformer.wte.weight");
+  EXPECT_EQ(zoo.find("llama")->hf_names.embedding, "model.embed_tokens.weight");
+  EXPECT_TRUE(zoo.find("swin")->hf_names.empty());
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::models
