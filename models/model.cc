@@ -148,7 +148,8 @@ ModelType evoformer_type() {
           },
           /*context_parallel=*/false,
           /*experts=*/{},
-          evoformer_size};
+          evoformer_size,
+          /*hf_names=*/{}};
 }
 
 ModelType llama_type() {
@@ -185,7 +186,8 @@ ModelType swin_type() {
           },
           /*context_parallel=*/false,
           /*experts=*/{},
-          swin_size};
+          swin_size,
+          /*hf_names=*/{}};
 }
 
 }  // namespace
